@@ -1,0 +1,87 @@
+"""The narrow interface every training engine implements.
+
+The trainer, evaluator and generator only talk to a backend through numpy arrays and plain
+floats, so everything around the engine (data order, LR schedule, checkpoints, metrics) is shared.
+Weights cross this boundary as ``{name: float32 array}`` under the names of
+:func:`mindfoundry.model.spec.parameter_shapes`; optimizer moments as ``exp_avg.NAME`` and
+``exp_avg_sq.NAME`` (torch.optim.AdamW's state names).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Mapping, Protocol
+
+import numpy as np
+
+from mindfoundry.config.schema import RunConfig
+from mindfoundry.model.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class StepScalars:
+    """Per-step numbers computed once, framework-free, and fed to the compiled step.
+
+    Computing the AdamW bias corrections in float64 on the host (as torch.optim.AdamW does)
+    keeps both engines on the same arithmetic.
+    """
+
+    lr: float
+    step_size: float  # lr / (1 - beta1**t)
+    bias_correction2_sqrt: float  # sqrt(1 - beta2**t)
+    loss_scale: float  # 1 / (valid target tokens in the global batch): mean over tokens, not batches
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    loss: float  # mean token loss over the global batch (before the update)
+    grad_norm: float  # global L2 norm of the gradient before clipping
+
+
+class Backend(Protocol):
+    """What the trainer needs from an engine."""
+
+    name: str
+
+    def load_weights(self, weights: Mapping[str, np.ndarray]) -> None: ...
+
+    def weights(self) -> dict[str, np.ndarray]: ...
+
+    def optimizer_state(self) -> dict[str, np.ndarray]: ...
+
+    def load_optimizer_state(self, state: Mapping[str, np.ndarray]) -> None: ...
+
+    def train_step(self, input_ids: np.ndarray, labels: np.ndarray, scalars: StepScalars) -> StepOutput:
+        """One optimizer step over micro-batches shaped [grad_accum, micro_batch, seq_len]."""
+        ...
+
+    def eval_batch(self, input_ids: np.ndarray, labels: np.ndarray) -> tuple[float, int]:
+        """Summed next-token loss (nats) and the number of scored tokens for one [B, S] batch."""
+        ...
+
+    def logits(self, input_ids: np.ndarray) -> np.ndarray:
+        """Logits [B, S, vocab] (float32) for a [B, S] batch, no gradient."""
+        ...
+
+
+_BACKENDS = {"mindspore": "mindfoundry.backends.mindspore.backend", "torch": "mindfoundry.backends.torch.backend"}
+_EXTRAS = {"mindspore": "mindspore", "torch": "torch"}
+
+
+class BackendUnavailable(RuntimeError):
+    """The configured engine cannot be imported here."""
+
+
+def create_backend(cfg: RunConfig, spec: ModelSpec) -> Backend:
+    """Import the configured engine lazily (neither framework is imported unless used)."""
+    module_name = _BACKENDS[cfg.backend]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("mindfoundry"):
+            raise BackendUnavailable(f"backend '{cfg.backend}' is not implemented in this version (set backend: mindspore)") from None
+        raise BackendUnavailable(
+            f"backend '{cfg.backend}' needs {exc.name!r}: pip install 'mindfoundry[{_EXTRAS[cfg.backend]}]'"
+        ) from None
+    return module.create(cfg, spec)

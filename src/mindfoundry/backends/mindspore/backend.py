@@ -1,0 +1,106 @@
+"""MindSpore engine behind :class:`mindfoundry.backends.base.Backend`.
+
+Training runs as one GRAPH_MODE (compiled) step per optimizer update; evaluation and logits use a
+separately compiled forward. All state crosses the boundary as numpy arrays under the shared names.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, nn
+
+from mindfoundry.backends.base import StepOutput, StepScalars
+from mindfoundry.backends.mindspore.model import LossCell, Transformer, token_nll
+from mindfoundry.backends.mindspore.train_step import AdamW, TrainStep, scalar
+from mindfoundry.config.schema import RunConfig
+from mindfoundry.model.spec import ModelSpec, parameter_shapes
+
+_DEVICE_TARGETS = {"cpu": "CPU", "ascend": "Ascend", "gpu": "GPU"}
+
+
+def configure_context(device: str) -> None:
+    """GRAPH_MODE on the requested device ('auto' = whatever MindSpore picks)."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    if device != "auto":
+        ms.set_device(_DEVICE_TARGETS[device])
+
+
+class _Forward(nn.Cell):
+    def __init__(self, model: Transformer):
+        super().__init__(auto_prefix=False)
+        self.model = model
+
+    def construct(self, ids, labels):
+        nll, valid = token_nll(self.model(ids), labels)
+        return nll.sum(), valid.sum()
+
+
+class MindSporeBackend:
+    """Owns the model, AdamW state and compiled steps."""
+
+    name = "mindspore"
+
+    def __init__(self, cfg: RunConfig, spec: ModelSpec):
+        configure_context(cfg.device)
+        self.spec = spec
+        self.model = Transformer(spec)
+        self.params = {p.name: p for p in self.model.get_parameters()}
+        expected = parameter_shapes(spec)
+        if {n: tuple(p.shape) for n, p in self.params.items()} != expected:
+            raise RuntimeError(f"MindSpore model parameters {sorted(self.params)} do not match the spec {sorted(expected)}")
+        ordered = [self.params[n] for n in expected]
+        o = cfg.optim
+        clip = None if o.clip_norm is None else float(o.clip_norm)
+        self.optimizer = AdamW(ordered, o.beta1, o.beta2, o.eps, o.weight_decay)
+        self.step_cell = TrainStep(LossCell(self.model), self.optimizer, cfg.train.grad_accum, clip)
+        self.forward = _Forward(self.model)  # in GRAPH_MODE, calling a Cell compiles it once per input shape
+
+    # -- state -------------------------------------------------------------------------------
+    def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        _assign(self.params, weights, "weights")
+
+    def weights(self) -> dict[str, np.ndarray]:
+        return {n: p.asnumpy().copy() for n, p in self.params.items()}
+
+    def optimizer_state(self) -> dict[str, np.ndarray]:
+        moments = list(self.optimizer.exp_avg) + list(self.optimizer.exp_avg_sq)
+        return {p.name: p.asnumpy().copy() for p in moments}
+
+    def load_optimizer_state(self, state: Mapping[str, np.ndarray]) -> None:
+        moments = {p.name: p for p in list(self.optimizer.exp_avg) + list(self.optimizer.exp_avg_sq)}
+        _assign(moments, state, "optimizer state")
+
+    # -- compute -----------------------------------------------------------------------------
+    def train_step(self, input_ids: np.ndarray, labels: np.ndarray, scalars: StepScalars) -> StepOutput:
+        loss, norm = self.step_cell(
+            Tensor(input_ids.astype(np.int32)), Tensor(labels.astype(np.int32)), scalar(scalars.loss_scale),
+            scalar(scalars.lr), scalar(scalars.step_size), scalar(scalars.bias_correction2_sqrt),
+        )
+        return StepOutput(loss=float(loss.asnumpy()), grad_norm=float(norm.asnumpy()))
+
+    def eval_batch(self, input_ids: np.ndarray, labels: np.ndarray) -> tuple[float, int]:
+        nll, count = self.forward(Tensor(input_ids.astype(np.int32)), Tensor(labels.astype(np.int32)))
+        return float(nll.asnumpy()), int(round(float(count.asnumpy())))
+
+    def logits(self, input_ids: np.ndarray) -> np.ndarray:
+        return self.model(Tensor(input_ids.astype(np.int32))).asnumpy()
+
+
+def _assign(targets: Mapping[str, ms.Parameter], values: Mapping[str, np.ndarray], what: str) -> None:
+    """Copy arrays into parameters, refusing any name or shape mismatch (names both ways)."""
+    missing = sorted(set(targets) - set(values))
+    unexpected = sorted(set(values) - set(targets))
+    if missing or unexpected:
+        raise ValueError(f"{what} do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    for name, param in targets.items():
+        arr = np.asarray(values[name])
+        if tuple(arr.shape) != tuple(param.shape):
+            raise ValueError(f"{what}: '{name}' has shape {tuple(arr.shape)}, the model expects {tuple(param.shape)}")
+        param.set_data(Tensor(arr.astype(np.float32)))
+
+
+def create(cfg: RunConfig, spec: ModelSpec) -> MindSporeBackend:
+    return MindSporeBackend(cfg, spec)

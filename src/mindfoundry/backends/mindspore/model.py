@@ -1,0 +1,185 @@
+"""The decoder-only model as MindSpore Cells.
+
+Attribute paths are the parameter names of :mod:`mindfoundry.model.spec` (MindSpore prefixes each
+Parameter with its Cell path), so ``layers.0.attn.q_proj.weight`` here is the same tensor, with the
+same ``[out, in]`` layout, as in the PyTorch backend. Parameters are created as zeros and filled
+from :func:`mindfoundry.model.spec.init_weights` by the backend.
+
+Shapes in comments: B batch, S sequence, H query heads, K kv heads, D head dim, C d_model, V vocab.
+"""
+
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+
+from mindfoundry.data.packing import IGNORE_INDEX
+from mindfoundry.model.spec import ModelSpec, rope_tables
+
+
+def _zeros(*shape: int) -> Parameter:
+    return Parameter(Tensor(np.zeros(shape, dtype=np.float32)), name="weight")
+
+
+class Linear(nn.Cell):
+    """y = x W^T with W stored [out, in] (torch.nn.Linear layout), no bias."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        self.weight = _zeros(out_features, in_features)
+        self.matmul = ops.MatMul(transpose_b=True)
+
+    def construct(self, x):
+        lead = x.shape[:-1]
+        y = self.matmul(x.reshape(-1, x.shape[-1]), self.weight)
+        return y.reshape(lead + (y.shape[-1],))
+
+
+class Embedding(nn.Cell):
+    """Token lookup; the table doubles as the output head when embeddings are tied."""
+
+    def __init__(self, vocab_size: int, dim: int):
+        super().__init__()
+        self.weight = _zeros(vocab_size, dim)
+
+    def construct(self, ids):
+        return ops.gather(self.weight, ids, 0)
+
+
+class RMSNorm(nn.Cell):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = Parameter(Tensor(np.ones(dim, dtype=np.float32)), name="weight")
+        self.eps = eps
+
+    def construct(self, x):
+        var = ops.mean(x * x, -1, keep_dims=True)
+        return x * ops.rsqrt(var + self.eps) * self.weight
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return ops.cat((-x[..., half:], x[..., :half]), -1)
+
+
+class Attention(nn.Cell):
+    """Causal self-attention with RoPE and grouped-query heads."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = spec.n_heads, spec.n_kv_heads, spec.head_dim
+        self.q_proj = Linear(spec.d_model, spec.n_heads * spec.head_dim)
+        self.k_proj = Linear(spec.d_model, spec.n_kv_heads * spec.head_dim)
+        self.v_proj = Linear(spec.d_model, spec.n_kv_heads * spec.head_dim)
+        self.o_proj = Linear(spec.n_heads * spec.head_dim, spec.d_model)
+        self.scale = 1.0 / float(np.sqrt(spec.head_dim))
+
+    def _heads(self, x, n):
+        b, s, _ = x.shape
+        return x.reshape(b, s, n, self.head_dim).transpose(0, 2, 1, 3)  # (B, n, S, D)
+
+    def _expand_kv(self, x):
+        """(B, K, S, D) -> (B, H, S, D): each kv head serves H/K query heads."""
+        if self.n_kv_heads == self.n_heads:
+            return x
+        b, k, s, d = x.shape
+        rep = self.n_heads // self.n_kv_heads
+        return ops.broadcast_to(x.reshape(b, k, 1, s, d), (b, k, rep, s, d)).reshape(b, k * rep, s, d)
+
+    def construct(self, x, cos, sin, mask):
+        b, s, _ = x.shape
+        q = self._heads(self.q_proj(x), self.n_heads)  # (B, H, S, D)
+        k = self._heads(self.k_proj(x), self.n_kv_heads)  # (B, K, S, D)
+        v = self._heads(self.v_proj(x), self.n_kv_heads)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        k, v = self._expand_kv(k), self._expand_kv(v)
+        scores = ops.matmul(q, k.transpose(0, 1, 3, 2)) * self.scale + mask  # (B, H, S, S)
+        probs = ops.softmax(scores, -1)
+        out = ops.matmul(probs, v).transpose(0, 2, 1, 3).reshape(b, s, self.n_heads * self.head_dim)
+        return self.o_proj(out)
+
+
+class MLP(nn.Cell):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.gate_proj = Linear(spec.d_model, spec.ffn_dim)
+        self.up_proj = Linear(spec.d_model, spec.ffn_dim)
+        self.down_proj = Linear(spec.ffn_dim, spec.d_model)
+
+    def construct(self, x):
+        return self.down_proj(ops.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Cell):
+    """Pre-norm residual block."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.attn_norm = RMSNorm(spec.d_model, spec.norm_eps)
+        self.attn = Attention(spec)
+        self.mlp_norm = RMSNorm(spec.d_model, spec.norm_eps)
+        self.mlp = MLP(spec)
+
+    def construct(self, x, cos, sin, mask):
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Transformer(nn.Cell):
+    """Token ids (B, S) -> logits (B, S, V)."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.spec = spec
+        self.embed = Embedding(spec.vocab_size, spec.d_model)
+        self.layers = nn.CellList([Block(spec) for _ in range(spec.n_layers)])
+        self.norm = RMSNorm(spec.d_model, spec.norm_eps)
+        self.lm_head = None if spec.tie_embeddings else Linear(spec.d_model, spec.vocab_size)
+        cos, sin = rope_tables(spec, spec.max_seq_len)
+        self.cos, self.sin = Tensor(cos), Tensor(sin)  # (S_max, D) constants, not parameters
+        causal = np.triu(np.full((spec.max_seq_len, spec.max_seq_len), -1e9, dtype=np.float32), 1)
+        self.causal_mask = Tensor(causal)
+        self.head_matmul = ops.MatMul(transpose_b=True)
+
+    def construct(self, ids):
+        s = ids.shape[1]
+        cos, sin, mask = self.cos[:s], self.sin[:s], self.causal_mask[:s, :s]
+        x = self.embed(ids)  # (B, S, C)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask)
+        x = self.norm(x)
+        if self.lm_head is None:
+            flat = self.head_matmul(x.reshape(-1, x.shape[-1]), self.embed.weight)
+            return flat.reshape(x.shape[0], s, -1)
+        return self.lm_head(x)
+
+
+def token_nll(logits, labels):
+    """Per-token negative log-likelihood (B*S,) and validity mask; IGNORE_INDEX labels score 0.
+
+    Computed in float32 with max-subtraction; labels are clamped before the gather so ignored
+    positions index a valid row and are then zeroed by the mask.
+    """
+    flat = logits.reshape(-1, logits.shape[-1]).astype(ms.float32)
+    target = labels.reshape(-1)
+    valid = (target != IGNORE_INDEX).astype(ms.float32)
+    peak = ops.stop_gradient(flat.max(axis=-1, keepdims=True))
+    lse = ops.log(ops.exp(flat - peak).sum(-1)) + peak.squeeze(-1)
+    picked = ops.gather_elements(flat, 1, ops.maximum(target, 0).reshape(-1, 1)).squeeze(-1)
+    return (lse - picked) * valid, valid
+
+
+class LossCell(nn.Cell):
+    """Model + masked next-token loss: sum over valid tokens times `scale` (1/valid tokens of the global batch)."""
+
+    def __init__(self, model: Transformer):
+        super().__init__(auto_prefix=False)
+        self.model = model
+
+    def construct(self, ids, labels, scale):
+        nll, _ = token_nll(self.model(ids), labels)
+        return nll.sum() * scale

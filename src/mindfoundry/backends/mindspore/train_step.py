@@ -1,0 +1,81 @@
+"""The compiled MindSpore train step: accumulate, measure, clip, AdamW.
+
+MindSpore's built-in ``nn.AdamWeightDecay`` has no bias correction and ``mint.optim.AdamW`` does not
+run on CPU, so the update is written out here with torch.optim.AdamW's exact arithmetic (decoupled
+decay ``p *= 1 - lr*wd``, then ``p -= step_size * m / (sqrt(v)/sqrt(bc2) + eps)``), with the bias
+corrections computed on the host. That is what lets a checkpoint continue on either engine.
+"""
+
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
+
+from mindfoundry.model.spec import decays
+
+
+class AdamW(nn.Cell):
+    """AdamW state (exp_avg / exp_avg_sq per parameter) and its update."""
+
+    def __init__(self, params: list[Parameter], beta1: float, beta2: float, eps: float, weight_decay: float):
+        super().__init__(auto_prefix=False)
+        self.params = ParameterTuple(params)
+        self.exp_avg = self.params.clone(prefix="exp_avg", init="zeros")
+        self.exp_avg_sq = self.params.clone(prefix="exp_avg_sq", init="zeros")
+        self.beta1, self.beta2, self.eps = beta1, beta2, eps
+        self.decay = tuple(weight_decay if decays(p.name, p.shape) else 0.0 for p in params)
+        self.n = len(params)
+
+    def construct(self, grads, lr, step_size, bc2_sqrt):
+        for i in range(self.n):
+            p, g, m, v = self.params[i], grads[i], self.exp_avg[i], self.exp_avg_sq[i]
+            if self.decay[i] > 0.0:
+                ops.assign(p, p * (1.0 - lr * self.decay[i]))
+            m_new = m + (g - m) * (1.0 - self.beta1)
+            v_new = v * self.beta2 + g * g * (1.0 - self.beta2)
+            ops.assign(m, m_new)
+            ops.assign(v, v_new)
+            ops.assign(p, p - step_size * m_new / (ops.sqrt(v_new) / bc2_sqrt + self.eps))
+        return lr
+
+
+def global_norm(grads):
+    total = ops.zeros((), ms.float32)
+    for g in grads:
+        total = total + (g * g).sum()
+    return ops.sqrt(total)
+
+
+class TrainStep(nn.Cell):
+    """One optimizer step over `accum` micro-batches: grads summed, then clipped and applied.
+
+    Each micro-batch loss is pre-scaled by 1/(valid tokens of the global batch), so the summed
+    gradient is exactly the gradient of the global token-mean loss, padding excluded.
+    """
+
+    def __init__(self, loss_cell: nn.Cell, optimizer: AdamW, accum: int, clip_norm: float | None):
+        super().__init__(auto_prefix=False)
+        self.loss_cell = loss_cell
+        self.optimizer = optimizer
+        self.accum = accum
+        self.clip = clip_norm is not None
+        self.clip_norm = float(clip_norm or 0.0)
+        self.grad_fn = ms.value_and_grad(loss_cell, None, optimizer.params)
+
+    def construct(self, ids, labels, scale, lr, step_size, bc2_sqrt):
+        loss, grads = self.grad_fn(ids[0], labels[0], scale)
+        for i in range(1, self.accum):
+            loss_i, grads_i = self.grad_fn(ids[i], labels[i], scale)
+            loss = loss + loss_i
+            grads = tuple(a + b for a, b in zip(grads, grads_i))
+        norm = global_norm(grads)
+        if self.clip:
+            coef = ops.minimum(self.clip_norm / (norm + 1e-6), 1.0)
+            grads = tuple(g * coef for g in grads)
+        self.optimizer(grads, lr, step_size, bc2_sqrt)
+        return loss, norm
+
+
+def scalar(value: float) -> Tensor:
+    return Tensor(np.float32(value))

@@ -1,0 +1,169 @@
+"""Command line: `mindfoundry config|prepare|train|run ...`.
+
+User errors (bad config, missing data, corrupted files, occupied run directory) print one clear
+message and exit with status 2; tracebacks are reserved for bugs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from mindfoundry.config.load import ConfigError, load_config, to_yaml
+from mindfoundry.config.schema import RunConfig
+
+console = Console(stderr=True)
+EXIT_USER_ERROR = 2
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Exception types that mean 'fix your input', gathered from the modules that raise them."""
+    from mindfoundry.backends.base import BackendUnavailable
+    from mindfoundry.checkpoint.store import CheckpointError
+    from mindfoundry.data.indexed import ShardError
+    from mindfoundry.data.prepared import DataError
+    from mindfoundry.data.sources import DataSourceError
+    from mindfoundry.data.tokenizer import TokenizerError
+    from mindfoundry.train.rundir import RunDirError
+
+    return (ConfigError, DataError, DataSourceError, ShardError, CheckpointError, RunDirError, BackendUnavailable,
+            TokenizerError, FileExistsError, FileNotFoundError)
+
+
+def _config(args: argparse.Namespace) -> RunConfig:
+    return load_config(args.config, args.set or [])
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    cfg = _config(args)
+    if args.action == "show":
+        sys.stdout.write(to_yaml(cfg))
+    else:
+        console.print(f"[green]{args.config}: valid[/]")
+    return 0
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from mindfoundry.data.prepare import prepare_data
+    from mindfoundry.train.rundir import prepare_run_dir
+
+    cfg = _config(args)
+    prepare_run_dir(cfg, resume=True, overwrite=False)  # claims RUN_DIR for this config (refuses another run's)
+    prepare_data(cfg, overwrite=args.overwrite, log=console.print)
+    return 0
+
+
+def _train(cfg: RunConfig, args: argparse.Namespace):
+    from mindfoundry.data.prepare import prepare_data
+    from mindfoundry.model.spec import ModelSpec, flops_per_token, num_parameters
+    from mindfoundry.train.rundir import prepare_run_dir
+    from mindfoundry.train.trainer import Trainer
+
+    resume = args.resume == "auto"
+    run_dir = prepare_run_dir(cfg, resume=resume, overwrite=args.overwrite)
+    data = prepare_data(cfg, log=console.print)
+    spec = ModelSpec.from_config(cfg.model)
+    console.print(f"model: {num_parameters(spec):,} parameters, {flops_per_token(spec, cfg.train.seq_len):,} FLOPs/token; "
+                  f"backend {cfg.backend}; run dir {run_dir}")
+    trainer = Trainer(cfg, data, run_dir, console)
+    return trainer, data, trainer.run(resume=resume, stop_at_step=args.stop_at_step)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    _, _, result = _train(_config(args), args)
+    if result.final_eval:
+        console.print(f"step {result.step}: validation loss {result.final_eval.loss:.4f}, ppl {result.final_eval.perplexity:.2f}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from mindfoundry.data.tokenizer import eos_id, pad_id
+    from mindfoundry.eval.generate import generate
+
+    cfg = _config(args)
+    trainer, data, result = _train(cfg, args)
+    if result.step < cfg.train.steps:
+        console.print(f"stopped at step {result.step} of {cfg.train.steps}; continue with --resume auto")
+        return 0
+    final = result.final_eval or trainer.evaluate()
+    g = cfg.generate
+    samples = []
+    for i, prompt in enumerate(g.prompts):
+        ids = data.tokenizer.encode(prompt).ids
+        out = generate(result.backend, ids, window=cfg.train.seq_len, max_new_tokens=g.max_new_tokens,
+                       temperature=g.temperature, top_k=g.top_k, eos_id=eos_id(data.tokenizer),
+                       pad_id=pad_id(data.tokenizer), seed=cfg.seed + i)
+        samples.append({"prompt": prompt, "completion": data.tokenizer.decode(out)})
+    summary = {
+        "run_dir": cfg.run_dir, "steps": result.step, "backend": cfg.backend,
+        "initial": result.initial_eval.to_dict() if result.initial_eval else None,
+        "final": final.to_dict(), "samples": samples,
+    }
+    Path(cfg.run_dir, "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    _print_summary(summary)
+    return 0
+
+
+def _print_summary(summary: dict) -> None:
+    table = Table(title=f"held-out evaluation ({summary['run_dir']})")
+    for col in ("", "loss", "perplexity", "bits/byte"):
+        table.add_column(col)
+    for label, key in (("untrained (step 0)", "initial"), (f"trained (step {summary['steps']})", "final")):
+        r = summary[key]
+        if r:
+            table.add_row(label, f"{r['val_loss']:.4f}", f"{r['val_perplexity']:.2f}", f"{r['val_bits_per_byte']:.4f}")
+    out = Console()
+    out.print(table)
+    for s in summary["samples"]:
+        out.print(f"[bold]{s['prompt']!r}[/] -> {s['completion']!r}", highlight=False)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mindfoundry", description="Pretrain decoder-only LLMs on MindSpore.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_config(p: argparse.ArgumentParser) -> None:
+        p.add_argument("config", help="YAML run config, e.g. configs/demo.yaml")
+        p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable), e.g. train.steps=10")
+
+    p = sub.add_parser("config", help="validate or show a config")
+    p.add_argument("action", choices=["validate", "show"])
+    with_config(p)
+    p.set_defaults(func=cmd_config)
+
+    p = sub.add_parser("prepare", help="raw text -> tokenizer -> Megatron shards")
+    with_config(p)
+    p.add_argument("--overwrite", action="store_true", help="rebuild prepared data (old folder moved aside)")
+    p.set_defaults(func=cmd_prepare)
+
+    for name, func, text in (("train", cmd_train, "train (prepares data first if needed)"),
+                             ("run", cmd_run, "prepare -> train -> evaluate -> sample")):
+        p = sub.add_parser(name, help=text)
+        with_config(p)
+        p.add_argument("--resume", choices=["auto", "none"], default="none", help="auto: continue from the newest valid checkpoint")
+        p.add_argument("--overwrite", action="store_true", help="start over in a run dir that holds a run (old run moved aside)")
+        p.add_argument("--stop-at-step", type=int, default=None, metavar="N", help="checkpoint and stop after step N (continue later with --resume auto)")
+        p.set_defaults(func=func)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        console.print(f"[red]config error:[/] {exc}", highlight=False)
+        return EXIT_USER_ERROR
+    except _user_errors() as exc:
+        console.print(f"[red]error:[/] {exc}", highlight=False)
+        return EXIT_USER_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

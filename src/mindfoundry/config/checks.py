@@ -1,0 +1,87 @@
+"""Rules that relate several config fields.
+
+Each rule returns a message naming the full key path(s), the values and a fix, so the user never
+has to guess which number to change.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mindfoundry.config.schema import RunConfig
+
+#: 256 byte symbols plus the EOS and PAD special tokens.
+MIN_BYTE_BPE_VOCAB = 258
+
+
+def _divisors_near(n: int, around: int) -> str:
+    divs = [d for d in range(1, n + 1) if n % d == 0]
+    best = sorted(divs, key=lambda d: abs(d - around))[:2]
+    return " or ".join(str(d) for d in sorted(best))
+
+
+def _model_problems(cfg: RunConfig) -> list[str]:
+    m = cfg.model
+    out = []
+    if m.d_model % m.n_heads:
+        out.append(
+            f"model.n_heads={m.n_heads} does not divide model.d_model={m.d_model}: "
+            f"choose n_heads dividing d_model (e.g. {_divisors_near(m.d_model, m.n_heads)})"
+        )
+    elif (m.d_model // m.n_heads) % 2:
+        out.append(
+            f"model.d_model/model.n_heads = {m.d_model // m.n_heads} is odd: RoPE needs an even head dimension; "
+            "change n_heads or d_model"
+        )
+    if m.n_kv_heads is not None and m.n_heads % m.n_kv_heads:
+        out.append(
+            f"model.n_kv_heads={m.n_kv_heads} does not divide model.n_heads={m.n_heads}: "
+            f"choose n_kv_heads dividing n_heads (e.g. {_divisors_near(m.n_heads, m.n_kv_heads)})"
+        )
+    if cfg.train.seq_len > m.max_seq_len:
+        out.append(
+            f"train.seq_len={cfg.train.seq_len} exceeds model.max_seq_len={m.max_seq_len}: "
+            "lower train.seq_len or raise model.max_seq_len"
+        )
+    if cfg.data.tokenizer.path is None and m.vocab_size < MIN_BYTE_BPE_VOCAB:
+        out.append(
+            f"model.vocab_size={m.vocab_size} is too small for a byte-level BPE tokenizer: "
+            f"use at least {MIN_BYTE_BPE_VOCAB} (256 bytes + 2 special tokens)"
+        )
+    return out
+
+
+def _data_problems(cfg: RunConfig) -> list[str]:
+    out = []
+    seen: set[str] = set()
+    for i, src in enumerate(cfg.data.sources):
+        key = f"data.sources[{i}]"
+        if src.name in seen:
+            out.append(f"{key}.name={src.name!r} is used twice: give every source a unique name")
+        seen.add(src.name)
+        if (src.builtin is None) == (not src.paths):
+            out.append(f"{key} ({src.name}) needs exactly one of 'builtin' or 'paths': set one and remove the other")
+    tok = cfg.data.tokenizer.path
+    if tok is not None and not Path(tok).is_file():
+        out.append(f"data.tokenizer.path={tok!r} does not exist: point it at a tokenizer.json or set it to null to train one")
+    return out
+
+
+def _train_problems(cfg: RunConfig) -> list[str]:
+    out = []
+    if cfg.optim.warmup_steps > cfg.train.steps:
+        out.append(
+            f"optim.warmup_steps={cfg.optim.warmup_steps} exceeds train.steps={cfg.train.steps}: "
+            "the LR would never reach its peak; lower warmup_steps"
+        )
+    if cfg.checkpoint.every > cfg.train.steps:
+        out.append(
+            f"checkpoint.every={cfg.checkpoint.every} exceeds train.steps={cfg.train.steps}: "
+            "no intermediate checkpoint would be written; lower it or set 0 (save only at the end)"
+        )
+    return out
+
+
+def cross_field_problems(cfg: RunConfig) -> list[str]:
+    """All violated multi-field rules, in section order."""
+    return _model_problems(cfg) + _data_problems(cfg) + _train_problems(cfg)

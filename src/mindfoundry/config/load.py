@@ -1,0 +1,171 @@
+"""Read, override, validate and resolve a run config.
+
+The user-facing contract: any invalid config raises :class:`ConfigError` with one line per problem,
+each naming the key path, the offending value and what to do. Nothing else in the tool starts
+before this succeeds.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from mindfoundry.config.checks import cross_field_problems
+from mindfoundry.config.schema import RunConfig
+
+
+class ConfigError(ValueError):
+    """An invalid configuration; the message is meant to be shown to the user as is."""
+
+
+def _known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """Field names valid at `loc` (used to suggest the intended key for a typo)."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = getattr(current, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        ann = field.annotation
+        nested = [a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not nested:
+            return []
+        current = nested[0]
+    return list(getattr(current, "model_fields", {}))
+
+
+def _format_loc(loc: Iterable[Any]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _describe(error: dict[str, Any]) -> str:
+    """Turn one pydantic error into 'key=value: problem; fix'."""
+    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    # Literal/union branches append the branch name (e.g. 'float', 'literal['auto']'); drop them.
+    loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in {"float", "int", "str", "bool", "none"})))
+    key = _format_loc(loc)
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        parent, name = loc[:-1], loc[-1]
+        known = _known_keys(RunConfig, parent)
+        close = difflib.get_close_matches(str(name), known, n=1)
+        hint = f"did you mean '{_format_loc(parent + (close[0],))}'?" if close else f"valid keys here: {', '.join(known)}"
+        return f"unknown key '{key}': {hint}"
+    if kind == "missing":
+        return f"missing required key '{key}': add it to the config"
+    value = error.get("input")
+    return f"{key}={value!r}: {error['msg'].removeprefix('Value error, ')}"
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"override '{dotted}': '{part}' is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def apply_overrides(tree: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """Apply `key.path=value` overrides; values are parsed as YAML (so 10 is an int, null is None)."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' must look like key.path=value (e.g. train.steps=10)")
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override '{item}': value is not valid YAML ({exc.problem})") from None
+        _set_dotted(tree, key.strip(), value)
+    return tree
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Parse a YAML config file into a dict, with errors that name the file and line."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file '{p}' not found: pass the path of a YAML config (e.g. configs/demo.yaml)")
+    try:
+        tree = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"config file '{p}' is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file '{p}' is not UTF-8 text") from None
+    if tree is None:
+        raise ConfigError(f"config file '{p}' is empty: start from configs/demo.yaml")
+    if not isinstance(tree, dict):
+        raise ConfigError(f"config file '{p}' must hold a mapping of sections (model, data, train, ...), not a {type(tree).__name__}")
+    return tree
+
+
+def validate(tree: dict[str, Any]) -> RunConfig:
+    """Validate a config tree and resolve derived values; raise ConfigError listing every problem."""
+    try:
+        cfg = RunConfig.model_validate(tree)
+    except ValidationError as exc:
+        lines = [_describe(e) for e in exc.errors()]
+        raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None
+    problems = cross_field_problems(cfg)
+    if problems:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+    return resolve(cfg)
+
+
+def resolve(cfg: RunConfig) -> RunConfig:
+    """Fill every `null = derived` default so the resolved config is explicit and reproducible."""
+    cfg = cfg.model_copy(deep=True)
+    m = cfg.model
+    if m.n_kv_heads is None:
+        m.n_kv_heads = m.n_heads
+    if m.ffn_dim is None:
+        raw = int(8 * m.d_model / 3)
+        m.ffn_dim = -(-raw // m.ffn_multiple_of) * m.ffn_multiple_of
+    if cfg.optim.clip_norm == "auto":
+        global_batch = cfg.train.micro_batch_size * cfg.train.grad_accum * cfg.parallel.dp
+        cfg.optim.clip_norm = round(0.5 * (global_batch / 1024) ** 0.5, 6)
+    if cfg.run_dir is None:
+        cfg.run_dir = f"runs/{cfg.name}"
+    if cfg.data.output_dir is None:
+        cfg.data.output_dir = str(Path(cfg.run_dir) / "data")
+    for src in cfg.data.sources:
+        if src.category is None:
+            src.category = _default_category(src.builtin) if src.builtin else src.name
+    return cfg
+
+
+def _default_category(builtin: str) -> str:
+    from mindfoundry.data.sources import BUILTIN_SOURCES
+
+    return BUILTIN_SOURCES[builtin]
+
+
+def load_config(path: str | Path, overrides: Iterable[str] = ()) -> RunConfig:
+    """Read FILE, apply overrides, validate and resolve."""
+    return validate(apply_overrides(read_yaml(path), overrides))
+
+
+def to_yaml(cfg: RunConfig) -> str:
+    """The fully resolved config as YAML (what `config show` prints and runs store)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+
+
+def config_hash(cfg: RunConfig, *, exclude: tuple[str, ...] = ()) -> str:
+    """Stable hash of the resolved config (sections in `exclude` left out)."""
+    data = cfg.model_dump(mode="json", exclude=set(exclude))
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()

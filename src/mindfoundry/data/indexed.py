@@ -1,0 +1,497 @@
+"""Megatron-compatible indexed token shards (``.bin`` + ``.idx``, the "MMIDIDX" layout).
+
+The on-disk format is byte-for-byte the one of Megatron-LM's
+``megatron/core/datasets/indexed_dataset.py`` so shards can be exchanged with Megatron tooling.
+All values are little-endian. The ``.idx`` file holds::
+
+    9 bytes   magic b"MMIDIDX\\x00\\x00"
+    <Q        version (1)
+    <B        dtype code (see DType)
+    <Q        sequence count N
+    <Q        document count D (= len(document_indices))
+    int32[N]  sequence lengths, in tokens
+    int64[N]  sequence pointers, byte offset of each sequence in .bin
+    int64[D]  document indices: 0, then the running sequence count after each document
+
+The ``.bin`` file is the raw concatenation of every sequence's tokens in the shard dtype.
+The writer stores one sequence per document, so N sequences == N documents and
+``document_indices == [0, 1, ..., N]``.
+
+This module is framework-free on purpose: data preparation and loading must work without
+MindSpore or PyTorch installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import os
+import struct
+from array import array
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, BinaryIO
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "DType",
+    "IndexedDataset",
+    "IndexedDatasetWriter",
+    "ShardError",
+    "ShardInfo",
+    "dtype_for_vocab",
+    "verify_tokens",
+]
+
+_MAGIC = b"MMIDIDX\x00\x00"
+_VERSION = 1
+# magic, version, dtype code, sequence count, document count; "<" means no padding (34 bytes).
+_HEADER = struct.Struct("<9sQBQQ")
+_LENGTH_DTYPE = np.dtype("<i4")
+_POINTER_DTYPE = np.dtype("<i8")
+_INT32_MAX = int(np.iinfo(np.int32).max)
+# Megatron switches to int32 tokens at this vocab size (it keeps a little headroom below 2**16).
+_UINT16_VOCAB_LIMIT = 65500
+# Tokens scanned per step by verify_tokens: 16M tokens keeps the scan's memory bounded.
+_VERIFY_CHUNK_TOKENS = 1 << 24
+_REMEDY = "Re-run `mindfoundry prepare` to rebuild this shard."
+
+
+class ShardError(ValueError):
+    """A shard on disk is missing, truncated, corrupted or holds tokens outside the vocab."""
+
+
+def _shard_error(path: Path, problem: str) -> ShardError:
+    """Build a ShardError that names the file, the problem and how to fix it."""
+    return ShardError(f"{path}: {problem}. {_REMEDY}")
+
+
+class DType(enum.IntEnum):
+    """Megatron's dtype codes, as stored in the ``.idx`` header."""
+
+    UINT8 = 1
+    INT8 = 2
+    INT16 = 3
+    INT32 = 4
+    INT64 = 5
+    FLOAT64 = 6
+    FLOAT32 = 7
+    UINT16 = 8
+
+    def to_numpy(self) -> np.dtype[Any]:
+        """The explicit little-endian numpy dtype, so files read the same on any host."""
+        return np.dtype(_NUMPY_BY_CODE[self])
+
+    @classmethod
+    def from_numpy(cls, dtype: npt.DTypeLike) -> DType:
+        """Map a numpy dtype (any byte order) to its Megatron code."""
+        dt = np.dtype(dtype)
+        try:
+            return _CODE_BY_KIND[(dt.kind, dt.itemsize)]
+        except KeyError:
+            supported = ", ".join(np.dtype(s).name for s in _NUMPY_BY_CODE.values())
+            raise ValueError(f"dtype {dt} has no Megatron code; supported: {supported}") from None
+
+
+_NUMPY_BY_CODE: dict[DType, str] = {
+    DType.UINT8: "u1",
+    DType.INT8: "i1",
+    DType.INT16: "<i2",
+    DType.INT32: "<i4",
+    DType.INT64: "<i8",
+    DType.FLOAT64: "<f8",
+    DType.FLOAT32: "<f4",
+    DType.UINT16: "<u2",
+}
+# Keyed by (kind, itemsize) rather than dtype equality so big-endian dtypes map too.
+_CODE_BY_KIND: dict[tuple[str, int], DType] = {
+    (np.dtype(s).kind, np.dtype(s).itemsize): code for code, s in _NUMPY_BY_CODE.items()
+}
+
+
+def dtype_for_vocab(vocab_size: int) -> np.dtype[Any]:
+    """Smallest token dtype for a vocab, using Megatron's rule (uint16 below 65500, else int32)."""
+    if vocab_size <= 0:
+        raise ValueError(f"vocab_size must be positive, got {vocab_size}")
+    code = DType.UINT16 if vocab_size < _UINT16_VOCAB_LIMIT else DType.INT32
+    return code.to_numpy()
+
+
+def _shard_paths(path_prefix: str | Path) -> tuple[Path, Path]:
+    """``prefix.bin`` and ``prefix.idx``; suffixes are appended, since prefixes may contain dots."""
+    prefix = str(path_prefix)
+    return Path(prefix + ".bin"), Path(prefix + ".idx")
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardInfo:
+    """Summary of a finalized shard, recorded in manifests to detect stale or altered shards."""
+
+    path_prefix: str
+    num_documents: int
+    num_tokens: int
+    dtype: str
+    bin_sha256: str
+    idx_sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON representation."""
+        return dataclasses.asdict(self)
+
+
+class IndexedDatasetWriter:
+    """Streams documents into a new shard; the shard only appears once ``finalize`` succeeds.
+
+    Tokens go to ``.bin.tmp`` as documents arrive (only per-document lengths stay in memory),
+    the index is written to ``.idx.tmp`` at the end, and both are renamed into place last, the
+    ``.idx`` after the ``.bin``. A crash therefore never leaves a complete-looking shard.
+    Used as a context manager, the shard is finalized on normal exit (unless ``finalize`` was
+    already called inside the block to obtain the ShardInfo) and the temporary files are
+    removed if the block raises.
+    """
+
+    def __init__(
+        self, path_prefix: str | Path, dtype: npt.DTypeLike, *, overwrite: bool = False
+    ) -> None:
+        self._prefix = str(path_prefix)
+        self._code = DType.from_numpy(dtype)
+        self._dtype = self._code.to_numpy()
+        if self._dtype.kind not in "iu":
+            raise ValueError(f"token shards need an integer dtype, got {self._dtype.name}")
+        self._bin_path, self._idx_path = _shard_paths(path_prefix)
+        self._bin_tmp = Path(f"{self._bin_path}.tmp")
+        self._idx_tmp = Path(f"{self._idx_path}.tmp")
+        self._overwrite = overwrite
+        self._refuse_existing()
+        self._bin_path.parent.mkdir(parents=True, exist_ok=True)
+        self._lengths = array("q")
+        self._num_tokens = 0
+        self._bin_hash = hashlib.sha256()
+        # Stays open across add_document calls; None once finalized or aborted.
+        self._bin_file: BinaryIO | None = open(self._bin_tmp, "wb")
+
+    def _refuse_existing(self) -> None:
+        """Protect finished shards from being clobbered by an accidental re-run."""
+        existing = [p for p in (self._bin_path, self._idx_path) if p.exists()]
+        if existing and not self._overwrite:
+            names = ", ".join(str(p) for p in existing)
+            raise FileExistsError(
+                f"shard already exists ({names}); pass overwrite=True to replace it"
+            )
+
+    def add_document(self, tokens: np.ndarray | Sequence[int]) -> None:
+        """Append one document (a 1-D sequence of token ids, normally ending with EOS)."""
+        if self._bin_file is None:
+            raise RuntimeError(f"writer for {self._prefix} is already finalized or aborted")
+        data = np.ascontiguousarray(self._checked_tokens(tokens))
+        if data.size > _INT32_MAX:
+            raise ValueError(
+                f"document has {data.size} tokens; the index stores lengths as int32 "
+                f"(max {_INT32_MAX}); split the document"
+            )
+        self._bin_file.write(data.data)
+        self._bin_hash.update(data.data)
+        self._lengths.append(data.size)
+        self._num_tokens += data.size
+
+    def _checked_tokens(self, tokens: np.ndarray | Sequence[int]) -> np.ndarray:
+        """Cast to the shard dtype, refusing anything the cast would silently change."""
+        arr = np.asarray(tokens)
+        if arr.ndim != 1:
+            raise ValueError(f"a document must be a 1-D token sequence, got shape {arr.shape}")
+        if arr.size == 0:
+            return np.empty(0, dtype=self._dtype)
+        if arr.dtype.kind not in "biu":
+            raise TypeError(f"token ids must be integers, got dtype {arr.dtype}")
+        info = np.iinfo(self._dtype)
+        out_of_range = (arr < info.min) | (arr > info.max)
+        if out_of_range.any():
+            value = arr[np.argmax(out_of_range)]
+            raise ValueError(
+                f"token id {value} does not fit the shard dtype {self._dtype.name} "
+                f"(range {info.min}..{info.max}); use a wider dtype (see dtype_for_vocab)"
+            )
+        return arr.astype(self._dtype, copy=False)
+
+    def finalize(self) -> ShardInfo:
+        """Write the index, make both files durable and rename them into place."""
+        if self._bin_file is None:
+            raise RuntimeError(f"writer for {self._prefix} is already finalized or aborted")
+        try:
+            _close_durably(self._bin_file)
+            self._bin_file = None
+            idx_sha256 = self._write_index()
+            self._refuse_existing()
+            # Drop a replaced .idx first so a crash mid-rename never pairs it with the new .bin.
+            self._idx_path.unlink(missing_ok=True)
+            os.replace(self._bin_tmp, self._bin_path)
+            os.replace(self._idx_tmp, self._idx_path)
+        except BaseException:
+            self.abort()
+            raise
+        return ShardInfo(
+            path_prefix=self._prefix,
+            num_documents=len(self._lengths),
+            num_tokens=self._num_tokens,
+            dtype=self._dtype.name,
+            bin_sha256=self._bin_hash.hexdigest(),
+            idx_sha256=idx_sha256,
+        )
+
+    def _write_index(self) -> str:
+        """Write ``.idx.tmp`` and return its sha256."""
+        lengths = np.frombuffer(self._lengths, dtype=np.int64)
+        pointers = np.zeros(lengths.size, dtype=_POINTER_DTYPE)
+        np.cumsum(lengths[:-1] * self._dtype.itemsize, out=pointers[1:])
+        document_indices = np.arange(lengths.size + 1, dtype=_POINTER_DTYPE)
+        header = _HEADER.pack(
+            _MAGIC, _VERSION, int(self._code), lengths.size, document_indices.size
+        )
+        parts = [
+            header,
+            lengths.astype(_LENGTH_DTYPE).tobytes(),
+            pointers.tobytes(),
+            document_indices.tobytes(),
+        ]
+        digest = hashlib.sha256()
+        with open(self._idx_tmp, "wb") as f:
+            for part in parts:
+                f.write(part)
+                digest.update(part)
+            f.flush()
+            os.fsync(f.fileno())
+        return digest.hexdigest()
+
+    def abort(self) -> None:
+        """Discard everything written so far; no shard files are left behind."""
+        if self._bin_file is not None:
+            self._bin_file.close()
+            self._bin_file = None
+        self._bin_tmp.unlink(missing_ok=True)
+        self._idx_tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> IndexedDatasetWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is not None:
+            self.abort()
+        elif self._bin_file is not None:
+            self.finalize()
+
+
+def _close_durably(f: BinaryIO) -> None:
+    """Flush and fsync before closing, so the later rename never exposes unwritten data."""
+    f.flush()
+    os.fsync(f.fileno())
+    f.close()
+
+
+class IndexedDataset:
+    """Read-only, memory-mapped view of a shard, validated on open.
+
+    Indexing is by sequence, as in Megatron; shards from IndexedDatasetWriter hold one sequence
+    per document, so ``len(ds)`` is the document count. Returned arrays are read-only views
+    into the mapped ``.bin`` file, so opening even a very large shard costs almost no memory.
+    """
+
+    def __init__(self, path_prefix: str | Path) -> None:
+        self._prefix = str(path_prefix)
+        self._bin_path, self._idx_path = _shard_paths(path_prefix)
+        for path in (self._idx_path, self._bin_path):
+            if not path.is_file():
+                raise _shard_error(path, "file is missing")
+        self._code, num_sequences, num_doc_indices = self._read_header()
+        self._dtype = self._code.to_numpy()
+        self._idx_map = np.memmap(self._idx_path, dtype=np.uint8, mode="r")
+        self._lengths, self._pointers, self._document_indices = self._index_arrays(
+            num_sequences, num_doc_indices
+        )
+        self._validate_lengths()
+        self._num_tokens = int(self._lengths.sum(dtype=np.int64))
+        self._validate_bin_size()
+        self._validate_pointers()
+        self._validate_document_indices()
+        self._tokens = self._map_tokens()
+
+    def _read_header(self) -> tuple[DType, int, int]:
+        with open(self._idx_path, "rb") as f:
+            raw = f.read(_HEADER.size)
+        if len(raw) < _HEADER.size:
+            raise _shard_error(
+                self._idx_path,
+                f"truncated: {len(raw)} bytes, shorter than the {_HEADER.size}-byte header",
+            )
+        magic, version, code, num_sequences, num_doc_indices = _HEADER.unpack(raw)
+        if magic != _MAGIC:
+            raise _shard_error(
+                self._idx_path, f"bad magic {magic!r} (expected {_MAGIC!r}); not an MMIDIDX index"
+            )
+        if version != _VERSION:
+            raise _shard_error(
+                self._idx_path, f"unsupported index version {version} (expected {_VERSION})"
+            )
+        try:
+            dtype_code = DType(code)
+        except ValueError:
+            raise _shard_error(self._idx_path, f"unknown dtype code {code}") from None
+        return dtype_code, num_sequences, num_doc_indices
+
+    def _index_arrays(
+        self, num_sequences: int, num_doc_indices: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Slice the three index arrays out of the mapped ``.idx`` after checking its size."""
+        pointers_at = _HEADER.size + num_sequences * _LENGTH_DTYPE.itemsize
+        doc_indices_at = pointers_at + num_sequences * _POINTER_DTYPE.itemsize
+        expected = doc_indices_at + num_doc_indices * _POINTER_DTYPE.itemsize
+        actual = self._idx_map.size
+        if actual != expected:
+            state = "truncated" if actual < expected else "has trailing bytes"
+            raise _shard_error(
+                self._idx_path,
+                f"{state}: {actual} bytes but the header ({num_sequences} sequences, "
+                f"{num_doc_indices} document indices) implies {expected}",
+            )
+        buf = self._idx_map
+        lengths = np.frombuffer(buf, _LENGTH_DTYPE, num_sequences, _HEADER.size)
+        pointers = np.frombuffer(buf, _POINTER_DTYPE, num_sequences, pointers_at)
+        doc_indices = np.frombuffer(buf, _POINTER_DTYPE, num_doc_indices, doc_indices_at)
+        return lengths, pointers, doc_indices
+
+    def _validate_lengths(self) -> None:
+        if self._lengths.size and int(self._lengths.min()) < 0:
+            raise _shard_error(self._idx_path, "corrupted: negative sequence length")
+
+    def _validate_bin_size(self) -> None:
+        expected = self._num_tokens * self._dtype.itemsize
+        actual = self._bin_path.stat().st_size
+        if actual != expected:
+            state = "truncated" if actual < expected else "larger than its index implies"
+            raise _shard_error(
+                self._bin_path,
+                f"{state}: {actual} bytes but {self._idx_path.name} lists {self._num_tokens} "
+                f"{self._dtype.name} tokens ({expected} bytes)",
+            )
+
+    def _validate_pointers(self) -> None:
+        expected = np.zeros(self._lengths.size, dtype=np.int64)
+        np.cumsum(self._lengths[:-1], dtype=np.int64, out=expected[1:])
+        expected *= self._dtype.itemsize
+        if not np.array_equal(self._pointers, expected):
+            first = int(np.argmax(self._pointers != expected))
+            raise _shard_error(
+                self._idx_path,
+                f"corrupted: sequence pointer {first} is {int(self._pointers[first])}, "
+                f"expected {int(expected[first])} from the sequence lengths",
+            )
+
+    def _validate_document_indices(self) -> None:
+        doc = self._document_indices
+        num_sequences = self._lengths.size
+        if doc.size == 0 or int(doc[0]) != 0:
+            raise _shard_error(self._idx_path, "corrupted: document indices do not start at 0")
+        if doc.size > 1 and bool((np.diff(doc) < 0).any()):
+            raise _shard_error(
+                self._idx_path, "corrupted: document indices are not monotonically increasing"
+            )
+        if int(doc[-1]) != num_sequences:
+            raise _shard_error(
+                self._idx_path,
+                f"corrupted: last document index is {int(doc[-1])}, "
+                f"expected the sequence count {num_sequences}",
+            )
+
+    def _map_tokens(self) -> np.ndarray:
+        # mmap cannot map an empty file; an empty shard simply has no tokens.
+        if self._num_tokens == 0:
+            return np.empty(0, dtype=self._dtype)
+        return np.memmap(self._bin_path, dtype=self._dtype, mode="r", shape=(self._num_tokens,))
+
+    @property
+    def path_prefix(self) -> str:
+        return self._prefix
+
+    @property
+    def bin_path(self) -> Path:
+        return self._bin_path
+
+    @property
+    def idx_path(self) -> Path:
+        return self._idx_path
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self._dtype
+
+    @property
+    def num_tokens(self) -> int:
+        return self._num_tokens
+
+    @property
+    def sequence_lengths(self) -> np.ndarray:
+        return self._lengths
+
+    @property
+    def sequence_pointers(self) -> np.ndarray:
+        return self._pointers
+
+    @property
+    def document_indices(self) -> np.ndarray:
+        return self._document_indices
+
+    def tokens(self) -> np.ndarray:
+        """All tokens of the shard as one flat read-only view of ``.bin``."""
+        return self._tokens
+
+    def __len__(self) -> int:
+        return int(self._lengths.size)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        """Tokens of sequence ``i`` (0 <= i < len), as a view without copying."""
+        if not 0 <= i < len(self):
+            raise IndexError(f"sequence index {i} out of range for {len(self)} sequences")
+        start = int(self._pointers[i]) // self._dtype.itemsize
+        return self._tokens[start : start + int(self._lengths[i])]
+
+
+def verify_tokens(ds: IndexedDataset, vocab_size: int) -> None:
+    """Check every token id lies in ``[0, vocab_size)``, chunk by chunk to bound memory.
+
+    An out-of-range id would otherwise only surface as an embedding lookup failure (or silent
+    garbage on some backends) deep inside training.
+    """
+    if vocab_size <= 0:
+        raise ValueError(f"vocab_size must be positive, got {vocab_size}")
+    tokens = ds.tokens()
+    if tokens.size == 0:
+        return
+    lo, hi = _token_range(tokens)
+    if lo < 0:
+        raise ShardError(
+            f"{ds.bin_path}: negative token id {lo} found (vocab size {vocab_size}). "
+            f"The shard is corrupted or was written with the wrong dtype. {_REMEDY}"
+        )
+    if hi >= vocab_size:
+        raise ShardError(
+            f"{ds.bin_path}: max token id {hi} found but the vocab size is {vocab_size}. "
+            f"The shard was tokenized with a different tokenizer. {_REMEDY}"
+        )
+
+
+def _token_range(tokens: np.ndarray) -> tuple[int, int]:
+    """Min and max token id, scanning ``_VERIFY_CHUNK_TOKENS`` tokens at a time."""
+    lo, hi = int(tokens[0]), int(tokens[0])
+    for start in range(0, tokens.size, _VERIFY_CHUNK_TOKENS):
+        chunk = tokens[start : start + _VERIFY_CHUNK_TOKENS]
+        lo = min(lo, int(chunk.min()))
+        hi = max(hi, int(chunk.max()))
+    return lo, hi

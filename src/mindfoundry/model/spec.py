@@ -1,0 +1,141 @@
+"""Framework-free description of the decoder-only model: shapes, parameter names, size, FLOPs.
+
+Both backends build their modules from :class:`ModelSpec` and must produce exactly the parameter
+names and shapes listed by :func:`parameter_shapes`; a contract test holds them to it. Weight
+matrices use the ``[out_features, in_features]`` layout of torch.nn.Linear / mindspore.nn.Dense,
+so one safetensors file loads into either backend (and maps 1:1 onto Hugging Face Llama names).
+
+Parameter naming scheme::
+
+    embed.weight                         [vocab, d_model]
+    layers.{i}.attn_norm.weight          [d_model]
+    layers.{i}.attn.q_proj.weight        [n_heads*head_dim, d_model]
+    layers.{i}.attn.k_proj.weight        [n_kv_heads*head_dim, d_model]
+    layers.{i}.attn.v_proj.weight        [n_kv_heads*head_dim, d_model]
+    layers.{i}.attn.o_proj.weight        [d_model, n_heads*head_dim]
+    layers.{i}.mlp_norm.weight           [d_model]
+    layers.{i}.mlp.gate_proj.weight      [ffn_dim, d_model]
+    layers.{i}.mlp.up_proj.weight        [ffn_dim, d_model]
+    layers.{i}.mlp.down_proj.weight      [d_model, ffn_dim]
+    norm.weight                          [d_model]
+    lm_head.weight                       [vocab, d_model]   (absent when tie_embeddings)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from mindfoundry.config.schema import ModelConfig
+
+#: Output projections that add into the residual stream; their init std is scaled by 1/sqrt(2L).
+RESIDUAL_PROJECTIONS = ("attn.o_proj.weight", "mlp.down_proj.weight")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Resolved model hyper-parameters (no optional fields left)."""
+
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    ffn_dim: int
+    max_seq_len: int
+    rope_theta: float
+    norm_eps: float
+    tie_embeddings: bool
+    init_std: float
+
+    @classmethod
+    def from_config(cls, m: ModelConfig) -> "ModelSpec":
+        if m.n_kv_heads is None or m.ffn_dim is None:
+            raise ValueError("ModelSpec needs a resolved config (n_kv_heads and ffn_dim filled): use config.load_config")
+        return cls(
+            vocab_size=m.vocab_size, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
+            n_kv_heads=m.n_kv_heads, ffn_dim=m.ffn_dim, max_seq_len=m.max_seq_len,
+            rope_theta=m.rope_theta, norm_eps=m.norm_eps, tie_embeddings=m.tie_embeddings,
+            init_std=m.init_std,
+        )
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def parameter_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """Every parameter name and shape, in a fixed canonical order."""
+    d, hd, f = spec.d_model, spec.head_dim, spec.ffn_dim
+    shapes: dict[str, tuple[int, ...]] = {"embed.weight": (spec.vocab_size, d)}
+    for i in range(spec.n_layers):
+        p = f"layers.{i}."
+        shapes[p + "attn_norm.weight"] = (d,)
+        shapes[p + "attn.q_proj.weight"] = (spec.n_heads * hd, d)
+        shapes[p + "attn.k_proj.weight"] = (spec.n_kv_heads * hd, d)
+        shapes[p + "attn.v_proj.weight"] = (spec.n_kv_heads * hd, d)
+        shapes[p + "attn.o_proj.weight"] = (d, spec.n_heads * hd)
+        shapes[p + "mlp_norm.weight"] = (d,)
+        shapes[p + "mlp.gate_proj.weight"] = (f, d)
+        shapes[p + "mlp.up_proj.weight"] = (f, d)
+        shapes[p + "mlp.down_proj.weight"] = (d, f)
+    shapes["norm.weight"] = (d,)
+    if not spec.tie_embeddings:
+        shapes["lm_head.weight"] = (spec.vocab_size, d)
+    return shapes
+
+
+def decays(name: str, shape: tuple[int, ...]) -> bool:
+    """Weight decay applies to matrices only, never to norm weights or biases (1-D)."""
+    return len(shape) >= 2
+
+
+def num_parameters(spec: ModelSpec) -> int:
+    return sum(int(np.prod(s)) for s in parameter_shapes(spec).values())
+
+
+def flops_per_token(spec: ModelSpec, seq_len: int) -> int:
+    """Training FLOPs per token: 6*N_matmul + 12*L*d_attn*seq_len (PaLM appendix B).
+
+    N_matmul counts the weights that take part in matrix multiplies: every projection plus the
+    output head (the embedding lookup itself is a gather and costs nothing; with tied embeddings
+    the shared matrix is counted once, as the head). The attention term covers QK^T and AV
+    without the causal halving, as is conventional for MFU.
+    """
+    shapes = parameter_shapes(spec)
+    n_matmul = sum(int(np.prod(s)) for n, s in shapes.items() if len(s) == 2 and n != "embed.weight")
+    n_matmul += spec.vocab_size * spec.d_model if spec.tie_embeddings else 0
+    attn = 12 * spec.n_layers * spec.n_heads * spec.head_dim * seq_len
+    return 6 * n_matmul + attn
+
+
+def init_weights(spec: ModelSpec, seed: int) -> dict[str, np.ndarray]:
+    """The initial weights, generated framework-free so both backends start from the same numbers.
+
+    normal(0, init_std) for matrices, init_std/sqrt(2*n_layers) for residual projections (GPT-2),
+    ones for RMSNorm weights. Each parameter gets its own stream derived from (seed, name index),
+    so adding a parameter later does not change the others.
+    """
+    out: dict[str, np.ndarray] = {}
+    resid_std = spec.init_std / np.sqrt(2 * spec.n_layers)
+    for idx, (name, shape) in enumerate(parameter_shapes(spec).items()):
+        if len(shape) == 1:
+            out[name] = np.ones(shape, dtype=np.float32)
+            continue
+        std = resid_std if name.endswith(RESIDUAL_PROJECTIONS) else spec.init_std
+        rng = np.random.Generator(np.random.PCG64([seed, idx]))
+        out[name] = (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(np.float32)
+    return out
+
+
+def rope_tables(spec: ModelSpec, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin tables [seq_len, head_dim] for rotate-half RoPE (the Hugging Face Llama convention)."""
+    hd = spec.head_dim
+    inv_freq = 1.0 / (spec.rope_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
+    angles = np.outer(np.arange(seq_len, dtype=np.float64), inv_freq)  # (S, hd/2)
+    emb = np.concatenate([angles, angles], axis=-1)  # (S, hd)
+    return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)

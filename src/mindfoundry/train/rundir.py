@@ -1,0 +1,62 @@
+"""The run directory: one run per folder, never silently mixed with or overwriting another."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from mindfoundry.checkpoint.store import list_checkpoints
+from mindfoundry.config.load import config_hash, to_yaml
+from mindfoundry.config.schema import RunConfig
+
+CONFIG_FILE = "config.yaml"
+HASH_FILE = "config.sha256"
+#: Sections that may change between a run and its continuation without making it another run.
+RESUME_MUTABLE = ("monitor", "generate", "checkpoint")
+METRICS_FILE = "metrics.jsonl"
+
+
+class RunDirError(RuntimeError):
+    """The run directory holds something this command must not touch."""
+
+
+def run_identity(cfg: RunConfig) -> str:
+    return config_hash(cfg, exclude=RESUME_MUTABLE)
+
+
+def _has_trained(run_dir: Path) -> bool:
+    """Training has written something (before that, only prepared data lives here)."""
+    return bool(list_checkpoints(run_dir)) or (run_dir / METRICS_FILE).exists()
+
+
+def prepare_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool) -> Path:
+    """Create or adopt RUN_DIR; refuse a folder holding a different (or any, without --resume) run.
+
+    --overwrite moves the old run aside to RUN_DIR.old-TIMESTAMP instead of deleting it, so nothing
+    already written is lost.
+    """
+    run_dir = Path(cfg.run_dir)
+    stored = run_dir / HASH_FILE
+    if run_dir.exists() and any(run_dir.iterdir()):
+        if overwrite:
+            aside = run_dir.with_name(f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
+            run_dir.rename(aside)
+        elif not stored.is_file():
+            raise RunDirError(
+                f"run directory '{run_dir}' is not empty and is not a MindFoundry run: choose an empty or new run_dir"
+            )
+        elif _has_trained(run_dir):
+            if stored.read_text().strip() != run_identity(cfg):
+                raise RunDirError(
+                    f"run directory '{run_dir}' holds a different run (its {CONFIG_FILE} differs from this config): "
+                    "use another run_dir, or pass --overwrite to move the old run aside"
+                )
+            if not resume:
+                raise RunDirError(
+                    f"run directory '{run_dir}' already holds a run of this config: pass --resume auto to continue it, "
+                    "or --overwrite to start over (the old run is moved aside)"
+                )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / CONFIG_FILE).write_text(to_yaml(cfg), encoding="utf-8")
+    stored.write_text(run_identity(cfg) + "\n", encoding="utf-8")
+    return run_dir

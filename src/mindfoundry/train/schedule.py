@@ -1,0 +1,34 @@
+"""Learning-rate schedule and AdamW scalars, computed on the host for every engine.
+
+A schedule is a pure function of the step number, so resuming needs to save nothing but the step.
+"""
+
+from __future__ import annotations
+
+import math
+
+from mindfoundry.backends.base import StepScalars
+from mindfoundry.config.schema import OptimConfig
+
+
+def learning_rate(step: int, total_steps: int, optim: OptimConfig) -> float:
+    """LR for optimizer update number `step` (1-based): linear warmup, then cosine to min_lr_ratio*lr."""
+    peak, floor = optim.lr, optim.lr * optim.min_lr_ratio
+    if step <= optim.warmup_steps:
+        return peak * step / optim.warmup_steps
+    decay_steps = max(total_steps - optim.warmup_steps, 1)
+    progress = min((step - optim.warmup_steps) / decay_steps, 1.0)
+    return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def step_scalars(step: int, total_steps: int, optim: OptimConfig, valid_tokens: int) -> StepScalars:
+    """Everything the compiled step needs besides the batch, in float64 arithmetic as torch.optim.AdamW uses."""
+    if valid_tokens <= 0:
+        raise ValueError(f"step {step}: the global batch has no target tokens (all labels are padding)")
+    lr = learning_rate(step, total_steps, optim)
+    return StepScalars(
+        lr=lr,
+        step_size=lr / (1.0 - optim.beta1**step),
+        bias_correction2_sqrt=math.sqrt(1.0 - optim.beta2**step),
+        loss_scale=1.0 / valid_tokens,
+    )
