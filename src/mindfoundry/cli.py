@@ -18,7 +18,7 @@ from rich.table import Table
 from mindfoundry.config.load import ConfigError, load_config, to_yaml
 from mindfoundry.config.schema import RunConfig
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # never wrap: one problem = one line
 EXIT_USER_ERROR = 2
 
 

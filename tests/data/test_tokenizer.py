@@ -41,7 +41,7 @@ from mindfoundry.data.tokenizer import tokenizer_hash, train_tokenizer
 
 texts = [d.text for d in read_builtin("python_stdlib", stats=SourceStats(), max_bytes=150_000)]
 texts += ["人民日报：新年讲话，迈向充满希望的新世纪。"] * 20
-print(tokenizer_hash(train_tokenizer(texts, {vocab}, seed=0)))
+print(tokenizer_hash(train_tokenizer(texts, {vocab})))
 """
 
 
@@ -53,7 +53,7 @@ def corpus() -> list[str]:
 
 @pytest.fixture(scope="module")
 def tokenizer(corpus: list[str]) -> Tokenizer:
-    return train_tokenizer(iter(corpus), VOCAB, seed=0)
+    return train_tokenizer(iter(corpus), VOCAB)
 
 
 def test_vocab_and_special_token_ids(tokenizer: Tokenizer) -> None:
@@ -65,7 +65,7 @@ def test_vocab_and_special_token_ids(tokenizer: Tokenizer) -> None:
 def test_training_is_deterministic_across_runs_and_thread_counts(
     corpus: list[str], tokenizer: Tokenizer
 ) -> None:
-    assert tokenizer_hash(train_tokenizer(corpus, VOCAB, seed=0)) == tokenizer_hash(tokenizer)
+    assert tokenizer_hash(train_tokenizer(corpus, VOCAB)) == tokenizer_hash(tokenizer)
     env = {**os.environ, "RAYON_RS_NUM_CPUS": "1", "TOKENIZERS_PARALLELISM": "false"}
     result = subprocess.run(
         [sys.executable, "-c", _CORPUS_CODE.format(vocab=VOCAB)],
@@ -122,6 +122,4 @@ def test_load_errors(tokenizer: Tokenizer, tmp_path: Path) -> None:
 
 def test_training_argument_errors() -> None:
     with pytest.raises(ValueError, match="vocab_size"):
-        train_tokenizer(["text"], 100, seed=0)
-    with pytest.raises(TypeError, match="seed"):
-        train_tokenizer(["text"], VOCAB, seed=None)  # type: ignore[arg-type]
+        train_tokenizer(["text"], 100)

@@ -87,7 +87,7 @@ def _build_tokenizer(cfg: RunConfig, log: Callable[[str], None]):
         log(f"loaded tokenizer {tok_cfg.path} ({tok.get_vocab_size()} tokens)")
         return tok, {"source": "loaded", "path": tok_cfg.path}
     t0 = time.perf_counter()
-    tok = train_tokenizer(_training_texts(cfg), cfg.model.vocab_size, min_frequency=tok_cfg.min_frequency, seed=cfg.seed)
+    tok = train_tokenizer(_training_texts(cfg), cfg.model.vocab_size, min_frequency=tok_cfg.min_frequency)
     log(f"trained byte-level BPE: {tok.get_vocab_size()} tokens in {time.perf_counter() - t0:.1f}s")
     return tok, {"source": "trained", "min_frequency": tok_cfg.min_frequency, "train_max_bytes": tok_cfg.train_max_bytes}
 
