@@ -25,10 +25,10 @@ class AdamW(nn.Cell):
         self.exp_avg_sq = self.params.clone(prefix="exp_avg_sq", init="zeros")
         self.beta1, self.beta2, self.eps = beta1, beta2, eps
         self.decay = tuple(weight_decay if decays(p.name, p.shape) else 0.0 for p in params)
-        self.n = len(params)
+        self.num_params = len(params)
 
     def construct(self, grads, lr, step_size, bc2_sqrt):
-        for i in range(self.n):
+        for i in range(self.num_params):
             p, g, m, v = self.params[i], grads[i], self.exp_avg[i], self.exp_avg_sq[i]
             if self.decay[i] > 0.0:
                 ops.assign(p, p * (1.0 - lr * self.decay[i]))

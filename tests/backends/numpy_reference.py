@@ -1,0 +1,61 @@
+"""An independent numpy forward pass of the model, used to check each backend's arithmetic.
+
+Written from the math (RMSNorm, rotate-half RoPE, grouped-query causal attention, SwiGLU), not
+from either backend's code, in float64.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mindfoundry.model.spec import ModelSpec, rope_tables
+
+
+def _rms(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    half = x.shape[-1] // 2
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], -1)
+    return x * cos + rotated * sin
+
+
+def forward(spec: ModelSpec, w: dict[str, np.ndarray], ids: np.ndarray) -> np.ndarray:
+    """Logits [B, S, V] in float64."""
+    w = {k: v.astype(np.float64) for k, v in w.items()}
+    b, s = ids.shape
+    hd, h, kv = spec.head_dim, spec.n_heads, spec.n_kv_heads
+    cos, sin = (t.astype(np.float64) for t in rope_tables(spec, s))
+    mask = np.triu(np.full((s, s), -np.inf), 1)
+    x = w["embed.weight"][ids]
+    for i in range(spec.n_layers):
+        p = f"layers.{i}."
+        y = _rms(x, w[p + "attn_norm.weight"], spec.norm_eps)
+        q = (y @ w[p + "attn.q_proj.weight"].T).reshape(b, s, h, hd).transpose(0, 2, 1, 3)
+        k = (y @ w[p + "attn.k_proj.weight"].T).reshape(b, s, kv, hd).transpose(0, 2, 1, 3)
+        v = (y @ w[p + "attn.v_proj.weight"].T).reshape(b, s, kv, hd).transpose(0, 2, 1, 3)
+        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        k, v = np.repeat(k, h // kv, axis=1), np.repeat(v, h // kv, axis=1)
+        att = q @ k.transpose(0, 1, 3, 2) / np.sqrt(hd) + mask
+        att = np.exp(att - att.max(-1, keepdims=True))
+        att /= att.sum(-1, keepdims=True)
+        out = (att @ v).transpose(0, 2, 1, 3).reshape(b, s, h * hd)
+        x = x + out @ w[p + "attn.o_proj.weight"].T
+        y = _rms(x, w[p + "mlp_norm.weight"], spec.norm_eps)
+        gate = y @ w[p + "mlp.gate_proj.weight"].T
+        x = x + ((gate / (1 + np.exp(-gate))) * (y @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+    x = _rms(x, w["norm.weight"], spec.norm_eps)
+    head = w["embed.weight"] if spec.tie_embeddings else w["lm_head.weight"]
+    return x @ head.T
+
+
+def mean_nll(logits: np.ndarray, labels: np.ndarray, ignore_index: int = -100) -> float:
+    """Token-mean next-token loss over labels != ignore_index."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    target = labels.reshape(-1)
+    keep = target != ignore_index
+    peak = flat.max(-1, keepdims=True)
+    lse = np.log(np.exp(flat - peak).sum(-1)) + peak[:, 0]
+    nll = lse - flat[np.arange(len(target)), np.where(keep, target, 0)]
+    return float(nll[keep].mean())
