@@ -117,3 +117,10 @@ def test_config_show_is_fully_resolved(capsys) -> None:
     shown = yaml.safe_load(capsys.readouterr().out)
     assert shown["model"]["ffn_dim"] == 704 and shown["model"]["n_kv_heads"] == 4
     assert validate(shown) == load_config(DEMO)
+
+
+def test_override_into_a_list_item() -> None:
+    cfg = load_config(DEMO, ["data.sources.1.max_bytes=1000"])
+    assert cfg.data.sources[1].max_bytes == 1000
+    with pytest.raises(ConfigError, match="'9' is not an index of a list of 4 items"):
+        load_config(DEMO, ["data.sources.9.max_bytes=1000"])

@@ -68,16 +68,25 @@ def _describe(error: dict[str, Any]) -> str:
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set `a.b.0.c` in a nested tree; numeric parts index lists (e.g. data.sources.0.max_bytes)."""
     parts = dotted.split(".")
-    node = tree
-    for part in parts[:-1]:
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise ConfigError(f"override '{dotted}': '{part}' is not a section")
-        node = child
-    node[parts[-1]] = value
+    node: Any = tree
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(f"override '{dotted}': '{part}' is not an index of a list of {len(node)} items")
+            key: Any = int(part)
+        elif isinstance(node, dict):
+            key = part
+        else:
+            raise ConfigError(f"override '{dotted}': '{parts[i - 1]}' is not a section")
+        if last:
+            node[key] = value
+        else:
+            if isinstance(node, dict) and node.get(key) is None:
+                node[key] = {}
+            node = node[key]
 
 
 def apply_overrides(tree: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
