@@ -31,8 +31,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from mindfoundry.data.sources import DataSourceError
     from mindfoundry.data.tokenizer import TokenizerError
     from mindfoundry.train.rundir import RunDirError
+    from mindfoundry.train.trainer import LayoutUnsupported
 
-    return (ConfigError, DataError, DataSourceError, ShardError, CheckpointError, RunDirError, BackendUnavailable,
+    return (LayoutUnsupported, ConfigError, DataError, DataSourceError, ShardError, CheckpointError, RunDirError, BackendUnavailable,
             TokenizerError, FileExistsError, FileNotFoundError)
 
 
@@ -63,8 +64,9 @@ def _train(cfg: RunConfig, args: argparse.Namespace):
     from mindfoundry.data.prepare import prepare_data
     from mindfoundry.model.spec import ModelSpec, flops_per_token, num_parameters
     from mindfoundry.train.rundir import prepare_run_dir
-    from mindfoundry.train.trainer import Trainer
+    from mindfoundry.train.trainer import Trainer, check_layout
 
+    check_layout(cfg)
     resume = args.resume == "auto"
     run_dir = prepare_run_dir(cfg, resume=resume, overwrite=args.overwrite)
     data = prepare_data(cfg, log=console.print)

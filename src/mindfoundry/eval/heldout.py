@@ -23,7 +23,10 @@ class EvalResult:
 
 
 def evaluate(backend: Backend, samples: PackedSamples, batch_size: int, max_batches: int, bytes_per_token: float) -> EvalResult:
-    """Score the first `max_batches` batches of validation samples in order (deterministic).
+    """Score up to `max_batches` batches of validation samples (deterministic).
+
+    When the cap is below the split's size, samples are taken evenly spaced across the whole
+    split, so every source (stored one after another) is represented, not just the first.
 
     `bytes_per_token` is the validation split's UTF-8 bytes per token (EOS included as a token),
     so bits/byte = loss / ln 2 / bytes_per_token compares runs with different tokenizers.
@@ -31,9 +34,10 @@ def evaluate(backend: Backend, samples: PackedSamples, batch_size: int, max_batc
     n = min(len(samples), batch_size * max_batches)
     if n == 0:
         raise ValueError("the validation split has no samples: raise data.validation_fraction or add data")
+    chosen = np.linspace(0, len(samples) - 1, n).round().astype(np.int64)
     total_nll, total_tokens = 0.0, 0
     for start in range(0, n, batch_size):
-        idx = np.arange(start, min(start + batch_size, n))
+        idx = chosen[start : start + batch_size]
         ids, labels = samples.get_batch(idx)
         if len(idx) < batch_size:  # keep one compiled shape: pad the batch with fully ignored rows
             ids, labels = _pad_rows(ids, labels, batch_size)

@@ -54,10 +54,24 @@ def _global_batch(samples, order: SampleOrder, consumed: int, cfg: RunConfig) ->
     return ids.reshape(a, b, -1), labels.reshape(a, b, -1)
 
 
+class LayoutUnsupported(RuntimeError):
+    """The configured parallel layout cannot run in this version."""
+
+
+def check_layout(cfg: RunConfig) -> None:
+    """Single-process training only, for now: refuse dp > 1 instead of silently training on one device."""
+    if cfg.parallel.dp != 1:
+        raise LayoutUnsupported(
+            f"parallel.dp={cfg.parallel.dp}: data-parallel launch (msrun/torchrun) is not available in this version; "
+            "set parallel.dp=1 to train on one device"
+        )
+
+
 class Trainer:
     """Owns one run: builds the engine, restores or initialises state, loops, saves."""
 
     def __init__(self, cfg: RunConfig, data: PreparedData, run_dir: Path, console: Console | None = None):
+        check_layout(cfg)
         self.cfg, self.data, self.run_dir = cfg, data, run_dir
         self.console = console or Console(stderr=True)
         self.spec = ModelSpec.from_config(cfg.model)
