@@ -1,4 +1,4 @@
-"""Fixtures shared across test folders: a small corpus of real text and a tiny run config."""
+"""Fixtures shared across test folders: a small corpus of real text, tiny run configs."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from mf_testing import tiny_config, tiny_run_tree
+from mindfoundry.model.spec import ModelSpec
 
 
 @pytest.fixture(scope="session")
@@ -26,26 +29,6 @@ def corpus_dir(tmp_path_factory) -> Path:
     return root
 
 
-def tiny_run_tree(corpus: Path, run_dir: Path, **overrides) -> dict:
-    tree = {
-        "name": "tiny",
-        "run_dir": str(run_dir),
-        "seed": 7,
-        "model": {"vocab_size": 512, "d_model": 32, "n_layers": 2, "n_heads": 2, "max_seq_len": 64},
-        "data": {"sources": [{"name": "code", "paths": [str(corpus / "code.jsonl")]},
-                             {"name": "asyncio", "paths": [str(corpus / "txt")]}],
-                 "validation_fraction": 0.1},
-        "train": {"steps": 6, "micro_batch_size": 4, "grad_accum": 2, "seq_len": 32, "eval_every": 0, "eval_batches": 2},
-        "optim": {"warmup_steps": 2, "lr": 1e-2},
-        "checkpoint": {"every": 3, "keep_last": 5},
-        "monitor": {"progress": False},
-    }
-    for key, value in overrides.items():
-        section, field = key.split("__")
-        tree[section][field] = value
-    return tree
-
-
 @pytest.fixture
 def tiny_run(corpus_dir: Path, tmp_path: Path):
     """Factory writing a tiny config file; returns its path."""
@@ -56,3 +39,15 @@ def tiny_run(corpus_dir: Path, tmp_path: Path):
         return path
 
     return make
+
+
+@pytest.fixture
+def make_config():
+    """Factory: tiny_config(section=dict(...)) with per-test overrides."""
+    return tiny_config
+
+
+@pytest.fixture
+def tiny():
+    cfg = tiny_config()
+    return cfg, ModelSpec.from_config(cfg.model)

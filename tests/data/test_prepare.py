@@ -17,7 +17,7 @@ from mindfoundry.data.prepared import DataError, load_prepared
 from mindfoundry.data.split import content_hash
 from mindfoundry.data.tokenizer import eos_id
 
-from conftest import tiny_run_tree
+from mf_testing import tiny_run_tree
 
 
 def decoded_hashes(data, split: str) -> list[str]:

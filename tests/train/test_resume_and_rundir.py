@@ -13,8 +13,10 @@ import yaml
 from safetensors.numpy import load_file
 
 pytest.importorskip("mindspore")
+pytest.importorskip("torch")
 
 from mindfoundry.train.metrics import read_metrics  # noqa: E402
+from mf_testing import tiny_run_tree  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -34,25 +36,61 @@ def final_state(run_dir: Path, step: int) -> tuple[dict, dict]:
     return load_file(str(ckpt / "model.safetensors")), load_file(str(ckpt / "optimizer.safetensors"))
 
 
-def test_resume_is_bit_exact(tiny_run) -> None:
+ENGINES = ["mindspore", "torch"]
+
+
+@pytest.fixture(scope="module")
+def straight_runs(corpus_dir: Path, tmp_path_factory) -> dict[str, Path]:
+    """6 uninterrupted steps on each engine, shared by the tests below."""
+    root = tmp_path_factory.mktemp("straight")
+    runs = {}
+    for engine in ENGINES:
+        cfg = write_tiny(corpus_dir, root, f"straight-{engine}")
+        proc = cli("train", str(cfg), "--set", f"backend={engine}")
+        assert proc.returncode == 0, proc.stderr
+        runs[engine] = root / f"straight-{engine}"
+    return runs
+
+
+def write_tiny(corpus_dir: Path, root: Path, name: str) -> Path:
+    path = root / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(tiny_run_tree(corpus_dir, root / name)))
+    return path
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_resume_is_bit_exact(engine: str, straight_runs, corpus_dir: Path, tmp_path: Path) -> None:
     """6 uninterrupted steps vs 3 + a new process + 3: identical losses, weights and optimizer state."""
-    straight = tiny_run("straight")
-    assert cli("train", str(straight)).returncode == 0
-    split = tiny_run("split")
-    first = cli("train", str(split), "--stop-at-step", "3")
+    split = write_tiny(corpus_dir, tmp_path, "split")
+    first = cli("train", str(split), "--set", f"backend={engine}", "--stop-at-step", "3")
     assert first.returncode == 0, first.stderr
-    second = cli("train", str(split), "--resume", "auto")
+    second = cli("train", str(split), "--set", f"backend={engine}", "--resume", "auto")
     assert second.returncode == 0, second.stderr
     assert "resumed from" in second.stderr and "step 3" in second.stderr
 
-    a, b = losses(straight.parent / "straight"), losses(split.parent / "split")
+    a, b = losses(straight_runs[engine]), losses(tmp_path / "split")
     assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5, 6]
     assert [a[s] for s in range(1, 7)] == [b[s] for s in range(1, 7)]  # same floats, not approximately
     assert a[6] < a[1]
-    (wa, oa), (wb, ob) = final_state(straight.parent / "straight", 6), final_state(split.parent / "split", 6)
+    (wa, oa), (wb, ob) = final_state(straight_runs[engine], 6), final_state(tmp_path / "split", 6)
     assert wa.keys() == wb.keys() and oa.keys() == ob.keys()
     assert all(np.array_equal(wa[k], wb[k]) for k in wa)
     assert all(np.array_equal(oa[k], ob[k]) for k in oa)
+
+
+@pytest.mark.parametrize("first,then", [("mindspore", "torch"), ("torch", "mindspore")])
+def test_checkpoint_continues_on_the_other_engine(first: str, then: str, straight_runs, corpus_dir: Path, tmp_path: Path) -> None:
+    """3 steps on one engine, 3 more on the other == 6 steps on the first, within 1e-4 relative."""
+    cfg = write_tiny(corpus_dir, tmp_path, "mixed")
+    assert cli("train", str(cfg), "--set", f"backend={first}", "--stop-at-step", "3").returncode == 0
+    cont = cli("train", str(cfg), "--set", f"backend={then}", "--resume", "auto")
+    assert cont.returncode == 0, cont.stderr
+    ref, got = losses(straight_runs[first]), losses(tmp_path / "mixed")
+    assert [got[s] for s in (1, 2, 3)] == [ref[s] for s in (1, 2, 3)]
+    for s in (4, 5, 6):
+        assert got[s] == pytest.approx(ref[s], rel=1e-4)
+    (wa, _), (wb, _) = final_state(straight_runs[first], 6), final_state(tmp_path / "mixed", 6)
+    assert max(float(np.abs(wa[k] - wb[k]).max()) for k in wa) < 1e-4
 
 
 def test_run_dir_of_another_run_is_refused(tiny_run) -> None:

@@ -50,7 +50,13 @@ class Backend(Protocol):
 
     def optimizer_state(self) -> dict[str, np.ndarray]: ...
 
-    def load_optimizer_state(self, state: Mapping[str, np.ndarray]) -> None: ...
+    def load_optimizer_state(self, state: Mapping[str, np.ndarray], step: int) -> None:
+        """Restore AdamW moments; `step` = optimizer updates already applied (for bias correction)."""
+        ...
+
+    def module_outputs(self, input_ids: np.ndarray) -> dict[str, np.ndarray]:
+        """Outputs of :func:`mindfoundry.model.spec.module_boundaries` for one [B, S] batch."""
+        ...
 
     def train_step(self, input_ids: np.ndarray, labels: np.ndarray, scalars: StepScalars) -> StepOutput:
         """One optimizer step over micro-batches shaped [grad_accum, micro_batch, seq_len]."""
@@ -63,6 +69,20 @@ class Backend(Protocol):
     def logits(self, input_ids: np.ndarray) -> np.ndarray:
         """Logits [B, S, vocab] (float32) for a [B, S] batch, no gradient."""
         ...
+
+
+def check_state_names(
+    targets: Mapping[str, object], values: Mapping[str, np.ndarray], what: str, shapes: Mapping[str, tuple[int, ...]]
+) -> None:
+    """Refuse state whose names (both ways) or shapes differ from the model's, naming the first offenders."""
+    missing = sorted(set(targets) - set(values))
+    unexpected = sorted(set(values) - set(targets))
+    if missing or unexpected:
+        raise ValueError(f"{what} do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    for name, shape in shapes.items():
+        got = tuple(np.shape(values[name]))
+        if got != tuple(shape):
+            raise ValueError(f"{what}: '{name}' has shape {got}, the model expects {tuple(shape)}")
 
 
 _BACKENDS = {"mindspore": "mindfoundry.backends.mindspore.backend", "torch": "mindfoundry.backends.torch.backend"}

@@ -69,6 +69,11 @@ def _data_problems(cfg: RunConfig) -> list[str]:
 
 def _train_problems(cfg: RunConfig) -> list[str]:
     out = []
+    if cfg.backend == "mindspore" and cfg.train.precision == "bf16":
+        out.append("train.precision='bf16' is not available on the mindspore backend yet (its CPU kernels reject bf16): "
+                   "use precision: fp32, or backend: torch")
+    if cfg.backend == "mindspore" and cfg.train.compile:
+        out.append("train.compile=true applies to the torch backend only: MindSpore always compiles (GRAPH_MODE); remove it")
     if cfg.optim.warmup_steps > cfg.train.steps:
         out.append(
             f"optim.warmup_steps={cfg.optim.warmup_steps} exceeds train.steps={cfg.train.steps}: "

@@ -79,7 +79,8 @@ class TrainConfig(Section):
     eval_every: int = Field(100, ge=0, description="Held-out evaluation period in steps (0 = only at the end).")
     eval_batches: int = Field(20, ge=1, description="Validation micro-batches per evaluation (capped by the validation set size).")
     log_every: int = Field(1, ge=1, description="Console refresh period in steps (metrics.jsonl gets every step).")
-    precision: Literal["fp32"] = Field("fp32", description="Compute precision (mixed precision arrives with the precision issue).")
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="Compute precision: fp32, or bf16 autocast (torch backend, on devices with bf16).")
+    compile: bool = Field(False, description="torch backend: torch.compile the model (costs ~40 s of compilation on CPU).")
 
 
 class OptimConfig(Section):
@@ -139,7 +140,9 @@ class RunConfig(Section):
     run_dir: str | None = Field(None, description="Where everything of this run is written. null = runs/NAME.")
     seed: int = Field(1234, ge=0, description="Seed for the split, init, data order and sampling.")
     backend: Literal["mindspore", "torch"] = Field("mindspore", description="Training engine.")
-    device: Literal["cpu", "ascend", "gpu", "auto"] = Field("cpu", description="Device target for the backend.")
+    device: Literal["auto", "cpu", "gpu", "cuda", "ascend", "npu"] = Field(
+        "cpu", description="Device: cpu, gpu/cuda, ascend/npu, or auto (the first accelerator the backend finds, else CPU)."
+    )
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig
     train: TrainConfig = Field(default_factory=TrainConfig)

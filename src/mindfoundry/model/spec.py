@@ -89,6 +89,14 @@ def parameter_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def module_boundaries(spec: ModelSpec) -> list[str]:
+    """Module paths whose outputs both engines expose, in execution order (embedding, blocks, final norm).
+
+    Used to compare activations across engines and, later, as dump points.
+    """
+    return ["embed", *(f"layers.{i}" for i in range(spec.n_layers)), "norm"]
+
+
 def decays(name: str, shape: tuple[int, ...]) -> bool:
     """Weight decay applies to matrices only, never to norm weights or biases (1-D)."""
     return len(shape) >= 2

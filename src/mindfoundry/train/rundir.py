@@ -11,8 +11,9 @@ from mindfoundry.config.schema import RunConfig
 
 CONFIG_FILE = "config.yaml"
 HASH_FILE = "config.sha256"
-#: Sections that may change between a run and its continuation without making it another run.
-RESUME_MUTABLE = ("monitor", "generate", "checkpoint")
+#: What may change between a run and its continuation without making it another run (a checkpoint
+#: continues on either engine: the formats are shared).
+RESUME_MUTABLE = ("monitor", "generate", "checkpoint", "backend", "device")
 METRICS_FILE = "metrics.jsonl"
 
 

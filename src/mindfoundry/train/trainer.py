@@ -96,7 +96,7 @@ class Trainer:
         if ckpt.state.get("run_identity") != run_identity(self.cfg):
             self.console.print(f"[yellow]warning: {path} was written under a different config; continuing with this one[/]")
         self.backend.load_weights(ckpt.weights)
-        self.backend.load_optimizer_state(ckpt.optimizer)
+        self.backend.load_optimizer_state(ckpt.optimizer, int(ckpt.state["step"]))
         self.step = int(ckpt.state["step"])
         self.consumed_samples = int(ckpt.state["consumed_samples"])
         self.consumed_tokens = int(ckpt.state["consumed_tokens"])

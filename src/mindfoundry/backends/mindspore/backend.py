@@ -12,13 +12,13 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn
 
-from mindfoundry.backends.base import StepOutput, StepScalars
+from mindfoundry.backends.base import StepOutput, StepScalars, check_state_names
 from mindfoundry.backends.mindspore.model import LossCell, Transformer, token_nll
 from mindfoundry.backends.mindspore.train_step import AdamW, TrainStep, scalar
 from mindfoundry.config.schema import RunConfig
-from mindfoundry.model.spec import ModelSpec, parameter_shapes
+from mindfoundry.model.spec import ModelSpec, module_boundaries, parameter_shapes
 
-_DEVICE_TARGETS = {"cpu": "CPU", "ascend": "Ascend", "gpu": "GPU"}
+_DEVICE_TARGETS = {"cpu": "CPU", "ascend": "Ascend", "npu": "Ascend", "gpu": "GPU", "cuda": "GPU"}
 
 
 def configure_context(device: str) -> None:
@@ -69,7 +69,8 @@ class MindSporeBackend:
         moments = list(self.optimizer.exp_avg) + list(self.optimizer.exp_avg_sq)
         return {p.name: p.asnumpy().copy() for p in moments}
 
-    def load_optimizer_state(self, state: Mapping[str, np.ndarray]) -> None:
+    def load_optimizer_state(self, state: Mapping[str, np.ndarray], step: int) -> None:
+        """`step` is unused: the bias corrections arrive from the host with every step."""
         moments = {p.name: p for p in list(self.optimizer.exp_avg) + list(self.optimizer.exp_avg_sq)}
         _assign(moments, state, "optimizer state")
 
@@ -88,18 +89,33 @@ class MindSporeBackend:
     def logits(self, input_ids: np.ndarray) -> np.ndarray:
         return self.model(Tensor(input_ids.astype(np.int32))).asnumpy()
 
+    def module_outputs(self, input_ids: np.ndarray) -> dict[str, np.ndarray]:
+        """Outputs of the module boundaries via Cell forward hooks, in a PYNATIVE debug pass.
+
+        Hooks' Python side effects do not run inside GRAPH_MODE, so this switches to PYNATIVE for
+        one forward pass and back; the compiled steps are unaffected.
+        """
+        cells = dict(self.model.cells_and_names())
+        captured: dict[str, np.ndarray] = {}
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+        handles = [
+            cells[name].register_forward_hook(lambda _c, _i, out, name=name: captured.__setitem__(name, out.asnumpy()))
+            for name in module_boundaries(self.spec)
+        ]
+        try:
+            self.model(Tensor(input_ids.astype(np.int32)))
+        finally:
+            for h in handles:
+                h.remove()
+            ms.set_context(mode=ms.GRAPH_MODE)
+        return captured
+
 
 def _assign(targets: Mapping[str, ms.Parameter], values: Mapping[str, np.ndarray], what: str) -> None:
-    """Copy arrays into parameters, refusing any name or shape mismatch (names both ways)."""
-    missing = sorted(set(targets) - set(values))
-    unexpected = sorted(set(values) - set(targets))
-    if missing or unexpected:
-        raise ValueError(f"{what} do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    """Copy arrays into parameters after checking names and shapes."""
+    check_state_names(targets, values, what, {n: tuple(p.shape) for n, p in targets.items()})
     for name, param in targets.items():
-        arr = np.asarray(values[name])
-        if tuple(arr.shape) != tuple(param.shape):
-            raise ValueError(f"{what}: '{name}' has shape {tuple(arr.shape)}, the model expects {tuple(param.shape)}")
-        param.set_data(Tensor(arr.astype(np.float32)))
+        param.set_data(Tensor(np.asarray(values[name], dtype=np.float32)))
 
 
 def create(cfg: RunConfig, spec: ModelSpec) -> MindSporeBackend:

@@ -1,0 +1,128 @@
+"""PyTorch engine behind :class:`mindfoundry.backends.base.Backend` — the mirror of the MindSpore one.
+
+It is the numerical baseline for the MindSpore engine (same names, same init, same arithmetic) and
+runs on CPU, CUDA and, through torch_npu, Ascend.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Mapping
+
+import numpy as np
+import torch
+
+from mindfoundry.backends.base import BackendUnavailable, StepOutput, StepScalars, check_state_names
+from mindfoundry.backends.torch.model import Transformer, token_nll
+from mindfoundry.backends.torch.train_step import TrainStep, autocast_for, build_adamw
+from mindfoundry.config.schema import RunConfig
+from mindfoundry.model.spec import ModelSpec, module_boundaries, parameter_shapes
+
+
+def select_device(requested: str) -> torch.device:
+    """auto: CUDA, else Ascend NPU (torch_npu), else CPU; explicit names must be available."""
+    wants_npu = requested in ("ascend", "npu")
+    if wants_npu or (requested == "auto" and not torch.cuda.is_available() and importlib.util.find_spec("torch_npu")):
+        try:
+            importlib.import_module("torch_npu")
+        except ImportError:
+            raise BackendUnavailable(f"device={requested!r} needs torch_npu: install torch_npu for your CANN version") from None
+        return torch.device("npu")
+    if requested in ("gpu", "cuda") or (requested == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise BackendUnavailable(f"device={requested!r} but torch sees no CUDA device: use device: cpu or install a CUDA build of torch")
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+class TorchBackend:
+    """Owns the model, AdamW and the (optionally compiled) step."""
+
+    name = "torch"
+
+    def __init__(self, cfg: RunConfig, spec: ModelSpec):
+        torch.manual_seed(cfg.seed)
+        self.device = select_device(cfg.device)
+        self.spec = spec
+        self.model = Transformer(spec).to(self.device)
+        self.params = dict(self.model.named_parameters())
+        expected = parameter_shapes(spec)
+        if {n: tuple(p.shape) for n, p in self.params.items()} != expected:
+            raise RuntimeError(f"torch model parameters {sorted(self.params)} do not match the spec {sorted(expected)}")
+        self.optimizer = build_adamw(self.model, cfg.optim)
+        step_model = torch.compile(self.model) if cfg.train.compile else self.model
+        clip = None if cfg.optim.clip_norm is None else float(cfg.optim.clip_norm)
+        self.autocast = autocast_for(self.device, cfg.train.precision)
+        self.step_fn = TrainStep(self.model, step_model, self.optimizer, clip, self.autocast)
+
+    def _tensor(self, a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
+
+    # -- state -------------------------------------------------------------------------------
+    def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        check_state_names(self.params, weights, "weights", {n: tuple(p.shape) for n, p in self.params.items()})
+        with torch.no_grad():
+            for name, p in self.params.items():
+                p.copy_(self._tensor(np.asarray(weights[name], dtype=np.float32)))
+
+    def weights(self) -> dict[str, np.ndarray]:
+        return {n: p.detach().float().cpu().numpy().copy() for n, p in self.params.items()}
+
+    def optimizer_state(self) -> dict[str, np.ndarray]:
+        out = {}
+        for name, p in self.params.items():
+            st = self.optimizer.state.get(p, {})
+            for key in ("exp_avg", "exp_avg_sq"):
+                value = st.get(key)
+                out[f"{key}.{name}"] = np.zeros(tuple(p.shape), np.float32) if value is None else value.float().cpu().numpy().copy()
+        return out
+
+    def load_optimizer_state(self, state: Mapping[str, np.ndarray], step: int) -> None:
+        shapes = {f"{k}.{n}": tuple(p.shape) for n, p in self.params.items() for k in ("exp_avg", "exp_avg_sq")}
+        check_state_names(shapes, state, "optimizer state", shapes)
+        for name, p in self.params.items():
+            self.optimizer.state[p] = {
+                "step": torch.tensor(float(step)),
+                "exp_avg": self._tensor(np.asarray(state[f"exp_avg.{name}"], np.float32)),
+                "exp_avg_sq": self._tensor(np.asarray(state[f"exp_avg_sq.{name}"], np.float32)),
+            }
+
+    # -- compute -----------------------------------------------------------------------------
+    def train_step(self, input_ids: np.ndarray, labels: np.ndarray, scalars: StepScalars) -> StepOutput:
+        self.model.train()
+        loss, norm = self.step_fn(self._tensor(input_ids.astype(np.int64)), self._tensor(labels.astype(np.int64)), scalars)
+        return StepOutput(loss=loss, grad_norm=norm)
+
+    @torch.no_grad()
+    def eval_batch(self, input_ids: np.ndarray, labels: np.ndarray) -> tuple[float, int]:
+        self.model.eval()
+        with self.autocast():
+            logits = self.model(self._tensor(input_ids.astype(np.int64)))
+        nll, count = token_nll(logits, self._tensor(labels.astype(np.int64)))
+        return float(nll), int(count)
+
+    @torch.no_grad()
+    def logits(self, input_ids: np.ndarray) -> np.ndarray:
+        self.model.eval()
+        with self.autocast():
+            return self.model(self._tensor(input_ids.astype(np.int64))).float().cpu().numpy()
+
+    @torch.no_grad()
+    def module_outputs(self, input_ids: np.ndarray) -> dict[str, np.ndarray]:
+        """Outputs of the module boundaries (embed, each block, final norm) via forward hooks."""
+        captured: dict[str, np.ndarray] = {}
+        modules = dict(self.model.named_modules())
+        handles = [
+            modules[name].register_forward_hook(lambda _m, _i, out, name=name: captured.__setitem__(name, out.float().cpu().numpy()))
+            for name in module_boundaries(self.spec)
+        ]
+        try:
+            self.logits(input_ids)
+        finally:
+            for h in handles:
+                h.remove()
+        return captured
+
+
+def create(cfg: RunConfig, spec: ModelSpec) -> TorchBackend:
+    return TorchBackend(cfg, spec)

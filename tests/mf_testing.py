@@ -1,0 +1,41 @@
+"""Test helpers shared across folders (on sys.path via pytest's `pythonpath = tests`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mindfoundry.config.load import validate
+from mindfoundry.config.schema import RunConfig
+
+
+def tiny_run_tree(corpus: Path, run_dir: Path, **overrides) -> dict:
+    tree = {
+        "name": "tiny",
+        "run_dir": str(run_dir),
+        "seed": 7,
+        "model": {"vocab_size": 512, "d_model": 32, "n_layers": 2, "n_heads": 2, "max_seq_len": 64},
+        "data": {"sources": [{"name": "code", "paths": [str(corpus / "code.jsonl")]},
+                             {"name": "asyncio", "paths": [str(corpus / "txt")]}],
+                 "validation_fraction": 0.1},
+        "train": {"steps": 6, "micro_batch_size": 4, "grad_accum": 2, "seq_len": 32, "eval_every": 0, "eval_batches": 2},
+        "optim": {"warmup_steps": 2, "lr": 1e-2},
+        "checkpoint": {"every": 3, "keep_last": 5},
+        "monitor": {"progress": False},
+    }
+    for key, value in overrides.items():
+        section, field = key.split("__")
+        tree[section][field] = value
+    return tree
+
+
+def tiny_config(**sections) -> RunConfig:
+    """A tiny resolved config (no data is read) with per-section overrides."""
+    tree = {
+        "data": {"sources": [{"name": "c", "paths": ["x"]}]},
+        "model": {"vocab_size": 300, "d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 64},
+        "train": {"micro_batch_size": 4, "seq_len": 16, "steps": 200},
+        "optim": {"warmup_steps": 0, "lr": 3e-3},
+    }
+    for name, values in sections.items():
+        tree[name] = {**tree.get(name, {}), **values}
+    return validate(tree)
