@@ -1,15 +1,16 @@
-"""Training throughput and MFU of MindFoundry's MindSpore step vs a naive tutorial loop (CPU).
+"""Training throughput and MFU: MindFoundry on MindSpore and on PyTorch vs a naive tutorial loop (CPU).
 
     .venv/bin/python bench/train_throughput.py [--config configs/demo.yaml] [--steps N] [--warmup N] [--set key=value ...]
 
 1. Measures this machine's fp32 GEMM peak in the same run (numpy, MindSpore eager and jit matmul,
    before and after the training steps; the best median is the peak used for MFU).
 2. Times MindFoundry's train step built exactly as the trainer builds it (load_config -> ModelSpec ->
-   create_backend -> load_weights(init_weights) -> backend.train_step).
+   create_backend -> load_weights(init_weights) -> backend.train_step), on the MindSpore backend and,
+   when torch is installed, on the PyTorch backend (same model, same weights, same batches).
 3. Times a naive tutorial-style MindSpore loop (bench/naive_reference.py) on the same sizes.
 
-The two steps are timed interleaved (one MindFoundry step, one naive step, ...) so that load from
-other jobs on a shared machine hits both alike; each figure is the median per-step time.
+The steps are timed interleaved (one step of each engine in turn) so that load from other jobs on
+a shared machine hits all alike; each figure is the median per-step time.
 Prints a table and one final JSON line.
 """
 
@@ -65,7 +66,18 @@ def measure_gemm_peak(n: int, repeats: int) -> dict[str, float]:
 
     out["mindspore_pynative"] = flops / _median_time(eager, repeats) / 1e9
     out["mindspore_jit"] = flops / _median_time(graph, repeats) / 1e9
+    if _torch_available():
+        import torch
+
+        xa, xb = torch.from_numpy(a), torch.from_numpy(b)
+        out["torch"] = flops / _median_time(lambda: xa @ xb, repeats) / 1e9
     return out
+
+
+def _torch_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,10 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     # 2. MindFoundry step, built as the trainer builds it -------------------------------------
     from naive_reference import build_train_net, naive_flops_per_token
 
-    t0 = time.perf_counter()
-    backend = create_backend(cfg, spec)  # sets GRAPH_MODE
-    backend.load_weights(init_weights(spec, cfg.seed))
-    build_mf = time.perf_counter() - t0
+    engines = {"mindspore": cfg} | ({"torch": cfg.model_copy(update={"backend": "torch"})} if _torch_available() else {})
+    backends, build_s = {}, {}
+    for name, engine_cfg in engines.items():
+        t0 = time.perf_counter()
+        backends[name] = create_backend(engine_cfg, spec)  # the MindSpore one sets GRAPH_MODE
+        backends[name].load_weights(init_weights(spec, cfg.seed))
+        build_s[name] = time.perf_counter() - t0
 
     # 3. naive tutorial loop on the same sizes (one micro-batch per step, no accumulation) ----
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -112,29 +127,31 @@ def main(argv: list[str] | None = None) -> int:
     ids = rng.integers(0, spec.vocab_size, size=(n_batches, accum, mb, seq), dtype=np.int32)
     labels = rng.integers(0, spec.vocab_size, size=(n_batches, accum, mb, seq), dtype=np.int32)
 
-    def mf_step(step: int) -> float:
-        k = step % n_batches
-        out = backend.train_step(ids[k], labels[k], step_scalars(step, cfg.train.steps, cfg.optim, valid_tokens=labels[k].size))
-        return out.loss
+    def mf_step(backend):
+        def run(step: int) -> float:
+            k = step % n_batches
+            return backend.train_step(ids[k], labels[k], step_scalars(step, cfg.train.steps, cfg.optim, valid_tokens=labels[k].size)).loss
+        return run
 
     def naive_step(step: int) -> float:
         k = step % n_batches
         loss = naive(ms.Tensor(ids[k, 0]), ms.Tensor(labels[k, 0].astype(np.int32)))
         return float(loss.asnumpy())
 
+    steppers = {f"mf-{name}": mf_step(b) for name, b in backends.items()} | {"naive": naive_step}
     first = {}
-    for name, fn in (("mindfoundry", mf_step), ("naive", naive_step)):
+    for name, fn in steppers.items():
         t0 = time.perf_counter()
         fn(1)
         first[name] = time.perf_counter() - t0
         for s in range(2, args.warmup + 1):
             fn(s)
 
-    times = {"mindfoundry": [], "naive": []}
-    losses = {"mindfoundry": [], "naive": []}
+    times: dict[str, list[float]] = {name: [] for name in steppers}
+    losses: dict[str, list[float]] = {name: [] for name in steppers}
     for i in range(args.steps):
         step = args.warmup + 1 + i
-        for name, fn in (("mindfoundry", mf_step), ("naive", naive_step)):
+        for name, fn in steppers.items():
             t0 = time.perf_counter()
             losses[name].append(fn(step))
             times[name].append(time.perf_counter() - t0)
@@ -146,18 +163,16 @@ def main(argv: list[str] | None = None) -> int:
     peak = max(gemm.values())
     peak_source = max(gemm, key=gemm.get)
 
-    mf_time = statistics.median(times["mindfoundry"])
-    nv_time = statistics.median(times["naive"])
-    mf_tokens = accum * mb * seq
-    nv_tokens = mb * seq
-    mf_tps = mf_tokens / mf_time
-    nv_tps = nv_tokens / nv_time
     mf_fpt = flops_per_token(spec, seq)
     nv_fpt = naive_flops_per_token(spec.vocab_size, spec.d_model, spec.n_layers, seq)
-    mf_mfu = mf_fpt * mf_tps / (peak * 1e9)
-    nv_mfu = nv_fpt * nv_tps / (peak * 1e9)
-    ratio = mf_tps / nv_tps
+    tokens = {name: (mb * seq if name == "naive" else accum * mb * seq) for name in steppers}
+    fpt = {name: (nv_fpt if name == "naive" else mf_fpt) for name in steppers}
+    step_s = {name: statistics.median(ts) for name, ts in times.items()}
+    tps = {name: tokens[name] / step_s[name] for name in steppers}
+    mfu = {name: fpt[name] * tps[name] / (peak * 1e9) for name in steppers}
     nv_params = sum(int(np.prod(p.shape)) for p in naive.network.trainable_params())
+    labels_ = {"mf-mindspore": "MindFoundry MindSpore (Llama/GQA)", "mf-torch": "MindFoundry PyTorch (same model)",
+               "naive": "naive MindSpore tutorial (GPT/MHA)"}
 
     # report ----------------------------------------------------------------------------------
     print(f"config {args.config} {' '.join(args.overrides)}".rstrip())
@@ -169,35 +184,32 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in gemm.items():
         print(f"  {k:<20} {gemm_before[k]:8.1f} {gemm_after[k]:8.1f}  -> {v:8.1f} GFLOP/s{'   <- peak' if k == peak_source else ''}")
     print()
-    hdr = f"{'engine':<34} {'params':>10} {'GFLOP/tok':>10} {'tok/step':>9} {'step s':>8} {'min s':>7} {'tokens/s':>9} {'MFU':>7} {'1st step s':>10}"
+    hdr = f"{'engine':<36} {'params':>10} {'GFLOP/tok':>10} {'tok/step':>9} {'step s':>8} {'min s':>7} {'tokens/s':>9} {'MFU':>7} {'1st step s':>10}"
     print(hdr)
     print("-" * len(hdr))
-    rows = [
-        ("MindFoundry (Llama, GQA, RoPE)", num_parameters(spec), mf_fpt, mf_tokens, times["mindfoundry"], mf_tps, mf_mfu, first["mindfoundry"]),
-        ("naive tutorial (GPT, MHA, 4d MLP)", nv_params, nv_fpt, nv_tokens, times["naive"], nv_tps, nv_mfu, first["naive"]),
-    ]
-    for name, params, fpt, toks, ts, tps, mfu, fst in rows:
-        print(f"{name:<34} {params:>10,} {fpt / 1e9:>10.4f} {toks:>9} {statistics.median(ts):>8.3f} {min(ts):>7.3f} "
-              f"{tps:>9.0f} {mfu:>6.1%} {fst:>10.1f}")
+    for name in steppers:
+        params = nv_params if name == "naive" else num_parameters(spec)
+        print(f"{labels_[name]:<36} {params:>10,} {fpt[name] / 1e9:>10.4f} {tokens[name]:>9} {step_s[name]:>8.3f} "
+              f"{min(times[name]):>7.3f} {tps[name]:>9.0f} {mfu[name]:>6.1%} {first[name]:>10.1f}")
     print()
-    print(f"tokens/s ratio MindFoundry/naive: {ratio:.2f}x   (MFU ratio {mf_mfu / nv_mfu:.2f}x)")
-    print(f"final losses: MindFoundry {losses['mindfoundry'][-1]:.4f}, naive {losses['naive'][-1]:.4f}; "
-          f"MindFoundry backend build {build_mf:.1f} s")
+    for name in steppers:
+        if name != "naive":
+            print(f"tokens/s ratio {labels_[name]} / naive: {tps[name] / tps['naive']:.2f}x")
+    if "mf-torch" in steppers:
+        print(f"tokens/s ratio MindSpore / PyTorch backend: {tps['mf-mindspore'] / tps['mf-torch']:.2f}x; "
+              f"last losses {losses['mf-mindspore'][-1]:.6f} vs {losses['mf-torch'][-1]:.6f} (same weights and batches)")
 
     result = {
         "peak_gflops": round(peak, 2),
         "peak_source": peak_source,
         "gemm_gflops": {k: round(v, 2) for k, v in gemm.items()},
         "gemm_gflops_before_after": {k: [round(gemm_before[k], 2), round(gemm_after[k], 2)] for k in gemm},
-        "mf_tokens_per_s": round(mf_tps, 1),
-        "mf_step_s": round(mf_time, 4),
-        "mf_flops_per_token": mf_fpt,
-        "mf_mfu": round(mf_mfu, 4),
-        "naive_tokens_per_s": round(nv_tps, 1),
-        "naive_step_s": round(nv_time, 4),
-        "naive_flops_per_token": nv_fpt,
-        "naive_mfu": round(nv_mfu, 4),
-        "ratio": round(ratio, 3),
+        "tokens_per_s": {k: round(v, 1) for k, v in tps.items()},
+        "step_s": {k: round(v, 4) for k, v in step_s.items()},
+        "mfu": {k: round(v, 4) for k, v in mfu.items()},
+        "flops_per_token": fpt,
+        "ratio_vs_naive": {k: round(tps[k] / tps["naive"], 3) for k in steppers if k != "naive"},
+        "build_s": {k: round(v, 2) for k, v in build_s.items()},
         "sizes": {
             "vocab_size": spec.vocab_size, "d_model": spec.d_model, "n_layers": spec.n_layers,
             "n_heads": spec.n_heads, "n_kv_heads": spec.n_kv_heads, "ffn_dim": spec.ffn_dim,

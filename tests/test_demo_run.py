@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("mindspore")
 pytest.importorskip("snownlp")
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,15 +25,19 @@ TEST_SIZE = [
 ]
 
 
-def test_demo_end_to_end(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["mindspore", "torch"])
+def test_demo_end_to_end(tmp_path: Path, backend: str) -> None:
+    pytest.importorskip(backend)
     run_dir = tmp_path / "demo"
-    cmd = [sys.executable, "-m", "mindfoundry.cli", "run", str(REPO / "configs" / "demo.yaml"), "--set", f"run_dir={run_dir}"]
+    cmd = [sys.executable, "-m", "mindfoundry.cli", "run", str(REPO / "configs" / "demo.yaml"), "--set", f"run_dir={run_dir}",
+           "--set", f"backend={backend}"]
     for item in TEST_SIZE:
         cmd += ["--set", item]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=dict(os.environ, COLUMNS="200"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     initial, final = summary["initial"], summary["final"]
+    assert summary["backend"] == backend
     assert initial["val_loss"] == pytest.approx(math.log(1024), abs=0.15)  # untrained: ~uniform
     assert final["val_perplexity"] < 0.5 * initial["val_perplexity"]
     assert 0 < final["val_bits_per_byte"] < initial["val_bits_per_byte"]

@@ -112,6 +112,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_convert(args: argparse.Namespace) -> int:
+    from mindfoundry.checkpoint.convert import export_checkpoint, import_checkpoint
+
+    src, dst = Path(args.source), Path(args.dest)
+    out = export_checkpoint(src, dst) if src.is_dir() else import_checkpoint(src, dst)
+    console.print(f"wrote {out}")
+    return 0
+
+
 def _print_summary(summary: dict) -> None:
     table = Table(title=f"held-out evaluation ({summary['run_dir']})")
     for col in ("", "loss", "perplexity", "bits/byte"):
@@ -152,6 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--overwrite", action="store_true", help="start over in a run dir that holds a run (old run moved aside)")
         p.add_argument("--stop-at-step", type=int, default=None, metavar="N", help="checkpoint and stop after step N (continue later with --resume auto)")
         p.set_defaults(func=func)
+    p = sub.add_parser("convert", help="checkpoint folder <-> MindSpore .ckpt / PyTorch .pt")
+    p.add_argument("source", help="RUN/checkpoints/step_N folder (export) or a .ckpt/.pt file (import)")
+    p.add_argument("dest", help="output .ckpt/.pt file (export) or a run directory to import into")
+    p.set_defaults(func=cmd_convert)
     return parser
 
 

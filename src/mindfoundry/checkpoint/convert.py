@@ -1,0 +1,57 @@
+"""`mindfoundry convert`: engine-neutral checkpoint folders <-> each engine's native checkpoint file.
+
+MindFoundry checkpoints are already engine-neutral (safetensors under shared names), so a run
+continues on either engine without conversion. This converter serves the tools around the
+engines: `.ckpt` files for MindSpore tooling (MindFormers, `load_checkpoint`) and `.pt` files for
+PyTorch tooling, and the way back from them into a checkpoint folder that `--resume` accepts.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from mindfoundry.checkpoint.store import CheckpointError, load_checkpoint, save_checkpoint
+from mindfoundry.config.load import read_yaml, validate
+from mindfoundry.config.schema import RunConfig
+
+NATIVE = {".ckpt": "mindspore", ".pt": "torch"}
+
+
+def _engine_module(suffix: str):
+    engine = NATIVE.get(suffix)
+    if engine is None:
+        raise CheckpointError(f"unknown checkpoint file type '{suffix}': use .ckpt (MindSpore) or .pt (PyTorch)")
+    try:
+        return importlib.import_module(f"mindfoundry.backends.{engine}.native")
+    except ModuleNotFoundError as exc:
+        raise CheckpointError(f"converting {suffix} files needs {exc.name}: pip install 'mindfoundry[{engine}]'") from None
+
+
+def _run_config(ckpt_dir: Path) -> RunConfig:
+    """The config of the run that wrote `ckpt_dir` (RUN/checkpoints/step_N)."""
+    config = ckpt_dir.parent.parent / "config.yaml"
+    if not config.is_file():
+        raise CheckpointError(f"{config} not found: the checkpoint is not inside a MindFoundry run directory")
+    return validate(read_yaml(config))
+
+
+def export_checkpoint(ckpt_dir: Path, out: Path) -> Path:
+    """Write checkpoint folder `ckpt_dir` as `out` (.ckpt or .pt); refuses to overwrite."""
+    if out.exists():
+        raise CheckpointError(f"{out} already exists: choose another output path")
+    module = _engine_module(out.suffix)
+    ckpt = load_checkpoint(ckpt_dir)
+    module.export_native(ckpt.weights, ckpt.optimizer, ckpt.state, out, _run_config(Path(ckpt_dir)))
+    return out
+
+
+def import_checkpoint(native: Path, run_dir: Path, keep_last: int = 3) -> Path:
+    """Turn a native .ckpt/.pt into RUN_DIR/checkpoints/step_N (step taken from the file)."""
+    if not native.is_file():
+        raise CheckpointError(f"{native} not found")
+    weights, optimizer, counters = _engine_module(native.suffix).import_native(native)
+    if "step" not in counters:
+        raise CheckpointError(f"{native} carries no 'step' counter: it was not written by `mindfoundry convert`")
+    step = counters.pop("step")
+    return save_checkpoint(run_dir, step, weights, optimizer, {**counters, "imported_from": str(native)}, keep_last=keep_last)
