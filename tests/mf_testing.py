@@ -37,5 +37,5 @@ def tiny_config(**sections) -> RunConfig:
         "optim": {"warmup_steps": 0, "lr": 3e-3},
     }
     for name, values in sections.items():
-        tree[name] = {**tree.get(name, {}), **values}
+        tree[name] = {**tree.get(name, {}), **values} if isinstance(values, dict) else values
     return validate(tree)

@@ -49,6 +49,9 @@ BAD = [
     (with_("data.tokenizer.path", "/nonexistent/tokenizer.json"), "data.tokenizer.path='/nonexistent/tokenizer.json' does not exist"),
     (with_("data.validation_fraction", 0.7), "data.validation_fraction=0.7: Input should be less than 0.5"),
     (with_("model.d_model", 260) | {"model": {"d_model": 260, "n_heads": 20}}, "model.d_model/model.n_heads = 13 is odd"),
+    (with_("train.precision", "bf16"), "train.precision='bf16' is not available on the mindspore backend yet"),
+    (with_("train.compile", True), "train.compile=true applies to the torch backend only"),
+    (with_("device", "tpu"), "device='tpu': Input should be 'auto', 'cpu', 'gpu', 'cuda', 'ascend' or 'npu'"),
 ]
 
 
