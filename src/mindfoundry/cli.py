@@ -17,6 +17,7 @@ from rich.table import Table
 
 from mindfoundry.config.load import ConfigError, load_config, to_yaml
 from mindfoundry.config.schema import RunConfig
+from mindfoundry.cli_data import add_data_commands
 
 console = Console(stderr=True, soft_wrap=True)  # never wrap: one problem = one line
 EXIT_USER_ERROR = 2
@@ -165,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source", help="RUN/checkpoints/step_N folder (export) or a .ckpt/.pt file (import)")
     p.add_argument("dest", help="output .ckpt/.pt file (export) or a run directory to import into")
     p.set_defaults(func=cmd_convert)
+    add_data_commands(sub)
     return parser
 
 

@@ -66,7 +66,7 @@ def test_adamw_matches_torch_formula(tiny) -> None:
     for t in (1, 2):
         grads = {"w": rng.standard_normal((3, 4)).astype(np.float32), "n": rng.standard_normal(4).astype(np.float32)}
         sc = step_scalars(t, 10, o, valid_tokens=1)
-        ms.jit(opt.construct)((ms.Tensor(grads["w"]), ms.Tensor(grads["n"])), scalar(sc.lr), scalar(sc.step_size), scalar(sc.bias_correction2_sqrt))
+        ms.jit(opt.construct)((ms.Tensor(grads["w"]), ms.Tensor(grads["n"])), scalar(sc.lr), scalar(sc.step_size), scalar(sc.bias_correction2_sqrt), ms.Tensor(True))
         for k in ref:
             decay = o.weight_decay if k == "w" else 0.0  # no decay on 1-D parameters
             ref[k] *= 1 - sc.lr * decay

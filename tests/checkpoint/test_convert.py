@@ -22,7 +22,7 @@ def run_ckpt(tmp_path: Path, tiny) -> tuple[Path, ModelSpec]:
     weights = init_weights(spec, 1)
     rng = np.random.default_rng(0)
     optim = {f"{k}.{n}": rng.random(s).astype(np.float32) for n, s in parameter_shapes(spec).items() for k in ("exp_avg", "exp_avg_sq")}
-    path = save_checkpoint(run, 5, weights, optim, {"consumed_samples": 40, "consumed_tokens": 640}, keep_last=3)
+    path = save_checkpoint(run, 5, weights, optim, {"consumed_samples": 40, "consumed_tokens": 640})
     return path, spec
 
 

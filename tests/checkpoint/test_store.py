@@ -9,21 +9,22 @@ import numpy as np
 import pytest
 
 from mindfoundry.checkpoint.store import (
-    CheckpointError, find_resumable, list_checkpoints, load_checkpoint, save_checkpoint, verify_checkpoint,
+    CheckpointError, Retention, find_resumable, list_checkpoints, load_checkpoint, save_checkpoint, verify_checkpoint,
 )
 
 
 def save(run: Path, step: int, keep_last: int = 10) -> Path:
+    """A small checkpoint whose weights are a function of the step."""
     rng = np.random.default_rng(step)
     weights = {"embed.weight": rng.standard_normal((8, 4)).astype(np.float32), "norm.weight": np.ones(4, np.float32)}
     optim = {f"exp_avg.{k}": np.zeros_like(v) for k, v in weights.items()}
-    return save_checkpoint(run, step, weights, optim, {"consumed_samples": step * 8}, keep_last=keep_last)
+    return save_checkpoint(run, step, weights, optim, {"consumed_samples": step * 8}, Retention(keep_last=keep_last))
 
 
 def test_round_trip_and_layout(tmp_path: Path) -> None:
     path = save(tmp_path, 12)
     assert path.name == "step_00000012"
-    assert sorted(p.name for p in path.iterdir()) == ["manifest.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json"]
+    assert sorted(p.name for p in path.iterdir()) == ["manifest.json", "manifest.sha256", "model.safetensors", "optimizer.safetensors", "trainer_state.json"]
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_00000012"
     ckpt = load_checkpoint(path)
     assert ckpt.state == {"consumed_samples": 96, "step": 12}

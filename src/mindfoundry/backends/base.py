@@ -10,6 +10,7 @@ Weights cross this boundary as ``{name: float32 array}`` under the names of
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import dataclass
 from typing import Mapping, Protocol
 
@@ -31,12 +32,15 @@ class StepScalars:
     step_size: float  # lr / (1 - beta1**t)
     bias_correction2_sqrt: float  # sqrt(1 - beta2**t)
     loss_scale: float  # 1 / (valid target tokens in the global batch): mean over tokens, not batches
+    loss_limit: float = math.inf  # the update is dropped when the loss exceeds this (spike policy)
+    grad_limit: float = math.inf  # ... or the gradient norm exceeds this; non-finite values always drop it
 
 
 @dataclass(frozen=True)
 class StepOutput:
     loss: float  # mean token loss over the global batch (before the update)
     grad_norm: float  # global L2 norm of the gradient before clipping
+    applied: bool = True  # False when the update was dropped (non-finite, or over a limit)
 
 
 class Backend(Protocol):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from mindfoundry.checkpoint.store import CheckpointError, load_checkpoint, save_checkpoint
+from mindfoundry.checkpoint.store import CheckpointError, Retention, load_checkpoint, save_checkpoint
 from mindfoundry.config.load import read_yaml, validate
 from mindfoundry.config.schema import RunConfig
 
@@ -46,7 +46,7 @@ def export_checkpoint(ckpt_dir: Path, out: Path) -> Path:
     return out
 
 
-def import_checkpoint(native: Path, run_dir: Path, keep_last: int = 3) -> Path:
+def import_checkpoint(native: Path, run_dir: Path, retention: Retention = Retention()) -> Path:
     """Turn a native .ckpt/.pt into RUN_DIR/checkpoints/step_N (step taken from the file)."""
     if not native.is_file():
         raise CheckpointError(f"{native} not found")
@@ -54,4 +54,4 @@ def import_checkpoint(native: Path, run_dir: Path, keep_last: int = 3) -> Path:
     if "step" not in counters:
         raise CheckpointError(f"{native} carries no 'step' counter: it was not written by `mindfoundry convert`")
     step = counters.pop("step")
-    return save_checkpoint(run_dir, step, weights, optimizer, {**counters, "imported_from": str(native)}, keep_last=keep_last)
+    return save_checkpoint(run_dir, step, weights, optimizer, {**counters, "imported_from": str(native)}, retention)

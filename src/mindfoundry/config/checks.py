@@ -6,9 +6,11 @@ has to guess which number to change.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from mindfoundry.config.schema import RunConfig
+from mindfoundry.data.sources import BUILTIN_SOURCES
 
 #: 256 byte symbols plus the EOS and PAD special tokens.
 MIN_BYTE_BPE_VOCAB = 258
@@ -82,6 +84,35 @@ def _train_problems(cfg: RunConfig) -> list[str]:
     return out
 
 
+def _mixture_problems(cfg: RunConfig) -> list[str]:
+    """The mixture must weigh exactly the categories of data.sources: a category left out or weighted 0
+    would silently vanish from training, and a misspelt one would silently get nothing."""
+    mix = cfg.data.mixture
+    if mix is None:
+        return []
+    sources: dict[str, list[str]] = {}
+    for src in cfg.data.sources:
+        category = src.category or (BUILTIN_SOURCES[src.builtin] if src.builtin else src.name)
+        sources.setdefault(category, []).append(src.name)
+    out = []
+    for name, weight in mix.weights.items():
+        key = f"data.mixture.weights.{name}"
+        if name not in sources:
+            out.append(f"{key}: no source has category {name!r} (categories: {', '.join(sources)}): fix the name or remove it")
+        elif not 0 < weight < math.inf:
+            out.append(f"{key}={weight}: weights must be > 0; to train without category {name!r}, "
+                       f"remove its sources ({', '.join(sources[name])}) from data.sources")
+    for name, names in sources.items():
+        if name not in mix.weights:
+            out.append(f"data.mixture.weights has no weight for category {name!r} (sources: {', '.join(names)}): add one, "
+                       "or remove those sources")
+    largest = max(len(sources), *(len(n) for n in sources.values()))
+    if mix.block_size < largest:
+        out.append(f"data.mixture.block_size={mix.block_size} is below the {largest} categories or sources of one category "
+                   f"it must fit: raise it (e.g. 1000)")
+    return out
+
+
 def cross_field_problems(cfg: RunConfig) -> list[str]:
     """All violated multi-field rules, in section order."""
-    return _model_problems(cfg) + _data_problems(cfg) + _train_problems(cfg)
+    return _model_problems(cfg) + _data_problems(cfg) + _mixture_problems(cfg) + _train_problems(cfg)

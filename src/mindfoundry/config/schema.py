@@ -59,6 +59,27 @@ class TokenizerConfig(Section):
     train_max_bytes: int | None = Field(50_000_000, ge=1, description="Cap on training-split bytes fed to tokenizer training.")
 
 
+class MixtureConfig(Section):
+    """Category mixture for training (see mindfoundry.data.mixture): each category's share of the samples,
+    and how a category's sources share it."""
+
+    weights: dict[str, float] = Field(
+        ..., min_length=1,
+        description="Relative share of samples per category, e.g. {news: 3, code: 2}; every category of data.sources needs one, > 0.",
+    )
+    temperature: float = Field(
+        1.0, description="Within a category, a source is drawn with probability proportional to (its samples)^temperature: 1 = by size, 0 = uniform."
+    )
+    block_size: int = Field(1000, ge=2, description="Positions per block in which the category shares are exact (error < 1/block_size).")
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature_range(cls, v: float) -> float:
+        if not 0.0 <= v <= 1.0:
+            raise ValueError("must be between 0 (sources of a category drawn uniformly) and 1 (in proportion to their size), e.g. 0.7")
+        return v
+
+
 class DataConfig(Section):
     """Raw text in, tokenized Megatron shards out."""
 
@@ -67,6 +88,7 @@ class DataConfig(Section):
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     output_dir: str | None = Field(None, description="Where shards go. null = RUN_DIR/data.")
     shuffle: bool = Field(True, description="Shuffle packed training samples each epoch (deterministic from seed).")
+    mixture: MixtureConfig | None = Field(None, description="Sample categories by target ratios; null = one stream over all sources, in proportion to their size.")
 
 
 class TrainConfig(Section):
@@ -109,7 +131,30 @@ class CheckpointConfig(Section):
     """Step checkpoints (weights, optimizer, data position) under RUN_DIR/checkpoints."""
 
     every: int = Field(100, ge=0, description="Save period in steps (0 = only at the end).")
-    keep_last: int = Field(3, ge=1, description="How many recent checkpoints to keep.")
+    keep_last: int = Field(3, ge=1, description="How many recent checkpoints to keep (at least 1: the newest is never deleted).")
+    keep_every: int = Field(0, ge=0, description="Also keep every checkpoint whose step is a multiple of this, permanently (0 = none).")
+    keep_best: bool = Field(True, description="Also keep the checkpoint with the lowest validation loss.")
+
+
+class AnomalyConfig(Section):
+    """What a step with a non-finite or spiking loss/gradient does to the run."""
+
+    policy: Literal["warn", "skip", "rollback"] = Field(
+        "skip", description="On a loss or grad-norm spike: warn (apply the update), skip (drop the update) or rollback "
+        "(reload the last checkpoint and skip the data window that caused the spike). NaN/Inf updates are always skipped."
+    )
+    loss_spike: float = Field(1.0, gt=0, description="A loss above running mean + this many nats is a spike.")
+    grad_spike: float = Field(5.0, gt=1, description="A grad norm above this many times its running mean is a spike.")
+    window: int = Field(20, ge=2, description="Steps in the running means; no spike is called before the window is full.")
+    max_consecutive: int = Field(5, ge=1, description="Stop with a diagnosis after this many anomalous steps in a row.")
+
+
+class DebugConfig(Section):
+    """Drills for the failure paths (used by tests and by users rehearsing a run's recovery)."""
+
+    inject_nan_at: list[int] = Field(default_factory=list, description="Steps whose loss and gradients are made NaN (once each).")
+    inject_spike_at: list[int] = Field(default_factory=list, description="Steps whose loss and gradients are scaled by spike_factor (once each).")
+    spike_factor: float = Field(100.0, gt=1, description="Scale of an injected spike.")
 
 
 class MonitorConfig(Section):
@@ -148,6 +193,8 @@ class RunConfig(Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    anomaly: AnomalyConfig = Field(default_factory=AnomalyConfig)
+    debug: DebugConfig = Field(default_factory=DebugConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     generate: GenerateConfig = Field(default_factory=GenerateConfig)

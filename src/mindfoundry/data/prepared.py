@@ -36,6 +36,7 @@ class PreparedData:
     root: Path
     manifest: dict[str, Any]
     manifest_sha256: str
+    manifest_bytes: bytes  # copied into every checkpoint, so provenance travels with the weights
     tokenizer: Tokenizer
     shards: dict[str, list[IndexedDataset]]
 
@@ -79,4 +80,4 @@ def load_prepared(root: str | Path, vocab_size: int) -> PreparedData:
             except ShardError as exc:
                 raise DataError(str(exc)) from None
             shards[split].append(ds)
-    return PreparedData(root, manifest, hashlib.sha256(raw).hexdigest(), tokenizer, shards)
+    return PreparedData(root, manifest, hashlib.sha256(raw).hexdigest(), raw, tokenizer, shards)

@@ -21,14 +21,25 @@ def learning_rate(step: int, total_steps: int, optim: OptimConfig) -> float:
     return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def step_scalars(step: int, total_steps: int, optim: OptimConfig, valid_tokens: int) -> StepScalars:
-    """Everything the compiled step needs besides the batch, in float64 arithmetic as torch.optim.AdamW uses."""
+def step_scalars(
+    step: int, total_steps: int, optim: OptimConfig, valid_tokens: int, *, adam_step: int | None = None,
+    loss_limit: float = math.inf, grad_limit: float = math.inf, loss_multiplier: float = 1.0,
+) -> StepScalars:
+    """Everything the compiled step needs besides the batch, in float64 arithmetic as torch.optim.AdamW uses.
+
+    `step` drives the LR schedule; `adam_step` (default: `step`) is the AdamW update number t for the
+    bias corrections, which stays behind `step` once updates have been dropped. `loss_multiplier`
+    scales loss and gradients (used to inject faults in drills).
+    """
     if valid_tokens <= 0:
         raise ValueError(f"step {step}: the global batch has no target tokens (all labels are padding)")
+    t = step if adam_step is None else adam_step
     lr = learning_rate(step, total_steps, optim)
     return StepScalars(
         lr=lr,
-        step_size=lr / (1.0 - optim.beta1**step),
-        bias_correction2_sqrt=math.sqrt(1.0 - optim.beta2**step),
-        loss_scale=1.0 / valid_tokens,
+        step_size=lr / (1.0 - optim.beta1**t),
+        bias_correction2_sqrt=math.sqrt(1.0 - optim.beta2**t),
+        loss_scale=loss_multiplier / valid_tokens,
+        loss_limit=loss_limit,
+        grad_limit=grad_limit,
     )

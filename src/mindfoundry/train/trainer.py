@@ -7,7 +7,9 @@ use no in-graph randomness. That is why 3 + restart + 3 steps equals 6 steps bit
 
 from __future__ import annotations
 
+import math
 import platform
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,15 +20,20 @@ from rich.console import Console
 
 import mindfoundry
 from mindfoundry.backends.base import Backend, create_backend
-from mindfoundry.checkpoint.store import find_resumable, load_checkpoint, save_checkpoint
+from mindfoundry.checkpoint.store import CheckpointError, Retention, find_resumable, load_checkpoint, save_checkpoint
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.packing import IGNORE_INDEX, SampleOrder
 from mindfoundry.data.prepared import PreparedData
 from mindfoundry.eval.heldout import EvalResult, evaluate
 from mindfoundry.model.spec import ModelSpec, flops_per_token, init_weights, num_parameters
+from mindfoundry.train.anomaly import AnomalyMonitor
 from mindfoundry.train.metrics import JsonlSink, MetricsLogger, ProgressSink
 from mindfoundry.train.rundir import METRICS_FILE, run_identity
 from mindfoundry.train.schedule import step_scalars
+
+
+class Preempted(RuntimeError):
+    """A stop signal arrived; a checkpoint of the current step was written."""
 
 
 @dataclass
@@ -68,7 +75,7 @@ def check_layout(cfg: RunConfig) -> None:
 
 
 class Trainer:
-    """Owns one run: builds the engine, restores or initialises state, loops, saves."""
+    """Owns one run: builds the engine, restores or initialises state, loops, saves, recovers."""
 
     def __init__(self, cfg: RunConfig, data: PreparedData, run_dir: Path, console: Console | None = None):
         check_layout(cfg)
@@ -79,10 +86,17 @@ class Trainer:
         self.val_samples = data.packed("validation", cfg.train.seq_len)
         self.order = SampleOrder(len(self.train_samples), cfg.seed, shuffle=cfg.data.shuffle)
         self.backend = create_backend(cfg, self.spec)
-        self.step = 0
+        self.anomaly = AnomalyMonitor(cfg.anomaly)
+        self.retention = Retention(cfg.checkpoint.keep_last, cfg.checkpoint.keep_every, cfg.checkpoint.keep_best)
+        self.step = 0  # optimizer steps attempted (drives the LR schedule)
+        self.adam_step = 0  # updates applied (AdamW's t); behind `step` once updates were dropped
         self.consumed_samples = 0
         self.consumed_tokens = 0
+        self.skipped_windows: list[list[int]] = []  # [start, end) sample positions skipped by rollbacks
         self.initial_eval: dict[str, Any] | None = None
+        self.last_val_loss: float | None = None
+        self._injected: set[tuple[str, int]] = set()
+        self._stop_signal: int | None = None
 
     # -- state -------------------------------------------------------------------------------
     def restore_or_init(self, resume: bool) -> None:
@@ -92,24 +106,40 @@ class Trainer:
         if path is None:
             self.backend.load_weights(init_weights(self.spec, self.cfg.seed))
             return
+        self._load(path)
+        self.console.print(f"resumed from {path} (step {self.step}, {self.consumed_samples} samples consumed)")
+
+    def _load(self, path: Path) -> None:
         ckpt = load_checkpoint(path)
         if ckpt.state.get("run_identity") != run_identity(self.cfg):
             self.console.print(f"[yellow]warning: {path} was written under a different config; continuing with this one[/]")
-        self.backend.load_weights(ckpt.weights)
-        self.backend.load_optimizer_state(ckpt.optimizer, int(ckpt.state["step"]))
-        self.step = int(ckpt.state["step"])
-        self.consumed_samples = int(ckpt.state["consumed_samples"])
-        self.consumed_tokens = int(ckpt.state["consumed_tokens"])
-        self.initial_eval = ckpt.state.get("initial_eval")
-        self.console.print(f"resumed from {path} (step {self.step}, {self.consumed_samples} samples consumed)")
+        st = ckpt.state
+        try:
+            self.backend.load_weights(ckpt.weights)
+            self.backend.load_optimizer_state(ckpt.optimizer, int(st.get("adam_step", st["step"])))
+        except ValueError as exc:
+            raise CheckpointError(f"{path}: {exc} (was it written for another model config?)") from None
+        self.step = int(st["step"])
+        self.adam_step = int(st.get("adam_step", self.step))
+        self.consumed_samples = int(st["consumed_samples"])
+        self.consumed_tokens = int(st["consumed_tokens"])
+        self.skipped_windows = [list(w) for w in st.get("skipped_windows", [])]
+        self.anomaly.load_state_dict(st.get("anomaly", {}))
+        self.initial_eval = st.get("initial_eval")
+        self.last_val_loss = st.get("val_loss")
 
     def trainer_state(self) -> dict[str, Any]:
         return {
+            "adam_step": self.adam_step,
             "consumed_samples": self.consumed_samples,
             "consumed_tokens": self.consumed_tokens,
             "data_order": {"seed": self.cfg.seed, "shuffle": self.cfg.data.shuffle, "position": self.consumed_samples},
+            "skipped_windows": self.skipped_windows,
             "lr_schedule": {"kind": "warmup_cosine", "step": self.step},
+            "loss_scale": {"enabled": False, "scale": 1.0, "note": "fp32 training; no loss scaling"},
             "rng": {"note": "no in-graph randomness; data order = f(seed, position); init = f(seed)"},
+            "anomaly": self.anomaly.state_dict(),
+            "val_loss": self.last_val_loss,
             "run_identity": run_identity(self.cfg),
             "data_manifest_sha256": self.data.manifest_sha256,
             "backend": self.backend.name,
@@ -119,8 +149,8 @@ class Trainer:
 
     def save(self) -> Path:
         return save_checkpoint(
-            self.run_dir, self.step, self.backend.weights(), self.backend.optimizer_state(),
-            self.trainer_state(), keep_last=self.cfg.checkpoint.keep_last,
+            self.run_dir, self.step, self.backend.weights(), self.backend.optimizer_state(), self.trainer_state(),
+            self.retention, extra_files={"data_manifest.json": self.data.manifest_bytes},
         )
 
     # -- loop --------------------------------------------------------------------------------
@@ -128,7 +158,17 @@ class Trainer:
         t = self.cfg.train
         return evaluate(self.backend, self.val_samples, t.micro_batch_size, t.eval_batches, self.data.bytes_per_token("validation"))
 
+    def _on_signal(self, signum: int, _frame) -> None:
+        if self._stop_signal is not None:  # second signal: stop now, without a checkpoint
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
+        self._stop_signal = signum
+        self.console.print(f"[yellow]{signal.Signals(signum).name} received: checkpointing after this step "
+                           "(send it again to exit at once)[/]")
+
     def run(self, *, resume: bool = False, stop_at_step: int | None = None) -> TrainResult:
+        """Train to the end (or `stop_at_step`). A stop signal checkpoints the current step and raises
+        Preempted; an exception outside the compiled step checkpoints the last consistent step first."""
         cfg, t = self.cfg, self.cfg.train
         self.restore_or_init(resume)
         logger = MetricsLogger([JsonlSink(self.run_dir / METRICS_FILE)])
@@ -137,30 +177,58 @@ class Trainer:
                     "parameters": num_parameters(self.spec), "flops_per_token": flops_tok,
                     "train_samples": len(self.train_samples), "validation_samples": len(self.val_samples)})
         if self.step == 0:
-            first = self.evaluate()
-            self.initial_eval = first.to_dict()
+            self.initial_eval = self.evaluate().to_dict()
             logger.log({"step": 0, **self.initial_eval})
-        progress = ProgressSink(t.steps, self.step, self.console, cfg.monitor.progress, t.log_every)
-        logger.sinks.append(progress)
+        logger.sinks.append(ProgressSink(t.steps, self.step, self.console, cfg.monitor.progress, t.log_every))
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         losses: list[float] = []
         last_eval: EvalResult | None = None
         end = min(t.steps, stop_at_step) if stop_at_step else t.steps
+        saved_step, in_step = -1, False
         try:
             while self.step < end:
+                in_step = True
                 losses.append(self._one_step(logger, flops_tok))
+                in_step = False
                 at_end = self.step == t.steps
                 if (t.eval_every and self.step % t.eval_every == 0) or at_end:
                     last_eval = self.evaluate()
+                    self.last_val_loss = last_eval.loss
                     logger.log({"step": self.step, **last_eval.to_dict()})
                 every = cfg.checkpoint.every
-                if (every and self.step % every == 0) or at_end or self.step == end:
-                    t0 = time.perf_counter()
-                    path = self.save()
-                    logger.log({"step": self.step, "event": "checkpoint", "path": str(path), "seconds": round(time.perf_counter() - t0, 4)})
+                if (every and self.step % every == 0) or at_end or self.step == end or self._stop_signal:
+                    self._checkpoint(logger)
+                    saved_step = self.step
+                if self._stop_signal:
+                    raise Preempted(f"stopped by {signal.Signals(self._stop_signal).name} at step {self.step}; "
+                                    f"checkpoint written; continue with --resume auto")
+        except (Preempted, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            if not in_step and saved_step != self.step and self.step > 0:
+                self.console.print(f"[red]{type(exc).__name__} at step {self.step}: writing a last-gasp checkpoint[/]")
+                self._checkpoint(logger)
+            raise
         finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
             logger.close()
         initial = EvalResult(**{k[4:]: v for k, v in self.initial_eval.items()}) if self.initial_eval else None
         return TrainResult(self.backend, self.step, initial, last_eval, losses)
+
+    def _checkpoint(self, logger: MetricsLogger) -> None:
+        t0 = time.perf_counter()
+        path = self.save()
+        logger.log({"step": self.step, "event": "checkpoint", "path": str(path), "seconds": round(time.perf_counter() - t0, 4)})
+
+    def _loss_multiplier(self, step: int) -> float:
+        """Fault drills from the `debug` section: NaN or a spike at chosen steps, once each per process."""
+        d = self.cfg.debug
+        for kind, steps, value in (("nan", d.inject_nan_at, math.nan), ("spike", d.inject_spike_at, d.spike_factor)):
+            if step in steps and (kind, step) not in self._injected:
+                self._injected.add((kind, step))
+                return value
+        return 1.0
 
     def _one_step(self, logger: MetricsLogger, flops_tok: int) -> float:
         t = self.cfg.train
@@ -168,18 +236,44 @@ class Trainer:
         ids, labels = _global_batch(self.train_samples, self.order, self.consumed_samples, self.cfg)
         valid = int((labels != IGNORE_INDEX).sum())
         t_data = time.perf_counter()
-        scalars = step_scalars(self.step + 1, t.steps, self.cfg.optim, valid)
+        loss_limit, grad_limit = self.anomaly.limits()
+        scalars = step_scalars(self.step + 1, t.steps, self.cfg.optim, valid, adam_step=self.adam_step + 1,
+                               loss_limit=loss_limit, grad_limit=grad_limit, loss_multiplier=self._loss_multiplier(self.step + 1))
         out = self.backend.train_step(ids, labels, scalars)
         elapsed = time.perf_counter() - t0
         self.step += 1
+        self.adam_step += int(out.applied)
         self.consumed_samples += ids.shape[0] * ids.shape[1]
         self.consumed_tokens += ids.size
         tokens_per_s = ids.size / elapsed
         logger.log({
-            "step": self.step, "loss": out.loss, "lr": scalars.lr, "grad_norm": out.grad_norm,
+            "step": self.step, "loss": out.loss, "lr": scalars.lr, "grad_norm": out.grad_norm, "applied": out.applied,
             "tokens": ids.size, "valid_tokens": valid, "tokens_per_s": tokens_per_s,
             "step_time_s": elapsed, "data_time_s": t_data - t0,
             "model_tflops_per_s": flops_tok * tokens_per_s / 1e12,
             "consumed_samples": self.consumed_samples,
         })
+        verdict = self.anomaly.observe(out.loss, out.grad_norm, out.applied)
+        if verdict.anomalous:
+            self._handle_anomaly(verdict, out.applied, logger, scalars.lr)
         return out.loss
+
+    def _handle_anomaly(self, verdict, applied: bool, logger: MetricsLogger, lr: float) -> None:
+        action = "skipped" if not applied else "warned"
+        if verdict.kind == "spike" and self.cfg.anomaly.policy == "rollback":
+            action = self._rollback()
+        logger.log({"step": self.step, "event": "anomaly", "kind": verdict.kind, "reason": verdict.reason, "action": action})
+        self.console.print(f"[yellow]step {self.step}: {verdict.kind} ({verdict.reason}); update {action}[/]")
+        self.anomaly.check_consecutive(self.step, verdict, lr)
+
+    def _rollback(self) -> str:
+        """Reload the newest valid checkpoint and skip the data from its position to here."""
+        path, _ = find_resumable(self.run_dir)
+        if path is None:
+            return "skipped (no checkpoint to roll back to)"
+        window_end, consecutive = self.consumed_samples, self.anomaly.consecutive
+        self._load(path)
+        self.skipped_windows.append([self.consumed_samples, window_end])
+        self.consumed_samples = window_end
+        self.anomaly.consecutive = consecutive  # repeated rollbacks still count towards the stop
+        return f"rolled back to {path.name}, skipping samples [{self.skipped_windows[-1][0]}, {window_end})"

@@ -76,11 +76,12 @@ class MindSporeBackend:
 
     # -- compute -----------------------------------------------------------------------------
     def train_step(self, input_ids: np.ndarray, labels: np.ndarray, scalars: StepScalars) -> StepOutput:
-        loss, norm = self.step_cell(
+        loss, norm, applied = self.step_cell(
             Tensor(input_ids.astype(np.int32)), Tensor(labels.astype(np.int32)), scalar(scalars.loss_scale),
             scalar(scalars.lr), scalar(scalars.step_size), scalar(scalars.bias_correction2_sqrt),
+            scalar(scalars.loss_limit), scalar(scalars.grad_limit),
         )
-        return StepOutput(loss=float(loss.asnumpy()), grad_norm=float(norm.asnumpy()))
+        return StepOutput(loss=float(loss.asnumpy()), grad_norm=float(norm.asnumpy()), applied=bool(applied.asnumpy()))
 
     def eval_batch(self, input_ids: np.ndarray, labels: np.ndarray) -> tuple[float, int]:
         nll, count = self.forward(Tensor(input_ids.astype(np.int32)), Tensor(labels.astype(np.int32)))

@@ -27,16 +27,17 @@ class AdamW(nn.Cell):
         self.decay = tuple(weight_decay if decays(p.name, p.shape) else 0.0 for p in params)
         self.num_params = len(params)
 
-    def construct(self, grads, lr, step_size, bc2_sqrt):
+    def construct(self, grads, lr, step_size, bc2_sqrt, apply):
+        """Update every parameter, or (apply=False) leave parameters and moments untouched."""
         for i in range(self.num_params):
             p, g, m, v = self.params[i], grads[i], self.exp_avg[i], self.exp_avg_sq[i]
-            if self.decay[i] > 0.0:
-                ops.assign(p, p * (1.0 - lr * self.decay[i]))
+            decayed = p * (1.0 - lr * self.decay[i]) if self.decay[i] > 0.0 else p
             m_new = m + (g - m) * (1.0 - self.beta1)
             v_new = v * self.beta2 + g * g * (1.0 - self.beta2)
-            ops.assign(m, m_new)
-            ops.assign(v, v_new)
-            ops.assign(p, p - step_size * m_new / (ops.sqrt(v_new) / bc2_sqrt + self.eps))
+            p_new = decayed - step_size * m_new / (ops.sqrt(v_new) / bc2_sqrt + self.eps)
+            ops.assign(m, ops.where(apply, m_new, m))
+            ops.assign(v, ops.where(apply, v_new, v))
+            ops.assign(p, ops.where(apply, p_new, p))
         return lr
 
 
@@ -51,7 +52,8 @@ class TrainStep(nn.Cell):
     """One optimizer step over `accum` micro-batches: grads summed, then clipped and applied.
 
     Each micro-batch loss is pre-scaled by 1/(valid tokens of the global batch), so the summed
-    gradient is exactly the gradient of the global token-mean loss, padding excluded.
+    gradient is exactly the gradient of the global token-mean loss, padding excluded. The update is
+    dropped inside the graph when the loss or the gradient norm is non-finite or above its limit.
     """
 
     def __init__(self, loss_cell: nn.Cell, optimizer: AdamW, accum: int, clip_norm: float | None):
@@ -63,18 +65,19 @@ class TrainStep(nn.Cell):
         self.clip_norm = float(clip_norm or 0.0)
         self.grad_fn = ms.value_and_grad(loss_cell, None, optimizer.params)
 
-    def construct(self, ids, labels, scale, lr, step_size, bc2_sqrt):
+    def construct(self, ids, labels, scale, lr, step_size, bc2_sqrt, loss_limit, grad_limit):
         loss, grads = self.grad_fn(ids[0], labels[0], scale)
         for i in range(1, self.accum):
             loss_i, grads_i = self.grad_fn(ids[i], labels[i], scale)
             loss = loss + loss_i
             grads = tuple(a + b for a, b in zip(grads, grads_i))
         norm = global_norm(grads)
+        apply = ops.isfinite(loss) & ops.isfinite(norm) & (loss <= loss_limit) & (norm <= grad_limit)
         if self.clip:
             coef = ops.minimum(self.clip_norm / (norm + 1e-6), 1.0)
             grads = tuple(g * coef for g in grads)
-        self.optimizer(grads, lr, step_size, bc2_sqrt)
-        return loss, norm
+        self.optimizer(grads, lr, step_size, bc2_sqrt, apply)
+        return loss, norm, apply
 
 
 def scalar(value: float) -> Tensor:

@@ -8,6 +8,7 @@ rule (:func:`mindfoundry.model.spec.decays`).
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Callable, ContextManager
 
 import torch
@@ -40,7 +41,8 @@ class TrainStep:
     """One optimizer step over micro-batches: grads summed, global-norm clipped, AdamW applied.
 
     Each micro-batch loss is pre-scaled by 1/(valid tokens of the global batch), so the summed
-    gradient is the gradient of the global token-mean loss, padding excluded.
+    gradient is the gradient of the global token-mean loss, padding excluded. The update is dropped
+    when the loss or the gradient norm is non-finite or above its limit.
     """
 
     def __init__(self, model: nn.Module, step_model: nn.Module, optimizer: torch.optim.AdamW,
@@ -50,7 +52,7 @@ class TrainStep:
         self.autocast = autocast
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
 
-    def __call__(self, ids: torch.Tensor, labels: torch.Tensor, scalars: StepScalars) -> tuple[float, float]:
+    def __call__(self, ids: torch.Tensor, labels: torch.Tensor, scalars: StepScalars) -> tuple[float, float, bool]:
         for group in self.optimizer.param_groups:
             group["lr"] = scalars.lr
         self.optimizer.zero_grad(set_to_none=True)
@@ -64,5 +66,8 @@ class TrainStep:
             total += loss.detach()
         limit = float("inf") if self.clip_norm is None else self.clip_norm
         norm = torch.nn.utils.clip_grad_norm_(self.params, limit, foreach=True)
-        self.optimizer.step()
-        return float(total), float(norm)
+        loss, grad_norm = float(total), float(norm)
+        apply = math.isfinite(loss) and math.isfinite(grad_norm) and loss <= scalars.loss_limit and grad_norm <= scalars.grad_limit
+        if apply:  # a dropped update leaves weights, moments and AdamW's step count untouched
+            self.optimizer.step()
+        return loss, grad_norm, apply

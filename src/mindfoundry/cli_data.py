@@ -1,0 +1,102 @@
+"""`mindfoundry data validate|inspect|mindrecord CONFIG`: look at, check and export prepared data.
+
+All three work on the folder `mindfoundry prepare CONFIG` wrote (``data.output_dir``). Problems
+with the data are user errors: one clear line each and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+from mindfoundry.config.load import load_config
+from mindfoundry.config.schema import RunConfig
+
+EXIT_INVALID_DATA = 2
+# Rich assumes 80 columns when stdout is not a terminal, which would crop the tables in a pipe or log.
+_PIPE_WIDTH = 160
+
+
+def _config(args: argparse.Namespace) -> RunConfig:
+    return load_config(args.config, args.set or [])
+
+
+def _stdout() -> Console:
+    console = Console()
+    return console if console.is_terminal else Console(width=_PIPE_WIDTH)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from mindfoundry.data.validate import render_validation, validate_prepared
+
+    cfg = _config(args)
+    report = validate_prepared(cfg.data.output_dir, vocab_size=cfg.model.vocab_size, seq_len=cfg.train.seq_len)
+    _stdout().print(render_validation(report))
+    err = Console(stderr=True, soft_wrap=True)
+    for shard in report.shards:
+        for warning in shard.warnings:
+            err.print(f"[yellow]warning:[/] {shard.path}: {warning}", highlight=False)
+    if not report.ok:
+        for message in report.messages():
+            err.print(f"[red]error:[/] {message}", highlight=False)
+        return EXIT_INVALID_DATA
+    err.print(f"[green]{cfg.data.output_dir}: all {len(report.shards)} shards pass[/]")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from mindfoundry.data.inspect import inspect_prepared, render_inspect
+
+    cfg = _config(args)
+    report = inspect_prepared(cfg.data.output_dir, per_category=args.samples, max_chars=args.chars, seed=cfg.seed)
+    render_inspect(report, _stdout())
+    return 0
+
+
+def cmd_mindrecord(args: argparse.Namespace) -> int:
+    from mindfoundry.backends.base import BackendUnavailable
+
+    try:
+        from mindfoundry.backends.mindspore.mindrecord import export_mindrecord
+    except ModuleNotFoundError as exc:
+        raise BackendUnavailable(f"MindRecord export needs {exc.name!r}: pip install 'mindfoundry[mindspore]'") from None
+    cfg = _config(args)
+    out = Path(args.out) if args.out else Path(cfg.run_dir) / "mindrecord"
+    export_mindrecord(cfg.data.output_dir, out, shards=args.shards)
+    Console(stderr=True).print(f"wrote {out} ({args.shards} file(s) per split; read with mindspore.dataset.MindDataset)")
+    return 0
+
+
+def add_data_commands(subparsers: argparse._SubParsersAction) -> None:
+    """Register `data validate|inspect|mindrecord` on the main parser's subcommands."""
+    data = subparsers.add_parser("data", help="validate, inspect or export prepared data (after `prepare`)")
+    sub = data.add_subparsers(dest="data_command", required=True)
+
+    def with_config(p: argparse.ArgumentParser) -> None:
+        p.add_argument("config", help="YAML run config, e.g. configs/demo.yaml")
+        p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable)")
+
+    p = sub.add_parser("validate", help="check every shard; exit 2 naming shard and problem if any fails")
+    with_config(p)
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("inspect", help="decoded samples per category, token counts, length histogram, removals")
+    with_config(p)
+    p.add_argument("--samples", type=_positive_int, default=3, metavar="N", help="documents shown per category")
+    p.add_argument("--chars", type=_positive_int, default=160, metavar="N", help="characters shown per document")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("mindrecord", help="export the prepared documents to MindRecord files (MindDataset)")
+    with_config(p)
+    p.add_argument("--out", default=None, metavar="DIR", help="output folder (must not exist); default RUN_DIR/mindrecord")
+    p.add_argument("--shards", type=_positive_int, default=1, metavar="N", help="MindRecord files per split")
+    p.set_defaults(func=cmd_mindrecord)

@@ -1,0 +1,137 @@
+"""`mindfoundry data inspect`: what is actually in a prepared folder, readable in a terminal.
+
+Looking at decoded samples catches what counters cannot (markup left in, a wrong text field,
+mojibake); the length histogram shows whether documents are mostly shorter than a sample; the
+token counts per category and split are what the mixture weights act on; the removal counters
+say how much of each source was dropped on the way, and why.
+
+Framework-free on purpose.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich import box
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from mindfoundry.data.prepared import SPLITS, TOKENIZER
+from mindfoundry.data.tokenizer import load_tokenizer
+from mindfoundry.data.validate import open_shard, read_manifest
+
+__all__ = ["InspectReport", "inspect_prepared", "length_histogram", "render_inspect"]
+
+# Manifest source keys that are identity or provenance, not counts of what was removed.
+_NOT_REMOVALS = {"name", "category", "builtin", "paths", "files", "splits"}
+_BAR_WIDTH = 40
+
+
+@dataclass
+class InspectReport:
+    root: Path
+    samples: dict[str, list[str]]  # category -> decoded, truncated training documents
+    tokens: dict[str, dict[str, int]]  # category -> split -> tokens
+    histogram: list[tuple[str, int]]  # (bucket label, documents) over the train split
+    removals: dict[str, dict[str, Any]]  # source -> flattened counters from the manifest
+
+
+def inspect_prepared(root: str | Path, *, per_category: int = 3, max_chars: int = 160, seed: int = 0) -> InspectReport:
+    """Gather the report; ``per_category`` documents per category are drawn with ``seed``."""
+    root = Path(root)
+    manifest = read_manifest(root)
+    tok = load_tokenizer(root / TOKENIZER)
+    rng = np.random.RandomState(seed)
+    samples: dict[str, list[str]] = {}
+    tokens: dict[str, dict[str, int]] = {}
+    train_lengths = []
+    for source in manifest["sources"]:
+        category = source["category"] or source["name"]
+        counts = tokens.setdefault(category, dict.fromkeys(SPLITS, 0))
+        for split in SPLITS:
+            counts[split] += source["splits"][split]["tokens"]
+        ds = open_shard(root / "train" / source["name"])
+        train_lengths.append(np.asarray(ds.sequence_lengths))
+        picks = rng.choice(len(ds), size=min(per_category, len(ds)), replace=False) if len(ds) else []
+        samples.setdefault(category, []).extend(_preview(tok.decode(ds[int(i)].tolist()), max_chars) for i in sorted(picks))
+    lengths = np.concatenate(train_lengths) if train_lengths else np.empty(0, dtype=np.int64)
+    removals = {s["name"]: _removal_counters(s) for s in manifest["sources"]}
+    return InspectReport(root, samples, tokens, length_histogram(lengths), removals)
+
+
+def _preview(text: str, max_chars: int) -> str:
+    """One line: newlines shown as ⏎, cut at ``max_chars`` with an ellipsis."""
+    flat = text.replace("\r\n", "\n").replace("\n", "⏎")
+    return flat if len(flat) <= max_chars else flat[: max_chars - 1] + "…"
+
+
+def _removal_counters(source: dict[str, Any]) -> dict[str, Any]:
+    """The source's read/skip counters (``stats``) plus any other counters it carries (e.g. per filter)."""
+    extra = {k: v for k, v in source.items() if k not in _NOT_REMOVALS}
+    return _flatten({**extra.pop("stats", {}), **extra})
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested counters (e.g. per-filter removals) as ``outer.inner`` keys."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def length_histogram(lengths: np.ndarray) -> list[tuple[str, int]]:
+    """Documents per power-of-two length bucket ``[2^k, 2^(k+1))`` tokens, from the shortest to the longest."""
+    if lengths.size == 0:
+        return []
+    exponents = np.floor(np.log2(np.maximum(lengths, 1))).astype(np.int64)
+    counts = np.bincount(exponents)
+    first = int(exponents.min())
+    return [(f"{2**k:>7,}-{2 ** (k + 1) - 1:<7,}", int(counts[k])) for k in range(first, counts.size)]
+
+
+def render_inspect(report: InspectReport, console: Console) -> None:
+    """Print the four parts: samples per category, token counts, length histogram, removals."""
+    for category, texts in report.samples.items():
+        console.print(f"[bold]{category}[/]")
+        for text in texts:
+            console.print(Text(f"  • {text}"), soft_wrap=True)
+    console.print(_token_table(report.tokens))
+    console.print(_histogram(report.histogram))
+    console.print(_removal_table(report.removals))
+
+
+def _token_table(tokens: dict[str, dict[str, int]]) -> Table:
+    table = Table(title="tokens per category and split", box=box.SIMPLE_HEAD)
+    table.add_column("category")
+    for split in (*SPLITS, "share of train"):
+        table.add_column(split, justify="right")
+    total = max(sum(t["train"] for t in tokens.values()), 1)
+    for category, t in tokens.items():
+        table.add_row(category, *(f"{t[s]:,}" for s in SPLITS), f"{100 * t['train'] / total:.1f}%")
+    return table
+
+
+def _histogram(buckets: list[tuple[str, int]]) -> Group:
+    """Text-mode bars, scaled to the fullest bucket."""
+    peak = max((n for _, n in buckets), default=1)
+    lines = [Text(f"{label} tokens │{'█' * round(_BAR_WIDTH * n / peak):<{_BAR_WIDTH}} {n:,}") for label, n in buckets]
+    return Group(Text("\ntrain document lengths", style="bold"), *lines)
+
+
+def _removal_table(removals: dict[str, dict[str, Any]]) -> Table:
+    """Sources as rows, every counter the manifest has (read, skipped, filtered) as columns."""
+    keys = list(dict.fromkeys(k for counters in removals.values() for k in counters))
+    table = Table(title="read and removed per source (manifest)", box=box.SIMPLE_HEAD)
+    table.add_column("source")
+    for key in keys:
+        table.add_column(key.replace("_", " "), justify="right")
+    for source, counters in removals.items():
+        table.add_row(source, *(f"{counters[k]:,}" if isinstance(counters.get(k), int) else str(counters.get(k, "-")) for k in keys))
+    return table

@@ -1,0 +1,264 @@
+"""`mindfoundry data validate`: check every shard of a prepared folder before spending compute on it.
+
+``load_prepared`` already refuses a folder that cannot train (bad headers, wrong counts, ids
+outside the vocab) at the first problem. Validation goes further and reports *every* problem of
+*every* shard at once, plus what training would not notice: documents without their EOS, EOS
+inside a document (a false document boundary), empty documents, shards too small for one
+sample, bytes that changed since ``prepare`` (sha256), duplicate documents and validation
+documents that also appear in training.
+
+Framework-free on purpose.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich import box
+from rich.table import Table
+
+from mindfoundry.data.indexed import IndexedDataset, ShardError
+from mindfoundry.data.prepared import MANIFEST, SPLITS, TOKENIZER, DataError
+from mindfoundry.data.tokenizer import eos_id, load_tokenizer, tokenizer_hash
+
+__all__ = ["ShardReport", "ValidationReport", "open_shard", "read_manifest", "render_validation", "validate_prepared"]
+
+# Tokens scanned per step, so that a shard of any size is checked in bounded memory.
+_SCAN_CHUNK = 1 << 24
+# Read size when hashing shard files.
+_HASH_CHUNK = 1 << 22
+
+
+@dataclass
+class ShardReport:
+    """Statistics and problems of one shard; ``problems`` fail validation, ``warnings`` do not."""
+
+    split: str
+    source: str
+    category: str
+    path: str
+    documents: int = 0
+    tokens: int = 0
+    samples: int = 0
+    lengths: dict[str, float] = field(default_factory=dict)  # min / median / mean / max tokens per document
+    duplicate_ratio: float = 0.0
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        return "fail" if self.problems else "warn" if self.warnings else "pass"
+
+
+@dataclass
+class ValidationReport:
+    """Every shard's report plus problems of the folder as a whole (tokenizer, totals, split leaks)."""
+
+    root: Path
+    shards: list[ShardReport]
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and all(not s.problems for s in self.shards)
+
+    def messages(self) -> list[str]:
+        """One line per problem, each naming the shard (or the folder) it is about."""
+        out = [f"{self.root}: {p}" for p in self.problems]
+        out += [f"{s.path}: {p}" for s in self.shards for p in s.problems]
+        return out
+
+
+def read_manifest(root: Path) -> dict[str, Any]:
+    """The folder's manifest, or a DataError saying how to create it."""
+    path = root / MANIFEST
+    if not path.is_file():
+        raise DataError(f"no prepared data at '{root}' ({MANIFEST} missing): run `mindfoundry prepare CONFIG` first")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path} is not valid JSON ({exc}): re-run `mindfoundry prepare --overwrite`") from None
+
+
+def open_shard(prefix: Path) -> IndexedDataset:
+    """Open one shard for reading, turning a broken shard into a DataError that says how to diagnose it."""
+    try:
+        return IndexedDataset(prefix)
+    except ShardError as exc:
+        raise DataError(f"{exc} (`mindfoundry data validate CONFIG` reports every problem of every shard)") from None
+
+
+def validate_prepared(root: str | Path, *, vocab_size: int | None = None, seq_len: int | None = None) -> ValidationReport:
+    """Check a prepared folder; ``vocab_size`` is the model's, ``seq_len`` the training sample length."""
+    root = Path(root)
+    manifest = read_manifest(root)
+    report = ValidationReport(root, [])
+    try:
+        tok = load_tokenizer(root / TOKENIZER)
+    except (OSError, ValueError) as exc:
+        report.problems.append(f"tokenizer unusable: {exc}")
+        return report
+    if tokenizer_hash(tok) != manifest["tokenizer"]["sha256"]:
+        report.problems.append(f"{TOKENIZER} differs from the one the shards were made with (manifest sha256)")
+    vocab = tok.get_vocab_size()
+    if vocab_size is not None and vocab > vocab_size:
+        report.problems.append(f"the tokenizer has {vocab} tokens but model.vocab_size={vocab_size}: raise model.vocab_size")
+    hashes: dict[str, Counter[bytes]] = {split: Counter() for split in SPLITS}
+    for split in SPLITS:
+        entries = {s["name"]: s for s in manifest["sources"]}
+        for info in manifest["splits"][split]["shards"]:
+            source = entries[info["path"].split("/", 1)[1]]
+            shard = ShardReport(split, source["name"], source["category"] or source["name"], info["path"])
+            _check_shard(root, info, source, manifest, shard, vocab, eos_id(tok), seq_len, hashes[split])
+            report.shards.append(shard)
+    report.problems += _split_problems(manifest, report.shards, hashes, seq_len)
+    return report
+
+
+def _check_shard(root: Path, info: dict[str, Any], source: dict[str, Any], manifest: dict[str, Any], shard: ShardReport,
+                 vocab: int, eos: int, seq_len: int | None, split_hashes: Counter[bytes]) -> None:
+    """Fill one shard's report; a shard that cannot be opened gets that one problem."""
+    try:
+        ds = IndexedDataset(root / info["path"])
+    except ShardError as exc:
+        shard.problems.append(f"cannot be opened: {exc}")
+        return
+    shard.documents, shard.tokens = len(ds), ds.num_tokens
+    shard.problems += _count_problems(ds, info, source["splits"][shard.split])
+    shard.problems += _hash_problems(ds, info)
+    shard.problems += _dtype_problems(ds, manifest["dtype"], vocab)
+    shard.problems += _token_problems(ds, vocab, eos)
+    _length_stats(ds, shard, seq_len)
+    doc_hashes = _document_hashes(ds)
+    counts = Counter(doc_hashes)
+    shard.duplicate_ratio = (len(doc_hashes) - len(counts)) / max(len(doc_hashes), 1)
+    split_hashes.update(counts)
+
+
+def _count_problems(ds: IndexedDataset, info: dict[str, Any], source_counts: dict[str, int]) -> list[str]:
+    """The shard must hold what the manifest says, both in its shard list and in its source entry."""
+    out = []
+    for where, docs, toks in (("shard list", info["num_documents"], info["num_tokens"]),
+                              ("source entry", source_counts["documents"], source_counts["tokens"])):
+        if (len(ds), ds.num_tokens) != (docs, toks):
+            out.append(f"holds {len(ds)} documents / {ds.num_tokens} tokens but the manifest's {where} says {docs} / {toks}")
+    return out
+
+
+def _hash_problems(ds: IndexedDataset, info: dict[str, Any]) -> list[str]:
+    """sha256 of both files against the manifest: catches bytes changed since `prepare` (bit rot, edits)."""
+    out = []
+    for path, key in ((ds.bin_path, "bin_sha256"), (ds.idx_path, "idx_sha256")):
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(_HASH_CHUNK):
+                digest.update(chunk)
+        if digest.hexdigest() != info[key]:
+            out.append(f"{path.name} changed since it was prepared (sha256 differs from the manifest): re-run `mindfoundry prepare --overwrite`")
+    return out
+
+
+def _dtype_problems(ds: IndexedDataset, manifest_dtype: str, vocab: int) -> list[str]:
+    out = []
+    if ds.dtype.name != np.dtype(manifest_dtype).name:
+        out.append(f"dtype {ds.dtype.name} differs from the manifest's {manifest_dtype}")
+    if np.iinfo(ds.dtype).max < vocab - 1:
+        out.append(f"dtype {ds.dtype.name} cannot hold token ids up to {vocab - 1} (vocab {vocab})")
+    return out
+
+
+def _token_problems(ds: IndexedDataset, vocab: int, eos: int) -> list[str]:
+    """Ids in range; EOS ends every document and appears nowhere else; no document is empty."""
+    out = []
+    lengths = ds.sequence_lengths
+    empty = int((lengths <= 1).sum())
+    if empty:
+        first = int(np.argmax(lengths <= 1))
+        out.append(f"{empty} empty documents (no tokens besides EOS), the first is document {first}")
+    if ds.num_tokens == 0:
+        return out
+    lo, hi, eos_count = _scan(ds.tokens(), eos)
+    if lo < 0 or hi >= vocab:
+        out.append(f"token ids span {lo}..{hi}, outside the vocab 0..{vocab - 1}")
+    ends = np.cumsum(lengths, dtype=np.int64)[lengths > 0] - 1
+    missing = int((np.asarray(ds.tokens()[ends]) != eos).sum())
+    if missing:
+        out.append(f"{missing} documents do not end with EOS (id {eos})")
+    inside = eos_count - (ends.size - missing)
+    if inside:
+        out.append(f"EOS (id {eos}) occurs {inside} times inside documents: false document boundaries")
+    return out
+
+
+def _scan(tokens: np.ndarray, eos: int) -> tuple[int, int, int]:
+    """Min id, max id and EOS count, chunk by chunk."""
+    lo, hi, count = int(tokens[0]), int(tokens[0]), 0
+    for start in range(0, tokens.size, _SCAN_CHUNK):
+        chunk = np.asarray(tokens[start : start + _SCAN_CHUNK])
+        lo, hi = min(lo, int(chunk.min())), max(hi, int(chunk.max()))
+        count += int((chunk == eos).sum())
+    return lo, hi, count
+
+
+def _length_stats(ds: IndexedDataset, shard: ShardReport, seq_len: int | None) -> None:
+    """Document length statistics, and the packed sample count a training shard needs to be non-zero."""
+    lengths = ds.sequence_lengths
+    if lengths.size:
+        shard.lengths = {"min": int(lengths.min()), "median": float(np.median(lengths)),
+                         "mean": float(lengths.mean()), "max": int(lengths.max())}
+    if seq_len is None:
+        return
+    shard.samples = _num_samples(ds.num_tokens, seq_len)
+    if shard.samples == 0 and ds.num_tokens:
+        shard.warnings.append(f"too small for one sample of seq_len={seq_len} ({ds.num_tokens} tokens): a mixture never draws from it")
+
+
+def _num_samples(tokens: int, seq_len: int) -> int:
+    """Packed samples in a stream of ``tokens`` (each sample needs seq_len + 1 tokens, sharing one)."""
+    return 0 if tokens < 2 else -(-(tokens - 1) // seq_len)
+
+
+def _document_hashes(ds: IndexedDataset) -> list[bytes]:
+    """A 16-byte blake2b digest of each document's token bytes: exact duplicates collide."""
+    raw = memoryview(ds.tokens()).cast("B") if ds.num_tokens else memoryview(b"")
+    item = ds.dtype.itemsize
+    return [hashlib.blake2b(raw[int(p) : int(p) + int(n) * item], digest_size=16).digest()
+            for p, n in zip(ds.sequence_pointers, ds.sequence_lengths)]
+
+
+def _split_problems(manifest: dict[str, Any], shards: list[ShardReport], hashes: dict[str, Counter[bytes]],
+                    seq_len: int | None) -> list[str]:
+    """Per-split totals against the manifest, a trainable train split, no validation document in training."""
+    out = []
+    for split in SPLITS:
+        mine = [s for s in shards if s.split == split]
+        docs, toks = sum(s.documents for s in mine), sum(s.tokens for s in mine)
+        total = manifest["splits"][split]
+        if (docs, toks) != (total["documents"], total["tokens"]):
+            out.append(f"the {split} shards hold {docs} documents / {toks} tokens, "
+                       f"the manifest's {split} totals say {total['documents']} / {total['tokens']}")
+    if seq_len is not None and _num_samples(sum(s.tokens for s in shards if s.split == "train"), seq_len) == 0:
+        out.append(f"the train split is too small for one sample of seq_len={seq_len}: add data or lower train.seq_len")
+    leaked = sum(n for h, n in hashes["validation"].items() if h in hashes["train"])
+    if leaked:
+        out.append(f"{leaked} validation documents also appear in the train split: held-out metrics would be optimistic")
+    return out
+
+
+def render_validation(report: ValidationReport) -> Table:
+    """The pass/fail table, one row per shard."""
+    table = Table(title=f"data validation: {report.root}", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
+    for col in ("split", "source", "category", "docs", "tokens", "samples", "doc len min/med/max", "dup", "status"):
+        table.add_column(col, justify="left" if col in ("split", "source", "category", "status") else "right")
+    colors = {"pass": "green", "warn": "yellow", "fail": "red"}
+    for s in report.shards:
+        lengths = "/".join(f"{s.lengths[k]:.0f}" for k in ("min", "median", "max")) if s.lengths else "-"
+        table.add_row(s.split, s.source, s.category, f"{s.documents:,}", f"{s.tokens:,}", f"{s.samples:,}",
+                      lengths, f"{100 * s.duplicate_ratio:.1f}%", f"[{colors[s.status]}]{s.status}[/]")
+    return table
