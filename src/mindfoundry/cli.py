@@ -1,7 +1,9 @@
 """Command line: `mindfoundry config|prepare|train|run ...`.
 
 User errors (bad config, missing data, corrupted files, occupied run directory) print one clear
-message and exit with status 2; tracebacks are reserved for bugs.
+message and exit with status 2; tracebacks are reserved for bugs. Training exit codes: 0 done,
+2 user error, 3 stopped by the anomaly policy, 70 crashed (after a last-gasp checkpoint when the
+state was consistent), 75 pre-empted by SIGTERM/SIGINT (checkpoint written).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from rich.table import Table
 
 from mindfoundry.config.load import ConfigError, load_config, to_yaml
 from mindfoundry.config.schema import RunConfig
+from mindfoundry.cli_ckpt import add_ckpt_commands
 from mindfoundry.cli_data import add_data_commands
 
 console = Console(stderr=True, soft_wrap=True)  # never wrap: one problem = one line
@@ -161,17 +164,27 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--resume", choices=["auto", "none"], default="none", help="auto: continue from the newest valid checkpoint")
         p.add_argument("--overwrite", action="store_true", help="start over in a run dir that holds a run (old run moved aside)")
         p.add_argument("--stop-at-step", type=int, default=None, metavar="N", help="checkpoint and stop after step N (continue later with --resume auto)")
+        p.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                       help="restart a crashed run up to N times from its newest valid checkpoint")
         p.set_defaults(func=func)
     p = sub.add_parser("convert", help="checkpoint folder <-> MindSpore .ckpt / PyTorch .pt")
     p.add_argument("source", help="RUN/checkpoints/step_N folder (export) or a .ckpt/.pt file (import)")
     p.add_argument("dest", help="output .ckpt/.pt file (export) or a run directory to import into")
     p.set_defaults(func=cmd_convert)
     add_data_commands(sub)
+    add_ckpt_commands(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from mindfoundry.train.anomaly import AnomalyStop
+    from mindfoundry.train.supervise import EXIT_ANOMALY_STOP, EXIT_CRASHED, EXIT_PREEMPTED, supervise
+    from mindfoundry.train.trainer import Preempted
+
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    if getattr(args, "max_restarts", 0):
+        return supervise(argv, args.max_restarts, console.print)
     try:
         return args.func(args)
     except ConfigError as exc:
@@ -180,6 +193,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _user_errors() as exc:
         console.print(f"[red]error:[/] {exc}", highlight=False)
         return EXIT_USER_ERROR
+    except Preempted as exc:
+        console.print(f"[yellow]{exc}[/]", highlight=False)
+        return EXIT_PREEMPTED
+    except AnomalyStop as exc:
+        console.print(f"[red]anomaly stop:[/] {exc}", highlight=False)
+        return EXIT_ANOMALY_STOP
+    except Exception:
+        console.print_exception()
+        return EXIT_CRASHED
 
 
 if __name__ == "__main__":

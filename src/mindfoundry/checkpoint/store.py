@@ -187,11 +187,15 @@ def apply_retention(run_dir: str | Path, retention: Retention) -> list[Path]:
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Committed checkpoint folders (manifest and its checksum present), oldest first."""
+    """Checkpoint folders, oldest first.
+
+    A `step_N` folder only ever appears by renaming a complete temporary folder, so each one was
+    committed; whether it is still intact is for :func:`verify_checkpoint` to say.
+    """
     root = checkpoints_dir(run_dir)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if _STEP_DIR.match(p.name) and (p / MANIFEST_FILE).is_file()]
+    found = [p for p in root.iterdir() if _STEP_DIR.match(p.name) and p.is_dir()]
     return sorted(found, key=lambda p: p.name)
 
 

@@ -259,12 +259,13 @@ class Trainer:
         return out.loss
 
     def _handle_anomaly(self, verdict, applied: bool, logger: MetricsLogger, lr: float) -> None:
+        step = self.step
         action = "skipped" if not applied else "warned"
         if verdict.kind == "spike" and self.cfg.anomaly.policy == "rollback":
             action = self._rollback()
-        logger.log({"step": self.step, "event": "anomaly", "kind": verdict.kind, "reason": verdict.reason, "action": action})
-        self.console.print(f"[yellow]step {self.step}: {verdict.kind} ({verdict.reason}); update {action}[/]")
-        self.anomaly.check_consecutive(self.step, verdict, lr)
+        logger.log({"step": step, "event": "anomaly", "kind": verdict.kind, "reason": verdict.reason, "action": action})
+        self.console.print(f"[yellow]step {step}: {verdict.kind} ({verdict.reason}); update {action}[/]")
+        self.anomaly.check_consecutive(step, verdict, lr)
 
     def _rollback(self) -> str:
         """Reload the newest valid checkpoint and skip the data from its position to here."""

@@ -1,0 +1,102 @@
+"""`mindfoundry ckpt list|verify|inspect`: look at a run's checkpoints without loading an engine."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from safetensors import safe_open
+
+from mindfoundry.checkpoint.store import (
+    LATEST_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, CheckpointError, checkpoints_dir, list_checkpoints, verify_checkpoint,
+)
+
+out = Console()
+
+
+def _targets(path: Path) -> list[Path]:
+    """A step folder, or every committed checkpoint of a run directory."""
+    if (path / "manifest.json").exists() or path.name.startswith("step_"):
+        return [path]
+    found = list_checkpoints(path)
+    if not found:
+        raise CheckpointError(f"no committed checkpoints under '{checkpoints_dir(path)}'")
+    return found
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    run = Path(args.run_dir)
+    latest_file = checkpoints_dir(run) / LATEST_FILE
+    latest = latest_file.read_text().strip() if latest_file.is_file() else None
+    table = Table(title=f"checkpoints of {run}")
+    for col in ("checkpoint", "MB", "consumed samples", "val loss", "status"):
+        table.add_column(col)
+    problems = []
+    for path in _targets(run):
+        size = sum(f.stat().st_size for f in path.iterdir()) / 1e6
+        try:
+            verify_checkpoint(path)
+            status = "ok"
+        except CheckpointError as exc:
+            status = "INVALID"
+            problems.append(str(exc))
+        state = _state(path)
+        val = state.get("val_loss")
+        name = path.name + ("  (latest)" if path.name == latest else "")
+        table.add_row(name, f"{size:.1f}", str(state.get("consumed_samples", "?")), "-" if val is None else f"{val:.4f}", status)
+    out.print(table)
+    for problem in problems:
+        out.print(f"[red]INVALID[/] {problem}", highlight=False, soft_wrap=True)
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    bad = 0
+    for path in _targets(Path(args.path)):
+        try:
+            manifest = verify_checkpoint(path)
+            out.print(f"[green]ok[/]  {path}  ({len(manifest['files'])} files, sha256 verified)", highlight=False)
+        except CheckpointError as exc:
+            bad += 1
+            out.print(f"[red]INVALID[/]  {exc}", highlight=False, soft_wrap=True)
+    return 2 if bad else 0
+
+
+def _state(path: Path) -> dict:
+    try:
+        return json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    path = Path(args.path)
+    verify_checkpoint(path)
+    state = _state(path)
+    out.print(f"[bold]{path}[/]  step {state.get('step')}  (AdamW updates applied: {state.get('adam_step', state.get('step'))})")
+    for key in ("consumed_samples", "consumed_tokens", "val_loss", "backend", "versions", "loss_scale", "skipped_windows", "anomaly"):
+        if key in state:
+            out.print(f"  {key}: {state[key]}", highlight=False)
+    for name in (MODEL_FILE, OPTIMIZER_FILE):
+        with safe_open(str(path / name), framework="numpy") as f:
+            keys = list(f.keys())
+            total = sum(math.prod(f.get_slice(k).get_shape()) for k in keys)
+            out.print(f"  {name}: {len(keys)} tensors, {total:,} values; e.g. {keys[0]} {f.get_slice(keys[0]).get_shape()}", highlight=False)
+    return 0
+
+
+def add_ckpt_commands(sub: argparse._SubParsersAction) -> None:
+    ckpt = sub.add_parser("ckpt", help="list, verify or inspect checkpoints").add_subparsers(dest="ckpt_command", required=True)
+    p = ckpt.add_parser("list", help="a run's checkpoints with size, data position, val loss and status")
+    p.add_argument("run_dir")
+    p.set_defaults(func=cmd_list)
+    p = ckpt.add_parser("verify", help="check sizes and sha256 of a checkpoint (or of all of a run's); exit 2 if any is invalid")
+    p.add_argument("path", help="RUN_DIR or RUN_DIR/checkpoints/step_N")
+    p.set_defaults(func=cmd_verify)
+    p = ckpt.add_parser("inspect", help="trainer state and tensor summary of one checkpoint")
+    p.add_argument("path", help="RUN_DIR/checkpoints/step_N")
+    p.set_defaults(func=cmd_inspect)

@@ -1,0 +1,187 @@
+"""Surviving failures through the CLI, as a cluster job experiences them: SIGKILL at random points
+(also mid-checkpoint), SIGTERM pre-emption, crash supervision, NaN and spike drills."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import yaml
+from safetensors.numpy import load_file
+
+pytest.importorskip("mindspore")
+
+from mf_testing import tiny_run_tree  # noqa: E402
+from mindfoundry.train.metrics import read_metrics  # noqa: E402
+
+pytestmark = pytest.mark.slow
+ENGINES = ["mindspore", pytest.param("torch", marks=pytest.mark.skipif(
+    __import__("importlib").util.find_spec("torch") is None, reason="torch not installed"))]
+STEPS = 16
+
+
+def write_config(corpus: Path, root: Path, name: str, engine: str, **sections) -> Path:
+    tree = tiny_run_tree(corpus, root / name)
+    tree["backend"] = engine
+    tree["train"]["steps"] = STEPS
+    tree["checkpoint"] = {"every": 1, "keep_last": 2}
+    for section, values in sections.items():
+        tree[section] = {**tree.get(section, {}), **values}
+    path = root / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+def cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "mindfoundry.cli", *args]
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd(*args), capture_output=True, text=True, timeout=600, env=dict(os.environ, COLUMNS="200"))
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r}
+
+
+def last_step(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    steps = [json.loads(line).get("step", 0) for line in path.read_text().splitlines() if '"loss"' in line]
+    return max(steps, default=0)
+
+
+def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while last_step(run_dir) < step:
+        assert proc.poll() is None, "training ended before the awaited step"
+        assert time.time() < deadline, "training did not reach the awaited step in time"
+        time.sleep(0.01)
+
+
+@pytest.fixture(scope="module")
+def reference(corpus_dir: Path, tmp_path_factory) -> dict[str, dict[int, float]]:
+    root = tmp_path_factory.mktemp("reference")
+    out = {}
+    for engine in ("mindspore", "torch"):
+        if engine == "torch" and __import__("importlib").util.find_spec("torch") is None:
+            continue
+        proc = run("train", str(write_config(corpus_dir, root, engine, engine)))
+        assert proc.returncode == 0, proc.stderr
+        out[engine] = losses(root / engine)
+    return out
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_sigkill_at_random_points_then_resume_is_exact(engine: str, reference, corpus_dir: Path, tmp_path: Path) -> None:
+    """5 trials: SIGKILL anywhere (also inside a checkpoint write), resume, and every loss equals the uninterrupted run's."""
+    rng = random.Random(engine)
+    interrupted = mid_write = 0
+    for trial in range(5):
+        config = write_config(corpus_dir, tmp_path, f"t{trial}", engine)
+        run_dir = tmp_path / f"t{trial}"
+        proc = subprocess.Popen(cmd("train", str(config)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for_step(run_dir, rng.randint(1, STEPS // 2), proc)
+        time.sleep(rng.uniform(0, 0.05))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        interrupted += last_step(run_dir) < STEPS
+        mid_write += any(p.name.startswith(".tmp-") for p in (run_dir / "checkpoints").iterdir())
+        resumed = run("train", str(config), "--resume", "auto")
+        assert resumed.returncode == 0, resumed.stderr
+        assert "resumed from" in resumed.stderr
+        got = losses(run_dir)
+        assert [got[s] for s in range(1, STEPS + 1)] == [reference[engine][s] for s in range(1, STEPS + 1)]
+    assert interrupted >= 4  # the kills really landed mid-run
+    print(f"{engine}: {interrupted}/5 kills mid-run, {mid_write}/5 inside a checkpoint write")
+
+
+def test_sigterm_checkpoints_the_current_step_and_exits_75(corpus_dir: Path, tmp_path: Path, reference) -> None:
+    config = write_config(corpus_dir, tmp_path, "term", "mindspore", checkpoint={"every": 0, "keep_last": 2})
+    run_dir = tmp_path / "term"
+    proc = subprocess.Popen(cmd("train", str(config)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_for_step(run_dir, 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, err
+    stopped = last_step(run_dir)
+    assert 3 <= stopped < STEPS
+    assert f"stopped by SIGTERM at step {stopped}; checkpoint written" in err
+    assert [p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step_")] == [f"step_{stopped:08d}"]
+    resumed = run("train", str(config), "--resume", "auto")
+    assert resumed.returncode == 0 and f"step {stopped}," in resumed.stderr
+    got = losses(run_dir)
+    assert [got[s] for s in range(1, STEPS + 1)] == [reference["mindspore"][s] for s in range(1, STEPS + 1)]
+
+
+def test_supervisor_restarts_a_killed_run(corpus_dir: Path, tmp_path: Path, reference) -> None:
+    config = write_config(corpus_dir, tmp_path, "sup", "mindspore")
+    run_dir = tmp_path / "sup"
+    sup = subprocess.Popen(cmd("train", str(config), "--max-restarts", "2"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_for_step(run_dir, 4, sup)
+    children = psutil.Process(sup.pid).children()
+    assert len(children) == 1
+    children[0].kill()  # what the OOM killer does
+    _, err = sup.communicate(timeout=300)
+    assert sup.returncode == 0, err
+    assert "training ended with signal SIGKILL; restart 1/2" in err
+    got = losses(run_dir)
+    assert [got[s] for s in range(1, STEPS + 1)] == [reference["mindspore"][s] for s in range(1, STEPS + 1)]
+
+
+def ckpt(run_dir: Path, step: int) -> tuple[dict, dict, dict]:
+    path = run_dir / "checkpoints" / f"step_{step:08d}"
+    state = json.loads((path / "trainer_state.json").read_text())
+    return load_file(str(path / "model.safetensors")), load_file(str(path / "optimizer.safetensors")), state
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_injected_nan_is_skipped(engine: str, corpus_dir: Path, tmp_path: Path) -> None:
+    config = write_config(corpus_dir, tmp_path, "nan", engine, debug={"inject_nan_at": [5]}, checkpoint={"every": 1, "keep_last": 20})
+    proc = run("train", str(config))
+    assert proc.returncode == 0, proc.stderr
+    run_dir = tmp_path / "nan"
+    (w4, o4, s4), (w5, o5, s5) = ckpt(run_dir, 4), ckpt(run_dir, 5)
+    assert all(np.array_equal(w4[k], w5[k]) for k in w4)  # the NaN step changed no weight
+    assert all(np.array_equal(o4[k], o5[k]) for k in o4)  # nor an optimizer moment
+    assert (s5["adam_step"], s5["step"]) == (4, 5) and s5["anomaly"]["counts"]["nonfinite"] == 1
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert any(r.get("event") == "anomaly" and r["kind"] == "nonfinite" and r["step"] == 5 and r["action"] == "skipped" for r in records)
+    final = losses(run_dir)
+    assert np.isfinite(final[STEPS]) and final[STEPS] < final[1]
+
+
+def test_injected_spike_rolls_back_and_skips_the_window(corpus_dir: Path, tmp_path: Path) -> None:
+    config = write_config(corpus_dir, tmp_path, "spike", "mindspore", debug={"inject_spike_at": [8]},
+                          anomaly={"policy": "rollback", "window": 3}, checkpoint={"every": 3, "keep_last": 5})
+    proc = run("train", str(config))
+    assert proc.returncode == 0, proc.stderr
+    run_dir = tmp_path / "spike"
+    events = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("event") == "anomaly"]
+    assert len(events) == 1 and events[0]["kind"] == "spike" and events[0]["step"] == 8
+    per_step = 8  # micro_batch 4 x grad_accum 2 samples per step
+    assert events[0]["action"] == f"rolled back to step_00000006, skipping samples [{6 * per_step}, {8 * per_step})"
+    _, _, final = ckpt(run_dir, STEPS)
+    assert final["skipped_windows"] == [[6 * per_step, 8 * per_step]]
+    assert final["consumed_samples"] == (STEPS + 2) * per_step  # the skipped window was consumed, not trained on
+    steps_logged = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]
+    assert steps_logged[:10] == [1, 2, 3, 4, 5, 6, 7, 8, 7, 8]  # steps 7-8 re-run after the rollback, on new data
+
+
+def test_anomaly_stop_gives_a_diagnosis(corpus_dir: Path, tmp_path: Path) -> None:
+    config = write_config(corpus_dir, tmp_path, "stop", "mindspore", debug={"inject_nan_at": [3, 4, 5]},
+                          anomaly={"max_consecutive": 3})
+    proc = run("train", str(config))
+    assert proc.returncode == 3
+    assert "stopped at step 5 after 3 anomalous steps in a row (last: nonfinite" in proc.stderr
+    assert "Traceback" not in proc.stderr
