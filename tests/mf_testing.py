@@ -20,7 +20,7 @@ def tiny_run_tree(corpus: Path, run_dir: Path, **overrides) -> dict:
         "train": {"steps": 6, "micro_batch_size": 4, "grad_accum": 2, "seq_len": 32, "eval_every": 0, "eval_batches": 2},
         "optim": {"warmup_steps": 2, "lr": 1e-2},
         "checkpoint": {"every": 3, "keep_last": 5},
-        "monitor": {"progress": False},
+        "monitor": {"progress": False, "detail_every": 3},
     }
     for key, value in overrides.items():
         section, field = key.split("__")

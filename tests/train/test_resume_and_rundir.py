@@ -72,6 +72,11 @@ def test_resume_is_bit_exact(engine: str, straight_runs, corpus_dir: Path, tmp_p
     assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5, 6]
     assert [a[s] for s in range(1, 7)] == [b[s] for s in range(1, 7)]  # same floats, not approximately
     assert a[6] < a[1]
+    detail = [r for r in read_metrics(straight_runs[engine] / "metrics.jsonl") if "layer_update_ratio" in r]
+    assert [r["step"] for r in detail] == [3, 6]  # monitor.detail_every=3
+    assert set(detail[0]["layer_grad_norm"]) == {"embed", "layers.0", "layers.1", "norm"}
+    assert all(0 < v < 1 for v in detail[0]["layer_update_ratio"].values())
+    assert all(r["rss_mb"] > 100 for r in read_metrics(straight_runs[engine] / "metrics.jsonl") if "loss" in r)
     (wa, oa), (wb, ob) = final_state(straight_runs[engine], 6), final_state(tmp_path / "split", 6)
     assert wa.keys() == wb.keys() and oa.keys() == ob.keys()
     assert all(np.array_equal(wa[k], wb[k]) for k in wa)

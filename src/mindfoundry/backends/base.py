@@ -41,6 +41,7 @@ class StepOutput:
     loss: float  # mean token loss over the global batch (before the update)
     grad_norm: float  # global L2 norm of the gradient before clipping
     applied: bool = True  # False when the update was dropped (non-finite, or over a limit)
+    grad_sq: np.ndarray | None = None  # per-parameter squared gradient norms, in parameter_shapes order
 
 
 class Backend(Protocol):

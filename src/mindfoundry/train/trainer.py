@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 from rich.console import Console
 
 import mindfoundry
@@ -25,8 +26,9 @@ from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.packing import IGNORE_INDEX, SampleOrder
 from mindfoundry.data.prepared import PreparedData
 from mindfoundry.eval.heldout import EvalResult, evaluate
-from mindfoundry.model.spec import ModelSpec, flops_per_token, init_weights, num_parameters
+from mindfoundry.model.spec import ModelSpec, flops_per_token, init_weights, num_parameters, parameter_shapes
 from mindfoundry.train.anomaly import AnomalyMonitor
+from mindfoundry.train.layer_stats import layer_grad_norms, layer_update_ratios, layer_weight_norms
 from mindfoundry.train.metrics import JsonlSink, MetricsLogger, ProgressSink
 from mindfoundry.train.rundir import METRICS_FILE, run_identity
 from mindfoundry.train.schedule import step_scalars
@@ -97,6 +99,7 @@ class Trainer:
         self.last_val_loss: float | None = None
         self._injected: set[tuple[str, int]] = set()
         self._stop_signal: int | None = None
+        self._process = psutil.Process()
 
     # -- state -------------------------------------------------------------------------------
     def restore_or_init(self, resume: bool) -> None:
@@ -236,6 +239,8 @@ class Trainer:
         ids, labels = _global_batch(self.train_samples, self.order, self.consumed_samples, self.cfg)
         valid = int((labels != IGNORE_INDEX).sum())
         t_data = time.perf_counter()
+        detail = bool(self.cfg.monitor.detail_every) and (self.step + 1) % self.cfg.monitor.detail_every == 0
+        before = self.backend.weights() if detail else None
         loss_limit, grad_limit = self.anomaly.limits()
         scalars = step_scalars(self.step + 1, t.steps, self.cfg.optim, valid, adam_step=self.adam_step + 1,
                                loss_limit=loss_limit, grad_limit=grad_limit, loss_multiplier=self._loss_multiplier(self.step + 1))
@@ -251,12 +256,22 @@ class Trainer:
             "tokens": ids.size, "valid_tokens": valid, "tokens_per_s": tokens_per_s,
             "step_time_s": elapsed, "data_time_s": t_data - t0,
             "model_tflops_per_s": flops_tok * tokens_per_s / 1e12,
-            "consumed_samples": self.consumed_samples,
+            "consumed_samples": self.consumed_samples, "rss_mb": self._process.memory_info().rss / 2**20,
         })
+        if before is not None:
+            self._log_detail(logger, before, out.grad_sq)
         verdict = self.anomaly.observe(out.loss, out.grad_norm, out.applied)
         if verdict.anomalous:
             self._handle_anomaly(verdict, out.applied, logger, scalars.lr)
         return out.loss
+
+    def _log_detail(self, logger: MetricsLogger, before: dict[str, np.ndarray], grad_sq: np.ndarray | None) -> None:
+        after = self.backend.weights()
+        record: dict[str, Any] = {"step": self.step, "layer_weight_norm": layer_weight_norms(after),
+                                  "layer_update_ratio": layer_update_ratios(before, after)}
+        if grad_sq is not None:
+            record["layer_grad_norm"] = layer_grad_norms(list(parameter_shapes(self.spec)), grad_sq)
+        logger.log(record)
 
     def _handle_anomaly(self, verdict, applied: bool, logger: MetricsLogger, lr: float) -> None:
         step = self.step

@@ -76,12 +76,13 @@ class MindSporeBackend:
 
     # -- compute -----------------------------------------------------------------------------
     def train_step(self, input_ids: np.ndarray, labels: np.ndarray, scalars: StepScalars) -> StepOutput:
-        loss, norm, applied = self.step_cell(
+        loss, norm, applied, grad_sq = self.step_cell(
             Tensor(input_ids.astype(np.int32)), Tensor(labels.astype(np.int32)), scalar(scalars.loss_scale),
             scalar(scalars.lr), scalar(scalars.step_size), scalar(scalars.bias_correction2_sqrt),
             scalar(scalars.loss_limit), scalar(scalars.grad_limit),
         )
-        return StepOutput(loss=float(loss.asnumpy()), grad_norm=float(norm.asnumpy()), applied=bool(applied.asnumpy()))
+        return StepOutput(loss=float(loss.asnumpy()), grad_norm=float(norm.asnumpy()), applied=bool(applied.asnumpy()),
+                          grad_sq=grad_sq.asnumpy())
 
     def eval_batch(self, input_ids: np.ndarray, labels: np.ndarray) -> tuple[float, int]:
         nll, count = self.forward(Tensor(input_ids.astype(np.int32)), Tensor(labels.astype(np.int32)))

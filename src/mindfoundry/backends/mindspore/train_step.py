@@ -41,11 +41,9 @@ class AdamW(nn.Cell):
         return lr
 
 
-def global_norm(grads):
-    total = ops.zeros((), ms.float32)
-    for g in grads:
-        total = total + (g * g).sum()
-    return ops.sqrt(total)
+def squared_norms(grads):
+    """Per-parameter squared L2 norms, stacked (the global norm and per-layer monitoring share them)."""
+    return ops.stack([(g * g).sum() for g in grads])
 
 
 class TrainStep(nn.Cell):
@@ -71,13 +69,14 @@ class TrainStep(nn.Cell):
             loss_i, grads_i = self.grad_fn(ids[i], labels[i], scale)
             loss = loss + loss_i
             grads = tuple(a + b for a, b in zip(grads, grads_i))
-        norm = global_norm(grads)
+        grad_sq = squared_norms(grads)
+        norm = ops.sqrt(grad_sq.sum())
         apply = ops.isfinite(loss) & ops.isfinite(norm) & (loss <= loss_limit) & (norm <= grad_limit)
         if self.clip:
             coef = ops.minimum(self.clip_norm / (norm + 1e-6), 1.0)
             grads = tuple(g * coef for g in grads)
         self.optimizer(grads, lr, step_size, bc2_sqrt, apply)
-        return loss, norm, apply
+        return loss, norm, apply, grad_sq
 
 
 def scalar(value: float) -> Tensor:

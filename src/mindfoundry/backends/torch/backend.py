@@ -90,8 +90,8 @@ class TorchBackend:
     # -- compute -----------------------------------------------------------------------------
     def train_step(self, input_ids: np.ndarray, labels: np.ndarray, scalars: StepScalars) -> StepOutput:
         self.model.train()
-        loss, norm, applied = self.step_fn(self._tensor(input_ids.astype(np.int64)), self._tensor(labels.astype(np.int64)), scalars)
-        return StepOutput(loss=loss, grad_norm=norm, applied=applied)
+        loss, norm, applied, grad_sq = self.step_fn(self._tensor(input_ids.astype(np.int64)), self._tensor(labels.astype(np.int64)), scalars)
+        return StepOutput(loss=loss, grad_norm=norm, applied=applied, grad_sq=grad_sq.detach().cpu().numpy())
 
     @torch.no_grad()
     def eval_batch(self, input_ids: np.ndarray, labels: np.ndarray) -> tuple[float, int]:

@@ -51,8 +51,9 @@ class TrainStep:
         self.clip_norm = clip_norm
         self.autocast = autocast
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
+        self.model_order = list(model.parameters())  # parameter_shapes order, for per-parameter statistics
 
-    def __call__(self, ids: torch.Tensor, labels: torch.Tensor, scalars: StepScalars) -> tuple[float, float, bool]:
+    def __call__(self, ids: torch.Tensor, labels: torch.Tensor, scalars: StepScalars) -> tuple[float, float, bool, torch.Tensor]:
         for group in self.optimizer.param_groups:
             group["lr"] = scalars.lr
         self.optimizer.zero_grad(set_to_none=True)
@@ -64,10 +65,11 @@ class TrainStep:
             loss = nll * scalars.loss_scale
             loss.backward()
             total += loss.detach()
+        grad_sq = torch.stack([torch.linalg.vector_norm(p.grad) for p in self.model_order]) ** 2  # before clipping
         limit = float("inf") if self.clip_norm is None else self.clip_norm
         norm = torch.nn.utils.clip_grad_norm_(self.params, limit, foreach=True)
         loss, grad_norm = float(total), float(norm)
         apply = math.isfinite(loss) and math.isfinite(grad_norm) and loss <= scalars.loss_limit and grad_norm <= scalars.grad_limit
         if apply:  # a dropped update leaves weights, moments and AdamW's step count untouched
             self.optimizer.step()
-        return loss, grad_norm, apply
+        return loss, grad_norm, apply, grad_sq
