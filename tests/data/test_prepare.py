@@ -38,7 +38,8 @@ def test_split_is_disjoint_by_document_and_duplicates_stay_together(corpus_dir: 
     dup.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs[:20] * 2))  # every document twice
     tree = tiny_run_tree(corpus_dir, tmp_path / "run")
     tree["data"] = {"sources": [{"name": "dups", "paths": [str(dup)]}, {"name": "code", "paths": [str(corpus_dir / "code.jsonl")]}],
-                    "validation_fraction": 0.25}
+                    "validation_fraction": 0.25,
+                    "clean": {"enabled": False}, "dedup": {"enabled": False}}  # the split alone (dedup would drop the copies)
     data = prepare_data(validate(tree), log=lambda _: None)
     train, val = decoded_hashes(data, "train"), decoded_hashes(data, "validation")
     assert val and train
@@ -79,7 +80,8 @@ def test_non_utf8_records_are_skipped_and_counted(corpus_dir: Path, tmp_path: Pa
     raw = b"\n".join(good[:20] + [b'{"text": "caf\xe9 latin-1 bytes"}'] + good[20:]) + b"\n"
     (tmp_path / "mixed.jsonl").write_bytes(raw)
     tree = tiny_run_tree(corpus_dir, tmp_path / "run")
-    tree["data"]["sources"] = [{"name": "mixed", "paths": [str(tmp_path / "mixed.jsonl")]}]
+    # profile none: the repetitive synthetic text would (rightly) fail the repetition filter
+    tree["data"]["sources"] = [{"name": "mixed", "paths": [str(tmp_path / "mixed.jsonl")], "clean": {"profile": "none"}}]
     tree["data"]["validation_fraction"] = 0.1
     data = prepare_data(validate(tree), log=lambda _: None)
     stats = data.manifest["sources"][0]["stats"]

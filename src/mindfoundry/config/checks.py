@@ -66,7 +66,65 @@ def _data_problems(cfg: RunConfig) -> list[str]:
     tok = cfg.data.tokenizer.path
     if tok is not None and not Path(tok).is_file():
         out.append(f"data.tokenizer.path={tok!r} does not exist: point it at a tokenizer.json or set it to null to train one")
+    return out + _clean_problems(cfg) + _dedup_problems(cfg)
+
+
+# (section, lower-bound field, upper-bound field) pairs that must not cross.
+_CLEAN_BOUNDS = (
+    ("length", "min_chars", "max_chars"),
+    ("script", "min_cjk_ratio", "max_cjk_ratio"),
+    ("script", "min_latin_ratio", "max_latin_ratio"),
+    ("quality", "min_mean_word_length", "max_mean_word_length"),
+)
+
+
+def _clean_problems(cfg: RunConfig) -> list[str]:
+    """Bounds that exclude every document, in data.clean and in each source's overrides."""
+    sections = [("data.clean", cfg.data.clean)]
+    sections += [(f"data.sources[{i}].clean", src.clean) for i, src in enumerate(cfg.data.sources)]
+    out = []
+    for prefix, clean in sections:
+        for name, low_field, high_field in _CLEAN_BOUNDS:
+            section = getattr(clean, name)
+            if section is None:
+                continue
+            low, high = getattr(section, low_field), getattr(section, high_field)
+            if low is not None and high is not None and low > high:
+                out.append(f"{prefix}.{name}.{low_field}={low} exceeds {high_field}={high}: no document can pass; "
+                           f"lower {low_field} or raise {high_field}")
+        script = clean.script
+        if script is not None and (script.min_cjk_ratio or 0) + (script.min_latin_ratio or 0) > 1:
+            out.append(f"{prefix}.script.min_cjk_ratio={script.min_cjk_ratio} plus min_latin_ratio={script.min_latin_ratio} "
+                       "exceeds 1: no document can have both shares; lower one of them")
+    global_min = cfg.data.clean.boilerplate.min_documents
+    for i, src in enumerate(cfg.data.sources):
+        own = src.clean.boilerplate
+        if own is not None and own.min_documents != global_min:
+            out.append(f"data.sources[{i}].clean.boilerplate.min_documents={own.min_documents} differs from "
+                       f"data.clean.boilerplate.min_documents={global_min}: lines are counted over the whole corpus, "
+                       "so set min_documents in data.clean.boilerplate only")
     return out
+
+
+def lsh_candidate_probability(similarity: float, bands: int, rows: int) -> float:
+    """Probability that MinHash-LSH with ``bands`` x ``rows`` proposes a pair of this Jaccard similarity."""
+    return 1.0 - (1.0 - similarity**rows) ** bands
+
+
+def _dedup_problems(cfg: RunConfig) -> list[str]:
+    """LSH bands x rows must fit the signature and find pairs at the configured threshold."""
+    d = cfg.data.dedup
+    if not (d.enabled and d.near):
+        return []
+    if d.bands * d.rows > d.num_perm:
+        return [f"data.dedup.bands*rows = {d.bands}*{d.rows} = {d.bands * d.rows} exceeds data.dedup.num_perm={d.num_perm}: "
+                f"lower bands or rows, or raise num_perm to {d.bands * d.rows}"]
+    found = lsh_candidate_probability(d.threshold, d.bands, d.rows)
+    if found < 0.5:
+        rows = max((r for r in range(1, d.num_perm + 1) if lsh_candidate_probability(d.threshold, d.num_perm // r, r) >= 0.9), default=1)
+        return [f"data.dedup.bands={d.bands} x rows={d.rows} finds a pair at data.dedup.threshold={d.threshold} with probability "
+                f"{found:.2f}: most near-duplicates would be missed; use bands={d.num_perm // rows}, rows={rows}"]
+    return []
 
 
 def _train_problems(cfg: RunConfig) -> list[str]:

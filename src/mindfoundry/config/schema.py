@@ -102,8 +102,7 @@ class BoilerplateConfig(BlockSection):
 class SymbolRunsConfig(BlockSection):
     """Delete runs of repeated symbols ("=====", "!!!!!!!", "★★★★★☆☆☆☆☆"); drop documents they dominate."""
 
-    min_run: int = Field(5, ge=2, description="Shortest run of symbols that counts.")
-    max_distinct: int = Field(2, ge=1, description="Most different characters a run may contain (so dense code-like punctuation is not a run).")
+    min_run: int = Field(5, ge=2, description="Shortest run that counts: one symbol repeated, or a repeated pair of symbols (-=-=-=).")
     max_fraction: Ratio | None = Field(0.5, description="Drop a document when runs cover more than this share of its non-space characters.")
 
 

@@ -126,12 +126,19 @@ def _histogram(buckets: list[tuple[str, int]]) -> Group:
 
 
 def _removal_table(removals: dict[str, dict[str, Any]]) -> Table:
-    """Sources as rows, every counter the manifest has (read, skipped, filtered) as columns."""
+    """One row per counter (read, skipped, removed by each filter), one column per source.
+
+    Counters as rows keep the table narrow however many filters report, since sources are few.
+    """
     keys = list(dict.fromkeys(k for counters in removals.values() for k in counters))
     table = Table(title="read and removed per source (manifest)", box=box.SIMPLE_HEAD)
-    table.add_column("source")
+    table.add_column("counter")
+    for source in removals:
+        table.add_column(source, justify="right")
     for key in keys:
-        table.add_column(key.replace("_", " "), justify="right")
-    for source, counters in removals.items():
-        table.add_row(source, *(f"{counters[k]:,}" if isinstance(counters.get(k), int) else str(counters.get(k, "-")) for k in keys))
+        table.add_row(key.replace("_", " "), *(_cell(counters.get(key, "-")) for counters in removals.values()))
     return table
+
+
+def _cell(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else str(value)

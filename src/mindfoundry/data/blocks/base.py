@@ -1,0 +1,126 @@
+"""The one interface every cleaning step implements, and the counters it keeps.
+
+A block turns a stream of documents into a stream of documents (``run(docs)`` is a generator),
+so blocks chain lazily and a whole corpus flows through in bounded memory. Subclasses write one
+method and the base class does the bookkeeping, so every block reports the same way:
+
+- a :class:`Filter` answers ``filter(doc)`` with ``True`` (keep) or ``(False, reason)`` (drop);
+- a :class:`Transform` answers ``transform(doc)`` with the edited document, or ``None`` to drop
+  it; it may call :meth:`Block.count` to record what kind of edit it made.
+
+The base class counts documents seen, kept, dropped per reason, changed, and characters removed,
+so a manifest can say exactly what each block removed and why. Blocks never read files and never
+import a training framework.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Union
+
+from mindfoundry.data.document import Document
+
+Verdict = Union[Literal[True], tuple[Literal[False], str]]
+
+#: Drop reason of a transform that left nothing but whitespace.
+EMPTY = "empty_after_cleaning"
+
+
+@dataclass
+class BlockStats:
+    """What one block did to the documents that went through it.
+
+    ``dropped`` maps a reason to the number of documents dropped for it; ``edits`` maps an edit
+    kind (for example ``"repeated_line"``) to how many times it was applied; ``changed`` counts
+    documents whose text a transform modified and ``chars_removed`` the characters it removed.
+    """
+
+    seen: int = 0
+    kept: int = 0
+    changed: int = 0
+    chars_removed: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+    edits: Counter[str] = field(default_factory=Counter)
+
+    def merge(self, other: BlockStats) -> None:
+        """Add another run's counts (to total a block over several sources)."""
+        self.seen += other.seen
+        self.kept += other.kept
+        self.changed += other.changed
+        self.chars_removed += other.chars_removed
+        self.dropped.update(other.dropped)
+        self.edits.update(other.edits)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready counts with reasons sorted by name (stable manifests)."""
+        return {
+            "seen": self.seen,
+            "kept": self.kept,
+            "dropped": dict(sorted(self.dropped.items())),
+            "changed": self.changed,
+            "chars_removed": self.chars_removed,
+            "edits": dict(sorted(self.edits.items())),
+        }
+
+
+class Block(ABC):
+    """A step of the cleaning pipeline: a generator from documents to documents."""
+
+    #: Name used in reports and in the ``data.clean`` config section.
+    name: ClassVar[str]
+
+    def __init__(self) -> None:
+        self.stats = BlockStats()
+
+    @abstractmethod
+    def run(self, docs: Iterable[Document]) -> Iterator[Document]:
+        """Yield the documents this block keeps, edited if it edits."""
+
+    def count(self, edit: str, times: int = 1) -> None:
+        """Record ``times`` edits of kind ``edit`` (called by transforms while editing)."""
+        if times:
+            self.stats.edits[edit] += times
+
+
+class Filter(Block):
+    """A block that keeps or drops whole documents and never edits them."""
+
+    def run(self, docs: Iterable[Document]) -> Iterator[Document]:
+        for doc in docs:
+            self.stats.seen += 1
+            verdict = self.filter(doc)
+            if verdict is True:
+                self.stats.kept += 1
+                yield doc
+            else:
+                self.stats.dropped[verdict[1]] += 1
+
+    @abstractmethod
+    def filter(self, doc: Document) -> Verdict:
+        """``True`` to keep ``doc``, ``(False, reason)`` to drop it."""
+
+
+class Transform(Block):
+    """A block that edits documents; one left empty (or returned as ``None``) is dropped."""
+
+    def run(self, docs: Iterable[Document]) -> Iterator[Document]:
+        for doc in docs:
+            self.stats.seen += 1
+            before = len(doc.text)
+            original = doc.text
+            result = self.transform(doc)
+            if result is None or not result.text.strip():
+                self.stats.dropped[EMPTY] += 1
+                continue
+            if result.text != original:
+                self.stats.changed += 1
+                self.stats.chars_removed += max(before - len(result.text), 0)
+            self.stats.kept += 1
+            yield result
+
+    @abstractmethod
+    def transform(self, doc: Document) -> Document | None:
+        """The edited document (a new one or ``doc`` itself), or ``None`` to drop it."""

@@ -1,0 +1,137 @@
+"""Garbled text: mojibake and decorative symbol runs.
+
+Mojibake is text decoded with the wrong codec. Its signatures are specific enough to count:
+
+- U+FFFD, what a decoder puts where bytes were invalid;
+- UTF-8 read as Latin-1/cp1252: a lead byte shown as ``Ã``/``â``/``ä``... followed by
+  continuation bytes shown as ``©``/``€``/``™``... (``café`` -> ``cafÃ©``, ``’`` -> ``â€™``,
+  ``中文`` -> ``ä¸­æ–‡``);
+- Chinese mojibake: ``锟斤拷`` (two U+FFFD encoded in UTF-8, read as GBK) and runs of ``烫``/``屯``
+  (uninitialized stack/heap memory 0xCC/0xCD printed as GBK);
+- private-use characters (font-specific glyphs from PDF extraction);
+- a high share of characters outside the scripts and symbols a Chinese/English corpus uses.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+from mindfoundry.data.blocks.base import Filter, Transform, Verdict
+from mindfoundry.data.blocks.text import CJK_RANGES, count, non_space_chars, remove_matches
+from mindfoundry.data.document import Document
+
+_REPLACEMENT = re.compile("\ufffd")
+# cp1252's renderings of the bytes 0x80-0x9F, plus Latin-1's 0xA0-0xBF: UTF-8 continuation bytes.
+_CONTINUATION = (
+    "\u0080-\u00bf\u0152\u0153\u0160\u0161\u0178\u017d\u017e\u0192\u02c6\u02dc\u2013\u2014"
+    "\u2018-\u201a\u201c-\u201e\u2020-\u2022\u2026\u2030\u2039\u203a\u20ac\u2122"
+)
+_LATIN1_MOJIBAKE = re.compile(f"[\u00c2-\u00f4][{_CONTINUATION}]+")
+_CJK_MOJIBAKE = re.compile("(?:锟斤拷)+|烫{3,}|屯{3,}")
+_PRIVATE_USE = re.compile("[\ue000-\uf8ff\U000f0000-\U0010ffff]")
+# What a Chinese/English corpus is made of: ASCII, Latin letters with diacritics, modifier and
+# combining marks, Greek (science), general punctuation, currency, letterlike and number forms,
+# arrows, math, technical and box-drawing symbols, shapes, dingbats, CJK letters and punctuation,
+# full-width forms and emoji. Everything else is unusual (including U+FFFD and private use).
+_UNUSUAL = re.compile(
+    "[^\\s\x21-\x7e\u00a0-\u024f\u02b0-\u036f\u0370-\u03ff\u2000-\u206f\u20a0-\u20cf"
+    f"\u2100-\u27bf\u3000-\u303f\u3200-\u33ff\ufe30-\ufe4f\uff00-\uffef{CJK_RANGES}"
+    "\U0001f000-\U0001faff]"
+)
+# Every mojibake signature involves one of these; most documents contain none.
+_SUSPECTS = (_UNUSUAL, _LATIN1_MOJIBAKE, _CJK_MOJIBAKE)
+
+
+class MojibakeFilter(Filter):
+    """Drop documents whose share of mojibake characters exceeds a limit (``None`` disables a check).
+
+    Each ratio is over non-whitespace characters. Reasons: ``replacement_chars``, ``cjk_mojibake``,
+    ``latin1_as_utf8``, ``private_use``, ``unusual_chars`` (checked in that order).
+    """
+
+    name = "mojibake"
+
+    def __init__(
+        self,
+        max_replacement_ratio: float | None = 0.01,
+        max_cjk_mojibake_ratio: float | None = 0.0,
+        max_latin1_mojibake_ratio: float | None = 0.01,
+        max_private_use_ratio: float | None = 0.01,
+        max_unusual_ratio: float | None = 0.25,
+    ) -> None:
+        super().__init__()
+        self.checks = (
+            ("replacement_chars", max_replacement_ratio, lambda t: count(_REPLACEMENT, t)),
+            ("cjk_mojibake", max_cjk_mojibake_ratio, lambda t: _matched_chars(_CJK_MOJIBAKE, t)),
+            ("latin1_as_utf8", max_latin1_mojibake_ratio, lambda t: _matched_chars(_LATIN1_MOJIBAKE, t)),
+            ("private_use", max_private_use_ratio, lambda t: count(_PRIVATE_USE, t)),
+            ("unusual_chars", max_unusual_ratio, _unusual_chars),
+        )
+
+    def filter(self, doc: Document) -> Verdict:
+        if not any(pattern.search(doc.text) for pattern in _SUSPECTS):
+            return True  # the common case: nothing to measure
+        total = max(non_space_chars(doc.text), 1)
+        for reason, limit, measure in self.checks:
+            if limit is not None and measure(doc.text) / total > limit:
+                return False, reason
+        return True
+
+
+def _matched_chars(pattern: re.Pattern[str], text: str) -> int:
+    return sum(len(m) for m in pattern.findall(text))
+
+
+def _unusual_chars(text: str) -> int:
+    return count(_UNUSUAL, text)
+
+
+_SYMBOL = r"(?:[^\w\s]|_)"  # not a letter, digit or space; "_" counts (fill-in "______" lines)
+
+
+def symbol_run_pattern(min_run: int) -> re.Pattern[str]:
+    """Runs of one symbol (``=====``, ``!!!!!!!``, ``★★★★★``) or of a repeated symbol pair
+    (``-=-=-=``, ``!?!?!?``), at least ``min_run`` characters long.
+
+    Only repetition counts, so dense punctuation such as ``"]});`` or ``……`` is not a run.
+    """
+    if min_run < 2:
+        raise ValueError(f"min_run must be at least 2, got {min_run}")
+    pairs = (min_run + 1) // 2
+    return re.compile(rf"({_SYMBOL})\1{{{min_run - 1},}}|({_SYMBOL}{_SYMBOL})\2{{{pairs - 1},}}")
+
+
+class SymbolRunFilter(Filter):
+    """Drop documents in which symbol runs cover more than ``max_fraction`` of the non-space characters.
+
+    Reason: ``symbol_runs``. Runs in the documents kept are deleted by :class:`SymbolRunRemover`.
+    """
+
+    name = "symbol_run_filter"
+
+    def __init__(self, min_run: int = 5, max_fraction: float | None = 0.5) -> None:
+        super().__init__()
+        self.runs = symbol_run_pattern(min_run)
+        self.max_fraction = max_fraction
+
+    def filter(self, doc: Document) -> Verdict:
+        if self.max_fraction is None:
+            return True
+        in_runs = sum(len(match.group()) for match in self.runs.finditer(doc.text))
+        return True if in_runs / max(non_space_chars(doc.text), 1) <= self.max_fraction else (False, "symbol_runs")
+
+
+class SymbolRunRemover(Transform):
+    """Delete symbol runs (a line left blank goes too). Edit: ``symbol_run`` (runs deleted)."""
+
+    name = "symbol_runs"
+
+    def __init__(self, min_run: int = 5) -> None:
+        super().__init__()
+        self.runs = symbol_run_pattern(min_run)
+
+    def transform(self, doc: Document) -> Document:
+        text, hits = remove_matches(self.runs, doc.text)
+        self.count("symbol_run", hits)
+        return replace(doc, text=text) if hits else doc

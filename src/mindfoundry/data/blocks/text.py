@@ -1,0 +1,106 @@
+"""Script measurement and text units shared by the cleaning blocks and dedup.
+
+Chinese has no spaces between words, so "words" split on whitespace make every Chinese sentence
+one giant word and English-tuned heuristics (word counts, word n-grams, mean word length) stop
+meaning anything. Here a *unit* is one CJK character or one run of other letters and digits
+(``"GDP增长7.8%"`` -> ``GDP``, ``增``, ``长``, ``7``, ``8``); repetition statistics are computed over
+units, and n-gram sizes are picked per document by its dominant script (see :func:`is_cjk_text`).
+
+Counting is done with compiled regular expressions (``len(text) - len(pattern.sub("", text))``),
+which runs in C and is several times faster than a Python loop over characters. Consecutive
+blocks (and dedup) ask the same questions about the same document, so :func:`script_counts` and
+:func:`units` remember their last few answers.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+# Han ideographs (with extension A, compatibility ideographs and the supplementary planes),
+# kana, bopomofo and Hangul syllables: the letters of Chinese, Japanese and Korean text.
+CJK_RANGES = (
+    "\u2e80-\u2fdf\u3040-\u30ff\u3100-\u312f\u31a0-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
+    "\uac00-\ud7af\uf900-\ufaff\U00020000-\U0003134f"
+)
+_CJK = re.compile(f"[{CJK_RANGES}]")
+_LATIN = re.compile("[A-Za-z\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f]")
+_LETTER = re.compile(r"[^\W\d_]")
+_UNIT = re.compile(f"[{CJK_RANGES}]|[^\\W_{CJK_RANGES}]+")
+_SPACE_RUN = re.compile(r"\s+")
+
+
+def count(pattern: re.Pattern[str], text: str) -> int:
+    """How many characters of ``text`` match a one-character ``pattern``."""
+    return len(text) - len(pattern.sub("", text))
+
+
+def non_space_chars(text: str) -> int:
+    """Characters that are not whitespace (the denominator of every character ratio)."""
+    return len("".join(text.split()))
+
+
+@dataclass(frozen=True)
+class ScriptCounts:
+    """Letters of a text by script; ratios are shares of all letters (0.0 when there are none)."""
+
+    letters: int
+    cjk: int
+    latin: int
+
+    @property
+    def cjk_ratio(self) -> float:
+        return self.cjk / self.letters if self.letters else 0.0
+
+    @property
+    def latin_ratio(self) -> float:
+        return self.latin / self.letters if self.letters else 0.0
+
+
+@lru_cache(maxsize=8)
+def script_counts(text: str) -> ScriptCounts:
+    """Count letters, CJK characters and Latin letters (digits and punctuation are not letters)."""
+    return ScriptCounts(letters=count(_LETTER, text), cjk=count(_CJK, text), latin=count(_LATIN, text))
+
+
+def is_cjk_text(text: str) -> bool:
+    """Whether CJK characters are at least as many as Latin letters (and there is at least one).
+
+    Decides per document whether repetition n-grams and dedup shingles are made of characters
+    (Chinese) or of words (English, code).
+    """
+    counts = script_counts(text)
+    return counts.cjk > 0 and counts.cjk >= counts.latin
+
+
+@lru_cache(maxsize=8)
+def units(text: str) -> tuple[str, ...]:
+    """CJK characters and runs of other letters/digits, lower-cased, in order."""
+    return tuple(_UNIT.findall(text.lower()))
+
+
+def canonical(text: str) -> str:
+    """Identity of a line or document for "same text" checks: whitespace runs collapsed to one
+    space, trimmed, case-folded (so re-indented or re-cased copies still count as the same)."""
+    return _SPACE_RUN.sub(" ", text).strip().casefold()
+
+
+def remove_matches(pattern: re.Pattern[str], text: str) -> tuple[str, int]:
+    """Delete every match of ``pattern`` line by line; return the new text and the match count.
+
+    A line that had content and holds only whitespace after the deletion is removed as a whole,
+    so deleting a ``=====`` rule or a date line leaves no blank gap behind. Patterns must not
+    span lines (use ``[ \\t]`` rather than ``\\s``).
+    """
+    if pattern.search(text) is None:
+        return text, 0
+    kept, total = [], 0
+    for line in text.split("\n"):
+        new, hits = pattern.subn("", line)
+        total += hits
+        if not hits:
+            kept.append(line)
+        elif new.strip():
+            kept.append(new.rstrip())
+    return "\n".join(kept), total

@@ -1,0 +1,1 @@
+"""Watching a run: health rules, model FLOPs utilisation, TensorBoard event files (framework-free)."""
