@@ -31,6 +31,10 @@ def test_round_trip(run_ckpt, tmp_path: Path, suffix: str, engine: str) -> None:
     pytest.importorskip(engine)
     path, _ = run_ckpt
     native = export_checkpoint(path, tmp_path / f"model{suffix}")
+    with pytest.raises(CheckpointError, match="is not a run directory"):
+        import_checkpoint(native, tmp_path / "imported")
+    (tmp_path / "imported").mkdir()
+    (tmp_path / "imported" / "config.yaml").write_text((path.parent.parent / "config.yaml").read_text())
     back = load_checkpoint(import_checkpoint(native, tmp_path / "imported"))
     orig = load_checkpoint(path)
     assert back.state["step"] == 5 and back.state["consumed_samples"] == 40 and back.state["consumed_tokens"] == 640

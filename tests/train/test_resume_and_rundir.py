@@ -121,3 +121,18 @@ def test_run_dir_of_another_run_is_refused(tiny_run) -> None:
     assert moved.returncode == 0, moved.stderr
     aside = [p for p in run_dir.parent.iterdir() if p.name.startswith("guarded.old-")]
     assert len(aside) == 1 and sorted(p.name for p in (aside[0] / "checkpoints").iterdir()) == before
+
+
+def test_checkpoint_of_another_model_shape_is_refused_by_name(tiny_run) -> None:
+    """A checkpoint imported into a run of a different model size: a clear error naming file and tensor."""
+    small = tiny_run("small", train__steps=2)
+    assert cli("train", str(small)).returncode == 0
+    exported = small.parent / "small.pt"
+    assert cli("convert", str(small.parent / "small" / "checkpoints" / "step_00000002"), str(exported)).returncode == 0
+    wide = tiny_run("wide", model__d_model=64)
+    assert cli("prepare", str(wide)).returncode == 0
+    assert cli("convert", str(exported), str(wide.parent / "wide")).returncode == 0
+    proc = cli("train", str(wide), "--resume", "auto")
+    assert proc.returncode == 2, proc.stderr
+    assert "step_00000002" in proc.stderr and "has shape (512, 32), the model expects (512, 64)" in proc.stderr
+    assert "Traceback" not in proc.stderr

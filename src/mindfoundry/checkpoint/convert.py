@@ -50,6 +50,9 @@ def import_checkpoint(native: Path, run_dir: Path, retention: Retention = Retent
     """Turn a native .ckpt/.pt into RUN_DIR/checkpoints/step_N (step taken from the file)."""
     if not native.is_file():
         raise CheckpointError(f"{native} not found")
+    if not (run_dir / "config.yaml").is_file():
+        raise CheckpointError(f"'{run_dir}' is not a run directory: create it with `mindfoundry prepare CONFIG` "
+                              "(the config the run will continue with), then import into it")
     weights, optimizer, counters = _engine_module(native.suffix).import_native(native)
     if "step" not in counters:
         raise CheckpointError(f"{native} carries no 'step' counter: it was not written by `mindfoundry convert`")
