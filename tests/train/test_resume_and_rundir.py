@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -136,3 +137,25 @@ def test_checkpoint_of_another_model_shape_is_refused_by_name(tiny_run) -> None:
     assert proc.returncode == 2, proc.stderr
     assert "step_00000002" in proc.stderr and "has shape (512, 32), the model expects (512, 64)" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_mixture_run_reports_realized_shares_and_resumes_exactly(corpus_dir: Path, tmp_path: Path) -> None:
+    """Training through the category mixture: realized shares logged, 3 + restart + 3 == 6 steps."""
+    def config(name: str) -> Path:
+        tree = tiny_run_tree(corpus_dir, tmp_path / name)
+        tree["data"]["mixture"] = {"weights": {"code": 3, "asyncio": 1}, "block_size": 8}
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(tree))
+        return path
+
+    straight, split = config("mix-straight"), config("mix-split")
+    assert cli("train", str(straight)).returncode == 0
+    assert cli("train", str(split), "--stop-at-step", "3").returncode == 0
+    assert cli("train", str(split), "--resume", "auto").returncode == 0
+    a, b = losses(tmp_path / "mix-straight"), losses(tmp_path / "mix-split")
+    assert [a[s] for s in range(1, 7)] == [b[s] for s in range(1, 7)]
+    detail = [r for r in read_metrics(tmp_path / "mix-straight" / "metrics.jsonl") if "mixture" in r]
+    shares = detail[-1]["mixture"]["categories"]
+    assert shares["code"]["target"] == pytest.approx(0.75) and shares["code"]["realized"] == pytest.approx(0.75)
+    state = json.loads((tmp_path / "mix-split" / "checkpoints" / "step_00000006" / "trainer_state.json").read_text())
+    assert state["data_order"]["position"] == 48 and "mixture" in state["data_order"]

@@ -23,7 +23,9 @@ import mindfoundry
 from mindfoundry.backends.base import Backend, create_backend
 from mindfoundry.checkpoint.store import CheckpointError, Retention, find_resumable, load_checkpoint, save_checkpoint
 from mindfoundry.config.schema import RunConfig
-from mindfoundry.data.packing import IGNORE_INDEX, SampleOrder
+from mindfoundry.data.loader import Batch, BatchIterator, TrainLoader, training_source
+from mindfoundry.data.mixture import MixtureSampler
+from mindfoundry.data.packing import IGNORE_INDEX
 from mindfoundry.data.prepared import PreparedData
 from mindfoundry.eval.heldout import EvalResult, evaluate
 from mindfoundry.model.spec import ModelSpec, flops_per_token, init_weights, num_parameters, parameter_shapes
@@ -56,13 +58,6 @@ def _versions(backend: Backend) -> dict[str, str]:
     return out
 
 
-def _global_batch(samples, order: SampleOrder, consumed: int, cfg: RunConfig) -> tuple[np.ndarray, np.ndarray]:
-    """[grad_accum, micro_batch, seq_len] inputs and labels for the next optimizer step."""
-    a, b = cfg.train.grad_accum, cfg.train.micro_batch_size
-    ids, labels = samples.get_batch(order.indices(consumed, a * b))
-    return ids.reshape(a, b, -1), labels.reshape(a, b, -1)
-
-
 class LayoutUnsupported(RuntimeError):
     """The configured parallel layout cannot run in this version."""
 
@@ -84,9 +79,10 @@ class Trainer:
         self.cfg, self.data, self.run_dir = cfg, data, run_dir
         self.console = console or Console(stderr=True)
         self.spec = ModelSpec.from_config(cfg.model)
-        self.train_samples = data.packed("train", cfg.train.seq_len)
+        self.source = training_source(cfg, data)
+        self.loader = TrainLoader(self.source, micro_batch_size=cfg.train.micro_batch_size, grad_accum=cfg.train.grad_accum)
+        self._batches: BatchIterator | None = None
         self.val_samples = data.packed("validation", cfg.train.seq_len)
-        self.order = SampleOrder(len(self.train_samples), cfg.seed, shuffle=cfg.data.shuffle)
         self.backend = create_backend(cfg, self.spec)
         self.anomaly = AnomalyMonitor(cfg.anomaly)
         self.retention = Retention(cfg.checkpoint.keep_last, cfg.checkpoint.keep_every, cfg.checkpoint.keep_best)
@@ -136,7 +132,7 @@ class Trainer:
             "adam_step": self.adam_step,
             "consumed_samples": self.consumed_samples,
             "consumed_tokens": self.consumed_tokens,
-            "data_order": {"seed": self.cfg.seed, "shuffle": self.cfg.data.shuffle, "position": self.consumed_samples},
+            "data_order": self._data_order(),
             "skipped_windows": self.skipped_windows,
             "lr_schedule": {"kind": "warmup_cosine", "step": self.step},
             "loss_scale": {"enabled": False, "scale": 1.0, "note": "fp32 training; no loss scaling"},
@@ -149,6 +145,27 @@ class Trainer:
             "versions": _versions(self.backend),
             "initial_eval": self.initial_eval,
         }
+
+    def _data_order(self) -> dict[str, Any]:
+        order = {"seed": self.cfg.seed, "shuffle": self.cfg.data.shuffle, "position": self.consumed_samples}
+        if isinstance(self.source, MixtureSampler):
+            order["mixture"] = self.source.state(self.consumed_samples)
+        return order
+
+    def _next_batch(self) -> Batch:
+        """The batch at the current data position, prefetched in the background."""
+        if self._batches is None:
+            self._batches = self.loader.iterate(self.consumed_samples)
+        batch = next(self._batches)
+        if batch.position != self.consumed_samples:  # the position jumped (a rollback): restart the prefetcher there
+            self._close_batches()
+            return self._next_batch()
+        return batch
+
+    def _close_batches(self) -> None:
+        if self._batches is not None:
+            self._batches.close()
+            self._batches = None
 
     def save(self) -> Path:
         return save_checkpoint(
@@ -178,7 +195,7 @@ class Trainer:
         flops_tok = flops_per_token(self.spec, t.seq_len)
         logger.log({"event": "start" if self.step == 0 else "resume", "step": self.step, "backend": self.backend.name,
                     "parameters": num_parameters(self.spec), "flops_per_token": flops_tok,
-                    "train_samples": len(self.train_samples), "validation_samples": len(self.val_samples)})
+                    "validation_samples": len(self.val_samples)})
         if self.step == 0:
             self.initial_eval = self.evaluate().to_dict()
             logger.log({"step": 0, **self.initial_eval})
@@ -213,6 +230,7 @@ class Trainer:
                 self._checkpoint(logger)
             raise
         finally:
+            self._close_batches()
             for s, handler in previous.items():
                 signal.signal(s, handler)
             logger.close()
@@ -236,7 +254,8 @@ class Trainer:
     def _one_step(self, logger: MetricsLogger, flops_tok: int) -> float:
         t = self.cfg.train
         t0 = time.perf_counter()
-        ids, labels = _global_batch(self.train_samples, self.order, self.consumed_samples, self.cfg)
+        batch = self._next_batch()
+        ids, labels = batch.input_ids, batch.labels
         valid = int((labels != IGNORE_INDEX).sum())
         t_data = time.perf_counter()
         detail = bool(self.cfg.monitor.detail_every) and (self.step + 1) % self.cfg.monitor.detail_every == 0
@@ -248,7 +267,7 @@ class Trainer:
         elapsed = time.perf_counter() - t0
         self.step += 1
         self.adam_step += int(out.applied)
-        self.consumed_samples += ids.shape[0] * ids.shape[1]
+        self.consumed_samples += self.loader.global_batch
         self.consumed_tokens += ids.size
         tokens_per_s = ids.size / elapsed
         logger.log({
@@ -271,6 +290,9 @@ class Trainer:
                                   "layer_update_ratio": layer_update_ratios(before, after)}
         if grad_sq is not None:
             record["layer_grad_norm"] = layer_grad_norms(list(parameter_shapes(self.spec)), grad_sq)
+        if isinstance(self.source, MixtureSampler):  # realized vs target shares over the last detail window
+            window = self.loader.global_batch * self.cfg.monitor.detail_every
+            record["mixture"] = self.source.realized(max(self.consumed_samples - window, 0), window)
         logger.log(record)
 
     def _handle_anomaly(self, verdict, applied: bool, logger: MetricsLogger, lr: float) -> None:
