@@ -20,6 +20,7 @@ from rich.table import Table
 from mindfoundry.config.load import ConfigError, load_config, to_yaml
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.cli_ckpt import add_ckpt_commands
+from mindfoundry.cli_report import add_report_commands
 from mindfoundry.cli_data import add_data_commands
 
 console = Console(stderr=True, soft_wrap=True)  # never wrap: one problem = one line
@@ -34,11 +35,12 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from mindfoundry.data.prepared import DataError
     from mindfoundry.data.sources import DataSourceError
     from mindfoundry.data.tokenizer import TokenizerError
+    from mindfoundry.monitor.records import MetricsError
     from mindfoundry.train.rundir import RunDirError
     from mindfoundry.train.trainer import LayoutUnsupported
 
     return (LayoutUnsupported, ConfigError, DataError, DataSourceError, ShardError, CheckpointError, RunDirError, BackendUnavailable,
-            TokenizerError, FileExistsError, FileNotFoundError)
+            TokenizerError, MetricsError, FileExistsError, FileNotFoundError)
 
 
 def _config(args: argparse.Namespace) -> RunConfig:
@@ -116,6 +118,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_smoke(args: argparse.Namespace) -> int:
+    from mindfoundry.data.prepare import prepare_data
+    from mindfoundry.train.rundir import prepare_run_dir
+    from mindfoundry.train.smoke import first_step_agreement, run_smoke
+
+    cfg = _config(args)
+    prepare_run_dir(cfg, resume=True, overwrite=False)
+    data = prepare_data(cfg, log=console.print)
+    checks = run_smoke(cfg, data, args.steps, console)
+    if args.compare_backend:
+        checks.append(first_step_agreement(cfg, data))
+    table = Table(title=f"smoke test: {args.steps} steps of {args.config} ({cfg.backend})")
+    for col in ("check", "result", "value"):
+        table.add_column(col)
+    for c in checks:
+        mark = "[green]PASS[/]" if c.passed else ("[red]FAIL[/]" if c.passed is False else "info")
+        table.add_row(c.name, mark, c.value)
+    Console().print(table)
+    failed = [c for c in checks if c.passed is False]
+    for c in failed:
+        console.print(f"[red]FAIL[/] {c.name}: {c.value}. Likely cause: {c.hint}", highlight=False)
+    return 1 if failed else 0
+
+
 def cmd_convert(args: argparse.Namespace) -> int:
     from mindfoundry.checkpoint.convert import export_checkpoint, import_checkpoint
 
@@ -167,12 +193,19 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--max-restarts", type=int, default=0, metavar="N",
                        help="restart a crashed run up to N times from its newest valid checkpoint")
         p.set_defaults(func=func)
+    p = sub.add_parser("smoke", help="a few dozen real steps with pass/fail checks before the big run")
+    with_config(p)
+    p.add_argument("--steps", type=int, default=30, help="smoke steps (default 30)")
+    p.add_argument("--compare-backend", action="store_true", help="also compare the first step of MindSpore and PyTorch")
+    p.set_defaults(func=cmd_smoke)
+
     p = sub.add_parser("convert", help="checkpoint folder <-> MindSpore .ckpt / PyTorch .pt")
     p.add_argument("source", help="RUN/checkpoints/step_N folder (export) or a .ckpt/.pt file (import)")
     p.add_argument("dest", help="output .ckpt/.pt file (export) or a run directory to import into")
     p.set_defaults(func=cmd_convert)
     add_data_commands(sub)
     add_ckpt_commands(sub)
+    add_report_commands(sub)
     return parser
 
 

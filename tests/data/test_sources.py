@@ -11,7 +11,9 @@ import re
 from pathlib import Path
 
 import pytest
+import zstandard
 
+from mindfoundry.data import sources
 from mindfoundry.data.document import Document
 from mindfoundry.data.sources import (
     BUILTIN_SOURCES,
@@ -202,6 +204,93 @@ def test_corrupt_gzip_names_the_file(tmp_path: Path) -> None:
     (tmp_path / "broken.txt.gz").write_bytes(b"\x1f\x8b\x08\x00garbage")
     with pytest.raises(DataSourceError, match="broken.txt.gz"):
         _read([str(tmp_path)])
+
+
+# --- Parquet and Zstandard ------------------------------------------------------------------------
+
+
+def _zst(*frames: bytes) -> bytes:
+    """Zstandard data with one frame per argument (large files are often written frame by frame)."""
+    compressor = zstandard.ZstdCompressor()
+    return b"".join(compressor.compress(frame) for frame in frames)
+
+
+def test_zstd_text_and_jsonl_stream_every_frame(tmp_path: Path) -> None:
+    (tmp_path / "a.txt.zst").write_bytes(_zst("压缩的中文文档\n".encode(), b"second frame"))
+    (tmp_path / "b.jsonl.zst").write_bytes(_zst(b'{"text": "z one"}\n', b'{"text": "z two"}\n{"other": 1}\n' + BAD_UTF8))
+    (tmp_path / "c.txt.zst").write_bytes(_zst(b"one\n\n", b"two\n"))
+    docs, stats = _read([str(tmp_path / "a.txt.zst"), str(tmp_path / "b.jsonl.zst")])
+    assert [(d.id, d.text) for d in docs] == [
+        ("local:a.txt.zst", "压缩的中文文档\nsecond frame"),
+        ("local:b.jsonl.zst:1", "z one"),
+        ("local:b.jsonl.zst:2", "z two"),
+    ]
+    assert (stats.skipped_missing_text, stats.skipped_non_utf8) == (1, 1)
+    lines, stats = _read([str(tmp_path / "c.txt.zst")], txt_mode="line")
+    assert [(d.id, d.text) for d in lines] == [("local:c.txt.zst:1", "one"), ("local:c.txt.zst:3", "two")]
+    assert stats.skipped_empty == 1
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    (_zst(b"hello world " * 100)[:-5], "truncated .zst data"),
+    (b"\x28\xb5\x2f\xfd not zstd at all", "corrupt or truncated zstd data"),
+    (_zst(b"frame") + b"trailing junk", "corrupt or truncated zstd data"),
+])
+def test_corrupt_zstd_names_the_file(tmp_path: Path, data: bytes, message: str) -> None:
+    (tmp_path / "broken.jsonl.zst").write_bytes(data)
+    with pytest.raises(DataSourceError, match=f"broken.jsonl.zst: .*{message}"):
+        _read([str(tmp_path)])
+
+
+def test_parquet_rows_are_read_in_batches_with_bad_rows_counted(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    monkeypatch.setattr(sources, "_PARQUET_BATCH_ROWS", 2)  # several batches from a small file
+    texts = ["人民日报社论", None, "To be, or not to be", "   ", "第三段", "last row"]
+    pq.write_table(pa.table({"id": list(range(6)), "text": texts}), tmp_path / "a.parquet", row_group_size=3)
+    pq.write_table(pa.table({"text": pa.array([b"bytes ok", b"caf\xe9"], pa.binary())}), tmp_path / "b.parquet")
+    docs, stats = _read([str(tmp_path)])
+    assert [(d.id, d.text) for d in docs] == [
+        ("local:a.parquet:1", "人民日报社论"),
+        ("local:a.parquet:3", "To be, or not to be"),
+        ("local:a.parquet:5", "第三段"),
+        ("local:a.parquet:6", "last row"),
+        ("local:b.parquet:1", "bytes ok"),
+    ]
+    assert stats.counters() == {"documents": 5, "bytes": sum(len(d.text.encode()) for d in docs), "skipped_non_utf8": 1,
+                                "skipped_empty": 1, "skipped_bad_json": 0, "skipped_missing_text": 1}
+    assert [Path(str(f["path"])).name for f in stats.files] == ["a.parquet", "b.parquet"]
+
+
+@pytest.mark.parametrize(("columns", "note"), [
+    ({"body": ["x", "y"]}, "it has no column 'text' (columns: body)"),
+    ({"text": [1, 2]}, "its column 'text' has type int64, not string"),
+])
+def test_parquet_without_a_text_column_is_counted_and_explained(tmp_path: Path, columns: dict, note: str) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pytest.importorskip("pyarrow.parquet").write_table(pa.table(columns), tmp_path / "c.parquet")
+    docs, stats = _read([str(tmp_path / "c.parquet")])
+    assert docs == [] and stats.skipped_missing_text == 2
+    assert stats.notes == [f"{tmp_path / 'c.parquet'}: skipped all 2 rows: {note}; set the source's text_field to the text column"]
+
+
+def test_corrupt_parquet_names_the_file(tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow")
+    (tmp_path / "broken.parquet").write_bytes(b"PAR1 not really parquet PAR1")
+    with pytest.raises(DataSourceError, match="broken.parquet: corrupt or unreadable Parquet data"):
+        _read([str(tmp_path)])
+
+
+def test_empty_files_of_every_format_are_counted_not_fatal(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pytest.importorskip("pyarrow.parquet").write_table(pa.table({"text": pa.array([], pa.string())}), tmp_path / "e.parquet")
+    for name in ("e.txt", "e.jsonl", "e.txt.zst", "e.jsonl.gz"):
+        (tmp_path / name).write_bytes(gzip.compress(b"") if name.endswith(".gz") else b"")
+    (tmp_path / "kept.txt").write_text("the only document", encoding="utf-8")
+    docs, stats = _read([str(tmp_path)])
+    assert [d.text for d in docs] == ["the only document"]
+    assert stats.skipped_empty == 2  # the empty whole-file .txt and .txt.zst documents
+    assert len(stats.files) == 6
 
 
 # --- built-in sources ---------------------------------------------------------------------

@@ -78,6 +78,13 @@ def test_resume_is_bit_exact(engine: str, straight_runs, corpus_dir: Path, tmp_p
     assert set(detail[0]["layer_grad_norm"]) == {"embed", "layers.0", "layers.1", "norm"}
     assert all(0 < v < 1 for v in detail[0]["layer_update_ratio"].values())
     assert all(r["rss_mb"] > 100 for r in read_metrics(straight_runs[engine] / "metrics.jsonl") if "loss" in r)
+    steps = [r for r in read_metrics(straight_runs[engine] / "metrics.jsonl") if "loss" in r]
+    assert all(0 < r["mfu"] < 1 for r in steps)  # against the CPU GEMM peak measured in the run
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb = EventAccumulator(str(straight_runs[engine] / "tb"))
+    tb.Reload()
+    assert [e.value for e in tb.Scalars("train/loss")] == pytest.approx([a[s] for s in range(1, 7)])
     (wa, oa), (wb, ob) = final_state(straight_runs[engine], 6), final_state(tmp_path / "split", 6)
     assert wa.keys() == wb.keys() and oa.keys() == ob.keys()
     assert all(np.array_equal(wa[k], wb[k]) for k in wa)

@@ -48,6 +48,7 @@ class Backend(Protocol):
     """What the trainer needs from an engine."""
 
     name: str
+    device_name: str  # as drivers report it ('cpu', 'NVIDIA H200', 'Ascend910B'): picks the MFU peak
 
     def load_weights(self, weights: Mapping[str, np.ndarray]) -> None: ...
 

@@ -142,6 +142,7 @@ class QualityConfig(BlockSection):
     min_mean_word_length: float | None = Field(3.0, ge=0, description="Shortest mean word length, Latin-script documents only.")
     max_mean_word_length: float | None = Field(10.0, ge=0, description="Longest mean word length, Latin-script documents only.")
     max_symbol_ratio: float | None = Field(0.1, ge=0, description="Most '#' and ellipses per unit.")
+    symbol_ratio_min_units: int = Field(20, ge=1, description="The symbol rule applies to documents of at least this many units (one '……' in a short review is not spam).")
     max_bullet_line_ratio: Ratio | None = Field(0.9, description="Largest share of lines starting with a bullet.")
     max_ellipsis_line_ratio: Ratio | None = Field(0.3, description="Largest share of lines ending with an ellipsis.")
     line_ratio_min_lines: int = Field(3, ge=1, description="The bullet and ellipsis rules apply to documents with at least this many lines.")
@@ -288,7 +289,7 @@ class TrainConfig(Section):
 class OptimConfig(Section):
     """AdamW with linear warmup and cosine decay."""
 
-    lr: float = Field(3e-3, gt=0, le=1.0, description="Peak learning rate.")
+    lr: float = Field(3e-3, gt=0, description="Peak learning rate (not capped: `mindfoundry smoke` tells a diverging one).")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Final LR as a fraction of the peak.")
     warmup_steps: int = Field(30, ge=0, description="Linear warmup steps.")
     weight_decay: float = Field(0.1, ge=0, lt=1, description="Decoupled (AdamW) weight decay on matrices; never applied to 1-D parameters (norm weights, biases).")
@@ -335,6 +336,41 @@ class DebugConfig(Section):
     inject_nan_at: list[int] = Field(default_factory=list, description="Steps whose loss and gradients are made NaN (once each).")
     inject_spike_at: list[int] = Field(default_factory=list, description="Steps whose loss and gradients are scaled by spike_factor (once each).")
     spike_factor: float = Field(100.0, gt=1, description="Scale of an injected spike.")
+    unshifted_labels: bool = Field(False, description="Train on labels equal to the inputs (the classic off-by-one bug), to see `smoke` catch it.")
+
+
+class HealthConfig(Section):
+    """Health rules over the step records; each fires at most once per run. A threshold set to null
+    disables its rule."""
+
+    enabled: bool = Field(True, description="Check the health rules during training and record each finding once.")
+    grad_window: int = Field(50, ge=5, description="Steps after warmup whose median grad norm the grad-norm rules judge.")
+    grad_norm_low: float | None = Field(
+        0.5, gt=0, description="Median grad norm after warmup below this: 'LR too low?' (updates too small to make progress)."
+    )
+    grad_norm_high: float | None = Field(
+        5.0, gt=0, description="Median grad norm after warmup above this: 'clip harder / lower LR?' (every update is clipped)."
+    )
+    oscillation_window: int = Field(50, ge=10, description="Steps after warmup over which the loss's swing around its trend is measured.")
+    oscillation_smooth: int = Field(
+        5, ge=1, description="Steps averaged before measuring the swing, so the per-batch noise of small batches is not called oscillation."
+    )
+    loss_oscillation: float | None = Field(
+        0.2, gt=0, description="Std (nats) of the smoothed loss around its quadratic trend above this: the loss oscillates."
+    )
+    spike_window: int = Field(20, ge=2, description="Steps in the running mean (and std) that a loss spike is measured against.")
+    loss_spike: float | None = Field(1.0, gt=0, description="A loss this many nats above the running mean is a spike.")
+    spike_sigmas: float = Field(
+        4.0, ge=0, description="A spike must also exceed this many running stds, so a noisy small-batch loss does not count. 0 = off."
+    )
+    nonfinite: bool = Field(True, description="Report the first NaN/Inf loss or grad norm.")
+    throughput_window: int = Field(50, ge=5, description="Steps in the running median of tokens/s.")
+    throughput_recent: int = Field(
+        5, ge=1, description="Steps whose median tokens/s is compared with the running median (one slow step is not a stall)."
+    )
+    throughput_drop: float | None = Field(
+        0.3, gt=0, lt=1, description="Fractional drop of recent tokens/s below the running median that reports a stall."
+    )
 
 
 class MonitorConfig(Section):
@@ -342,6 +378,9 @@ class MonitorConfig(Section):
 
     progress: bool = Field(True, description="Live progress line on the console.")
     detail_every: int = Field(50, ge=0, description="Per-layer gradient norm, weight norm and update/weight ratio every N steps (0 = off).")
+    tensorboard: bool = Field(True, description="Write TensorBoard event files to RUN_DIR/tb (view with `tensorboard --logdir RUN_DIR/tb`).")
+    peak_tflops: float | None = Field(None, gt=0, description="Per-device dense peak TFLOP/s for MFU; null = from the device name (table in monitor/mfu.py; measured on CPU).")
+    health: HealthConfig = Field(default_factory=HealthConfig)
 
 
 class ParallelConfig(Section):

@@ -69,6 +69,7 @@ def clean_settings(data: DataConfig, src: SourceConfig) -> dict[str, dict[str, A
 
 
 def runs_block(data: DataConfig, src: SourceConfig, block: str) -> bool:
+    """Whether ``block`` is in this source's profile and enabled for it."""
     return block in active_sections(clean_settings(data, src), clean_profile(data, src))
 
 
@@ -140,8 +141,8 @@ def _frequent_lines(data: DataConfig) -> frozenset[int]:
 
 
 def _deduplicate(data: DataConfig, plan: CorpusPlan) -> DedupResult:
-    options = data.dedup.model_dump(exclude={"enabled"})
-    deduplicator = Deduplicator(**options)
+    """Dedup decisions over the corpus as cleaned with the boilerplate lines of ``plan``."""
+    deduplicator = Deduplicator(**data.dedup.model_dump(exclude={"enabled"}))
 
     def cleaned_corpus() -> Iterator[Document]:
         return itertools.chain.from_iterable(CuratedSource(data, src, plan).documents() for src in data.sources)

@@ -75,11 +75,6 @@ def _crc32(data: bytes) -> int:
     return zlib.crc32(data)
 
 
-def candidate_probability(similarity: float, bands: int, rows: int) -> float:
-    """Probability that LSH with ``bands`` x ``rows`` proposes a pair of this Jaccard similarity."""
-    return 1.0 - (1.0 - similarity**rows) ** bands
-
-
 @dataclass
 class DedupResult:
     """Which documents to drop, and the report for the manifest."""
@@ -99,10 +94,10 @@ class Deduplicator:
         *,
         exact: bool = True,
         near: bool = True,
-        threshold: float = 0.8,
+        threshold: float = 0.7,
         num_perm: int = 128,
-        bands: int = 16,
-        rows: int = 8,
+        bands: int = 20,
+        rows: int = 5,
         char_ngram: int = 5,
         word_ngram: int = 5,
         verify: Verify = "signature",
@@ -118,7 +113,6 @@ class Deduplicator:
         self.exact, self.near, self.threshold, self.verify = exact, near, threshold, verify
         self.num_perm, self.seed, self.max_examples = num_perm, seed, max_examples
         self.ngrams = {"char_ngram": char_ngram, "word_ngram": word_ngram}
-        self.bands, self.rows = bands, rows
         self._lsh = MinHashLSH(num_perm=num_perm, params=(bands, rows))
         self._ids: list[str] = []
         self._sources: list[str] = []
@@ -133,6 +127,10 @@ class Deduplicator:
     def add(self, doc: Document) -> None:
         """Register the next document of the corpus (order decides which copy is kept)."""
         start = time.perf_counter()
+        self._add(doc)
+        self._seconds += time.perf_counter() - start
+
+    def _add(self, doc: Document) -> None:
         index = len(self._ids)
         self._ids.append(doc.id)
         self._sources.append(doc.source)
@@ -140,13 +138,11 @@ class Deduplicator:
             first = self._first_by_key.setdefault(exact_key(doc.text), index)
             if first != index:
                 self._exact_of[index] = first
-                self._seconds += time.perf_counter() - start
                 return
         if self.near:
             self._pending.append((index, shingles(doc.text, **self.ngrams)))
             if len(self._pending) >= _BATCH:
                 self._flush()
-        self._seconds += time.perf_counter() - start
 
     def add_all(self, docs: Iterable[Document]) -> None:
         for doc in docs:
@@ -171,10 +167,10 @@ class Deduplicator:
         """MinHash the pending batch, then query-and-insert each document in order."""
         if not self._pending:
             return
-        indices, sets = zip(*self._pending)
+        indices, sets = zip(*self._pending, strict=True)
         self._pending = []
         signatures = MinHash.bulk(sets, num_perm=self.num_perm, seed=self.seed, hashfunc=_crc32)
-        for index, signature in zip(indices, signatures):
+        for index, signature in zip(indices, signatures, strict=True):
             candidates = self._lsh.query(signature)
             self._lsh.insert(index, signature, check_duplication=False)
             self._candidates += len(candidates)

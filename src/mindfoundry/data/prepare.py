@@ -16,13 +16,13 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import mindfoundry
 from mindfoundry.config.schema import RunConfig, SourceConfig
 from mindfoundry.data.curate import CurationReport, CorpusPlan, CuratedSource, plan_corpus
-from mindfoundry.data.curate import read_source  # noqa: F401 - public here too (bench/data_throughput.py)
 from mindfoundry.data.indexed import IndexedDatasetWriter, dtype_for_vocab
 from mindfoundry.data.prepared import MANIFEST, SPLITS, TOKENIZER, DataError, PreparedData, load_prepared
 from mindfoundry.data.split import split_documents

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 #: Per-module dicts of the detail records (one value per module group: embed, layers.i, norm, ...).
 LAYER_KEYS = ("layer_grad_norm", "layer_weight_norm", "layer_update_ratio")
@@ -65,6 +65,18 @@ def eval_records(records: Iterable[Record]) -> list[Record]:
 def detail_records(records: Iterable[Record]) -> list[Record]:
     """Per-layer records (written every `monitor.detail_every` steps)."""
     return _latest_per_step(r for r in records if any(k in r for k in LAYER_KEYS) and "event" not in r)
+
+
+def realized_shares(mixture: Mapping[str, Any]) -> dict[str, float]:
+    """Category -> realized share from a record's "mixture": either the sampler's report
+    ({"categories": {cat: {"realized": x, ...}}, ...}) or a plain {cat: share}."""
+    rows = mixture.get("categories", mixture)
+    out: dict[str, float] = {}
+    for category, row in rows.items():
+        share = row.get("realized") if isinstance(row, Mapping) else row
+        if isinstance(share, (int, float)) and not isinstance(share, bool):
+            out[str(category)] = float(share)
+    return out
 
 
 def event_records(records: Iterable[Record], *kinds: str) -> list[Record]:

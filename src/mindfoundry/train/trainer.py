@@ -7,6 +7,7 @@ use no in-graph randomness. That is why 3 + restart + 3 steps equals 6 steps bit
 
 from __future__ import annotations
 
+import importlib
 import math
 import platform
 import signal
@@ -29,6 +30,9 @@ from mindfoundry.data.packing import IGNORE_INDEX
 from mindfoundry.data.prepared import PreparedData
 from mindfoundry.eval.heldout import EvalResult, evaluate
 from mindfoundry.model.spec import ModelSpec, flops_per_token, init_weights, num_parameters, parameter_shapes
+from mindfoundry.monitor.health import HealthMonitor
+from mindfoundry.monitor.mfu import UnknownPeakError, mfu, peak_flops
+from mindfoundry.monitor.tensorboard import TensorBoardSink
 from mindfoundry.train.anomaly import AnomalyMonitor
 from mindfoundry.train.layer_stats import layer_grad_norms, layer_update_ratios, layer_weight_norms
 from mindfoundry.train.metrics import JsonlSink, MetricsLogger, ProgressSink
@@ -51,10 +55,8 @@ class TrainResult:
 
 def _versions(backend: Backend) -> dict[str, str]:
     out = {"mindfoundry": mindfoundry.__version__, "python": platform.python_version(), "numpy": np.__version__}
-    if backend.name == "mindspore":
-        import mindspore
-
-        out["mindspore"] = mindspore.__version__
+    engine = importlib.import_module(backend.name)  # already imported by the backend
+    out[backend.name] = engine.__version__
     return out
 
 
@@ -85,6 +87,8 @@ class Trainer:
         self.val_samples = data.packed("validation", cfg.train.seq_len)
         self.backend = create_backend(cfg, self.spec)
         self.anomaly = AnomalyMonitor(cfg.anomaly)
+        self.health = HealthMonitor(cfg.monitor.health, cfg.optim.warmup_steps)
+        self.peak: float | None = None  # device peak FLOP/s for MFU, measured/looked up before the loop
         self.retention = Retention(cfg.checkpoint.keep_last, cfg.checkpoint.keep_every, cfg.checkpoint.keep_best)
         self.step = 0  # optimizer steps attempted (drives the LR schedule)
         self.adam_step = 0  # updates applied (AdamW's t); behind `step` once updates were dropped
@@ -124,6 +128,7 @@ class Trainer:
         self.consumed_tokens = int(st["consumed_tokens"])
         self.skipped_windows = [list(w) for w in st.get("skipped_windows", [])]
         self.anomaly.load_state_dict(st.get("anomaly", {}))
+        self.health.load_state_dict(st.get("health", {}))
         self.initial_eval = st.get("initial_eval")
         self.last_val_loss = st.get("val_loss")
 
@@ -138,6 +143,7 @@ class Trainer:
             "loss_scale": {"enabled": False, "scale": 1.0, "note": "fp32 training; no loss scaling"},
             "rng": {"note": "no in-graph randomness; data order = f(seed, position); init = f(seed)"},
             "anomaly": self.anomaly.state_dict(),
+            "health": self.health.state_dict(),
             "val_loss": self.last_val_loss,
             "run_identity": run_identity(self.cfg),
             "data_manifest_sha256": self.data.manifest_sha256,
@@ -191,8 +197,12 @@ class Trainer:
         Preempted; an exception outside the compiled step checkpoints the last consistent step first."""
         cfg, t = self.cfg, self.cfg.train
         self.restore_or_init(resume)
-        logger = MetricsLogger([JsonlSink(self.run_dir / METRICS_FILE)])
+        sinks: list = [JsonlSink(self.run_dir / METRICS_FILE)]
+        if cfg.monitor.tensorboard:  # before the start/resume event: a resume marker trims the replayed steps
+            sinks.append(TensorBoardSink(self.run_dir / "tb"))
+        logger = MetricsLogger(sinks)
         flops_tok = flops_per_token(self.spec, t.seq_len)
+        self.peak = self._device_peak()
         logger.log({"event": "start" if self.step == 0 else "resume", "step": self.step, "backend": self.backend.name,
                     "parameters": num_parameters(self.spec), "flops_per_token": flops_tok,
                     "validation_samples": len(self.val_samples)})
@@ -237,6 +247,16 @@ class Trainer:
         initial = EvalResult(**{k[4:]: v for k, v in self.initial_eval.items()}) if self.initial_eval else None
         return TrainResult(self.backend, self.step, initial, last_eval, losses)
 
+    def _device_peak(self) -> float | None:
+        """Peak FLOP/s of the devices in use: configured, from the table, or measured (CPU)."""
+        m = self.cfg.monitor
+        try:
+            per_device = m.peak_tflops * 1e12 if m.peak_tflops else peak_flops(self.backend.device_name, self.cfg.train.precision)
+        except UnknownPeakError as exc:
+            self.console.print(f"[yellow]MFU not reported: {exc} (set monitor.peak_tflops)[/]")
+            return None
+        return per_device * self.cfg.parallel.dp
+
     def _checkpoint(self, logger: MetricsLogger) -> None:
         t0 = time.perf_counter()
         path = self.save()
@@ -255,7 +275,7 @@ class Trainer:
         t = self.cfg.train
         t0 = time.perf_counter()
         batch = self._next_batch()
-        ids, labels = batch.input_ids, batch.labels
+        ids, labels = batch.input_ids, (batch.input_ids if self.cfg.debug.unshifted_labels else batch.labels)
         valid = int((labels != IGNORE_INDEX).sum())
         t_data = time.perf_counter()
         detail = bool(self.cfg.monitor.detail_every) and (self.step + 1) % self.cfg.monitor.detail_every == 0
@@ -270,13 +290,19 @@ class Trainer:
         self.consumed_samples += self.loader.global_batch
         self.consumed_tokens += ids.size
         tokens_per_s = ids.size / elapsed
-        logger.log({
+        record = {
             "step": self.step, "loss": out.loss, "lr": scalars.lr, "grad_norm": out.grad_norm, "applied": out.applied,
             "tokens": ids.size, "valid_tokens": valid, "tokens_per_s": tokens_per_s,
             "step_time_s": elapsed, "data_time_s": t_data - t0,
             "model_tflops_per_s": flops_tok * tokens_per_s / 1e12,
             "consumed_samples": self.consumed_samples, "rss_mb": self._process.memory_info().rss / 2**20,
-        })
+            "copy_fraction": float((labels == ids).mean()),  # ~1 means the labels are the inputs, not shifted
+            "mfu": mfu(flops_tok, tokens_per_s, self.peak) if self.peak else None,
+        }
+        logger.log(record)
+        for event in self.health.observe(record):
+            logger.log(event.to_dict())
+            self.console.print(f"[yellow]health: {event.message}[/]")
         if before is not None:
             self._log_detail(logger, before, out.grad_sq)
         verdict = self.anomaly.observe(out.loss, out.grad_norm, out.applied)

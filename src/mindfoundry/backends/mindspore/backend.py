@@ -45,6 +45,8 @@ class MindSporeBackend:
 
     def __init__(self, cfg: RunConfig, spec: ModelSpec):
         configure_context(cfg.device)
+        # MindSpore reports only the target kind; Ascend training hardware is the 910B family
+        self.device_name = {"CPU": "cpu", "Ascend": "Ascend910B"}.get(ms.get_context("device_target"), ms.get_context("device_target"))
         self.spec = spec
         self.model = Transformer(spec)
         self.params = {p.name: p for p in self.model.get_parameters()}

@@ -43,6 +43,7 @@ class TorchBackend:
     def __init__(self, cfg: RunConfig, spec: ModelSpec):
         torch.manual_seed(cfg.seed)
         self.device = select_device(cfg.device)
+        self.device_name = "cpu" if self.device.type == "cpu" else getattr(torch, self.device.type).get_device_name()
         self.spec = spec
         self.model = Transformer(spec).to(self.device)
         self.params = dict(self.model.named_parameters())

