@@ -46,3 +46,5 @@ def test_demo_end_to_end(tmp_path: Path, backend: str) -> None:
     assert {s["category"] for s in manifest["sources"]} == {"news", "reviews", "literature", "code"}
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step_")) == ["step_00000020", "step_00000040"]
     assert "held-out evaluation" in proc.stdout
+    report = (run_dir / "report.html").read_text()
+    assert 'id="loss"' in report and "data:image/png;base64," in report

@@ -115,6 +115,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     }
     Path(cfg.run_dir, "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     _print_summary(summary)
+    from mindfoundry.report.render import write_report
+
+    console.print(f"report: {write_report(cfg.run_dir, None, None)}")
     return 0
 
 
