@@ -60,6 +60,10 @@ class Backend(Protocol):
         """Restore AdamW moments; `step` = optimizer updates already applied (for bias correction)."""
         ...
 
+    def device_memory_mb(self) -> float | None:
+        """Peak accelerator memory allocated so far, MiB; None on CPU (the trainer records process RSS)."""
+        ...
+
     def module_outputs(self, input_ids: np.ndarray) -> dict[str, np.ndarray]:
         """Outputs of :func:`mindfoundry.model.spec.module_boundaries` for one [B, S] batch."""
         ...

@@ -298,6 +298,8 @@ class Trainer:
             "consumed_samples": self.consumed_samples, "rss_mb": self._process.memory_info().rss / 2**20,
             "copy_fraction": float((labels == ids).mean()),  # ~1 means the labels are the inputs, not shifted
             "mfu": mfu(flops_tok, tokens_per_s, self.peak) if self.peak else None,
+            "device_mem_mb": self.backend.device_memory_mb(),
+            "loss_scale": 1.0,  # fp32 training: no loss scaling (the field keeps its place for fp16 runs)
         }
         logger.log(record)
         for event in self.health.observe(record):

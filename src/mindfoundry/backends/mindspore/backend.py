@@ -93,6 +93,11 @@ class MindSporeBackend:
     def logits(self, input_ids: np.ndarray) -> np.ndarray:
         return self.model(Tensor(input_ids.astype(np.int32))).asnumpy()
 
+    def device_memory_mb(self) -> float | None:
+        if self.device_name == "cpu":  # ms.runtime.max_memory_allocated() reports 0 on CPU
+            return None
+        return ms.runtime.max_memory_allocated() / 2**20
+
     def module_outputs(self, input_ids: np.ndarray) -> dict[str, np.ndarray]:
         """Outputs of the module boundaries via Cell forward hooks, in a PYNATIVE debug pass.
 

@@ -108,6 +108,11 @@ class TorchBackend:
         with self.autocast():
             return self.model(self._tensor(input_ids.astype(np.int64))).float().cpu().numpy()
 
+    def device_memory_mb(self) -> float | None:
+        if self.device.type == "cpu":
+            return None
+        return getattr(torch, self.device.type).max_memory_allocated() / 2**20
+
     @torch.no_grad()
     def module_outputs(self, input_ids: np.ndarray) -> dict[str, np.ndarray]:
         """Outputs of the module boundaries (embed, each block, final norm) via forward hooks."""
