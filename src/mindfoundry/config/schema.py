@@ -258,6 +258,8 @@ class DataConfig(Section):
     mixture: MixtureConfig | None = Field(None, description="Sample categories by target ratios; null = one stream over all sources, in proportion to their size.")
     clean: CleanConfig = Field(default_factory=CleanConfig, description="Cleaning blocks applied to every document before dedup, split and tokenization.")
     dedup: DedupConfig = Field(default_factory=DedupConfig, description="Exact and near-duplicate removal over the whole corpus, before the split.")
+    workers: int = Field(1, ge=0, description="Processes for `prepare`'s per-document work (cleaning, MinHash, tokenization); 0 = all cores. "
+                                              "The output is byte-identical for any value, so it is not part of the data identity.")
 
     @model_validator(mode="after")
     def _fill_source_overrides(self) -> DataConfig:

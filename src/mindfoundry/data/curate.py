@@ -6,29 +6,46 @@ needs the whole corpus and keeps only hashes and ids:
 
 1. boilerplate: document frequency of normalized lines, over the text as the boilerplate block
    sees it (after the blocks before it), for the sources whose profile runs that block;
-2. dedup: every cleaned document goes through :class:`~mindfoundry.data.dedup.Deduplicator`,
-   which returns the ids to drop.
+2. dedup: every cleaned document is signed (exact key, MinHash) and goes through
+   :class:`SignedDeduplicator`, which returns the ids to drop.
 
-Every later read (tokenizer training, shard writing) is a :class:`CuratedSource`: the source read
-again, cleaned with the same blocks and the same boilerplate lines, then filtered by the same
-dedup decisions, so the tokenizer and the shards see the identical cleaned corpus.
+Every later read (tokenizer training, shard writing) reads each source again, cleans it with the
+same blocks and the same boilerplate lines, then filters it by the same dedup decisions, so the
+tokenizer and the shards see the identical cleaned corpus.
+
+Each read is a pass of :func:`curate`: the parent reads the sources in order and cuts them into
+:class:`Chunk` s; a task (cleaning plus a per-document step: line keys, signatures, tokens) runs
+on each chunk in ``data.workers`` processes (:mod:`mindfoundry.data.parallel`) and its results
+come back in corpus order, so every order-dependent decision is made in the parent, as with one
+process, and the output does not depend on the number of workers.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, Generic, TypeVar
 
-from mindfoundry.config.schema import CLEAN_BLOCKS, DataConfig, SourceConfig
+import numpy as np
+from datasketch import LeanMinHash, MinHash
+
+from mindfoundry.config.schema import CLEAN_BLOCKS, DataConfig, DedupConfig, SourceConfig
 from mindfoundry.data.blocks.base import BlockStats
 from mindfoundry.data.blocks.boilerplate import LineCounter
 from mindfoundry.data.blocks.pipeline import CleaningPipeline, active_sections, build_pipeline, resolve_profile
-from mindfoundry.data.dedup import DedupResult, Deduplicator
+from mindfoundry.data.dedup import DedupResult, Deduplicator, _crc32, exact_key, shingles
 from mindfoundry.data.document import Document
+from mindfoundry.data.parallel import DocumentProgress, PassProgress, WorkerPool, resolve_workers
 from mindfoundry.data.sources import SourceStats, read_builtin, read_files
+
+R = TypeVar("R")
+
+#: A chunk ends after this many documents or this many characters, whichever comes first.
+CHUNK_DOCUMENTS = 512
+CHUNK_CHARS = 256 * 1024
 
 
 def _capped(docs: Iterable[Document], max_documents: int | None, max_bytes: int | None) -> Iterator[Document]:
@@ -82,22 +99,106 @@ class CorpusPlan:
     seconds: float = 0.0
 
 
-class CuratedSource:
-    """One read of one source: read, clean, drop what dedup dropped. Counters fill as it streams."""
+def chunked(docs: Iterable[Document]) -> Iterator[list[Document]]:
+    """Consecutive documents, at most :data:`CHUNK_DOCUMENTS` or about :data:`CHUNK_CHARS` of text
+    per chunk: big enough to amortize sending it to a worker, small enough to balance the load."""
+    chunk: list[Document] = []
+    chars = 0
+    for doc in docs:
+        chunk.append(doc)
+        chars += len(doc.text)
+        if len(chunk) >= CHUNK_DOCUMENTS or chars >= CHUNK_CHARS:
+            yield chunk
+            chunk, chars = [], 0
+    if chunk:
+        yield chunk
 
-    def __init__(self, data: DataConfig, src: SourceConfig, plan: CorpusPlan, *, until: str | None = None) -> None:
-        self.src = src
-        self.plan = plan
-        self.stats = SourceStats()
-        self.profile = clean_profile(data, src)
-        self.pipeline: CleaningPipeline = build_pipeline(
-            clean_settings(data, src), self.profile, frequent_lines=plan.frequent_lines, until=until
-        )
 
-    def documents(self) -> Iterator[Document]:
-        docs = self.pipeline.run(read_source(self.src, self.stats))
+@dataclass(frozen=True)
+class Chunk:
+    """Consecutive documents of source number ``source``, as read (the unit a worker curates)."""
+
+    source: int
+    documents: list[Document]
+
+
+@dataclass
+class ChunkResult(Generic[R]):
+    """A task's value for one chunk, with what the parent adds up: block counters and documents read."""
+
+    source: int
+    value: R
+    block_stats: list[BlockStats]
+    read: int
+
+
+@dataclass(frozen=True)
+class Curation:
+    """How to curate any chunk of the corpus: the data config, the pre-pass decisions made so far,
+    and the block to stop before (the boilerplate pre-pass). Sent once to each worker."""
+
+    data: DataConfig
+    plan: CorpusPlan
+    until: str | None = None
+
+    def pipeline(self, src: SourceConfig) -> CleaningPipeline:
+        """The blocks of ``src``'s profile, with the corpus-wide boilerplate lines."""
+        return build_pipeline(clean_settings(self.data, src), clean_profile(self.data, src),
+                              frequent_lines=self.plan.frequent_lines, until=self.until)
+
+    def apply(self, chunk: Chunk, then: Callable[[list[Document]], R]) -> ChunkResult[R]:
+        """Clean ``chunk`` with its source's blocks, drop what dedup dropped, and give the rest to ``then``.
+
+        Blocks keep no state from one document to the next (only counters), so a fresh pipeline
+        per chunk yields what one pipeline over the whole source would, and the counters add up.
+        """
+        pipeline = self.pipeline(self.data.sources[chunk.source])
         dedup = self.plan.dedup
-        return docs if dedup is None else (doc for doc in docs if dedup.keeps(doc))
+        kept = [doc for doc in pipeline.run(chunk.documents) if dedup is None or dedup.keeps(doc)]
+        return ChunkResult(chunk.source, then(kept), [block.stats for block in pipeline.blocks], len(chunk.documents))
+
+
+def cleaned_documents(curation: Curation, chunk: Chunk) -> ChunkResult[list[Document]]:
+    """Task: the curated documents of a chunk (tokenizer training, exact dedup verification)."""
+    return curation.apply(chunk, list)
+
+
+def line_counts(curation: Curation, chunk: Chunk) -> ChunkResult[Counter[int]]:
+    """Task: document frequency of the chunk's boilerplate-candidate lines (keys only)."""
+
+    def count(docs: list[Document]) -> Counter[int]:
+        counter = LineCounter(curation.data.clean.boilerplate.min_line_chars)
+        counter.add_all(doc.text for doc in docs)
+        return counter.documents
+
+    return curation.apply(chunk, count)
+
+
+def signed_documents(curation: Curation, chunk: Chunk) -> ChunkResult[Signatures]:
+    """Task: exact-dedup keys and MinHash signatures of the chunk's cleaned documents."""
+    return curation.apply(chunk, partial(sign_documents, curation.data.dedup))
+
+
+class CuratedSource:
+    """The parent's side of one read of one source: it reads the documents (so reading counters
+    fill here) and adds up the block counters of the chunks that workers curated."""
+
+    def __init__(self, curation: Curation, index: int) -> None:
+        self.index = index
+        self.src = curation.data.sources[index]
+        self.plan = curation.plan
+        self.stats = SourceStats()
+        self.profile = clean_profile(curation.data, self.src)
+        self.pipeline = curation.pipeline(self.src)  # counters only: documents go through the tasks' pipelines
+
+    def chunks(self) -> Iterator[Chunk]:
+        """The source read in order, in chunks (the reading counters fill as they are drawn)."""
+        return (Chunk(self.index, docs) for docs in chunked(read_source(self.src, self.stats)))
+
+    def add(self, result: ChunkResult[Any]) -> None:
+        """Count what a chunk's pipeline did into this source's blocks."""
+        for block, stats in zip(self.pipeline.blocks, result.block_stats, strict=True):
+            block.stats.merge(stats)
 
     def removed(self) -> dict[str, int]:
         """``{"block.reason": documents}`` for every non-zero drop, cleaning then dedup."""
@@ -112,14 +213,35 @@ class CuratedSource:
         return {key: n for key, n in out.items() if n}
 
 
-def plan_corpus(data: DataConfig, log: Callable[[str], None]) -> CorpusPlan:
+def curate(sources: Sequence[CuratedSource], pool: WorkerPool[Any], task: Callable[[Any, Chunk], ChunkResult[R]],
+           progress: PassProgress, *, window: int | None = None) -> Iterator[tuple[CuratedSource, R]]:
+    """``task`` over every chunk of ``sources`` on ``pool``: each chunk's value with its source, in corpus order.
+
+    One stream over all the sources keeps the workers busy across source boundaries.
+    """
+    by_index = {source.index: source for source in sources}
+    chunks = (chunk for source in sources for chunk in source.chunks())
+    for result in pool.map(task, chunks, window=window):
+        source = by_index[result.source]
+        source.add(result)
+        progress.advance(source.src.name, result.read)
+        yield source, result.value
+
+
+def curated_sources(curation: Curation, indices: Iterable[int] | None = None) -> list[CuratedSource]:
+    """A fresh read of the given sources (all, by default), in config order."""
+    return [CuratedSource(curation, i) for i in (range(len(curation.data.sources)) if indices is None else indices)]
+
+
+def plan_corpus(data: DataConfig, log: Callable[[str], None], progress: DocumentProgress) -> CorpusPlan:
     """The pre-pass: boilerplate line counts, then dedup decisions over the cleaned corpus."""
     start = time.perf_counter()
-    plan = CorpusPlan(frequent_lines=_frequent_lines(data))
+    workers = resolve_workers(data.workers)
+    plan = CorpusPlan(frequent_lines=_frequent_lines(data, workers, progress))
     if plan.frequent_lines:
         log(f"boilerplate: {len(plan.frequent_lines)} lines occur in >= {data.clean.boilerplate.min_documents} documents")
     if data.dedup.enabled:
-        plan.dedup = _deduplicate(data, plan)
+        plan.dedup = _deduplicate(data, plan, workers, progress)
         report = plan.dedup.report
         log(f"dedup: {report['documents']} documents, removed {report['exact']['removed']} exact and "
             f"{report['near']['removed']} near duplicates ({report['near']['clusters']} clusters) "
@@ -128,27 +250,104 @@ def plan_corpus(data: DataConfig, log: Callable[[str], None]) -> CorpusPlan:
     return plan
 
 
-def _frequent_lines(data: DataConfig) -> frozenset[int]:
+def _frequent_lines(data: DataConfig, workers: int, progress: DocumentProgress) -> frozenset[int]:
     """Keys of boilerplate lines, counted over the sources that run the boilerplate block."""
-    sources = [src for src in data.sources if runs_block(data, src, "boilerplate")]
+    curation = Curation(data, CorpusPlan(), until="boilerplate")
+    sources = curated_sources(curation, [i for i, src in enumerate(data.sources) if runs_block(data, src, "boilerplate")])
     if not sources:
         return frozenset()
     settings = data.clean.boilerplate
     counter = LineCounter(settings.min_line_chars)
-    for src in sources:
-        counter.add_all(doc.text for doc in CuratedSource(data, src, CorpusPlan(), until="boilerplate").documents())
+    with WorkerPool(workers, curation) as pool, progress.stage("boilerplate lines", [s.src.name for s in sources]) as stage:
+        for _, counts in curate(sources, pool, line_counts, stage):
+            counter.documents.update(counts)
     return counter.frequent(settings.min_documents)
 
 
-def _deduplicate(data: DataConfig, plan: CorpusPlan) -> DedupResult:
-    """Dedup decisions over the corpus as cleaned with the boilerplate lines of ``plan``."""
-    deduplicator = Deduplicator(**data.dedup.model_dump(exclude={"enabled"}))
+def _deduplicate(data: DataConfig, plan: CorpusPlan, workers: int, progress: DocumentProgress) -> DedupResult:
+    """Dedup decisions over the corpus as cleaned with the boilerplate lines of ``plan``: workers
+    sign the documents, the parent decides in corpus order."""
+    deduplicator = SignedDeduplicator(**data.dedup.model_dump(exclude={"enabled"}))
+    curation = Curation(data, plan)
+    names = [src.name for src in data.sources]
 
-    def cleaned_corpus() -> Iterator[Document]:
-        return itertools.chain.from_iterable(CuratedSource(data, src, plan).documents() for src in data.sources)
+    with WorkerPool(workers, curation) as pool:
+        def cleaned_corpus() -> Iterator[Document]:
+            with progress.stage("dedup verify", names) as stage:
+                for _, docs in curate(curated_sources(curation), pool, cleaned_documents, stage):
+                    yield from docs
 
-    deduplicator.add_all(cleaned_corpus())
-    return deduplicator.finish(reread=cleaned_corpus)
+        with progress.stage("dedup", names) as stage:
+            for _, signatures in curate(curated_sources(curation), pool, signed_documents, stage):
+                deduplicator.add_signed(signatures)
+        return deduplicator.finish(reread=cleaned_corpus)
+
+
+@dataclass(frozen=True, slots=True)
+class SignedDocument:
+    """What dedup needs of one cleaned document, computed in a worker (never its text)."""
+
+    id: str
+    source: str
+    exact_key: int | None  # None when exact dedup is off
+    signature: LeanMinHash | None  # None when near dedup is off
+
+
+@dataclass
+class Signatures:
+    """A chunk's documents, signed, and the seconds signing took (part of dedup's reported time)."""
+
+    documents: list[SignedDocument]
+    seconds: float
+
+
+def sign_documents(settings: DedupConfig, docs: list[Document]) -> Signatures:
+    """The exact key and MinHash signature of each document, computed as :class:`Deduplicator` does."""
+    start = time.perf_counter()
+    keys = [exact_key(doc.text) if settings.exact else None for doc in docs]
+    signatures: list[LeanMinHash | None] = [None] * len(docs)
+    if settings.near and docs:
+        sets = [shingles(doc.text, char_ngram=settings.char_ngram, word_ngram=settings.word_ngram) for doc in docs]
+        signatures = [LeanMinHash(m) for m in MinHash.bulk(sets, num_perm=settings.num_perm, seed=settings.seed, hashfunc=_crc32)]
+    signed = [SignedDocument(doc.id, doc.source, key, sig) for doc, key, sig in zip(docs, keys, signatures, strict=True)]
+    return Signatures(signed, time.perf_counter() - start)
+
+
+class SignedDeduplicator(Deduplicator):
+    """A :class:`Deduplicator` fed with :func:`sign_documents` output instead of texts.
+
+    Hashing, shingling and MinHash are most of dedup's cost and depend on one document only, so
+    workers compute them; the parent makes the order-dependent decisions (first copy wins) here,
+    exactly as :meth:`Deduplicator.add` would. The reported seconds add the workers' signing time
+    to the parent's, so they stay comparable with a one-process run (summed over processes, not wall time).
+    (This reaches into the base class's state: a public ``add_signed`` in
+    :mod:`mindfoundry.data.dedup` would make the subclass unnecessary.)
+    """
+
+    def add_signed(self, signatures: Signatures) -> None:
+        """Register the next documents of the corpus from their precomputed keys and signatures."""
+        start = time.perf_counter()
+        for doc in signatures.documents:
+            index = len(self._ids)
+            self._ids.append(doc.id)
+            self._sources.append(doc.source)
+            first = index if doc.exact_key is None else self._first_by_key.setdefault(doc.exact_key, index)
+            if first != index:
+                self._exact_of[index] = first
+            elif doc.signature is not None:
+                self._match_and_insert(index, doc.signature)
+        self._seconds += signatures.seconds + time.perf_counter() - start
+
+    def _match_and_insert(self, index: int, signature: LeanMinHash) -> None:
+        """Record the pairs a signature forms with earlier documents, then index it (base ``_flush``'s loop)."""
+        candidates = self._lsh.query(signature)
+        self._lsh.insert(index, signature, check_duplication=False)
+        self._candidates += len(candidates)
+        hashes = signature.hashvalues.astype(np.uint32)
+        if self.verify == "signature":
+            self._signatures[index] = hashes
+            candidates = [c for c in candidates if np.mean(self._signatures[c] == hashes) >= self.threshold]
+        self._pairs.extend((c, index) for c in candidates)
 
 
 @dataclass

@@ -5,7 +5,9 @@ pre-pass counts boilerplate lines and decides dedup (hashes and ids only), then 
 the training split of the curated corpus to the tokenizer trainer and a last one tokenizes every
 curated document into its split's shard. Everything is written into a temporary folder that is
 renamed into place only when complete; the manifest records what each cleaning block and dedup
-removed, per source and why.
+removed, per source and why. ``data.workers`` processes do the per-document work of every pass
+(:mod:`mindfoundry.data.parallel`); the parent reads, decides and writes in corpus order, so the
+output is byte-identical for any number of workers.
 """
 
 from __future__ import annotations
@@ -17,18 +19,26 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import mindfoundry
-from mindfoundry.config.schema import RunConfig, SourceConfig
-from mindfoundry.data.curate import CurationReport, CorpusPlan, CuratedSource, plan_corpus
-from mindfoundry.data.indexed import IndexedDatasetWriter, dtype_for_vocab
-from mindfoundry.data.prepared import MANIFEST, SPLITS, TOKENIZER, DataError, PreparedData, load_prepared
-from mindfoundry.data.split import split_documents
-from mindfoundry.data.tokenizer import encode_batch, load_tokenizer, tokenizer_hash, train_tokenizer
+import numpy as np
+from tokenizers import Tokenizer
 
-ENCODE_BATCH = 512
+import mindfoundry
+from mindfoundry.config.schema import RunConfig
+from mindfoundry.data.curate import (
+    Chunk, ChunkResult, CorpusPlan, Curation, CuratedSource, CurationReport, cleaned_documents, curate, curated_sources,
+    plan_corpus,
+)
+from mindfoundry.data.document import Document
+from mindfoundry.data.indexed import IndexedDatasetWriter, dtype_for_vocab
+from mindfoundry.data.parallel import IN_FLIGHT_PER_WORKER, DocumentProgress, PassProgress, WorkerPool, resolve_workers
+from mindfoundry.data.prepared import MANIFEST, SPLITS, TOKENIZER, DataError, PreparedData, load_prepared
+from mindfoundry.data.split import Split, split_documents
+from mindfoundry.data.tokenizer import encode_batch, load_tokenizer, tokenizer_hash, train_tokenizer
 
 
 def data_identity(cfg: RunConfig) -> str:
@@ -42,24 +52,28 @@ def data_identity(cfg: RunConfig) -> str:
 
 
 def _data_section(cfg: RunConfig) -> dict[str, Any]:
-    """The data config that shapes the shards (cleaning and dedup included; not where they go, not the mixture)."""
-    return cfg.data.model_dump(mode="json", exclude={"output_dir", "mixture"})
+    """The data config that shapes the shards (cleaning and dedup included; not where they go, not the
+    mixture, not how many processes make them: the output is the same for any ``workers``)."""
+    return cfg.data.model_dump(mode="json", exclude={"output_dir", "mixture", "workers"})
 
 
 def _sha256_json(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
 
-def _training_texts(cfg: RunConfig, plan: CorpusPlan) -> Iterator[str]:
+def _training_texts(cfg: RunConfig, curation: Curation, pool: WorkerPool[Curation], stage: PassProgress) -> Iterator[str]:
     """Curated training-split text, round-robin across sources so a byte cap still sees every source."""
-    streams = [
-        (d.text for split, d in split_documents(CuratedSource(cfg.data, s, plan).documents(), cfg.seed, cfg.data.validation_fraction)
-         if split == "train")
-        for s in cfg.data.sources
-    ]
+    sources = curated_sources(curation)
+    # Each source is its own stream (round-robin): they share the pool's read-ahead, each keeping some.
+    window = max(IN_FLIGHT_PER_WORKER, -(-IN_FLIGHT_PER_WORKER * pool.workers // len(sources)))
+
+    def train_split(source: CuratedSource) -> Iterator[str]:
+        docs = (doc for _, chunk in curate([source], pool, cleaned_documents, stage, window=window) for doc in chunk)
+        return (doc.text for split, doc in split_documents(docs, cfg.seed, cfg.data.validation_fraction) if split == "train")
+
     budget = cfg.data.tokenizer.train_max_bytes
     used = 0
-    for group in itertools.zip_longest(*streams):
+    for group in itertools.zip_longest(*(train_split(source) for source in sources)):
         for text in group:
             if text is None:
                 continue
@@ -69,7 +83,7 @@ def _training_texts(cfg: RunConfig, plan: CorpusPlan) -> Iterator[str]:
             yield text
 
 
-def _build_tokenizer(cfg: RunConfig, plan: CorpusPlan, log: Callable[[str], None]):
+def _build_tokenizer(cfg: RunConfig, plan: CorpusPlan, progress: DocumentProgress, log: Callable[[str], None]):
     tok_cfg = cfg.data.tokenizer
     if tok_cfg.path is not None:
         tok = load_tokenizer(tok_cfg.path)
@@ -79,45 +93,101 @@ def _build_tokenizer(cfg: RunConfig, plan: CorpusPlan, log: Callable[[str], None
         log(f"loaded tokenizer {tok_cfg.path} ({tok.get_vocab_size()} tokens)")
         return tok, {"source": "loaded", "path": tok_cfg.path}
     t0 = time.perf_counter()
-    tok = train_tokenizer(_training_texts(cfg, plan), cfg.model.vocab_size, min_frequency=tok_cfg.min_frequency)
+    curation = Curation(cfg.data, plan)
+    with (WorkerPool(resolve_workers(cfg.data.workers), curation) as pool,
+          progress.stage("tokenizer", [src.name for src in cfg.data.sources]) as stage):
+        tok = train_tokenizer(_training_texts(cfg, curation, pool, stage), cfg.model.vocab_size, min_frequency=tok_cfg.min_frequency)
     log(f"trained byte-level BPE: {tok.get_vocab_size()} tokens in {time.perf_counter() - t0:.1f}s")
     return tok, {"source": "trained", "min_frequency": tok_cfg.min_frequency, "train_max_bytes": tok_cfg.train_max_bytes}
 
 
-def _write_source(src: SourceConfig, cfg: RunConfig, plan: CorpusPlan, tok, dtype, out: Path, totals: dict,
-                  cleaning: CurationReport) -> dict:
-    """Tokenize one curated source into its train/validation shards; return its manifest entry."""
-    curated = CuratedSource(cfg.data, src, plan)
-    writers = {split: IndexedDatasetWriter(out / split / src.name, dtype) for split in SPLITS}
-    counts = {split: {"documents": 0, "tokens": 0, "bytes": 0} for split in SPLITS}
-    pending: dict[str, list[str]] = {split: [] for split in SPLITS}
+#: One document of a shard-pass chunk: its split, token ids (ending with EOS), UTF-8 bytes of its text.
+Encoded = tuple[Split, np.ndarray, int]
 
-    def flush(split: str) -> None:
-        for ids in encode_batch(tok, pending[split]):
-            writers[split].add_document(ids)
-            counts[split]["tokens"] += len(ids)
-        pending[split].clear()
 
-    for split, doc in split_documents(curated.documents(), cfg.seed, cfg.data.validation_fraction):
-        pending[split].append(doc.text)
-        counts[split]["documents"] += 1
-        counts[split]["bytes"] += len(doc.text.encode("utf-8"))
-        if len(pending[split]) >= ENCODE_BATCH:
-            flush(split)
-    for split in SPLITS:
-        flush(split)
-        shard = dict(writers[split].finalize().to_dict(), path=f"{split}/{src.name}")
-        for k in ("documents", "tokens", "bytes"):
-            totals[split][k] += counts[split][k]
-        totals[split]["shards"].append(shard)
-    kept = sum(c["documents"] for c in counts.values())
-    _check_source(curated, kept)
-    cleaning.add(curated)
-    return {
-        "name": src.name, "category": src.category, "builtin": src.builtin, "paths": src.paths,
-        "stats": curated.stats.counters(), "removed": curated.removed(), "kept": kept,
-        "files": curated.stats.files, "splits": counts,
-    }
+@dataclass(frozen=True)
+class ShardWork:
+    """What a worker needs to turn a chunk into shard entries (sent once to each worker)."""
+
+    curation: Curation
+    tokenizer_path: str
+    seed: int
+    validation_fraction: float
+
+    @cached_property
+    def tokenizer(self) -> Tokenizer:
+        """Loaded from the file, not pickled: the file keeps every setting (special-token handling)."""
+        return load_tokenizer(self.tokenizer_path)
+
+    def encode(self, docs: list[Document]) -> list[Encoded]:
+        """Split and tokenize curated documents, in order (one ``encode_batch`` for the whole chunk)."""
+        labelled = list(split_documents(docs, self.seed, self.validation_fraction))
+        ids = encode_batch(self.tokenizer, [doc.text for _, doc in labelled])
+        return [(split, tokens, len(doc.text.encode("utf-8"))) for (split, doc), tokens in zip(labelled, ids, strict=True)]
+
+
+def encoded_documents(work: ShardWork, chunk: Chunk) -> ChunkResult[list[Encoded]]:
+    """Task: the chunk curated, split and tokenized."""
+    return work.curation.apply(chunk, work.encode)
+
+
+class _SourceShards:
+    """One source's train/validation shards, written by the parent in corpus order."""
+
+    def __init__(self, curated: CuratedSource, out: Path, dtype: np.dtype) -> None:
+        self.curated = curated
+        self.writers = {split: IndexedDatasetWriter(out / split / curated.src.name, dtype) for split in SPLITS}
+        self.counts = {split: {"documents": 0, "tokens": 0, "bytes": 0} for split in SPLITS}
+
+    def add(self, encoded: list[Encoded]) -> None:
+        for split, ids, size in encoded:
+            self.writers[split].add_document(ids)
+            counts = self.counts[split]
+            counts["documents"] += 1
+            counts["tokens"] += len(ids)
+            counts["bytes"] += size
+
+    def finish(self, totals: dict, cleaning: CurationReport) -> dict:
+        """Finalize the shards, add them to ``totals``; return the source's manifest entry."""
+        src, curated = self.curated.src, self.curated
+        for split in SPLITS:
+            info = self.writers[split].finalize().to_dict()
+            del info["path_prefix"]  # the temporary folder's path; "path" is relative to the data folder
+            totals[split]["shards"].append(dict(info, path=f"{split}/{src.name}"))
+            for k in ("documents", "tokens", "bytes"):
+                totals[split][k] += self.counts[split][k]
+        kept = sum(c["documents"] for c in self.counts.values())
+        _check_source(curated, kept)
+        cleaning.add(curated)
+        return {
+            "name": src.name, "category": src.category, "builtin": src.builtin, "paths": src.paths,
+            "stats": curated.stats.counters(), "removed": curated.removed(), "kept": kept,
+            "files": curated.stats.files, "splits": self.counts,
+        }
+
+
+def _write_shards(cfg: RunConfig, plan: CorpusPlan, tokenizer_path: Path, dtype: np.dtype, out: Path, totals: dict,
+                  cleaning: CurationReport, progress: DocumentProgress) -> list[dict]:
+    """Tokenize every curated source into its train/validation shards; return their manifest entries.
+
+    Results arrive in corpus order, so each source's shards are finalized as soon as the stream
+    moves past it: only one source's files are open at a time.
+    """
+    work = ShardWork(Curation(cfg.data, plan), str(tokenizer_path), cfg.seed, cfg.data.validation_fraction)
+    sources = curated_sources(work.curation)
+    entries: list[dict] = []
+    shards = _SourceShards(sources[0], out, dtype)
+    with (WorkerPool(resolve_workers(cfg.data.workers), work) as pool,
+          progress.stage("shards", [src.name for src in cfg.data.sources]) as stage):
+        for curated, encoded in curate(sources, pool, encoded_documents, stage):
+            while shards.curated is not curated:  # the stream moved on: the sources before are complete
+                entries.append(shards.finish(totals, cleaning))
+                shards = _SourceShards(sources[len(entries)], out, dtype)
+            shards.add(encoded)
+    entries.append(shards.finish(totals, cleaning))
+    for curated in sources[len(entries):]:  # read no document at all: finish() says why
+        entries.append(_SourceShards(curated, out, dtype).finish(totals, cleaning))
+    return entries
 
 
 def _check_source(curated: CuratedSource, kept: int) -> None:
@@ -181,14 +251,15 @@ def prepare_data(cfg: RunConfig, *, overwrite: bool = False, log: Callable[[str]
 def _build(cfg: RunConfig, tmp: Path, log: Callable[[str], None]) -> dict[str, Any]:
     """Pre-pass, tokenizer and shards into ``tmp``; return the manifest (without its identity)."""
     start = time.perf_counter()
-    plan = plan_corpus(cfg.data, log)
-    tok, tok_info = _build_tokenizer(cfg, plan, log)
-    tok.save(str(tmp / TOKENIZER))
-    tokenizer_done = time.perf_counter()
     dtype = dtype_for_vocab(cfg.model.vocab_size)
     totals = {split: {"documents": 0, "tokens": 0, "bytes": 0, "shards": []} for split in SPLITS}
     cleaning = CurationReport()
-    sources = [_write_source(src, cfg, plan, tok, dtype, tmp, totals, cleaning) for src in cfg.data.sources]
+    with DocumentProgress(log) as progress:
+        plan = plan_corpus(cfg.data, log, progress)
+        tok, tok_info = _build_tokenizer(cfg, plan, progress, log)
+        tok.save(str(tmp / TOKENIZER))
+        tokenizer_done = time.perf_counter()
+        sources = _write_shards(cfg, plan, tmp / TOKENIZER, dtype, tmp, totals, cleaning, progress)
     for entry in sources:
         log(_source_line(entry))
     _check_splits(totals, cfg)
