@@ -7,7 +7,7 @@ needs the whole corpus and keeps only hashes and ids:
 1. boilerplate: document frequency of normalized lines, over the text as the boilerplate block
    sees it (after the blocks before it), for the sources whose profile runs that block;
 2. dedup: every cleaned document is signed (exact key, MinHash) and goes through
-   :class:`SignedDeduplicator`, which returns the ids to drop.
+   :meth:`Deduplicator.add_signed`, which returns the ids to drop.
 
 Every later read (tokenizer training, shard writing) reads each source again, cleans it with the
 same blocks and the same boilerplate lines, then filters it by the same dedup decisions, so the
@@ -29,14 +29,13 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Generic, TypeVar
 
-import numpy as np
-from datasketch import LeanMinHash, MinHash
+from datasketch import LeanMinHash
 
 from mindfoundry.config.schema import CLEAN_BLOCKS, DataConfig, DedupConfig, SourceConfig
 from mindfoundry.data.blocks.base import BlockStats
 from mindfoundry.data.blocks.boilerplate import LineCounter
 from mindfoundry.data.blocks.pipeline import CleaningPipeline, active_sections, build_pipeline, resolve_profile
-from mindfoundry.data.dedup import DedupResult, Deduplicator, _crc32, exact_key, shingles
+from mindfoundry.data.dedup import DedupResult, Deduplicator, exact_key, minhash_signatures, shingles
 from mindfoundry.data.document import Document
 from mindfoundry.data.parallel import DocumentProgress, PassProgress, WorkerPool, resolve_workers
 from mindfoundry.data.sources import SourceStats, read_builtin, read_files
@@ -267,7 +266,7 @@ def _frequent_lines(data: DataConfig, workers: int, progress: DocumentProgress) 
 def _deduplicate(data: DataConfig, plan: CorpusPlan, workers: int, progress: DocumentProgress) -> DedupResult:
     """Dedup decisions over the corpus as cleaned with the boilerplate lines of ``plan``: workers
     sign the documents, the parent decides in corpus order."""
-    deduplicator = SignedDeduplicator(**data.dedup.model_dump(exclude={"enabled"}))
+    deduplicator = Deduplicator(**data.dedup.model_dump(exclude={"enabled"}))
     curation = Curation(data, plan)
     names = [src.name for src in data.sources]
 
@@ -279,7 +278,8 @@ def _deduplicate(data: DataConfig, plan: CorpusPlan, workers: int, progress: Doc
 
         with progress.stage("dedup", names) as stage:
             for _, signatures in curate(curated_sources(curation), pool, signed_documents, stage):
-                deduplicator.add_signed(signatures)
+                for i, doc in enumerate(signatures.documents):  # chunk signing time counted once
+                    deduplicator.add_signed(doc.id, doc.source, doc.exact_key, doc.signature, signatures.seconds if i == 0 else 0.0)
         return deduplicator.finish(reread=cleaned_corpus)
 
 
@@ -308,46 +308,9 @@ def sign_documents(settings: DedupConfig, docs: list[Document]) -> Signatures:
     signatures: list[LeanMinHash | None] = [None] * len(docs)
     if settings.near and docs:
         sets = [shingles(doc.text, char_ngram=settings.char_ngram, word_ngram=settings.word_ngram) for doc in docs]
-        signatures = [LeanMinHash(m) for m in MinHash.bulk(sets, num_perm=settings.num_perm, seed=settings.seed, hashfunc=_crc32)]
+        signatures = [LeanMinHash(m) for m in minhash_signatures(sets, settings.num_perm, settings.seed)]
     signed = [SignedDocument(doc.id, doc.source, key, sig) for doc, key, sig in zip(docs, keys, signatures, strict=True)]
     return Signatures(signed, time.perf_counter() - start)
-
-
-class SignedDeduplicator(Deduplicator):
-    """A :class:`Deduplicator` fed with :func:`sign_documents` output instead of texts.
-
-    Hashing, shingling and MinHash are most of dedup's cost and depend on one document only, so
-    workers compute them; the parent makes the order-dependent decisions (first copy wins) here,
-    exactly as :meth:`Deduplicator.add` would. The reported seconds add the workers' signing time
-    to the parent's, so they stay comparable with a one-process run (summed over processes, not wall time).
-    (This reaches into the base class's state: a public ``add_signed`` in
-    :mod:`mindfoundry.data.dedup` would make the subclass unnecessary.)
-    """
-
-    def add_signed(self, signatures: Signatures) -> None:
-        """Register the next documents of the corpus from their precomputed keys and signatures."""
-        start = time.perf_counter()
-        for doc in signatures.documents:
-            index = len(self._ids)
-            self._ids.append(doc.id)
-            self._sources.append(doc.source)
-            first = index if doc.exact_key is None else self._first_by_key.setdefault(doc.exact_key, index)
-            if first != index:
-                self._exact_of[index] = first
-            elif doc.signature is not None:
-                self._match_and_insert(index, doc.signature)
-        self._seconds += signatures.seconds + time.perf_counter() - start
-
-    def _match_and_insert(self, index: int, signature: LeanMinHash) -> None:
-        """Record the pairs a signature forms with earlier documents, then index it (base ``_flush``'s loop)."""
-        candidates = self._lsh.query(signature)
-        self._lsh.insert(index, signature, check_duplication=False)
-        self._candidates += len(candidates)
-        hashes = signature.hashvalues.astype(np.uint32)
-        if self.verify == "signature":
-            self._signatures[index] = hashes
-            candidates = [c for c in candidates if np.mean(self._signatures[c] == hashes) >= self.threshold]
-        self._pairs.extend((c, index) for c in candidates)
 
 
 @dataclass

@@ -86,6 +86,11 @@ class DedupResult:
         return doc.id not in self.dropped
 
 
+def minhash_signatures(sets: list[set[bytes]], num_perm: int, seed: int) -> list[MinHash]:
+    """MinHash signatures of shingle sets, with the fast crc32 hash every dedup path must share."""
+    return MinHash.bulk(sets, num_perm=num_perm, seed=seed, hashfunc=_crc32)
+
+
 class Deduplicator:
     """Streaming exact + near-duplicate detection: :meth:`add` every document, then :meth:`finish`."""
 
@@ -169,16 +174,34 @@ class Deduplicator:
             return
         indices, sets = zip(*self._pending, strict=True)
         self._pending = []
-        signatures = MinHash.bulk(sets, num_perm=self.num_perm, seed=self.seed, hashfunc=_crc32)
-        for index, signature in zip(indices, signatures, strict=True):
-            candidates = self._lsh.query(signature)
-            self._lsh.insert(index, signature, check_duplication=False)
-            self._candidates += len(candidates)
-            hashes = signature.hashvalues.astype(np.uint32)
-            if self.verify == "signature":
-                self._signatures[index] = hashes
-                candidates = [c for c in candidates if np.mean(self._signatures[c] == hashes) >= self.threshold]
-            self._pairs.extend((c, index) for c in candidates)
+        for index, signature in zip(indices, minhash_signatures(sets, self.num_perm, self.seed), strict=True):
+            self._match_and_insert(index, signature)
+
+    def _match_and_insert(self, index: int, signature: MinHash) -> None:
+        """Record the pairs a signature forms with earlier documents, then index it."""
+        candidates = self._lsh.query(signature)
+        self._lsh.insert(index, signature, check_duplication=False)
+        self._candidates += len(candidates)
+        hashes = signature.hashvalues.astype(np.uint32)
+        if self.verify == "signature":
+            self._signatures[index] = hashes
+            candidates = [c for c in candidates if np.mean(self._signatures[c] == hashes) >= self.threshold]
+        self._pairs.extend((c, index) for c in candidates)
+
+    def add_signed(self, doc_id: str, source: str, key: int | None, signature: MinHash | None, seconds: float = 0.0) -> None:
+        """Register the next document from its precomputed exact key and signature (computed elsewhere,
+        e.g. in a worker process, with :func:`exact_key` and :func:`minhash_signatures`); `seconds` is
+        the time that computation took, so the reported dedup time stays comparable."""
+        start = time.perf_counter()
+        index = len(self._ids)
+        self._ids.append(doc_id)
+        self._sources.append(source)
+        first = index if key is None else self._first_by_key.setdefault(key, index)
+        if first != index:
+            self._exact_of[index] = first
+        elif signature is not None:
+            self._match_and_insert(index, signature)
+        self._seconds += seconds + time.perf_counter() - start
 
     def _exact_pairs(self, docs: Iterable[Document]) -> list[tuple[int, int]]:
         """Candidate pairs whose exact shingle Jaccard reaches the threshold (reads only their documents)."""
