@@ -10,7 +10,7 @@ import pytest
 
 ms = pytest.importorskip("mindspore")
 
-from mindfoundry.backends.base import StepScalars, create_backend  # noqa: E402
+from mindfoundry.backends.base import create_backend  # noqa: E402
 from mindfoundry.data.packing import IGNORE_INDEX  # noqa: E402
 from mindfoundry.model.spec import ModelSpec, init_weights, parameter_shapes  # noqa: E402
 from mindfoundry.train.schedule import step_scalars  # noqa: E402
@@ -51,7 +51,7 @@ def test_forward_and_loss_match_numpy_reference(tiny) -> None:
 def test_adamw_matches_torch_formula(tiny) -> None:
     """Two steps of the compiled update against AdamW written out in float64 (torch.optim.AdamW's math)."""
     cfg, spec = tiny
-    backend = create_backend(cfg, spec)
+    create_backend(cfg, spec)  # sets GRAPH_MODE on the CPU, as in training
     from mindfoundry.backends.mindspore.train_step import AdamW, scalar
 
     rng = np.random.default_rng(1)

@@ -151,7 +151,7 @@ def test_injected_nan_is_skipped(engine: str, corpus_dir: Path, tmp_path: Path) 
     proc = run("train", str(config))
     assert proc.returncode == 0, proc.stderr
     run_dir = tmp_path / "nan"
-    (w4, o4, s4), (w5, o5, s5) = ckpt(run_dir, 4), ckpt(run_dir, 5)
+    (w4, o4, _), (w5, o5, s5) = ckpt(run_dir, 4), ckpt(run_dir, 5)
     assert all(np.array_equal(w4[k], w5[k]) for k in w4)  # the NaN step changed no weight
     assert all(np.array_equal(o4[k], o5[k]) for k in o4)  # nor an optimizer moment
     assert (s5["adam_step"], s5["step"]) == (4, 5) and s5["anomaly"]["counts"]["nonfinite"] == 1
