@@ -5,6 +5,7 @@
 Prepares the config's data first if needed (reused when present), then measures, in one run:
 
 1. reading + splitting: documents/s and MB/s of `read_source` -> `split_documents` over every source;
+   and the curation pre-pass (cleaning, boilerplate counts, exact + MinHash-LSH dedup): documents/s;
 2. tokenization: tokens/s of MindFoundry's `encode_batch` next to the raw Hugging Face
    `Tokenizer.encode_batch` on the same training texts in the same batches (`--repeats` passes
    each in ABBA order, fastest kept), and their ratio;
@@ -30,7 +31,8 @@ from rich.table import Table
 
 from mindfoundry.config.load import load_config
 from mindfoundry.config.schema import MixtureConfig, RunConfig
-from mindfoundry.data.curate import read_source
+from mindfoundry.data.curate import plan_corpus, read_source
+from mindfoundry.data.parallel import DocumentProgress
 from mindfoundry.data.loader import TrainLoader, training_source
 from mindfoundry.data.prepare import ENCODE_BATCH, prepare_data
 from mindfoundry.data.sources import SourceStats
@@ -151,6 +153,18 @@ def bench_mindrecord(data_dir: Path, shards: int) -> dict[str, float]:
             "read_docs_per_s": rows / read_s, "read_tokens_per_s": tokens / read_s, "shards": shards}
 
 
+def bench_curation(cfg: RunConfig) -> dict[str, float]:
+    """The pre-pass as prepare runs it (cleaning every document, boilerplate counts, exact + MinHash-LSH
+    dedup over the cleaned corpus), one worker: documents/s overall and for dedup alone."""
+    t0 = time.perf_counter()
+    plan = plan_corpus(cfg.data.model_copy(update={"workers": 1}), lambda _: None, DocumentProgress(lambda _: None))
+    seconds = time.perf_counter() - t0
+    report = plan.dedup.report
+    return {"docs": report["documents"], "clean_dedup_docs_per_s": report["documents"] / seconds,
+            "dedup_docs_per_s": report["documents"] / report["seconds"], "seconds": seconds}
+
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="configs/demo.yaml")
@@ -163,6 +177,7 @@ def main() -> None:
     console = Console(stderr=True)
     data = prepare_data(cfg, log=console.print)
     read, texts = bench_read(cfg)
+    curation = bench_curation(cfg)
     tok = bench_tokenize(data.tokenizer, texts, args.repeats)
     loader = bench_loader(cfg, data, args.loader_steps)
     wait = bench_prefetch_wait(training_source(with_mixture(cfg), data), cfg, steps=50, step_s=0.01)
@@ -173,6 +188,8 @@ def main() -> None:
     table.add_column("figure", justify="right")
     table.add_column("reference", justify="right")
     table.add_row("read + split", f"{read['docs_per_s']:,.0f} docs/s ({read['train_mb_per_s']:.1f} MB/s)", "")
+    table.add_row("pre-pass: read + clean + boilerplate + dedup (1 worker)", f"{curation['clean_dedup_docs_per_s']:,.0f} docs/s",
+                  f"dedup alone (signing + LSH) {curation['dedup_docs_per_s']:,.0f} docs/s")
     table.add_row("tokenize: MindFoundry encode_batch", f"{tok['mf_tokens_per_s']:,.0f} tokens/s",
                   f"raw HF encode_batch {tok['hf_tokens_per_s']:,.0f} tokens/s (ratio {tok['ratio']:.2f}x)")
     for key, rate in loader.items():
@@ -184,7 +201,7 @@ def main() -> None:
                   f"{mr['written_mb']:.1f} MB in {mr['write_s']:.2f} s; int32 tokens {mr['payload_mb_per_s']:.1f} MB/s")
     table.add_row("MindDataset read (train)", f"{mr['read_docs_per_s']:,.0f} docs/s", f"{mr['read_tokens_per_s'] / 1e6:.2f} M tokens/s")
     Console(width=120).print(table)  # fixed width: the table stays readable in a pipe or log
-    figures = {"read": read, "tokenize": tok, "loader": {**loader, **wait}, "mindrecord": mr}
+    figures = {"read": read, "curation": curation, "tokenize": tok, "loader": {**loader, **wait}, "mindrecord": mr}
     print(json.dumps({stage: {k: round(v, 3) for k, v in f.items()} for stage, f in figures.items()}))
 
 
