@@ -31,10 +31,10 @@ from rich.table import Table
 
 from mindfoundry.config.load import load_config
 from mindfoundry.config.schema import MixtureConfig, RunConfig
-from mindfoundry.data.curate import plan_corpus, read_source
+from mindfoundry.data.curate import CHUNK_DOCUMENTS, plan_corpus, read_source
 from mindfoundry.data.parallel import DocumentProgress
 from mindfoundry.data.loader import TrainLoader, training_source
-from mindfoundry.data.prepare import ENCODE_BATCH, prepare_data
+from mindfoundry.data.prepare import prepare_data
 from mindfoundry.data.sources import SourceStats
 from mindfoundry.data.split import split_documents
 from mindfoundry.data.tokenizer import encode_batch
@@ -78,7 +78,7 @@ def bench_tokenize(tokenizer, texts: list[str], repeats: int) -> dict[str, float
     The two alternate in ABBA order (so neither always runs first, on warm caches) and each keeps
     its fastest pass: on a shared machine the minimum is the figure least moved by other jobs.
     """
-    batches = [texts[i : i + ENCODE_BATCH] for i in range(0, len(texts), ENCODE_BATCH)]
+    batches = [texts[i : i + CHUNK_DOCUMENTS] for i in range(0, len(texts), CHUNK_DOCUMENTS)]  # prepare tokenizes per chunk
     tokens = sum(len(ids) for batch in batches for ids in encode_batch(tokenizer, batch))
     runs: dict[str, Callable[[], object]] = {
         "mf": lambda: [encode_batch(tokenizer, b) for b in batches],
