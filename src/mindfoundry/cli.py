@@ -17,7 +17,8 @@ from typing import Sequence
 from rich.console import Console
 from rich.table import Table
 
-from mindfoundry.config.load import ConfigError, load_config, to_yaml
+from mindfoundry.cli_args import add_config_arguments, config_from_args
+from mindfoundry.config.load import ConfigError, to_yaml
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.cli_ckpt import add_ckpt_commands
 from mindfoundry.cli_report import add_report_commands
@@ -43,12 +44,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
             TokenizerError, MetricsError, FileExistsError, FileNotFoundError)
 
 
-def _config(args: argparse.Namespace) -> RunConfig:
-    return load_config(args.config, args.set or [])
-
 
 def cmd_config(args: argparse.Namespace) -> int:
-    cfg = _config(args)
+    cfg = config_from_args(args)
     if args.action == "show":
         sys.stdout.write(to_yaml(cfg))
     else:
@@ -60,7 +58,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     from mindfoundry.data.prepare import prepare_data
     from mindfoundry.train.rundir import prepare_run_dir
 
-    cfg = _config(args)
+    cfg = config_from_args(args)
     prepare_run_dir(cfg, resume=True, overwrite=False)  # claims RUN_DIR for this config (refuses another run's)
     prepare_data(cfg, overwrite=args.overwrite, log=console.print)
     return 0
@@ -84,7 +82,7 @@ def _train(cfg: RunConfig, args: argparse.Namespace):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    _, _, result = _train(_config(args), args)
+    _, _, result = _train(config_from_args(args), args)
     if result.final_eval:
         console.print(f"step {result.step}: validation loss {result.final_eval.loss:.4f}, ppl {result.final_eval.perplexity:.2f}")
     return 0
@@ -94,7 +92,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from mindfoundry.data.tokenizer import eos_id, pad_id
     from mindfoundry.eval.generate import generate
 
-    cfg = _config(args)
+    cfg = config_from_args(args)
     trainer, data, result = _train(cfg, args)
     if result.step < cfg.train.steps:
         console.print(f"stopped at step {result.step} of {cfg.train.steps}; continue with --resume auto")
@@ -126,7 +124,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     from mindfoundry.train.rundir import prepare_run_dir
     from mindfoundry.train.smoke import first_step_agreement, run_smoke
 
-    cfg = _config(args)
+    cfg = config_from_args(args)
     prepare_run_dir(cfg, resume=True, overwrite=False)
     data = prepare_data(cfg, log=console.print)
     checks = run_smoke(cfg, data, args.steps, console)
@@ -172,24 +170,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mindfoundry", description="Pretrain decoder-only LLMs on MindSpore.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def with_config(p: argparse.ArgumentParser) -> None:
-        p.add_argument("config", help="YAML run config, e.g. configs/demo.yaml")
-        p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable), e.g. train.steps=10")
 
     p = sub.add_parser("config", help="validate or show a config")
     p.add_argument("action", choices=["validate", "show"])
-    with_config(p)
+    add_config_arguments(p)
     p.set_defaults(func=cmd_config)
 
     p = sub.add_parser("prepare", help="raw text -> tokenizer -> Megatron shards")
-    with_config(p)
+    add_config_arguments(p)
     p.add_argument("--overwrite", action="store_true", help="rebuild prepared data (old folder moved aside)")
     p.set_defaults(func=cmd_prepare)
 
     for name, func, text in (("train", cmd_train, "train (prepares data first if needed)"),
                              ("run", cmd_run, "prepare -> train -> evaluate -> sample")):
         p = sub.add_parser(name, help=text)
-        with_config(p)
+        add_config_arguments(p)
         p.add_argument("--resume", choices=["auto", "none"], default="none", help="auto: continue from the newest valid checkpoint")
         p.add_argument("--overwrite", action="store_true", help="start over in a run dir that holds a run (old run moved aside)")
         p.add_argument("--stop-at-step", type=int, default=None, metavar="N", help="checkpoint and stop after step N (continue later with --resume auto)")
@@ -197,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="restart a crashed run up to N times from its newest valid checkpoint")
         p.set_defaults(func=func)
     p = sub.add_parser("smoke", help="a few dozen real steps with pass/fail checks before the big run")
-    with_config(p)
+    add_config_arguments(p)
     p.add_argument("--steps", type=int, default=30, help="smoke steps (default 30)")
     p.add_argument("--compare-backend", action="store_true", help="also compare the first step of MindSpore and PyTorch")
     p.set_defaults(func=cmd_smoke)

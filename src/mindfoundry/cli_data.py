@@ -11,16 +11,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from mindfoundry.config.load import load_config
-from mindfoundry.config.schema import RunConfig
+from mindfoundry.cli_args import add_config_arguments, config_from_args
 
 EXIT_INVALID_DATA = 2
 # Rich assumes 80 columns when stdout is not a terminal, which would crop the tables in a pipe or log.
 _PIPE_WIDTH = 160
 
-
-def _config(args: argparse.Namespace) -> RunConfig:
-    return load_config(args.config, args.set or [])
 
 
 def _stdout() -> Console:
@@ -38,7 +34,7 @@ def _positive_int(text: str) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from mindfoundry.data.validate import render_validation, validate_prepared
 
-    cfg = _config(args)
+    cfg = config_from_args(args)
     report = validate_prepared(cfg.data.output_dir, vocab_size=cfg.model.vocab_size, seq_len=cfg.train.seq_len)
     _stdout().print(render_validation(report))
     err = Console(stderr=True, soft_wrap=True)
@@ -56,7 +52,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from mindfoundry.data.inspect import inspect_prepared, render_inspect
 
-    cfg = _config(args)
+    cfg = config_from_args(args)
     report = inspect_prepared(cfg.data.output_dir, per_category=args.samples, max_chars=args.chars, seed=cfg.seed)
     render_inspect(report, _stdout())
     return 0
@@ -69,7 +65,7 @@ def cmd_mindrecord(args: argparse.Namespace) -> int:
         from mindfoundry.backends.mindspore.mindrecord import export_mindrecord
     except ModuleNotFoundError as exc:
         raise BackendUnavailable(f"MindRecord export needs {exc.name!r}: pip install 'mindfoundry[mindspore]'") from None
-    cfg = _config(args)
+    cfg = config_from_args(args)
     out = Path(args.out) if args.out else Path(cfg.run_dir) / "mindrecord"
     export_mindrecord(cfg.data.output_dir, out, shards=args.shards)
     Console(stderr=True).print(f"wrote {out} ({args.shards} file(s) per split; read with mindspore.dataset.MindDataset)")
@@ -81,22 +77,19 @@ def add_data_commands(subparsers: argparse._SubParsersAction) -> None:
     data = subparsers.add_parser("data", help="validate, inspect or export prepared data (after `prepare`)")
     sub = data.add_subparsers(dest="data_command", required=True)
 
-    def with_config(p: argparse.ArgumentParser) -> None:
-        p.add_argument("config", help="YAML run config, e.g. configs/demo.yaml")
-        p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable)")
 
     p = sub.add_parser("validate", help="check every shard; exit 2 naming shard and problem if any fails")
-    with_config(p)
+    add_config_arguments(p)
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("inspect", help="decoded samples per category, token counts, length histogram, removals")
-    with_config(p)
+    add_config_arguments(p)
     p.add_argument("--samples", type=_positive_int, default=3, metavar="N", help="documents shown per category")
     p.add_argument("--chars", type=_positive_int, default=160, metavar="N", help="characters shown per document")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("mindrecord", help="export the prepared documents to MindRecord files (MindDataset)")
-    with_config(p)
+    add_config_arguments(p)
     p.add_argument("--out", default=None, metavar="DIR", help="output folder (must not exist); default RUN_DIR/mindrecord")
     p.add_argument("--shards", type=_positive_int, default=1, metavar="N", help="MindRecord files per split")
     p.set_defaults(func=cmd_mindrecord)
