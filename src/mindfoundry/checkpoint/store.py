@@ -225,10 +225,11 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
     return manifest
 
 
-def load_checkpoint(path: str | Path) -> Checkpoint:
-    """Verify, then read a checkpoint folder."""
+def load_checkpoint(path: str | Path, *, verify: bool = True) -> Checkpoint:
+    """Verify (unless the caller just did, e.g. through find_resumable), then read a checkpoint folder."""
     path = Path(path)
-    verify_checkpoint(path)
+    if verify:
+        verify_checkpoint(path)
     try:
         weights = load_file(str(path / MODEL_FILE))
         optimizer = load_file(str(path / OPTIMIZER_FILE))

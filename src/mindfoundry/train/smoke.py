@@ -32,7 +32,8 @@ class Check:
 
 def smoke_config(cfg: RunConfig, steps: int, run_dir: Path) -> RunConfig:
     """The same run, shortened: `steps` steps, warmup at most a fifth of them, no intermediate checkpoints."""
-    return cfg.model_copy(deep=True, update={"run_dir": str(run_dir)}).model_copy(update={
+    return cfg.model_copy(deep=True, update={
+        "run_dir": str(run_dir),
         "train": cfg.train.model_copy(update={"steps": steps, "eval_every": 0, "eval_batches": min(cfg.train.eval_batches, 4)}),
         "optim": cfg.optim.model_copy(update={"warmup_steps": min(cfg.optim.warmup_steps, steps // 5)}),
         "checkpoint": cfg.checkpoint.model_copy(update={"every": 0, "keep_last": 1}),

@@ -113,7 +113,7 @@ class Trainer:
         self.console.print(f"resumed from {path} (step {self.step}, {self.consumed_samples} samples consumed)")
 
     def _load(self, path: Path) -> None:
-        ckpt = load_checkpoint(path)
+        ckpt = load_checkpoint(path, verify=False)  # every caller found `path` through find_resumable, which verified it
         if ckpt.state.get("run_identity") != run_identity(self.cfg):
             self.console.print(f"[yellow]warning: {path} was written under a different config; continuing with this one[/]")
         st = ckpt.state
