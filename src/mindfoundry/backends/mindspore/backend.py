@@ -13,9 +13,11 @@ import numpy as np
 from mindspore import Tensor, nn
 
 from mindfoundry.backends.base import StepOutput, StepScalars, check_state_names
+from mindfoundry.backends.mindspore import probe_hooks
 from mindfoundry.backends.mindspore.model import LossCell, Transformer, token_nll
 from mindfoundry.backends.mindspore.train_step import AdamW, TrainStep, scalar
 from mindfoundry.config.schema import RunConfig
+from mindfoundry.debug.probe import Probe
 from mindfoundry.model.spec import ModelSpec, module_boundaries, parameter_shapes
 
 _DEVICE_TARGETS = {"cpu": "CPU", "ascend": "Ascend", "npu": "Ascend", "gpu": "GPU", "cuda": "GPU"}
@@ -53,11 +55,13 @@ class MindSporeBackend:
         expected = parameter_shapes(spec)
         if {n: tuple(p.shape) for n, p in self.params.items()} != expected:
             raise RuntimeError(f"MindSpore model parameters {sorted(self.params)} do not match the spec {sorted(expected)}")
-        ordered = [self.params[n] for n in expected]
+        self.order = list(expected)  # the canonical parameter order (the optimizer's and the gradients')
+        ordered = [self.params[n] for n in self.order]
         o = cfg.optim
-        clip = None if o.clip_norm is None else float(o.clip_norm)
+        self.clip = None if o.clip_norm is None else float(o.clip_norm)
         self.optimizer = AdamW(ordered, o.beta1, o.beta2, o.eps, o.weight_decay)
-        self.step_cell = TrainStep(LossCell(self.model), self.optimizer, cfg.train.grad_accum, clip)
+        self.step_cell = TrainStep(LossCell(self.model), self.optimizer, cfg.train.grad_accum, self.clip)
+        self._eager_step: TrainStep | None = None  # the debug (hooked, PYNATIVE) step, built on first use
         self.forward = _Forward(self.model)  # in GRAPH_MODE, calling a Cell compiles it once per input shape
 
     # -- state -------------------------------------------------------------------------------
@@ -77,14 +81,38 @@ class MindSporeBackend:
         _assign(moments, state, "optimizer state")
 
     # -- compute -----------------------------------------------------------------------------
-    def train_step(self, input_ids: np.ndarray, labels: np.ndarray, scalars: StepScalars) -> StepOutput:
-        loss, norm, applied, grad_sq = self.step_cell(
-            Tensor(input_ids.astype(np.int32)), Tensor(labels.astype(np.int32)), scalar(scalars.loss_scale),
-            scalar(scalars.lr), scalar(scalars.step_size), scalar(scalars.bias_correction2_sqrt),
-            scalar(scalars.loss_limit), scalar(scalars.grad_limit),
-        )
+    def train_step(self, input_ids: np.ndarray, labels: np.ndarray, scalars: StepScalars, probe: Probe | None = None) -> StepOutput:
+        args = (Tensor(input_ids.astype(np.int32)), Tensor(labels.astype(np.int32)), scalar(scalars.loss_scale))
+        limits = (scalar(scalars.lr), scalar(scalars.step_size), scalar(scalars.bias_correction2_sqrt),
+                  scalar(scalars.loss_limit), scalar(scalars.grad_limit))
+        if probe is None:
+            loss, norm, applied, grad_sq = self.step_cell(*args, *limits)
+        else:
+            loss, norm, applied, grad_sq = self._debug_step(args, limits, probe)
         return StepOutput(loss=float(loss.asnumpy()), grad_norm=float(norm.asnumpy()), applied=bool(applied.asnumpy()),
                           grad_sq=grad_sq.asnumpy())
+
+    def _debug_step(self, args: tuple, limits: tuple, probe: Probe) -> tuple:
+        """The same step run eagerly (PYNATIVE) with Cell hooks, streaming state to the probe.
+
+        Same Cells and arithmetic as the compiled step; only the execution mode differs, so the
+        dumped numbers are the ones the compiled step computes up to kernel-level rounding.
+        """
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+        try:
+            if self._eager_step is None:  # built in PYNATIVE: a grad function made under GRAPH_MODE stays compiled
+                self._eager_step = TrainStep(LossCell(self.model), self.optimizer, self.step_cell.accum, self.clip)
+            step = self._eager_step
+            with probe_hooks.installed(self.model, step.loss_cell, probe):
+                probe.state("params", ((n, self.params[n]) for n in self.order), probe_hooks.to_numpy)
+                loss, grads = step.accumulate(*args)
+            probe.state("grads", zip(self.order, grads), probe_hooks.to_numpy)
+            out = step.update(loss, grads, *limits)
+            moments = zip(self.optimizer.exp_avg, self.optimizer.exp_avg_sq)  # interleaved per parameter, as torch's state
+            probe.state("optimizer", ((m.name, m) for pair in moments for m in pair), probe_hooks.to_numpy)
+        finally:
+            ms.set_context(mode=ms.GRAPH_MODE)
+        return out
 
     def eval_batch(self, input_ids: np.ndarray, labels: np.ndarray) -> tuple[float, int]:
         nll, count = self.forward(Tensor(input_ids.astype(np.int32)), Tensor(labels.astype(np.int32)))

@@ -64,11 +64,20 @@ class TrainStep(nn.Cell):
         self.grad_fn = ms.value_and_grad(loss_cell, None, optimizer.params)
 
     def construct(self, ids, labels, scale, lr, step_size, bc2_sqrt, loss_limit, grad_limit):
+        loss, grads = self.accumulate(ids, labels, scale)
+        return self.update(loss, grads, lr, step_size, bc2_sqrt, loss_limit, grad_limit)
+
+    def accumulate(self, ids, labels, scale):
+        """Loss and gradients summed over the micro-batches (a debug step calls this eagerly)."""
         loss, grads = self.grad_fn(ids[0], labels[0], scale)
         for i in range(1, self.accum):
             loss_i, grads_i = self.grad_fn(ids[i], labels[i], scale)
             loss = loss + loss_i
             grads = tuple(a + b for a, b in zip(grads, grads_i))
+        return loss, grads
+
+    def update(self, loss, grads, lr, step_size, bc2_sqrt, loss_limit, grad_limit):
+        """Measure, clip and apply the summed gradients, or drop the update."""
         grad_sq = squared_norms(grads)
         norm = ops.sqrt(grad_sq.sum())
         apply = ops.isfinite(loss) & ops.isfinite(norm) & (loss <= loss_limit) & (norm <= grad_limit)

@@ -7,15 +7,17 @@ runs on CPU, CUDA and, through torch_npu, Ascend.
 from __future__ import annotations
 
 import importlib.util
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import numpy as np
 import torch
 
 from mindfoundry.backends.base import BackendUnavailable, StepOutput, StepScalars, check_state_names
+from mindfoundry.backends.torch import probe_hooks
 from mindfoundry.backends.torch.model import Transformer, token_nll
 from mindfoundry.backends.torch.train_step import TrainStep, autocast_for, build_adamw
 from mindfoundry.config.schema import RunConfig
+from mindfoundry.debug.probe import Probe
 from mindfoundry.model.spec import ModelSpec, module_boundaries, parameter_shapes
 
 
@@ -50,6 +52,7 @@ class TorchBackend:
         expected = parameter_shapes(spec)
         if {n: tuple(p.shape) for n, p in self.params.items()} != expected:
             raise RuntimeError(f"torch model parameters {sorted(self.params)} do not match the spec {sorted(expected)}")
+        self.params = {n: self.params[n] for n in expected}  # the canonical order, as in the MindSpore engine
         self.optimizer = build_adamw(self.model, cfg.optim)
         step_model = torch.compile(self.model) if cfg.train.compile else self.model
         clip = None if cfg.optim.clip_norm is None else float(cfg.optim.clip_norm)
@@ -69,14 +72,15 @@ class TorchBackend:
     def weights(self) -> dict[str, np.ndarray]:
         return {n: p.detach().float().cpu().numpy().copy() for n, p in self.params.items()}
 
-    def optimizer_state(self) -> dict[str, np.ndarray]:
-        out = {}
+    def _moments(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(exp_avg.NAME / exp_avg_sq.NAME, tensor), zeros before the first update."""
         for name, p in self.params.items():
             st = self.optimizer.state.get(p, {})
             for key in ("exp_avg", "exp_avg_sq"):
-                value = st.get(key)
-                out[f"{key}.{name}"] = np.zeros(tuple(p.shape), np.float32) if value is None else value.float().cpu().numpy().copy()
-        return out
+                yield f"{key}.{name}", st[key] if key in st else torch.zeros_like(p)
+
+    def optimizer_state(self) -> dict[str, np.ndarray]:
+        return {name: value.float().cpu().numpy().copy() for name, value in self._moments()}
 
     def load_optimizer_state(self, state: Mapping[str, np.ndarray], step: int) -> None:
         shapes = {f"{k}.{n}": tuple(p.shape) for n, p in self.params.items() for k in ("exp_avg", "exp_avg_sq")}
@@ -89,9 +93,18 @@ class TorchBackend:
             }
 
     # -- compute -----------------------------------------------------------------------------
-    def train_step(self, input_ids: np.ndarray, labels: np.ndarray, scalars: StepScalars) -> StepOutput:
+    def train_step(self, input_ids: np.ndarray, labels: np.ndarray, scalars: StepScalars, probe: Probe | None = None) -> StepOutput:
         self.model.train()
-        loss, norm, applied, grad_sq = self.step_fn(self._tensor(input_ids.astype(np.int64)), self._tensor(labels.astype(np.int64)), scalars)
+        ids, labels_t = self._tensor(input_ids.astype(np.int64)), self._tensor(labels.astype(np.int64))
+        if probe is None:
+            loss, norm, applied, grad_sq = self.step_fn(ids, labels_t, scalars)
+        else:  # a debug step: eager model (never the compiled one), hooks on, state streamed to the dump
+            with probe_hooks.installed(self.model, probe):
+                probe.state("params", self.params.items(), probe_hooks.to_numpy)
+                total = self.step_fn.accumulate(ids, labels_t, scalars, self.model, probe)
+            probe.state("grads", ((n, p.grad) for n, p in self.params.items()), probe_hooks.to_numpy)
+            loss, norm, applied, grad_sq = self.step_fn.update(total, scalars)
+            probe.state("optimizer", self._moments(), probe_hooks.to_numpy)
         return StepOutput(loss=loss, grad_norm=norm, applied=applied, grad_sq=grad_sq.detach().cpu().numpy())
 
     @torch.no_grad()

@@ -17,6 +17,7 @@ from torch import nn
 from mindfoundry.backends.base import StepScalars
 from mindfoundry.backends.torch.model import token_nll
 from mindfoundry.config.schema import OptimConfig
+from mindfoundry.debug.probe import Probe
 from mindfoundry.model.spec import decays
 
 
@@ -54,17 +55,29 @@ class TrainStep:
         self.model_order = list(model.parameters())  # parameter_shapes order, for per-parameter statistics
 
     def __call__(self, ids: torch.Tensor, labels: torch.Tensor, scalars: StepScalars) -> tuple[float, float, bool, torch.Tensor]:
-        for group in self.optimizer.param_groups:
-            group["lr"] = scalars.lr
+        total = self.accumulate(ids, labels, scalars, self.step_model)
+        return self.update(total, scalars)
+
+    def accumulate(self, ids: torch.Tensor, labels: torch.Tensor, scalars: StepScalars, model: nn.Module,
+                   probe: Probe | None = None) -> torch.Tensor:
+        """Forward and backward over the micro-batches; gradients left summed in `.grad`. Returns the loss."""
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=ids.device)
         for i in range(ids.shape[0]):
             with self.autocast():
-                logits = self.step_model(ids[i])
+                logits = model(ids[i])
             nll, _ = token_nll(logits, labels[i])
             loss = nll * scalars.loss_scale
+            if probe is not None:
+                probe.loss(i, loss.detach().cpu().numpy())
             loss.backward()
             total += loss.detach()
+        return total
+
+    def update(self, total: torch.Tensor, scalars: StepScalars) -> tuple[float, float, bool, torch.Tensor]:
+        """Measure, clip and apply the summed gradients (or drop the update)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = scalars.lr
         grad_sq = torch.stack([torch.linalg.vector_norm(p.grad) for p in self.model_order]) ** 2  # before clipping
         limit = float("inf") if self.clip_norm is None else self.clip_norm
         norm = torch.nn.utils.clip_grad_norm_(self.params, limit, foreach=True)
