@@ -24,7 +24,7 @@ def tiny_run_tree(corpus: Path, run_dir: Path, **overrides) -> dict:
     }
     for key, value in overrides.items():
         section, field = key.split("__")
-        tree[section][field] = value
+        tree.setdefault(section, {})[field] = value
     return tree
 
 

@@ -17,6 +17,7 @@ from typing import Mapping, Protocol
 import numpy as np
 
 from mindfoundry.config.schema import RunConfig
+from mindfoundry.debug.probe import Probe
 from mindfoundry.model.spec import ModelSpec
 
 
@@ -31,9 +32,12 @@ class StepScalars:
     lr: float
     step_size: float  # lr / (1 - beta1**t)
     bias_correction2_sqrt: float  # sqrt(1 - beta2**t)
-    loss_scale: float  # 1 / (valid target tokens in the global batch): mean over tokens, not batches
+    loss_scale: float  # 1 / (valid target tokens in the global batch): mean over tokens, not batches (x S in fp16)
     loss_limit: float = math.inf  # the update is dropped when the loss exceeds this (spike policy)
     grad_limit: float = math.inf  # ... or the gradient norm exceeds this; non-finite values always drop it
+    # 1/S for a dynamic loss scale S (fp16): the summed gradients and the loss are multiplied by it before
+    # the norm, the limits and clipping, so everything after the backward pass sees unscaled values
+    grad_unscale: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -68,8 +72,12 @@ class Backend(Protocol):
         """Outputs of :func:`mindfoundry.model.spec.module_boundaries` for one [B, S] batch."""
         ...
 
-    def train_step(self, input_ids: np.ndarray, labels: np.ndarray, scalars: StepScalars) -> StepOutput:
-        """One optimizer step over micro-batches shaped [grad_accum, micro_batch, seq_len]."""
+    def train_step(self, input_ids: np.ndarray, labels: np.ndarray, scalars: StepScalars, probe: Probe | None = None) -> StepOutput:
+        """One optimizer step over micro-batches shaped [grad_accum, micro_batch, seq_len].
+
+        With a probe the step runs eagerly with module hooks (forward inputs/outputs, backward
+        gradients) and streams parameters, gradients and moments to it; same arithmetic otherwise.
+        """
         ...
 
     def eval_batch(self, input_ids: np.ndarray, labels: np.ndarray) -> tuple[float, int]:

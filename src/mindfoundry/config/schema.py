@@ -284,7 +284,17 @@ class TrainConfig(Section):
     eval_every: int = Field(100, ge=0, description="Held-out evaluation period in steps (0 = only at the end).")
     eval_batches: int = Field(20, ge=1, description="Validation micro-batches per evaluation (capped by the validation set size).")
     log_every: int = Field(1, ge=1, description="Console refresh period in steps (metrics.jsonl gets every step).")
-    precision: Literal["fp32", "bf16"] = Field("fp32", description="Compute precision: fp32, or bf16 autocast (torch backend, on devices with bf16).")
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="Compute precision: fp32; bf16 autocast (torch backend, on devices with bf16); or fp16 mixed "
+        "precision with dynamic loss scaling (both backends: matmuls in float16, fp32 master weights, norms and loss)."
+    )
+    loss_scale_init: float = Field(
+        65536.0, ge=1, lt=float("inf"),
+        description="fp16 only: initial dynamic loss scale (halved on every overflowing step, which is then skipped).",
+    )
+    loss_scale_growth_interval: int = Field(
+        1000, ge=1, description="fp16 only: the loss scale doubles after this many overflow-free steps in a row."
+    )
     compile: bool = Field(False, description="torch backend: torch.compile the model (costs ~40 s of compilation on CPU).")
 
 
@@ -332,8 +342,44 @@ class AnomalyConfig(Section):
     max_consecutive: int = Field(5, ge=1, description="Stop with a diagnosis after this many anomalous steps in a row.")
 
 
+class DumpConfig(Section):
+    """Tensor dumps through module hooks on chosen steps (see docs/precision-debugging.md)."""
+
+    steps: str = Field("", description="Steps to dump, e.g. '1|50-100' (1-based optimizer steps, as in metrics.jsonl); empty = no dumps.")
+    ranks: str = Field("", description="Data-parallel ranks to dump, same syntax; empty = all.")
+    modules: list[str] = Field(default_factory=lambda: ["*"], min_length=1,
+                               description="Module-name patterns (* and ?), e.g. 'layers.1.*'; 'model' is the whole model (its output is the logits).")
+    directions: list[Literal["forward", "backward", "params", "grads", "optimizer"]] = Field(
+        default_factory=lambda: ["forward", "backward"], min_length=1,
+        description="forward: module inputs/outputs; backward: gradients at module outputs/inputs; params: weights before the step; "
+                    "grads: accumulated parameter gradients; optimizer: AdamW moments after the step.")
+    mode: Literal["statistics", "tensor"] = Field("statistics", description="statistics: shape, dtype, min, max, mean, L2 norm, NaN/Inf counts; tensor: full arrays (.npy) too.")
+    dir: str | None = Field(None, description="Dump folder (default RUN_DIR/dump).")
+
+    @field_validator("steps", "ranks")
+    @classmethod
+    def _selection(cls, v: str) -> str:
+        from mindfoundry.debug.steps import parse_selection
+
+        parse_selection(v)  # raises ValueError with the offending part and an example
+        return v
+
+
+class InjectConfig(Section):
+    """A non-finite value written into one module's output (forward) or input gradient (backward) at one step."""
+
+    step: int = Field(ge=1, description="Optimizer step (1-based) that gets the fault.")
+    module: str = Field(description="Module name, e.g. 'layers.1.mlp' (see `mindfoundry dump` output for the names).")
+    direction: Literal["forward", "backward"] = "forward"
+    value: Literal["inf", "nan"] = "inf"
+
+
 class DebugConfig(Section):
-    """Drills for the failure paths (used by tests and by users rehearsing a run's recovery)."""
+    """Drills for the failure paths (used by tests and by users rehearsing a run's recovery), and precision debugging."""
+
+    dump: DumpConfig = Field(default_factory=DumpConfig)
+    locate_overflow: bool = Field(True, description="On a non-finite loss or gradient, re-run the step with hooks and report the first non-finite module.")
+    inject_inf: InjectConfig | None = Field(None, description="Drill for the overflow locator: a non-finite value in one module at one step.")
 
     inject_nan_at: list[int] = Field(default_factory=list, description="Steps whose loss and gradients are made NaN (once each).")
     inject_spike_at: list[int] = Field(default_factory=list, description="Steps whose loss and gradients are scaled by spike_factor (once each).")

@@ -108,7 +108,7 @@ class Dump:
 
 
 def dump_leaves(root: Path) -> list[Path]:
-    """Every complete (step, rank) folder under `root` (or `root` itself when it is one), sorted."""
+    """Every (step, rank) folder under `root` (or `root` itself when it is one), sorted; `read_dump` refuses an interrupted one."""
     root = Path(root)
     if not root.exists():
         raise DumpError(f"{root} does not exist: give a dump folder written by `mindfoundry dump` or debug.dump")

@@ -34,6 +34,7 @@ from mindfoundry.monitor.health import HealthMonitor
 from mindfoundry.monitor.mfu import UnknownPeakError, mfu, peak_flops
 from mindfoundry.monitor.tensorboard import TensorBoardSink
 from mindfoundry.train.anomaly import AnomalyMonitor
+from mindfoundry.train.debug_steps import StepDebugger
 from mindfoundry.train.layer_stats import layer_grad_norms, layer_update_ratios, layer_weight_norms
 from mindfoundry.train.metrics import JsonlSink, MetricsLogger, ProgressSink
 from mindfoundry.train.rundir import METRICS_FILE, run_identity
@@ -87,6 +88,7 @@ class Trainer:
         self.val_samples = data.packed("validation", cfg.train.seq_len)
         self.backend = create_backend(cfg, self.spec)
         self.anomaly = AnomalyMonitor(cfg.anomaly)
+        self.debugger = StepDebugger(cfg, run_dir, log=self.console.print)
         self.health = HealthMonitor(cfg.monitor.health, cfg.optim.warmup_steps)
         self.peak: float | None = None  # device peak FLOP/s for MFU, measured/looked up before the loop
         self.retention = Retention(cfg.checkpoint.keep_last, cfg.checkpoint.keep_every, cfg.checkpoint.keep_best)
@@ -283,7 +285,14 @@ class Trainer:
         loss_limit, grad_limit = self.anomaly.limits()
         scalars = step_scalars(self.step + 1, t.steps, self.cfg.optim, valid, adam_step=self.adam_step + 1,
                                loss_limit=loss_limit, grad_limit=grad_limit, loss_multiplier=self._loss_multiplier(self.step + 1))
-        out = self.backend.train_step(ids, labels, scalars)
+        injection = self.debugger.injection(self.step + 1)
+        probe = self.debugger.probe(self.step + 1, self.backend, injection)
+        out = self.backend.train_step(ids, labels, scalars, probe)
+        dumped = self.debugger.finish(probe, out)
+        if dumped:
+            logger.log({"step": self.step + 1, "event": "dump", "path": str(dumped)})
+        if self.cfg.debug.locate_overflow and not (math.isfinite(out.loss) and math.isfinite(out.grad_norm)):
+            self._locate_overflow(logger, ids, labels, scalars, injection)
         elapsed = time.perf_counter() - t0
         self.step += 1
         self.adam_step += int(out.applied)
@@ -311,6 +320,15 @@ class Trainer:
         if verdict.anomalous:
             self._handle_anomaly(verdict, out.applied, logger, scalars.lr)
         return out.loss
+
+    def _locate_overflow(self, logger: MetricsLogger, ids: np.ndarray, labels: np.ndarray, scalars, injection) -> None:
+        step = self.step + 1
+        found, path = self.debugger.locate(step, self.backend, ids, labels, scalars, injection)
+        message = found.message() if found else "the re-run step was finite: the fault did not reproduce"
+        logger.log({"step": step, "event": "overflow", "module": found.module if found else None,
+                    "direction": found.direction if found else None, "tensor": found.record["name"] if found else None,
+                    "message": message, "dump": str(path)})
+        self.console.print(f"[yellow]step {step}: overflow located: {message} (dump: {path})[/]", highlight=False)
 
     def _log_detail(self, logger: MetricsLogger, before: dict[str, np.ndarray], grad_sq: np.ndarray | None) -> None:
         after = self.backend.weights()

@@ -1,0 +1,119 @@
+"""Dumps through module hooks on both engines: same names, same numbers, faults located exactly."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mindspore")
+pytest.importorskip("torch")
+
+from mindfoundry.backends.base import create_backend  # noqa: E402
+from mindfoundry.debug.dump import DumpWriter, read_dump  # noqa: E402
+from mindfoundry.debug.locate import locate_overflow  # noqa: E402
+from mindfoundry.debug.probe import Injection, Probe  # noqa: E402
+from mindfoundry.debug.stats import tensor_stats  # noqa: E402
+from mindfoundry.model.spec import ModelSpec, init_weights  # noqa: E402
+from mindfoundry.train.schedule import step_scalars  # noqa: E402
+
+ALL = ("forward", "backward", "params", "grads", "optimizer")
+
+
+def _batch() -> tuple[np.ndarray, np.ndarray]:
+    ids = np.random.default_rng(0).integers(0, 300, (2, 2, 17)).astype(np.int32)  # 2 micro-batches
+    return ids[..., :-1], ids[..., 1:]
+
+
+@pytest.fixture(scope="module")
+def engines():
+    from mf_testing import tiny_config
+
+    out = {}
+    for name in ("mindspore", "torch"):
+        cfg = tiny_config(train={"grad_accum": 2, "micro_batch_size": 2}).model_copy(update={"backend": name})
+        spec = ModelSpec.from_config(cfg.model)
+        out[name] = (create_backend(cfg, spec), cfg, spec)
+    return out
+
+
+def _reset(engine) -> None:
+    backend, _, spec = engine
+    backend.load_weights(init_weights(spec, 11))
+    backend.load_optimizer_state({k: np.zeros_like(v) for k, v in backend.optimizer_state().items()}, 0)
+
+
+def test_both_engines_dump_the_same_tensors(engines, tmp_path) -> None:
+    ids, labels = _batch()
+    dumps, outs = {}, {}
+    for name, engine in engines.items():
+        _reset(engine)
+        backend, cfg, _ = engine
+        plain = backend.train_step(ids, labels, step_scalars(1, 10, cfg.optim, labels.size))  # compiled step
+        _reset(engine)
+        w = DumpWriter(tmp_path / name, 1, 0, "tensor", {"backend": name})
+        outs[name] = backend.train_step(ids, labels, step_scalars(1, 10, cfg.optim, labels.size), Probe(w, directions=ALL))
+        assert outs[name].loss == pytest.approx(plain.loss, rel=1e-6)  # the hooked debug step computes the same step
+        assert outs[name].grad_norm == pytest.approx(plain.grad_norm, rel=1e-5)
+        w.close()
+        dumps[name] = read_dump(w.dir)
+    ms, pt = dumps["mindspore"], dumps["torch"]
+    names = [r["name"] for r in ms.records]
+    assert sorted(names) == sorted(r["name"] for r in pt.records)  # no mapping file: the engines share names
+    assert len(names) == 294 and len(set(names)) == len(names)
+    for must in ("layers.1.attn.q_proj.forward.1.output.0", "layers.0.mlp.backward.0.grad_input.0", "model.forward.0.output.0",
+                 "grad.layers.1.mlp.down_proj.weight", "exp_avg_sq.embed.weight", "loss.forward.1.output.0"):
+        assert must in names
+    # the two micro-batch losses add up to the step's loss
+    loss = sum(r["mean"] for r in ms.records if r["kind"] == "loss")
+    assert loss == pytest.approx(outs["mindspore"].loss, rel=1e-6)
+    by_name = pt.by_name()
+    worst = 0.0
+    for r in ms.records:
+        a, b = np.asarray(ms.array(r), np.float64), np.asarray(pt.array(by_name[r["name"]]), np.float64)
+        assert a.shape == b.shape, r["name"]
+        worst = max(worst, float(np.abs(a - b).max() / (np.abs(b).max() + 1e-12)))
+        assert tensor_stats(ms.array(r))["norm"] == pytest.approx(r["norm"], rel=1e-6)  # index stats = the stored array
+    assert worst < 1e-4  # every forward/backward tensor agrees across engines
+
+
+@pytest.mark.parametrize("name", ["mindspore", "torch"])
+@pytest.mark.parametrize("module,direction", [("layers.1.mlp", "forward"), ("layers.0.attn.v_proj", "backward"),
+                                              ("layers.1.attn_norm", "backward"), ("embed", "forward")])
+def test_injected_inf_is_located_exactly(engines, tmp_path, name, module, direction) -> None:
+    _reset(engines[name])
+    backend, cfg, _ = engines[name]
+    before = backend.weights()
+    ids, labels = _batch()
+    w = DumpWriter(tmp_path, 1, 0, "statistics", {})
+    out = backend.train_step(ids, labels, step_scalars(1, 10, cfg.optim, labels.size), Probe(w, inject=Injection(module, direction)))
+    w.close()
+    assert not out.applied  # the non-finite update was dropped...
+    after = backend.weights()
+    assert all(np.array_equal(before[k], after[k]) for k in before)  # ...so the state is the step's input
+    found = locate_overflow(read_dump(w.dir))
+    assert (found.module, found.direction) == (module, direction)
+    assert found.record["inf"] == found.record["count"] and found.given["nan"] + found.given["inf"] == 0
+
+
+def test_trainer_dumps_chosen_steps_and_locates_an_injected_fault(tiny_run, tmp_path) -> None:
+    from mindfoundry.cli import main
+
+    cfg = tiny_run(debug__dump={"steps": "1|3", "mode": "tensor", "modules": ["layers.1.*"]},
+                   debug__inject_inf={"step": 2, "module": "layers.0.mlp.up_proj", "direction": "backward"})
+    assert main(["train", str(cfg), "--set", "train.steps=4", "--set", "checkpoint.every=0"]) == 0
+    run = tmp_path / "run"
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    dumps = [e for e in events if e.get("event") == "dump"]
+    assert [e["step"] for e in dumps] == [1, 3]
+    step1 = read_dump(run / "dump" / "step1" / "rank0")
+    assert step1.meta["backend"] == "mindspore" and step1.meta["mode"] == "tensor"
+    assert all(r["module"].startswith("layers.1.") or r["module"] == "loss" for r in step1.records)
+    overflow = [e for e in events if e.get("event") == "overflow"]
+    assert len(overflow) == 1 and overflow[0]["step"] == 2
+    assert (overflow[0]["module"], overflow[0]["direction"]) == ("layers.0.mlp.up_proj", "backward")
+    report = json.loads((run / "overflow" / "step2" / "rank0" / "overflow.json").read_text())
+    assert report["tensor"] == "layers.0.mlp.up_proj.backward.0.grad_input.0"
+    steps = {e["step"]: e for e in events if "loss" in e and "event" not in e}
+    assert steps[2]["applied"] is False and steps[3]["applied"] is True  # skipped, then training went on
