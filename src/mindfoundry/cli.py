@@ -23,6 +23,7 @@ from mindfoundry.config.schema import RunConfig
 from mindfoundry.cli_ckpt import add_ckpt_commands
 from mindfoundry.cli_report import add_report_commands
 from mindfoundry.cli_data import add_data_commands
+from mindfoundry.cli_debug import add_debug_commands
 
 console = Console(stderr=True, soft_wrap=True)  # never wrap: one problem = one line
 EXIT_USER_ERROR = 2
@@ -36,12 +37,14 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from mindfoundry.data.prepared import DataError
     from mindfoundry.data.sources import DataSourceError
     from mindfoundry.data.tokenizer import TokenizerError
+    from mindfoundry.debug.dump import DumpError
+    from mindfoundry.debug.probe import ProbeError
     from mindfoundry.monitor.records import MetricsError
     from mindfoundry.train.rundir import RunDirError
     from mindfoundry.train.trainer import LayoutUnsupported
 
     return (LayoutUnsupported, ConfigError, DataError, DataSourceError, ShardError, CheckpointError, RunDirError, BackendUnavailable,
-            TokenizerError, MetricsError, FileExistsError, FileNotFoundError)
+            TokenizerError, MetricsError, DumpError, ProbeError, FileExistsError, FileNotFoundError)
 
 
 
@@ -204,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_data_commands(sub)
     add_ckpt_commands(sub)
     add_report_commands(sub)
+    add_debug_commands(sub)
     return parser
 
 

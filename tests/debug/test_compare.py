@@ -223,8 +223,8 @@ def test_reports(tmp_path: Path):
 
     lines = summary_lines(cmp)
     assert any(line.startswith("first divergence: #3 layers.0.mlp.forward.0.output.0") for line in lines)
-    assert "worst modules:" in lines and lines[-1] == "FAILED"
-    assert lines[lines.index("worst modules:") + 1].startswith("  layers.0.mlp: 1 error")
+    head = next(i for i, line in enumerate(lines) if line.startswith("top-5 modules"))
+    assert lines[head + 1].startswith("  layers.0.mlp: introduces") and "1 error" in lines[head + 1] and lines[-1] == "FAILED"
 
 
 def test_statistics_report_and_empty_comparison(tmp_path: Path):

@@ -117,3 +117,13 @@ def test_trainer_dumps_chosen_steps_and_locates_an_injected_fault(tiny_run, tmp_
     assert report["tensor"] == "layers.0.mlp.up_proj.backward.0.grad_input.0"
     steps = {e["step"]: e for e in events if "loss" in e and "event" not in e}
     assert steps[2]["applied"] is False and steps[3]["applied"] is True  # skipped, then training went on
+
+
+def test_hookable_modules_are_the_spec_names(engines) -> None:
+    from mindfoundry.backends.mindspore.probe_hooks import hookable_modules as ms_modules
+    from mindfoundry.backends.torch.probe_hooks import hookable_modules as pt_modules
+    from mindfoundry.model.spec import module_names
+
+    spec = engines["torch"][2]
+    assert list(pt_modules(engines["torch"][0].model)) == module_names(spec)
+    assert list(ms_modules(engines["mindspore"][0].model)) == module_names(spec)

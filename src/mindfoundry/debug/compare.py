@@ -107,6 +107,13 @@ class Comparison:
     thresholds: Thresholds = field(default_factory=Thresholds)
 
     def first_divergence(self) -> TensorComparison | None:
+        """The first tensor, in execution order, that is not a pass. Warnings count: two correct
+        fp32 runs of the same model pass every tensor by orders of magnitude, so the first warning
+        is already where they part (a changed epsilon can stay a warning for one module and only
+        become an error downstream)."""
+        return next((r for r in self.rows if r.verdict != "pass"), None)
+
+    def first_error(self) -> TensorComparison | None:
         return next((r for r in self.rows if r.verdict == "error"), None)
 
     def lowest_cosine(self) -> TensorComparison | None:
@@ -127,14 +134,22 @@ class Comparison:
         """No error row and no unmatched activation. Unmatched parameters, gradients and optimizer
         moments do not fail the comparison: they differ when the dumps selected different
         directions or parameter patterns, which says nothing about the numerics."""
-        return not self.first_divergence() and not self.unmatched_activations()
+        return not self.first_error() and not self.unmatched_activations()
 
     def worst_modules(self, k: int = 5) -> list[dict[str, Any]]:
-        """Per module: tensors, errors, warnings, min cosine, max max_abs / max_rel / norm_rel_diff and
-        the worst tensor; modules with more errors first, then lower cosine, then larger max_abs."""
+        """The k modules that introduce the most error, worst first.
+
+        A module's *introduced* error is how much worse its output is than its input (forward: the
+        relative RMSE of the output minus that of the input; backward: of the gradient it sends
+        minus the gradient it receives; a parameter's own relative error counts as introduced).
+        Ranking by introduced rather than absolute error puts the culprit ahead of the modules
+        downstream that merely carry its error on. The whole model ('model') and the loss are
+        aggregates of everything and are not ranked."""
+        by_name = {r.name: r for r in self.rows}
         groups: dict[str, list[TensorComparison]] = {}
         for r in self.rows:
-            groups.setdefault(r.module, []).append(r)
+            if r.module not in _AGGREGATES:
+                groups.setdefault(r.module, []).append(r)
 
         def top(values: list[float | None], pick) -> float | None:
             present = [v for v in values if v is not None]
@@ -142,6 +157,7 @@ class Comparison:
 
         out = [{
             "module": module,
+            "introduced": max((_introduced(r, by_name) for r in rows), default=0.0),
             "tensors": len(rows),
             "errors": sum(r.verdict == "error" for r in rows),
             "warnings": sum(r.verdict == "warning" for r in rows),
@@ -151,10 +167,32 @@ class Comparison:
             "max_norm_rel_diff": top([r.norm_rel_diff for r in rows], max),
             "worst": max(rows, key=_badness).name,
         } for module, rows in groups.items()]
-        out.sort(key=lambda m: (-m["errors"], -m["warnings"],
-                                1.0 if m["min_cosine"] is None else m["min_cosine"],
-                                -(m["max_abs"] if m["max_abs"] is not None else m["max_norm_rel_diff"] or 0.0)))
+        out.sort(key=lambda m: (-m["introduced"], -m["errors"], 1.0 if m["min_cosine"] is None else m["min_cosine"]))
         return out[:k]
+
+
+_AGGREGATES = ("model", "loss")
+_SOURCE = {"forward_output": (".output.0", ".input.0"), "backward_grad_input": (".grad_input.0", ".grad_output.0")}
+
+
+def relative_error(row: TensorComparison | None) -> float:
+    """Size of the difference relative to the reference: RMSE / RMS(B) with arrays, else the norm's relative difference."""
+    if row is None:
+        return 0.0
+    if row.rmse is not None and row.norm_b:
+        count = math.prod(row.shape_b) or 1
+        return row.rmse / (row.norm_b / math.sqrt(count))
+    return row.norm_rel_diff or 0.0
+
+
+def _introduced(row: TensorComparison, by_name: dict[str, TensorComparison]) -> float:
+    """Error of `row` beyond that of what its module was given (0 for gradients and moments: derived values)."""
+    if row.kind == "param":
+        return relative_error(row)
+    if row.kind not in _SOURCE:
+        return 0.0
+    produced, given = _SOURCE[row.kind]
+    return max(relative_error(row) - relative_error(by_name.get(row.name.replace(produced, given))), 0.0)
 
 
 # -- metrics ---------------------------------------------------------------------------------

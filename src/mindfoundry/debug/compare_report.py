@@ -70,7 +70,8 @@ def describe(row: TensorComparison) -> str:
 def _module_line(m: dict[str, Any]) -> str:
     numbers = (f"min cosine {_num(m['min_cosine'], '.6g')}, max abs {_num(m['max_abs'], '.4g')}"
                if m["min_cosine"] is not None else f"norm differs up to {_num(m['max_norm_rel_diff'], '.2%')}")
-    return f"{m['module']}: {m['errors']} error, {m['warnings']} warning of {m['tensors']}; {numbers}; worst {m['worst']}"
+    return (f"{m['module']}: introduces {m['introduced']:.3g} relative error; {m['errors']} error, {m['warnings']} warning "
+            f"of {m['tensors']}; {numbers}; worst {m['worst']}")
 
 
 def summary_lines(cmp: Comparison) -> list[str]:
@@ -88,7 +89,7 @@ def summary_lines(cmp: Comparison) -> list[str]:
     low = cmp.lowest_cosine()
     if low is not None:
         lines.append(f"lowest cosine: #{low.seq} {low.name}: {describe(low)}")
-    lines.append("worst modules:")
+    lines.append("top-5 modules (by the error they introduce: output error minus input error):")
     lines += [f"  {_module_line(m)}" for m in cmp.worst_modules(5)]
     unmatched = cmp.unmatched_activations()
     if unmatched:
@@ -125,12 +126,12 @@ def _rows_table(cmp: Comparison) -> str:
 
 
 def _modules_table(cmp: Comparison) -> str:
-    head = "".join(f"<th>{h}</th>" for h in ("module", "tensors", "errors", "warnings", "min cosine", "max abs",
+    head = "".join(f"<th>{h}</th>" for h in ("module", "introduced error", "tensors", "errors", "warnings", "min cosine", "max abs",
                                              "max rel", "max norm rel diff", "worst tensor"))
     body = "".join(
         "<tr>" + f"<td>{_e(m['module'])}</td>"
         + "".join(f"<td class=\"num\">{_e(_num(m[k], fmt))}</td>" for k, fmt in
-                  (("tensors", "d"), ("errors", "d"), ("warnings", "d"), ("min_cosine", ".6g"), ("max_abs", ".4g"),
+                  (("introduced", ".4g"), ("tensors", "d"), ("errors", "d"), ("warnings", "d"), ("min_cosine", ".6g"), ("max_abs", ".4g"),
                    ("max_rel", ".4g"), ("max_norm_rel_diff", ".2%")))
         + f"<td>{_e(m['worst'])}</td></tr>" for m in cmp.worst_modules(5))
     return f"<table id=\"worst-modules\"><tr>{head}</tr>{body}</table>"

@@ -22,6 +22,10 @@ DIRECTIONS = ("forward", "backward", "params", "grads", "optimizer")
 ROOT = "model"  # the whole model's module name (its output is the logits)
 
 
+class ProbeError(ValueError):
+    """A dump selection or fault injection that does not fit the model."""
+
+
 @dataclass(frozen=True)
 class Injection:
     """Replace `module`'s output (forward) or its input gradient (backward) by `value` on its first call."""
@@ -29,6 +33,21 @@ class Injection:
     module: str
     direction: str = "forward"
     value: float = math.inf
+
+
+def select_modules(patterns: Iterable[str], names: list[str]) -> list[str]:
+    """The names matching any pattern; none matching is an error (a typo would silently dump nothing)."""
+    patterns = list(patterns)
+    chosen = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+    if not chosen:
+        raise ProbeError(f"dump modules {patterns} match no module; names look like {names[:4]} "
+                         f"(patterns use * and ?, e.g. 'layers.1.*')")
+    return chosen
+
+
+def check_injection(module: str, names: list[str]) -> None:
+    if module not in names:
+        raise ProbeError(f"inject module '{module}' is not a module of this model; choose one of e.g. {names[:6]}")
 
 
 class Probe:
@@ -41,7 +60,7 @@ class Probe:
         self.directions = frozenset(directions)
         unknown = self.directions - set(DIRECTIONS)
         if unknown:
-            raise ValueError(f"dump directions {sorted(unknown)} unknown: choose from {', '.join(DIRECTIONS)}")
+            raise ProbeError(f"dump directions {sorted(unknown)} unknown: choose from {', '.join(DIRECTIONS)}")
         self.inject = inject
         self._calls: dict[tuple[str, str], int] = defaultdict(int)
         self._injected: set[str] = set()
@@ -52,14 +71,10 @@ class Probe:
     def modules(self, available: Iterable[str]) -> list[str]:
         """Modules to hook: those matching a pattern (when dumping) plus the injection target."""
         names = list(available)
-        chosen = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in self.patterns)] if self.writer else []
-        if self.writer and ({"forward", "backward"} & self.directions) and not chosen:
-            raise ValueError(f"dump modules {list(self.patterns)} match no module; names look like {names[:4]} "
-                             f"(patterns use * and ?, e.g. 'layers.1.*')")
+        dumping = self.writer is not None and bool({"forward", "backward"} & self.directions)
+        chosen = select_modules(self.patterns, names) if dumping else []
         if self.inject:
-            if self.inject.module not in names:
-                raise ValueError(f"inject module '{self.inject.module}' is not a module of this model; "
-                                 f"choose one of e.g. {names[:6]}")
+            check_injection(self.inject.module, names)
             if self.inject.module not in chosen:
                 chosen.append(self.inject.module)
         return chosen

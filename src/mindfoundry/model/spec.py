@@ -97,6 +97,20 @@ def module_boundaries(spec: ModelSpec) -> list[str]:
     return ["embed", *(f"layers.{i}" for i in range(spec.n_layers)), "norm"]
 
 
+def module_names(spec: ModelSpec) -> list[str]:
+    """Every module that runs a forward, in definition order; 'model' is the whole model.
+
+    Both engines' hookable modules carry exactly these names (a contract test holds them to it), so
+    dump selections and fault injections are checked before a run starts, without an engine.
+    """
+    block = ["attn_norm", "attn", "attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp_norm", "mlp",
+             "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+    names = ["model", "embed"]
+    for i in range(spec.n_layers):
+        names += [f"layers.{i}", *(f"layers.{i}.{m}" for m in block)]
+    return names + ["norm"] + ([] if spec.tie_embeddings else ["lm_head"])
+
+
 def decays(name: str, shape: tuple[int, ...]) -> bool:
     """Weight decay applies to matrices only, never to norm weights or biases (1-D)."""
     return len(shape) >= 2

@@ -19,8 +19,9 @@ from mindfoundry.config.load import config_hash
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.debug.dump import INDEX_FILE, DumpWriter, leaf_dir, read_dump
 from mindfoundry.debug.locate import Overflow, locate_overflow
-from mindfoundry.debug.probe import Injection, Probe
+from mindfoundry.debug.probe import Injection, Probe, check_injection, select_modules
 from mindfoundry.debug.steps import parse_selection
+from mindfoundry.model.spec import ModelSpec, module_names
 
 OVERFLOW_DIR = "overflow"
 
@@ -37,6 +38,15 @@ class StepDebugger:
         self.root = Path(d.dump.dir) if d.dump.dir else Path(run_dir) / "dump"
         self.overflow_root = Path(run_dir) / OVERFLOW_DIR
         self._injected: set[int] = set()
+        self._check(module_names(ModelSpec.from_config(cfg.model)))
+
+    def _check(self, names: list[str]) -> None:
+        """Fail before training, not at the dumped step: patterns must match, the injected module must exist."""
+        d, inj = self.cfg.debug.dump, self.cfg.debug.inject_inf
+        if self.steps and {"forward", "backward"} & set(d.directions):
+            select_modules(d.modules, names)
+        if inj is not None:
+            check_injection(inj.module, names)
 
     def _meta(self, backend: Backend, purpose: str) -> dict[str, Any]:
         return {"backend": backend.name, "precision": self.cfg.train.precision, "purpose": purpose,

@@ -1,0 +1,143 @@
+"""`mindfoundry dump|compare|align`: precision debugging from the command line.
+
+dump     replays a run's first steps (or continues from its newest checkpoint) in a scratch folder,
+         dumping the chosen steps; the run itself is never touched.
+compare  two dumps, tensor by tensor: verdicts, first divergence, top-5 modules, CSV and HTML.
+align    the same weights and batches through two engines (or precisions), dumped and compared.
+Exit status of compare and align: 0 pass, 1 fail, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+from mindfoundry.cli_args import add_config_arguments, config_from_args
+from mindfoundry.config.load import ConfigError
+
+console = Console(stderr=True, soft_wrap=True)
+
+
+def _dump_config(cfg, args: argparse.Namespace, out: Path):
+    """The run's config with the command line's dump choices, checkpoints off, in a scratch run dir."""
+    from mindfoundry.config.schema import DumpConfig
+
+    chosen = {k: v for k, v in (("steps", args.steps), ("mode", args.mode), ("modules", args.modules),
+                                ("directions", args.directions)) if v}
+    try:
+        dump = DumpConfig.model_validate({**cfg.debug.dump.model_dump(), **chosen, "dir": str(out)})
+    except ValueError as exc:
+        raise ConfigError(str(exc).splitlines()[-1].strip()) from None
+    if not dump.steps:
+        raise ConfigError("no steps to dump: pass --steps (e.g. --steps '1|50-60') or set debug.dump.steps")
+    return cfg.model_copy(deep=True, update={
+        "run_dir": str(out / "replay"),
+        "debug": cfg.debug.model_copy(update={"dump": dump}),
+        "checkpoint": cfg.checkpoint.model_copy(update={"every": 0, "keep_last": 1}),
+        "train": cfg.train.model_copy(update={"eval_every": 0}),
+        "monitor": cfg.monitor.model_copy(update={"tensorboard": False}),
+    })
+
+
+def cmd_dump(args: argparse.Namespace) -> int:
+    from mindfoundry.data.prepare import prepare_data
+    from mindfoundry.debug.steps import parse_selection
+    from mindfoundry.train.trainer import Trainer
+
+    cfg = config_from_args(args)
+    out = Path(args.out) if args.out else Path(cfg.run_dir) / "dump"
+    dcfg = _dump_config(cfg, args, out)
+    if (out / "replay").exists():
+        raise FileExistsError(f"{out} holds an earlier dump: choose another --out (dumps are never overwritten)")
+    (out / "replay").mkdir(parents=True)
+    data = prepare_data(cfg, log=console.print)
+    trainer = Trainer(dcfg, data, out / "replay", console)
+    if args.resume == "auto":
+        trainer.resume_from = Path(cfg.run_dir)
+    last = parse_selection(dcfg.debug.dump.steps).last
+    result = trainer.run(resume=args.resume == "auto", stop_at_step=last)
+    console.print(f"dumped steps {dcfg.debug.dump.steps} (reached step {result.step}) into {out}", highlight=False)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from mindfoundry.debug.compare import Thresholds, compare_trees
+    from mindfoundry.debug.compare_report import summary_lines, write_csv, write_html
+
+    comparisons = compare_trees(Path(args.dump_a), Path(args.dump_b), Thresholds(cosine_error=args.cosine, abs_error=args.max_abs))
+    out = Path(args.out) if args.out else Path(args.dump_a).parent / f"compare-{Path(args.dump_a).name}-vs-{Path(args.dump_b).name}"
+    out.mkdir(parents=True, exist_ok=True)
+    for cmp in comparisons:
+        leaf = f"step{cmp.meta_a.get('step')}-rank{cmp.meta_a.get('rank')}"
+        for line in summary_lines(cmp):
+            console.print(line, highlight=False)
+        console.print(f"csv: {write_csv(cmp, out / f'{leaf}.csv')}", highlight=False)
+    console.print(f"html: {write_html(comparisons, out / 'compare.html')}", highlight=False)
+    return 0 if all(c.passed() for c in comparisons) else 1
+
+
+def cmd_align(args: argparse.Namespace) -> int:
+    from mindfoundry.data.prepare import prepare_data
+    from mindfoundry.debug.align import AlignThresholds, Side, align
+    from mindfoundry.debug.compare_report import summary_lines
+    from mindfoundry.train.rundir import prepare_run_dir
+
+    cfg = config_from_args(args)
+    try:
+        a, b = Side.parse(args.a), Side.parse(args.b)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    out = Path(args.out) if args.out else Path(cfg.run_dir) / "align" / f"{a.label}-vs-{b.label}"
+    prepare_run_dir(cfg, resume=True, overwrite=False)
+    data = prepare_data(cfg, log=console.print)
+    thresholds = AlignThresholds(loss_abs=args.loss_abs, loss_rel=args.loss_rel, grad_norm_rel=args.grad_norm_rel)
+    result = align(cfg, data, a, b, out, steps=args.steps, mode=args.mode, thresholds=thresholds, log=console.print)
+    for line in summary_lines(result.comparisons[0])[:-1]:
+        console.print(line, highlight=False)
+    for s in result.steps:
+        console.print(f"step {s.step}: loss {s.loss_a:.6f} vs {s.loss_b:.6f} (abs {s.loss_abs_err:.2e}, rel {s.loss_rel_err:.2e}) "
+                      f"{'ok' if s.loss_ok else 'FAIL'}; grad norm {s.grad_norm_a:.6f} vs {s.grad_norm_b:.6f} "
+                      f"(rel {s.grad_norm_rel_err:.2e}) {'ok' if s.grad_norm_ok else 'FAIL'}", highlight=False)
+    low = result.lowest_cosine()
+    if low is not None:
+        console.print(f"lowest cosine: {low.cosine:.6g} ({low.name})", highlight=False)
+    console.print(f"report: {result.files['html']}; summary: {out / 'align.json'}", highlight=False)
+    verdict = "[green]ALIGN PASS[/]" if result.passed else "[red]ALIGN FAIL[/]"
+    console.print(f"{verdict} {a.label} vs {b.label} (thresholds: loss abs < {thresholds.loss_abs} or rel < {thresholds.loss_rel:.1%}; "
+                  f"grad norm rel <= {thresholds.grad_norm_rel:.0%})")
+    return 0 if result.passed else 1
+
+
+def add_debug_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("dump", help="replay a run's steps in a scratch folder and dump chosen steps (the run is not touched)")
+    add_config_arguments(p)
+    p.add_argument("--steps", help="steps to dump, e.g. '1|50-60' (default: debug.dump.steps)")
+    p.add_argument("--mode", choices=["statistics", "tensor"], help="statistics (default) or full tensors")
+    p.add_argument("--modules", nargs="+", metavar="PATTERN", help="module-name patterns, e.g. 'layers.1.*' (default: all)")
+    p.add_argument("--directions", nargs="+", choices=["forward", "backward", "params", "grads", "optimizer"])
+    p.add_argument("--out", help="dump folder (default RUN_DIR/dump)")
+    p.add_argument("--resume", choices=["auto", "none"], default="none",
+                   help="auto: start from the run's newest valid checkpoint instead of the initial weights")
+    p.set_defaults(func=cmd_dump)
+
+    p = sub.add_parser("compare", help="compare two dumps: cosine, max abs/rel error, RMSE, verdicts, first divergence")
+    p.add_argument("dump_a", help="dump folder (a step{N}/rank{R} folder or a dump root)")
+    p.add_argument("dump_b", help="the reference dump (e.g. the PyTorch baseline)")
+    p.add_argument("--out", help="report folder (default: next to DUMP_A)")
+    p.add_argument("--cosine", type=float, default=0.99, help="error when cosine is below this and max abs above --max-abs (0.99)")
+    p.add_argument("--max-abs", type=float, default=1e-3, help="absolute errors up to this always pass (0.001)")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("align", help="same weights and batches through two engines or precisions; dump, compare, pass/fail")
+    add_config_arguments(p)
+    p.add_argument("--a", default="mindspore", help="ENGINE[:PRECISION] under test (default mindspore)")
+    p.add_argument("--b", default="torch", help="reference ENGINE[:PRECISION] (default torch), e.g. 'mindspore:fp16' vs --a mindspore")
+    p.add_argument("--steps", type=int, default=1, help="optimizer steps to run and compare (default 1)")
+    p.add_argument("--mode", choices=["statistics", "tensor"], default="tensor", help="dump mode (tensor: full metrics; default)")
+    p.add_argument("--out", help="output folder (default RUN_DIR/align/A-vs-B)")
+    p.add_argument("--loss-abs", type=float, default=0.005, help="first-step loss passes when the abs error is below this ...")
+    p.add_argument("--loss-rel", type=float, default=0.005, help="... or the relative error below this (0.5%%)")
+    p.add_argument("--grad-norm-rel", type=float, default=0.10, help="grad norm relative error allowed (10%%)")
+    p.set_defaults(func=cmd_align)

@@ -1,0 +1,124 @@
+"""Cross-engine alignment: a deliberately broken layer is found; identical runs pass; the CLI works."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mindspore")
+pytest.importorskip("torch")
+
+from mindfoundry.backends.base import create_backend  # noqa: E402
+from mindfoundry.cli import main  # noqa: E402
+from mindfoundry.debug.align import run_side  # noqa: E402
+from mindfoundry.debug.compare import compare_trees  # noqa: E402
+from mindfoundry.model.spec import ModelSpec, init_weights  # noqa: E402
+
+
+def _aligned(tmp_path: Path, perturb=None, mode: str = "tensor"):
+    """One step of both engines from the same weights and batch; `perturb(name, backend, weights)` breaks one."""
+    from mf_testing import tiny_config
+
+    ids = np.random.default_rng(0).integers(0, 300, (2, 2, 17)).astype(np.int32)
+    batches = [(ids[..., :-1], ids[..., 1:])]
+    for name in ("mindspore", "torch"):
+        cfg = tiny_config(train={"grad_accum": 2, "micro_batch_size": 2}).model_copy(update={"backend": name})
+        spec = ModelSpec.from_config(cfg.model)
+        backend, weights = create_backend(cfg, spec), init_weights(spec, 11)
+        if perturb:
+            perturb(name, backend, weights)
+        backend.load_weights(weights)
+        run_side(backend, cfg, batches, tmp_path / name, mode)
+    [cmp] = compare_trees(tmp_path / "mindspore", tmp_path / "torch")
+    return cmp
+
+
+def test_identical_runs_pass_everything(tmp_path) -> None:
+    cmp = _aligned(tmp_path)
+    assert cmp.counts() == {"pass": 294, "warning": 0, "error": 0} and cmp.passed()
+    assert cmp.first_divergence() is None and cmp.lowest_cosine().cosine > 0.999999
+
+
+def test_changed_rmsnorm_epsilon_is_the_first_divergence(tmp_path) -> None:
+    def perturb(name, backend, _weights):
+        if name == "torch":
+            backend.model.layers[1].attn_norm.eps = 1e-2  # the MindSpore side keeps 1e-5
+
+    cmp = _aligned(tmp_path, perturb)
+    first = cmp.first_divergence()
+    assert (first.name, first.verdict) == ("layers.1.attn_norm.forward.0.output.0", "warning")
+    assert all(r.verdict == "pass" for r in cmp.rows if r.seq < first.seq)  # nothing before it differs
+    top = [m["module"] for m in cmp.worst_modules(5)]
+    assert top[0] == "layers.1.attn_norm"
+    assert not cmp.passed() and cmp.first_error() is not None  # the error grows downstream
+
+
+def test_transposed_weight_is_found(tmp_path) -> None:
+    def perturb(name, _backend, weights):
+        if name == "mindspore":
+            weights["layers.1.attn.o_proj.weight"] = weights["layers.1.attn.o_proj.weight"].T.copy()
+
+    cmp = _aligned(tmp_path, perturb)
+    first = cmp.first_divergence()
+    assert (first.name, first.verdict) == ("param.layers.1.attn.o_proj.weight", "error")
+    assert first.cosine < 0.1
+    forward = next(r for r in cmp.rows if r.verdict != "pass" and r.kind == "forward_output")
+    assert forward.name == "layers.1.attn.o_proj.forward.0.output.0"  # the first activation it spoils
+    assert "layers.1.attn.o_proj" in [m["module"] for m in cmp.worst_modules(5)]
+
+
+def test_statistics_mode_finds_the_same_layer(tmp_path) -> None:
+    def perturb(name, backend, _weights):
+        if name == "torch":
+            backend.model.layers[0].mlp_norm.eps = 1.0
+
+    cmp = _aligned(tmp_path, perturb, mode="statistics")
+    assert cmp.mode == "statistics"
+    assert cmp.first_divergence().name == "layers.0.mlp_norm.forward.0.output.0"
+    assert cmp.worst_modules(5)[0]["module"] == "layers.0.mlp_norm"
+
+
+@pytest.mark.slow
+def test_align_and_compare_cli(tiny_run, tmp_path, capsys) -> None:
+    cfg = tiny_run()
+    out = tmp_path / "al"
+    assert main(["align", str(cfg), "--steps", "2", "--out", str(out)]) == 0
+    summary = json.loads((out / "align.json").read_text())
+    assert summary["passed"] and len(summary["steps"]) == 2
+    assert summary["steps"][0]["loss_rel_err"] < 1e-5 and summary["steps"][1]["grad_norm_rel_err"] < 1e-4
+    assert summary["first_divergence"] is None and summary["lowest_cosine"]["cosine"] > 0.99999
+    assert (out / "compare.html").is_file() and (out / "compare_step1.csv").is_file() and (out / "compare_step2.csv").is_file()
+    assert main(["align", str(cfg), "--steps", "1", "--out", str(out)]) == 2  # never overwrites
+    # compare the two engines' dumps directly
+    assert main(["compare", str(out / "mindspore-fp32"), str(out / "torch-fp32"), "--out", str(tmp_path / "cmp")]) == 0
+    assert {p.name for p in (tmp_path / "cmp").iterdir()} == {"step1-rank0.csv", "step2-rank0.csv", "compare.html"}
+    # bad input: one line, exit 2
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path / "missing"), str(out / "torch-fp32")]) == 2
+    assert main(["align", str(cfg), "--b", "jax"]) == 2
+    assert main(["dump", str(cfg), "--steps", "1", "--modules", "layer.*"]) == 2
+    err = capsys.readouterr().err
+    assert "missing does not exist" in err and "side 'jax'" in err and "match no module" in err
+
+
+@pytest.mark.slow
+def test_dump_command_replays_without_touching_the_run(tiny_run, tmp_path) -> None:
+    cfg = tiny_run()
+    assert main(["train", str(cfg), "--set", "train.steps=3"]) == 0
+    run = tmp_path / "run"
+    before = sorted(p.relative_to(run) for p in run.rglob("*") if p.is_file())
+    out = tmp_path / "dump"
+    assert main(["dump", str(cfg), "--set", "train.steps=5", "--steps", "4|5", "--resume", "auto", "--out", str(out),
+                 "--directions", "forward", "params"]) == 0
+    assert sorted(p.relative_to(run) for p in run.rglob("*") if p.is_file()) == before  # the run is untouched
+    from mindfoundry.debug.dump import read_dump
+
+    d4 = read_dump(out / "step4" / "rank0")
+    assert {r["kind"] for r in d4.records} == {"forward_input", "forward_output", "loss", "param"}
+    replay = [json.loads(line) for line in (out / "replay" / "metrics.jsonl").read_text().splitlines()]
+    assert next(e for e in replay if e.get("event") == "resume")["step"] == 3  # continued from the run's checkpoint
+    step4 = next(e for e in replay if e.get("step") == 4 and "loss" in e and "event" not in e)
+    assert step4["loss"] == pytest.approx(d4.meta["loss"])
