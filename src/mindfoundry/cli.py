@@ -24,6 +24,7 @@ from mindfoundry.cli_ckpt import add_ckpt_commands
 from mindfoundry.cli_report import add_report_commands
 from mindfoundry.cli_data import add_data_commands
 from mindfoundry.cli_debug import add_debug_commands
+from mindfoundry.cli_parallel import add_parallel_commands
 
 console = Console(stderr=True, soft_wrap=True)  # never wrap: one problem = one line
 EXIT_USER_ERROR = 2
@@ -208,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_ckpt_commands(sub)
     add_report_commands(sub)
     add_debug_commands(sub)
+    add_parallel_commands(sub)
     return parser
 
 

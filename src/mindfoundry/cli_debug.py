@@ -2,9 +2,10 @@
 
 dump     replays a run's first steps (or continues from its newest checkpoint) in a scratch folder,
          dumping the chosen steps; the run itself is never touched.
+locate   the first non-finite tensor of each dumped step (the overflow locator on request).
 compare  two dumps, tensor by tensor: verdicts, first divergence, top-5 modules, CSV and HTML.
 align    the same weights and batches through two engines (or precisions), dumped and compared.
-Exit status of compare and align: 0 pass, 1 fail, 2 bad input.
+Exit status of locate, compare and align: 0 clean/pass, 1 non-finite/fail, 2 bad input.
 """
 
 from __future__ import annotations
@@ -60,6 +61,23 @@ def cmd_dump(args: argparse.Namespace) -> int:
     result = trainer.run(resume=args.resume == "auto", stop_at_step=last)
     console.print(f"dumped steps {dcfg.debug.dump.steps} (reached step {result.step}) into {out}", highlight=False)
     return 0
+
+
+def cmd_locate(args: argparse.Namespace) -> int:
+    """The first non-finite tensor of each (step, rank) of a dump: the overflow locator on request."""
+    from mindfoundry.debug.dump import iter_dumps
+    from mindfoundry.debug.locate import locate_overflow
+
+    clean = True
+    for dump in iter_dumps(Path(args.dump)):
+        found = locate_overflow(dump)
+        where = f"step {dump.meta.get('step')} rank {dump.meta.get('rank')}"
+        if found is None:
+            console.print(f"{where}: all {len(dump.records)} tensors finite", highlight=False)
+        else:
+            clean = False
+            console.print(f"{where}: {found.direction} {found.module}: {found.message()}", highlight=False)
+    return 0 if clean else 1
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -121,6 +139,10 @@ def add_debug_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", choices=["auto", "none"], default="none",
                    help="auto: start from the run's newest valid checkpoint instead of the initial weights")
     p.set_defaults(func=cmd_dump)
+
+    p = sub.add_parser("locate", help="name the first NaN/Inf tensor (in execution order) of each step of a dump")
+    p.add_argument("dump", help="dump folder (a step{N}/rank{R} folder or a dump root)")
+    p.set_defaults(func=cmd_locate)
 
     p = sub.add_parser("compare", help="compare two dumps: cosine, max abs/rel error, RMSE, verdicts, first divergence")
     p.add_argument("dump_a", help="dump folder (a step{N}/rank{R} folder or a dump root)")

@@ -52,6 +52,9 @@ BAD = [
     (with_("train.precision", "bf16"), "train.precision='bf16' is not available on the mindspore backend yet"),
     (with_("train.compile", True), "train.compile=true applies to the torch backend only"),
     (with_("device", "tpu"), "device='tpu': Input should be 'auto', 'cpu', 'gpu', 'cuda', 'ascend' or 'npu'"),
+    (with_("parallel.dp", 8), "unknown key 'parallel.dp': parallel.dp was split into dp_replicate (replicas) and dp_shard (FSDP shards): set one of them"),
+    (with_("parallel.tp", 3), "parallel.tp=3 does not divide model.n_heads=4: use tp in {1, 2, 4}"),
+    (with_("parallel.dp_shard", 0), "parallel.dp_shard=0: must be >= 1, or -1 for whatever is left of the world size"),
 ]
 
 
@@ -70,7 +73,7 @@ def test_all_problems_reported_at_once() -> None:
 
 def test_resolution_fills_defaults() -> None:
     cfg = validate(base() | {"model": {"d_model": 256, "n_heads": 4}, "optim": {"clip_norm": "auto"},
-                             "train": {"micro_batch_size": 8, "grad_accum": 4}, "parallel": {"dp": 2}})
+                             "train": {"micro_batch_size": 8, "grad_accum": 4}, "parallel": {"dp_shard": 2}})
     assert cfg.model.n_kv_heads == 4
     assert cfg.model.ffn_dim == 704  # 8/3*256 = 682.67 -> rounded up to a multiple of 64
     assert cfg.optim.clip_norm == pytest.approx(0.5 * (64 / 1024) ** 0.5)  # global batch 8*4*2 = 64

@@ -117,6 +117,9 @@ def test_trainer_dumps_chosen_steps_and_locates_an_injected_fault(tiny_run, tmp_
     assert report["tensor"] == "layers.0.mlp.up_proj.backward.0.grad_input.0"
     steps = {e["step"]: e for e in events if "loss" in e and "event" not in e}
     assert steps[2]["applied"] is False and steps[3]["applied"] is True  # skipped, then training went on
+    # the locator on request, over the dumps already written: exit 1 names the module, exit 0 when clean
+    assert main(["locate", str(run / "overflow")]) == 1
+    assert main(["locate", str(run / "dump")]) == 0
 
 
 def test_hookable_modules_are_the_spec_names(engines) -> None:

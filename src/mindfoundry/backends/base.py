@@ -53,6 +53,17 @@ class Backend(Protocol):
 
     name: str
     device_name: str  # as drivers report it ('cpu', 'NVIDIA H200', 'Ascend910B'): picks the MFU peak
+    # Several processes (torchrun): this process's rank and their number, and the slice of the global batch
+    # it trains on (dp_rank of dp_size); 0, 1, 0, 1 in one process. Only rank 0 writes files, but every rank
+    # calls weights()/optimizer_state() (collective under sharding) and eval_batch/logits (same batches).
+    rank: int
+    world_size: int
+    dp_rank: int
+    dp_size: int
+
+    def global_sum(self, value: float) -> float:
+        """`value` summed over the data-parallel ranks (collective); `value` itself in one process."""
+        ...
 
     def load_weights(self, weights: Mapping[str, np.ndarray]) -> None: ...
 

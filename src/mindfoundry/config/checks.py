@@ -11,6 +11,7 @@ from pathlib import Path
 
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.sources import BUILTIN_SOURCES
+from mindfoundry.parallel.layout import check_layout
 
 #: 256 byte symbols plus the EOS and PAD special tokens.
 MIN_BYTE_BPE_VOCAB = 258
@@ -130,8 +131,8 @@ def _dedup_problems(cfg: RunConfig) -> list[str]:
 def _train_problems(cfg: RunConfig) -> list[str]:
     out = []
     if cfg.backend == "mindspore" and cfg.train.precision == "bf16":
-        out.append("train.precision='bf16' is not available on the mindspore backend yet (its CPU kernels reject bf16): "
-                   "use precision: fp32, or backend: torch")
+        out.append("train.precision='bf16' is not available on the mindspore backend yet (MindSpore has no bf16 kernels on CPU): "
+                   "use train.precision: fp16 (mixed precision with dynamic loss scaling) or fp32, or backend: torch for bf16")
     if cfg.backend == "mindspore" and cfg.train.compile:
         out.append("train.compile=true applies to the torch backend only: MindSpore always compiles (GRAPH_MODE); remove it")
     if cfg.optim.warmup_steps > cfg.train.steps:
@@ -171,6 +172,17 @@ def _mixture_problems(cfg: RunConfig) -> list[str]:
     return out
 
 
+def _parallel_problems(cfg: RunConfig) -> list[str]:
+    """The layout rules that need no launcher (mindfoundry.parallel.layout): divisibility by the model's heads,
+    layers, vocabulary and the sequence, pipeline micro-batches, and parallel.world_size when it is set."""
+    out = check_layout(cfg.parallel, cfg.model, cfg.train)
+    p = cfg.parallel
+    if cfg.optim.clip_norm == "auto" and p.dp_shard == -1 and p.world_size is None:
+        out.append("optim.clip_norm='auto' depends on the global batch, which parallel.dp_shard=-1 leaves unknown until launch: "
+                   "set parallel.world_size (the number of processes) or a number for optim.clip_norm")
+    return out
+
+
 def cross_field_problems(cfg: RunConfig) -> list[str]:
     """All violated multi-field rules, in section order."""
-    return _model_problems(cfg) + _data_problems(cfg) + _mixture_problems(cfg) + _train_problems(cfg)
+    return _model_problems(cfg) + _data_problems(cfg) + _mixture_problems(cfg) + _train_problems(cfg) + _parallel_problems(cfg)

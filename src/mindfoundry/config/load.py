@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from mindfoundry.config.checks import cross_field_problems
-from mindfoundry.config.schema import RunConfig
+from mindfoundry.config.schema import RENAMED_KEYS, RunConfig
 
 
 class ConfigError(ValueError):
@@ -56,6 +56,8 @@ def _describe(error: dict[str, Any]) -> str:
     key = _format_loc(loc)
     kind = error["type"]
     if kind == "extra_forbidden":
+        if key in RENAMED_KEYS:
+            return f"unknown key '{key}': {RENAMED_KEYS[key]}"
         parent, name = loc[:-1], loc[-1]
         known = _known_keys(RunConfig, parent)
         close = difflib.get_close_matches(str(name), known, n=1)
@@ -145,6 +147,11 @@ def resolve(cfg: RunConfig) -> RunConfig:
     if m.ffn_dim is None:
         raw = int(8 * m.d_model / 3)
         m.ffn_dim = -(-raw // m.ffn_multiple_of) * m.ffn_multiple_of
+    p = cfg.parallel
+    if p.dp_shard == -1 and p.world_size is not None:
+        p.dp_shard = p.resolved_dp_shard()
+    if p.world_size is None and p.dp_shard != -1:
+        p.world_size = p.degree_product
     if cfg.optim.clip_norm == "auto":
         global_batch = cfg.train.micro_batch_size * cfg.train.grad_accum * cfg.parallel.dp
         cfg.optim.clip_norm = round(0.5 * (global_batch / 1024) ** 0.5, 6)

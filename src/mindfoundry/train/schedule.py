@@ -23,13 +23,15 @@ def learning_rate(step: int, total_steps: int, optim: OptimConfig) -> float:
 
 def step_scalars(
     step: int, total_steps: int, optim: OptimConfig, valid_tokens: int, *, adam_step: int | None = None,
-    loss_limit: float = math.inf, grad_limit: float = math.inf, loss_multiplier: float = 1.0,
+    loss_limit: float = math.inf, grad_limit: float = math.inf, loss_multiplier: float = 1.0, loss_scale: float = 1.0,
 ) -> StepScalars:
     """Everything the compiled step needs besides the batch, in float64 arithmetic as torch.optim.AdamW uses.
 
     `step` drives the LR schedule; `adam_step` (default: `step`) is the AdamW update number t for the
     bias corrections, which stays behind `step` once updates have been dropped. `loss_multiplier`
-    scales loss and gradients (used to inject faults in drills).
+    scales loss and gradients (used to inject faults in drills). `loss_scale` is the dynamic fp16 loss
+    scale S: the loss is multiplied by S before the backward pass and the summed gradients by 1/S after
+    it (S = 1, the default, leaves the fp32 arithmetic exactly as it is).
     """
     if valid_tokens <= 0:
         raise ValueError(f"step {step}: the global batch has no target tokens (all labels are padding)")
@@ -39,7 +41,8 @@ def step_scalars(
         lr=lr,
         step_size=lr / (1.0 - optim.beta1**t),
         bias_correction2_sqrt=math.sqrt(1.0 - optim.beta2**t),
-        loss_scale=loss_multiplier / valid_tokens,
+        loss_scale=loss_multiplier * loss_scale / valid_tokens,
         loss_limit=loss_limit,
         grad_limit=grad_limit,
+        grad_unscale=1.0 / loss_scale,
     )

@@ -36,6 +36,7 @@ from mindfoundry.monitor.tensorboard import TensorBoardSink
 from mindfoundry.train.anomaly import AnomalyMonitor
 from mindfoundry.train.debug_steps import StepDebugger
 from mindfoundry.train.layer_stats import layer_grad_norms, layer_update_ratios, layer_weight_norms
+from mindfoundry.train.loss_scale import DynamicLossScaler
 from mindfoundry.train.metrics import JsonlSink, MetricsLogger, ProgressSink
 from mindfoundry.train.rundir import METRICS_FILE, run_identity
 from mindfoundry.train.schedule import step_scalars
@@ -66,11 +67,13 @@ class LayoutUnsupported(RuntimeError):
 
 
 def check_layout(cfg: RunConfig) -> None:
-    """Single-process training only, for now: refuse dp > 1 instead of silently training on one device."""
-    if cfg.parallel.dp != 1:
+    """Single-process training only, for now: refuse a multi-process layout instead of silently training on one device."""
+    p = cfg.parallel
+    degrees = {name: getattr(p, name) for name in ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep") if getattr(p, name) != 1}
+    if degrees:
         raise LayoutUnsupported(
-            f"parallel.dp={cfg.parallel.dp}: data-parallel launch (msrun/torchrun) is not available in this version; "
-            "set parallel.dp=1 to train on one device"
+            f"parallel {', '.join(f'{k}={v}' for k, v in degrees.items())}: multi-process launch (msrun/torchrun) is not "
+            "available in this version; set these to 1 to train on one device"
         )
 
 
@@ -83,11 +86,15 @@ class Trainer:
         self.console = console or Console(stderr=True)
         self.spec = ModelSpec.from_config(cfg.model)
         self.source = training_source(cfg, data)
-        self.loader = TrainLoader(self.source, micro_batch_size=cfg.train.micro_batch_size, grad_accum=cfg.train.grad_accum)
+        self.backend = create_backend(cfg, self.spec)  # first: under torchrun it knows this rank's slice of the batch
+        self.loader = TrainLoader(self.source, micro_batch_size=cfg.train.micro_batch_size, grad_accum=cfg.train.grad_accum,
+                                  dp_rank=self.backend.dp_rank, dp_size=self.backend.dp_size)
+        self.is_main = self.backend.rank == 0  # only rank 0 writes metrics and checkpoints
         self._batches: BatchIterator | None = None
         self.val_samples = data.packed("validation", cfg.train.seq_len)
-        self.backend = create_backend(cfg, self.spec)
         self.anomaly = AnomalyMonitor(cfg.anomaly)
+        self.scaler = DynamicLossScaler(cfg.train.loss_scale_init, growth_interval=cfg.train.loss_scale_growth_interval,
+                                        enabled=cfg.train.precision == "fp16")  # disabled: scale 1.0 (fp32, bf16)
         self.debugger = StepDebugger(cfg, run_dir, log=self.console.print)
         self.health = HealthMonitor(cfg.monitor.health, cfg.optim.warmup_steps)
         self.peak: float | None = None  # device peak FLOP/s for MFU, measured/looked up before the loop
@@ -100,12 +107,13 @@ class Trainer:
         self.initial_eval: dict[str, Any] | None = None
         self.last_val_loss: float | None = None
         self._injected: set[tuple[str, int]] = set()
+        self.resume_from: Path | None = None  # another run's directory to resume from (`mindfoundry dump --resume auto`)
         self._stop_signal: int | None = None
         self._process = psutil.Process()
 
     # -- state -------------------------------------------------------------------------------
     def restore_or_init(self, resume: bool) -> None:
-        path, skipped = find_resumable(self.run_dir) if resume else (None, [])
+        path, skipped = find_resumable(self.resume_from or self.run_dir) if resume else (None, [])
         for note in skipped:
             self.console.print(f"[yellow]skipping checkpoint: {note}[/]")
         if path is None:
@@ -130,6 +138,8 @@ class Trainer:
         self.consumed_tokens = int(st["consumed_tokens"])
         self.skipped_windows = [list(w) for w in st.get("skipped_windows", [])]
         self.anomaly.load_state_dict(st.get("anomaly", {}))
+        if st.get("loss_scale", {}).get("enabled"):  # an fp16 checkpoint; an fp32 one leaves the configured initial scale
+            self.scaler.load_state_dict(st["loss_scale"])
         self.health.load_state_dict(st.get("health", {}))
         self.initial_eval = st.get("initial_eval")
         self.last_val_loss = st.get("val_loss")
@@ -142,7 +152,7 @@ class Trainer:
             "data_order": self._data_order(),
             "skipped_windows": self.skipped_windows,
             "lr_schedule": {"kind": "warmup_cosine", "step": self.step},
-            "loss_scale": {"enabled": False, "scale": 1.0, "note": "fp32 training; no loss scaling"},
+            "loss_scale": self.scaler.state_dict(),  # the dynamic fp16 loss scale; enabled=False, scale 1.0 otherwise
             "rng": {"note": "no in-graph randomness; data order = f(seed, position); init = f(seed)"},
             "anomaly": self.anomaly.state_dict(),
             "health": self.health.state_dict(),
@@ -175,9 +185,13 @@ class Trainer:
             self._batches.close()
             self._batches = None
 
-    def save(self) -> Path:
+    def save(self) -> Path | None:
+        """Write a checkpoint (rank 0; the other ranks take part in gathering the state and get None)."""
+        weights, optimizer = self.backend.weights(), self.backend.optimizer_state()  # collective under sharding
+        if not self.is_main:
+            return None
         return save_checkpoint(
-            self.run_dir, self.step, self.backend.weights(), self.backend.optimizer_state(), self.trainer_state(),
+            self.run_dir, self.step, weights, optimizer, self.trainer_state(),
             self.retention, extra_files={"data_manifest.json": self.data.manifest_bytes},
         )
 
@@ -199,8 +213,8 @@ class Trainer:
         Preempted; an exception outside the compiled step checkpoints the last consistent step first."""
         cfg, t = self.cfg, self.cfg.train
         self.restore_or_init(resume)
-        sinks: list = [JsonlSink(self.run_dir / METRICS_FILE)]
-        if cfg.monitor.tensorboard:  # before the start/resume event: a resume marker trims the replayed steps
+        sinks: list = [JsonlSink(self.run_dir / METRICS_FILE)] if self.is_main else []
+        if cfg.monitor.tensorboard and self.is_main:  # before the start/resume event: a resume marker trims the replayed steps
             sinks.append(TensorBoardSink(self.run_dir / "tb"))
         logger = MetricsLogger(sinks)
         flops_tok = flops_per_token(self.spec, t.seq_len)
@@ -211,7 +225,7 @@ class Trainer:
         if self.step == 0:
             self.initial_eval = self.evaluate().to_dict()
             logger.log({"step": 0, **self.initial_eval})
-        logger.sinks.append(ProgressSink(t.steps, self.step, self.console, cfg.monitor.progress, t.log_every))
+        logger.sinks.append(ProgressSink(t.steps, self.step, self.console, cfg.monitor.progress and self.is_main, t.log_every))
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         losses: list[float] = []
         last_eval: EvalResult | None = None
@@ -237,7 +251,8 @@ class Trainer:
         except (Preempted, KeyboardInterrupt):
             raise
         except Exception as exc:
-            if not in_step and saved_step != self.step and self.step > 0:
+            # several processes: a rank alone cannot gather the sharded state (the launcher stops the others)
+            if not in_step and saved_step != self.step and self.step > 0 and self.backend.world_size == 1:
                 self.console.print(f"[red]{type(exc).__name__} at step {self.step}: writing a last-gasp checkpoint[/]")
                 self._checkpoint(logger)
             raise
@@ -257,7 +272,7 @@ class Trainer:
         except UnknownPeakError as exc:
             self.console.print(f"[yellow]MFU not reported: {exc} (set monitor.peak_tflops)[/]")
             return None
-        return per_device * self.cfg.parallel.dp
+        return per_device * self.cfg.parallel.degree_product  # every process is one device
 
     def _checkpoint(self, logger: MetricsLogger) -> None:
         t0 = time.perf_counter()
@@ -278,44 +293,56 @@ class Trainer:
         t0 = time.perf_counter()
         batch = self._next_batch()
         ids, labels = batch.input_ids, (batch.input_ids if self.cfg.debug.unshifted_labels else batch.labels)
-        valid = int((labels != IGNORE_INDEX).sum())
+        valid = int(self.backend.global_sum(float((labels != IGNORE_INDEX).sum())))  # of the global batch
         t_data = time.perf_counter()
         detail = bool(self.cfg.monitor.detail_every) and (self.step + 1) % self.cfg.monitor.detail_every == 0
         before = self.backend.weights() if detail else None
         loss_limit, grad_limit = self.anomaly.limits()
+        loss_scale = self.scaler.scale
         scalars = step_scalars(self.step + 1, t.steps, self.cfg.optim, valid, adam_step=self.adam_step + 1,
-                               loss_limit=loss_limit, grad_limit=grad_limit, loss_multiplier=self._loss_multiplier(self.step + 1))
+                               loss_limit=loss_limit, grad_limit=grad_limit, loss_multiplier=self._loss_multiplier(self.step + 1),
+                               loss_scale=loss_scale)
         injection = self.debugger.injection(self.step + 1)
         probe = self.debugger.probe(self.step + 1, self.backend, injection)
         out = self.backend.train_step(ids, labels, scalars, probe)
         dumped = self.debugger.finish(probe, out)
         if dumped:
             logger.log({"step": self.step + 1, "event": "dump", "path": str(dumped)})
-        if self.cfg.debug.locate_overflow and not (math.isfinite(out.loss) and math.isfinite(out.grad_norm)):
+        # fp16: the scaled gradients overflowed while the loss was finite and the step dropped the update;
+        # backing off the scale is the normal answer, not an anomaly to locate (unless the scale is at its floor)
+        overflow = (self.scaler.enabled and not out.applied and math.isfinite(out.loss) and not math.isfinite(out.grad_norm)
+                    and not self.scaler.at_floor and injection is None)
+        if self.cfg.debug.locate_overflow and not overflow and not (math.isfinite(out.loss) and math.isfinite(out.grad_norm)):
             self._locate_overflow(logger, ids, labels, scalars, injection)
         elapsed = time.perf_counter() - t0
         self.step += 1
         self.adam_step += int(out.applied)
         self.consumed_samples += self.loader.global_batch
-        self.consumed_tokens += ids.size
-        tokens_per_s = ids.size / elapsed
+        tokens = ids.size * self.loader.dp_size  # the global batch
+        self.consumed_tokens += tokens
+        tokens_per_s = tokens / elapsed
         record = {
             "step": self.step, "loss": out.loss, "lr": scalars.lr, "grad_norm": out.grad_norm, "applied": out.applied,
-            "tokens": ids.size, "valid_tokens": valid, "tokens_per_s": tokens_per_s,
+            "tokens": tokens, "valid_tokens": valid, "tokens_per_s": tokens_per_s,
             "step_time_s": elapsed, "data_time_s": t_data - t0,
             "model_tflops_per_s": flops_tok * tokens_per_s / 1e12,
             "consumed_samples": self.consumed_samples, "rss_mb": self._process.memory_info().rss / 2**20,
             "copy_fraction": float((labels == ids).mean()),  # ~1 means the labels are the inputs, not shifted
             "mfu": mfu(flops_tok, tokens_per_s, self.peak) if self.peak else None,
             "device_mem_mb": self.backend.device_memory_mb(),
-            "loss_scale": 1.0,  # fp32 training: no loss scaling (the field keeps its place for fp16 runs)
+            "loss_scale": loss_scale,  # the dynamic fp16 loss scale this step ran with (1.0 without fp16)
         }
         logger.log(record)
-        for event in self.health.observe(record):
+        self.scaler.update(found_nonfinite=not math.isfinite(out.grad_norm))
+        if overflow:
+            logger.log({"step": self.step, "event": "loss_scale_backoff", "scale": loss_scale, "new_scale": self.scaler.scale})
+        for event in ([] if overflow else self.health.observe(record)):
             logger.log(event.to_dict())
             self.console.print(f"[yellow]health: {event.message}[/]")
         if before is not None:
             self._log_detail(logger, before, out.grad_sq)
+        if overflow:
+            return out.loss
         verdict = self.anomaly.observe(out.loss, out.grad_norm, out.applied)
         if verdict.anomalous:
             self._handle_anomaly(verdict, out.applied, logger, scalars.lr)

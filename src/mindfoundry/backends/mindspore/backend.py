@@ -44,13 +44,15 @@ class MindSporeBackend:
     """Owns the model, AdamW state and compiled steps."""
 
     name = "mindspore"
+    rank, world_size, dp_rank, dp_size = 0, 1, 0, 1  # one process (msrun launch is not wired yet)
 
     def __init__(self, cfg: RunConfig, spec: ModelSpec):
         configure_context(cfg.device)
         # MindSpore reports only the target kind; Ascend training hardware is the 910B family
         self.device_name = {"CPU": "cpu", "Ascend": "Ascend910B"}.get(ms.get_context("device_target"), ms.get_context("device_target"))
         self.spec = spec
-        self.model = Transformer(spec)
+        self.precision = cfg.train.precision
+        self.model = Transformer(spec, cfg.train.precision)  # fp16: float16 matmuls inside the Cells, fp32 parameters
         self.params = {p.name: p for p in self.model.get_parameters()}
         expected = parameter_shapes(spec)
         if {n: tuple(p.shape) for n, p in self.params.items()} != expected:
@@ -65,6 +67,10 @@ class MindSporeBackend:
         self.forward = _Forward(self.model)  # in GRAPH_MODE, calling a Cell compiles it once per input shape
 
     # -- state -------------------------------------------------------------------------------
+    def global_sum(self, value: float) -> float:
+        """One process: the value itself."""
+        return value
+
     def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
         _assign(self.params, weights, "weights")
 
@@ -84,7 +90,7 @@ class MindSporeBackend:
     def train_step(self, input_ids: np.ndarray, labels: np.ndarray, scalars: StepScalars, probe: Probe | None = None) -> StepOutput:
         args = (Tensor(input_ids.astype(np.int32)), Tensor(labels.astype(np.int32)), scalar(scalars.loss_scale))
         limits = (scalar(scalars.lr), scalar(scalars.step_size), scalar(scalars.bias_correction2_sqrt),
-                  scalar(scalars.loss_limit), scalar(scalars.grad_limit))
+                  scalar(scalars.loss_limit), scalar(scalars.grad_limit), scalar(scalars.grad_unscale))
         if probe is None:
             loss, norm, applied, grad_sq = self.step_cell(*args, *limits)
         else:

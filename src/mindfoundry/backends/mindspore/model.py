@@ -6,6 +6,13 @@ same ``[out, in]`` layout, as in the PyTorch backend. Parameters are created as 
 from :func:`mindfoundry.model.spec.init_weights` by the backend.
 
 Shapes in comments: B batch, S sequence, H query heads, K kv heads, D head dim, C d_model, V vocab.
+
+Mixed precision (``train.precision: fp16``) lives in the Cells too, in the style of autocast/O1:
+with ``half=True`` every matmul (the Linear layers, attention scores and probs @ v, the tied LM
+head) casts its inputs and weights to float16 and its result back to float32; parameters, the
+residual stream, RMSNorm, RoPE, softmax and the loss stay float32. Parameter names, Cell paths
+and module outputs (float32) are those of the fp32 model, and ``half=False`` is the fp32 model
+op for op.
 """
 
 from __future__ import annotations
@@ -18,6 +25,9 @@ from mindfoundry.data.packing import IGNORE_INDEX
 from mindfoundry.model.spec import ModelSpec, rope_tables
 
 
+F16, F32 = ms.float16, ms.float32
+
+
 def _zeros(*shape: int) -> Parameter:
     return Parameter(Tensor(np.zeros(shape, dtype=np.float32)), name="weight")
 
@@ -25,14 +35,18 @@ def _zeros(*shape: int) -> Parameter:
 class Linear(nn.Cell):
     """y = x W^T with W stored [out, in] (torch.nn.Linear layout), no bias."""
 
-    def __init__(self, in_features: int, out_features: int):
+    def __init__(self, in_features: int, out_features: int, half: bool = False):
         super().__init__()
         self.weight = _zeros(out_features, in_features)
         self.matmul = ops.MatMul(transpose_b=True)
+        self.half = half  # float16 matmul on cast copies of input and weight, float32 result
 
     def construct(self, x):
         lead = x.shape[:-1]
-        y = self.matmul(x.reshape(-1, x.shape[-1]), self.weight)
+        if self.half:
+            y = self.matmul(x.reshape(-1, x.shape[-1]).astype(F16), self.weight.astype(F16)).astype(F32)
+        else:
+            y = self.matmul(x.reshape(-1, x.shape[-1]), self.weight)
         return y.reshape(lead + (y.shape[-1],))
 
 
@@ -66,14 +80,15 @@ def _rotate_half(x):
 class Attention(nn.Cell):
     """Causal self-attention with RoPE and grouped-query heads."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, half: bool = False):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = spec.n_heads, spec.n_kv_heads, spec.head_dim
-        self.q_proj = Linear(spec.d_model, spec.n_heads * spec.head_dim)
-        self.k_proj = Linear(spec.d_model, spec.n_kv_heads * spec.head_dim)
-        self.v_proj = Linear(spec.d_model, spec.n_kv_heads * spec.head_dim)
-        self.o_proj = Linear(spec.n_heads * spec.head_dim, spec.d_model)
+        self.q_proj = Linear(spec.d_model, spec.n_heads * spec.head_dim, half)
+        self.k_proj = Linear(spec.d_model, spec.n_kv_heads * spec.head_dim, half)
+        self.v_proj = Linear(spec.d_model, spec.n_kv_heads * spec.head_dim, half)
+        self.o_proj = Linear(spec.n_heads * spec.head_dim, spec.d_model, half)
         self.scale = 1.0 / float(np.sqrt(spec.head_dim))
+        self.half = half
 
     def _heads(self, x, n):
         b, s, _ = x.shape
@@ -95,20 +110,26 @@ class Attention(nn.Cell):
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         k, v = self._expand_kv(k), self._expand_kv(v)
-        scores = ops.matmul(q, k.transpose(0, 1, 3, 2)) * self.scale + mask  # (B, H, S, S)
-        probs = ops.softmax(scores, -1)
-        out = ops.matmul(probs, v).transpose(0, 2, 1, 3).reshape(b, s, self.n_heads * self.head_dim)
+        if self.half:  # q pre-scaled so q.k stays far from float16's 65504; softmax statistics in float32
+            scores = ops.matmul((q * self.scale).astype(F16), k.transpose(0, 1, 3, 2).astype(F16)).astype(F32) + mask
+            probs = ops.softmax(scores, -1)
+            out = ops.matmul(probs.astype(F16), v.astype(F16)).astype(F32)
+        else:
+            scores = ops.matmul(q, k.transpose(0, 1, 3, 2)) * self.scale + mask  # (B, H, S, S)
+            probs = ops.softmax(scores, -1)
+            out = ops.matmul(probs, v)
+        out = out.transpose(0, 2, 1, 3).reshape(b, s, self.n_heads * self.head_dim)
         return self.o_proj(out)
 
 
 class MLP(nn.Cell):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, half: bool = False):
         super().__init__()
-        self.gate_proj = Linear(spec.d_model, spec.ffn_dim)
-        self.up_proj = Linear(spec.d_model, spec.ffn_dim)
-        self.down_proj = Linear(spec.ffn_dim, spec.d_model)
+        self.gate_proj = Linear(spec.d_model, spec.ffn_dim, half)
+        self.up_proj = Linear(spec.d_model, spec.ffn_dim, half)
+        self.down_proj = Linear(spec.ffn_dim, spec.d_model, half)
 
     def construct(self, x):
         return self.down_proj(ops.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -117,12 +138,12 @@ class MLP(nn.Cell):
 class Block(nn.Cell):
     """Pre-norm residual block."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, half: bool = False):
         super().__init__()
         self.attn_norm = RMSNorm(spec.d_model, spec.norm_eps)
-        self.attn = Attention(spec)
+        self.attn = Attention(spec, half)
         self.mlp_norm = RMSNorm(spec.d_model, spec.norm_eps)
-        self.mlp = MLP(spec)
+        self.mlp = MLP(spec, half)
 
     def construct(self, x, cos, sin, mask):
         x = x + self.attn(self.attn_norm(x), cos, sin, mask)
@@ -130,15 +151,21 @@ class Block(nn.Cell):
 
 
 class Transformer(nn.Cell):
-    """Token ids (B, S) -> logits (B, S, V)."""
+    """Token ids (B, S) -> logits (B, S, V), float32.
 
-    def __init__(self, spec: ModelSpec):
+    `precision` is ``train.precision``: 'fp32', or 'fp16' for float16 matmuls (see the module docstring).
+    """
+
+    def __init__(self, spec: ModelSpec, precision: str = "fp32"):
         super().__init__()
-        self.spec = spec
+        if precision not in ("fp32", "fp16"):
+            raise ValueError(f"train.precision={precision!r} is not available in the MindSpore model: use fp32 or fp16")
+        half = precision == "fp16"
+        self.spec, self.half = spec, half
         self.embed = Embedding(spec.vocab_size, spec.d_model)
-        self.layers = nn.CellList([Block(spec) for _ in range(spec.n_layers)])
+        self.layers = nn.CellList([Block(spec, half) for _ in range(spec.n_layers)])
         self.norm = RMSNorm(spec.d_model, spec.norm_eps)
-        self.lm_head = None if spec.tie_embeddings else Linear(spec.d_model, spec.vocab_size)
+        self.lm_head = None if spec.tie_embeddings else Linear(spec.d_model, spec.vocab_size, half)
         cos, sin = rope_tables(spec, spec.max_seq_len)
         self.cos, self.sin = Tensor(cos), Tensor(sin)  # (S_max, D) constants, not parameters
         causal = np.triu(np.full((spec.max_seq_len, spec.max_seq_len), -1e9, dtype=np.float32), 1)
@@ -153,7 +180,10 @@ class Transformer(nn.Cell):
             x = layer(x, cos, sin, mask)
         x = self.norm(x)
         if self.lm_head is None:
-            flat = self.head_matmul(x.reshape(-1, x.shape[-1]), self.embed.weight)
+            if self.half:
+                flat = self.head_matmul(x.reshape(-1, x.shape[-1]).astype(F16), self.embed.weight.astype(F16)).astype(F32)
+            else:
+                flat = self.head_matmul(x.reshape(-1, x.shape[-1]), self.embed.weight)
             return flat.reshape(x.shape[0], s, -1)
         return self.lm_head(x)
 

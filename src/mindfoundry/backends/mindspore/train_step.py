@@ -50,8 +50,10 @@ class TrainStep(nn.Cell):
     """One optimizer step over `accum` micro-batches: grads summed, then clipped and applied.
 
     Each micro-batch loss is pre-scaled by 1/(valid tokens of the global batch), so the summed
-    gradient is exactly the gradient of the global token-mean loss, padding excluded. The update is
-    dropped inside the graph when the loss or the gradient norm is non-finite or above its limit.
+    gradient is exactly the gradient of the global token-mean loss, padding excluded. Under fp16 that
+    scale also carries the dynamic loss scale S, and `grad_unscale` (1/S, else 1.0) brings loss and
+    gradients back before anything measures them. The update is dropped inside the graph when the
+    loss or the gradient norm is non-finite (an fp16 overflow) or above its limit.
     """
 
     def __init__(self, loss_cell: nn.Cell, optimizer: AdamW, accum: int, clip_norm: float | None):
@@ -63,9 +65,9 @@ class TrainStep(nn.Cell):
         self.clip_norm = float(clip_norm or 0.0)
         self.grad_fn = ms.value_and_grad(loss_cell, None, optimizer.params)
 
-    def construct(self, ids, labels, scale, lr, step_size, bc2_sqrt, loss_limit, grad_limit):
+    def construct(self, ids, labels, scale, lr, step_size, bc2_sqrt, loss_limit, grad_limit, grad_unscale):
         loss, grads = self.accumulate(ids, labels, scale)
-        return self.update(loss, grads, lr, step_size, bc2_sqrt, loss_limit, grad_limit)
+        return self.update(loss, grads, lr, step_size, bc2_sqrt, loss_limit, grad_limit, grad_unscale)
 
     def accumulate(self, ids, labels, scale):
         """Loss and gradients summed over the micro-batches (a debug step calls this eagerly)."""
@@ -76,8 +78,10 @@ class TrainStep(nn.Cell):
             grads = tuple(a + b for a, b in zip(grads, grads_i))
         return loss, grads
 
-    def update(self, loss, grads, lr, step_size, bc2_sqrt, loss_limit, grad_limit):
-        """Measure, clip and apply the summed gradients, or drop the update."""
+    def update(self, loss, grads, lr, step_size, bc2_sqrt, loss_limit, grad_limit, grad_unscale):
+        """Unscale, measure, clip and apply the summed gradients, or drop the update."""
+        loss = loss * grad_unscale  # exact: 1.0 in fp32, a power of two under dynamic loss scaling
+        grads = tuple(g * grad_unscale for g in grads)
         grad_sq = squared_norms(grads)
         norm = ops.sqrt(grad_sq.sum())
         apply = ops.isfinite(loss) & ops.isfinite(norm) & (loss <= loss_limit) & (norm <= grad_limit)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from typing import Callable, ContextManager
 
 import torch
 from torch import nn
 
-from mindfoundry.backends.base import StepScalars
+from mindfoundry.backends.base import BackendUnavailable, StepScalars
 from mindfoundry.backends.torch.model import token_nll
 from mindfoundry.config.schema import OptimConfig
 from mindfoundry.debug.probe import Probe
@@ -31,19 +32,40 @@ def build_adamw(model: nn.Module, optim: OptimConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps, foreach=True)
 
 
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def autocast_for(device: torch.device, precision: str) -> Callable[[], ContextManager]:
-    """bf16 autocast where asked (matmuls in bf16, loss in fp32); fp32 runs without autocast."""
-    if precision == "bf16":
-        return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext
+    """bf16/fp16 autocast where asked (matmuls in reduced precision, loss in fp32); fp32 runs without autocast.
+
+    Refuses a device whose autocast does not produce the dtype (torch silently disables autocast
+    with a warning there): a matmul under autocast is tried once and its dtype checked.
+    """
+    if precision not in _AUTOCAST_DTYPES:
+        return contextlib.nullcontext
+    dtype = _AUTOCAST_DTYPES[precision]
+    ok = torch.amp.is_autocast_available(device.type)
+    if ok:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with torch.autocast(device_type=device.type, dtype=dtype):
+                probe = torch.ones(2, 2, device=device) @ torch.ones(2, 2, device=device)
+        ok = probe.dtype == dtype
+    if not ok:
+        other = "bf16" if precision == "fp16" else "fp16"
+        raise BackendUnavailable(f"train.precision={precision}: torch {torch.__version__} has no {dtype} autocast on device "
+                                 f"'{device.type}': use train.precision: fp32 (or {other} where the device supports it)")
+    return lambda: torch.autocast(device_type=device.type, dtype=dtype)
 
 
 class TrainStep:
     """One optimizer step over micro-batches: grads summed, global-norm clipped, AdamW applied.
 
     Each micro-batch loss is pre-scaled by 1/(valid tokens of the global batch), so the summed
-    gradient is the gradient of the global token-mean loss, padding excluded. The update is dropped
-    when the loss or the gradient norm is non-finite or above its limit.
+    gradient is the gradient of the global token-mean loss, padding excluded. Under fp16 that scale
+    also carries the dynamic loss scale S, and `scalars.grad_unscale` (1/S) brings loss and gradients
+    back before they are measured. The update is dropped when the loss or the gradient norm is
+    non-finite (an fp16 overflow) or above its limit.
     """
 
     def __init__(self, model: nn.Module, step_model: nn.Module, optimizer: torch.optim.AdamW,
@@ -75,9 +97,12 @@ class TrainStep:
         return total
 
     def update(self, total: torch.Tensor, scalars: StepScalars) -> tuple[float, float, bool, torch.Tensor]:
-        """Measure, clip and apply the summed gradients (or drop the update)."""
+        """Unscale, measure, clip and apply the summed gradients (or drop the update)."""
         for group in self.optimizer.param_groups:
             group["lr"] = scalars.lr
+        if scalars.grad_unscale != 1.0:  # the same fp32 products as the MindSpore step (which multiplies by 1.0 otherwise)
+            total = total * scalars.grad_unscale
+            torch._foreach_mul_([p.grad for p in self.params], scalars.grad_unscale)
         grad_sq = torch.stack([torch.linalg.vector_norm(p.grad) for p in self.model_order]) ** 2  # before clipping
         limit = float("inf") if self.clip_norm is None else self.clip_norm
         norm = torch.nn.utils.clip_grad_norm_(self.params, limit, foreach=True)

@@ -1,0 +1,143 @@
+"""Processes, the device mesh and full <-> sharded tensors for multi-process torch training.
+
+A run launched by ``torchrun --nproc_per_node=N`` gets its rank and rendezvous from the
+environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). :func:`init_process_group`
+joins it with the collective library of the device (gloo on CPU, nccl on CUDA, hccl on Ascend
+through torch_npu) and :func:`build_mesh` lays the ranks out as one :class:`DeviceMesh` whose named
+dims follow :class:`Layout`, outermost first: ``pp, dp_replicate, dp_shard, cp, tp`` (pp and cp
+only when > 1; the three others always, size 1 allowed, so slicing never needs a special case),
+plus a flattened 1D ``dp`` = ``dp_replicate x dp_shard`` mesh over which the batch is split.
+
+Weights cross the Backend interface as full arrays; :func:`full_value` and :func:`shard_like`
+convert between those and the DTensors that FSDP2 and tensor parallelism leave in the model.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+_COMM_BACKENDS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How many ranks each kind of parallelism uses; the product is the world size.
+
+    Read from ``cfg.parallel`` with :meth:`from_config`, which tolerates the fields a config does not
+    have yet (defaults below), and the older single ``dp`` field (= ``dp_replicate``).
+    """
+
+    dp_replicate: int = 1  # replicas; gradients all-reduced between them
+    dp_shard: int = 1  # FSDP2 degree: parameters, gradients and moments sharded over these ranks
+    cp: int = 1  # context parallel (not in this version)
+    tp: int = 1  # tensor parallel: attention heads and the FFN hidden size split over these ranks
+    pp: int = 1  # pipeline stages (not in this version)
+    ep: int = 1  # expert parallel (not in this version; the model has no experts)
+    sequence_parallel: bool = True  # with tp: norms and residuals sharded over the sequence
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel ranks: the global batch is split over these."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def world_size(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.cp * self.tp * self.pp
+
+    @classmethod
+    def from_config(cls, parallel: object, world_size: int | None = None) -> Layout:
+        """The layout of ``cfg.parallel``; ``dp_shard: -1`` takes the ranks the other dims leave of the world size
+        (`world_size`, else ``parallel.world_size``, else the launcher's WORLD_SIZE)."""
+        sizes = {name: int(getattr(parallel, name, 1) or 1) for name in ("dp_shard", "cp", "tp", "pp", "ep")}
+        replicate = parallel.dp_replicate if hasattr(parallel, "dp_replicate") else getattr(parallel, "dp", 1)  # older configs: dp
+        sizes["dp_replicate"] = int(replicate or 1)
+        sp = bool(getattr(parallel, "sequence_parallel", True))
+        if sizes["dp_shard"] == -1:
+            others = sizes["dp_replicate"] * sizes["cp"] * sizes["tp"] * sizes["pp"]
+            world = world_size or getattr(parallel, "world_size", None) or env_world_size()
+            if world % others:
+                raise ValueError(f"parallel.dp_shard=-1: the world size {world} is not a multiple of "
+                                 f"dp_replicate*cp*tp*pp = {others}; set dp_shard explicitly")
+            sizes["dp_shard"] = world // others
+        for name, size in sizes.items():
+            if size < 1:
+                raise ValueError(f"parallel.{name}={size}: must be >= 1 (dp_shard may be -1 = the remaining ranks)")
+        return cls(sequence_parallel=sp, **sizes)
+
+    def mesh_dims(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """(names, sizes) of the mesh, outermost first."""
+        dims = [("pp", self.pp)] if self.pp > 1 else []
+        dims += [("dp_replicate", self.dp_replicate), ("dp_shard", self.dp_shard)]
+        dims += [("cp", self.cp)] if self.cp > 1 else []
+        dims += [("tp", self.tp)]
+        return tuple(n for n, _ in dims), tuple(s for _, s in dims)
+
+
+def env_world_size() -> int:
+    """WORLD_SIZE as torchrun sets it (1 outside a launcher)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def wants_processes(layout: Layout) -> bool:
+    """True when this run is (or must be) one of several processes."""
+    return layout.world_size > 1 or env_world_size() > 1
+
+
+def init_process_group(device: torch.device) -> None:
+    """Join torchrun's process group once; pins CUDA/NPU ranks to their LOCAL_RANK device."""
+    if device.type not in _COMM_BACKENDS:
+        raise RuntimeError(f"no collective library known for device '{device.type}' (known: {sorted(_COMM_BACKENDS)})")
+    if "RANK" not in os.environ or "MASTER_ADDR" not in os.environ:
+        raise RuntimeError("this parallel layout needs several processes: launch with "
+                           "`torchrun --nproc_per_node=N -m mindfoundry.cli ...` (N = the product of the parallel sizes)")
+    if device.type != "cpu":
+        getattr(torch, device.type).set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if not dist.is_initialized():
+        dist.init_process_group(backend=_COMM_BACKENDS[device.type])
+
+
+def build_mesh(layout: Layout, device_type: str) -> tuple[DeviceMesh, DeviceMesh]:
+    """The world mesh (dims from :meth:`Layout.mesh_dims`) and its flattened ``dp`` = dp_replicate x dp_shard."""
+    world = dist.get_world_size()
+    if layout.world_size != world:
+        names, sizes = layout.mesh_dims()
+        shape = " x ".join(f"{n}={s}" for n, s in zip(names, sizes))
+        raise ValueError(f"the parallel layout ({shape}) needs {layout.world_size} processes, but {world} were launched: "
+                         f"launch with --nproc_per_node={layout.world_size} or change the parallel sizes "
+                         "(dp_shard: -1 takes the remaining ranks)")
+    names, sizes = layout.mesh_dims()
+    mesh = init_device_mesh(device_type, sizes, mesh_dim_names=names)
+    return mesh, mesh["dp_replicate", "dp_shard"]._flatten("dp")
+
+
+def dp_mesh_for_fsdp(mesh: DeviceMesh, layout: Layout) -> DeviceMesh:
+    """1D ``dp_shard`` for FSDP; 2D ``(dp_replicate, dp_shard)`` (HSDP; pure replication when dp_shard=1)."""
+    return mesh["dp_replicate", "dp_shard"] if layout.dp_replicate > 1 else mesh["dp_shard"]
+
+
+def full_value(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor on every rank (a collective for a DTensor: every rank must call it); plain tensors pass."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def shard_like(like: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+    """`full` (the same on every rank) laid out as `like`: this rank's slice as a DTensor, or `full` itself.
+
+    No communication: every rank cuts its own part (``src_data_rank=None``).
+    """
+    if not isinstance(like, DTensor):
+        return full
+    return distribute_tensor(full.to(like.device), like.device_mesh, like.placements, src_data_rank=None)
+
+
+def all_reduce_sum(t: torch.Tensor, mesh: DeviceMesh | None) -> torch.Tensor:
+    """Sum of `t` over the ranks of a 1D mesh, in place (nothing to do without one or on one rank)."""
+    if mesh is not None and mesh.size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=mesh.get_group())
+    return t

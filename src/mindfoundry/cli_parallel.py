@@ -1,0 +1,105 @@
+"""`mindfoundry plan`: rank the parallel layouts of a model on N devices by memory and communication.
+
+Exit status: 0 when at least one layout fits (with or without full recompute), 1 when none does,
+2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from mindfoundry.config.load import ConfigError, load_config
+from mindfoundry.config.schema import ParallelConfig
+
+console = Console(stderr=True, soft_wrap=True)
+
+
+def add_parallel_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="rank parallel layouts (DP/FSDP/TP/PP/CP) of a model on N devices by memory and communication")
+    p.add_argument("--model", required=True, metavar="CONFIG", help="run config whose model (and defaults) to plan, e.g. configs/llama-13b.yaml")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable), e.g. model.n_layers=48")
+    p.add_argument("--devices", type=int, required=True, metavar="N", help="number of devices (= processes)")
+    p.add_argument("--device-memory", required=True, metavar="SIZE", help="memory per device, e.g. 32GiB, 80GB, 512MiB")
+    p.add_argument("--seq", type=int, default=None, metavar="L", help="sequence length (default: the config's train.seq_len)")
+    p.add_argument("--global-batch", type=int, default=None, metavar="B",
+                   help="sequences per optimizer step (default: the config's micro_batch_size*grad_accum*dp)")
+    p.add_argument("--micro-batch", type=int, default=1, metavar="b", help="sequences per micro-batch (default 1)")
+    p.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default=None, help="default: the config's train.precision")
+    p.add_argument("--overhead", default="1GiB", metavar="SIZE", help="fixed per-device overhead: runtime, buffers (default 1GiB)")
+    p.add_argument("--no-flash-attention", action="store_true", help="attention keeps its s*s scores (no fused kernel)")
+    p.add_argument("--top", type=int, default=10, metavar="K", help="rows shown (default 10; 0 = all)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON on stdout")
+    p.set_defaults(func=cmd_plan)
+
+
+def _positive(**values: int) -> None:
+    for name, v in values.items():
+        if v < 1:
+            raise ConfigError(f"--{name.replace('_', '-')}={v}: must be at least 1")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from mindfoundry.model.spec import ModelSpec, num_parameters
+    from mindfoundry.parallel.planner import format_bytes, parse_bytes, plan
+
+    cfg = load_config(args.model, args.set or [])
+    spec = ModelSpec.from_config(cfg.model)
+    seq = args.seq or cfg.train.seq_len
+    precision = args.precision or cfg.train.precision
+    try:
+        memory, overhead = parse_bytes(args.device_memory), parse_bytes(args.overhead)
+        batch = args.global_batch or cfg.train.micro_batch_size * cfg.train.grad_accum * cfg.parallel.dp
+    except ValueError as exc:
+        raise ConfigError(f"{exc} (or pass --global-batch)" if "dp_shard" in str(exc) else str(exc)) from None
+    _positive(devices=args.devices, seq=seq, global_batch=batch, micro_batch=args.micro_batch)
+    if seq > spec.max_seq_len:
+        raise ConfigError(f"--seq {seq} exceeds model.max_seq_len={spec.max_seq_len}: lower --seq or raise model.max_seq_len")
+    if batch % args.micro_batch:
+        raise ConfigError(f"--global-batch {batch} is not a multiple of --micro-batch {args.micro_batch}")
+    rows = plan(spec, args.devices, memory, seq, batch, precision, micro_batch=args.micro_batch,
+                fixed_overhead_bytes=overhead, flash_attention=not args.no_flash_attention)
+    if not rows:
+        raise ConfigError(f"no layout of {args.devices} devices splits this model and batch: the global batch {batch} must be "
+                          f"divisible by dp * micro-batch, and tp/pp/cp must divide the model (heads {spec.n_heads}, "
+                          f"kv heads {spec.n_kv_heads}, layers {spec.n_layers}, ffn {spec.ffn_dim}, vocab {spec.vocab_size}) "
+                          f"and the sequence {seq}; try another --devices or --global-batch")
+    shown = rows[: args.top] if args.top > 0 else rows
+    fitting = [r for r in rows if r.fits != "no"]
+    if args.json:
+        out = {"model": spec.to_dict() | {"parameters": num_parameters(spec)}, "devices": args.devices, "device_memory": memory,
+               "seq": seq, "global_batch": batch, "micro_batch": args.micro_batch, "precision": precision,
+               "fixed_overhead": overhead, "feasible": len(rows), "fitting": len(fitting), "rows": [r.to_dict() for r in shown]}
+        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+        return 0 if fitting else 1
+    tokens = batch * seq
+    table = Table(title=f"{cfg.name}: {num_parameters(spec) / 1e9:.2f}B parameters on {args.devices} x {format_bytes(memory)}, "
+                        f"seq {seq}, global batch {batch} ({tokens / 1e6:.2f}M tokens), {precision}")
+    for col in ("#", "layout", "mb x accum", "weights+grads+optim", "activations", "act. recompute", "total", "total recompute",
+                "fits", "comm/step", "bubble"):
+        table.add_column(col, justify="left" if col in ("layout", "fits") else "right")
+    for i, r in enumerate(shown, 1):
+        mark = {"yes": "[green]yes[/]", "recompute": "[yellow]recompute[/]", "no": "[red]no[/]"}[r.fits]
+        table.add_row(str(i), r.layout.describe(), f"{r.micro_batch} x {r.grad_accum}", format_bytes(r.memory.model_states),
+                      format_bytes(r.memory.activations), format_bytes(r.memory_recompute.activations),
+                      format_bytes(r.memory.total), format_bytes(r.memory_recompute.total), mark,
+                      f"{r.chosen_comm.total / 1e9:.1f} GB", f"{r.bubble:.1%}")
+    Console(width=max(Console().width, 160)).print(table)
+    if not fitting:
+        best = min(rows, key=lambda r: r.memory_recompute.total)
+        console.print(f"[red]no layout fits in {format_bytes(memory)} per device[/] (smallest: {best.layout.describe()} needs "
+                      f"{format_bytes(best.memory_recompute.total)} with full recompute): add devices or lower --micro-batch / --seq",
+                      highlight=False)
+        return 1
+    best = fitting[0]
+    defaults = {name: f.default for name, f in ParallelConfig.model_fields.items()}
+    section = {k: v for k, v in best.layout.config().items() if k != "world_size" and v != defaults[k]}
+    console.print(f"best: {best.layout.describe()}{' with full recompute' if best.recompute else ''}; config: "
+                  f"parallel: {json.dumps(section)}, train: {{micro_batch_size: {best.micro_batch}, grad_accum: {best.grad_accum}}}",
+                  highlight=False)
+    return 0
+

@@ -1,0 +1,157 @@
+"""One rank of a multi-process torch run; test_torch_layouts.py launches it and checks what it writes.
+
+    torchrun --standalone --nproc_per_node=N tests/parallel/torch_layout_worker.py OUT_DIR JOBS_JSON
+
+JOBS_JSON is a list of jobs run one after the other in the same processes, each
+``{"name", "parallel": {...}, "model": {...}, "first": 1, "last": 5, "load": NAME|null, "save": bool}``:
+train steps first..last of tiny models in that layout through the Backend interface, as the
+Trainer does (TrainLoader's per-rank slice of each global batch, the valid-token count summed
+over ranks with ``global_sum``), then evaluate. Every layout trains on the same global batches
+(GLOBAL_MICRO sequences per micro-batch, split over the dp ranks), so one single-process run
+(:func:`train` with no parallel section) is the reference for all of them.
+
+Rank 0 writes OUT_DIR/NAME/{result.json, weights.npz, optimizer.npz (with save), logits.npy,
+boundaries.npz (module_outputs)};
+every rank writes digest_RANK.json (hash of its local shards, its mesh coordinate, hash of the
+full weights it gathered).
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for mf_testing
+
+from mf_testing import tiny_config  # noqa: E402
+from mindfoundry.data.loader import TrainLoader  # noqa: E402
+from mindfoundry.data.packing import IGNORE_INDEX  # noqa: E402
+from mindfoundry.model.spec import ModelSpec, init_weights  # noqa: E402
+from mindfoundry.train.schedule import step_scalars  # noqa: E402
+
+VOCAB, SEQ, ACCUM, GLOBAL_MICRO, TOTAL_STEPS = 300, 16, 2, 4, 5
+GLOBAL_BATCH = GLOBAL_MICRO * ACCUM  # sequences per optimizer step, whatever the layout
+
+
+def samples(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Learnable streams (each token determines the next); each sample's last 0..SEQ/2 labels are padding."""
+    rng = np.random.default_rng(seed)
+    table = rng.integers(0, VOCAB, VOCAB)
+    tokens = np.empty((n, SEQ + 1), np.int32)
+    tokens[:, 0] = rng.integers(0, VOCAB, n)
+    for t in range(1, SEQ + 1):
+        tokens[:, t] = table[tokens[:, t - 1]]
+    ids, labels = tokens[:, :-1].copy(), tokens[:, 1:].copy()
+    for row, pad in enumerate(rng.integers(0, SEQ // 2 + 1, n)):
+        if pad:
+            labels[row, -pad:] = IGNORE_INDEX
+            ids[row, -pad:] = 0
+    return ids, labels
+
+
+class ArraySource:
+    """A BatchSource over fixed samples: global positions are row numbers."""
+
+    def __init__(self, ids: np.ndarray, labels: np.ndarray):
+        self.ids, self.labels = ids, labels
+
+    def get_batch(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.ids[start:start + count], self.labels[start:start + count]
+
+
+TRAIN = ArraySource(*samples(GLOBAL_BATCH * TOTAL_STEPS))
+EVAL_IDS, EVAL_LABELS = samples(4, seed=1)  # 4 rows: split over 2 or 4 dp ranks
+
+
+def make_backend(parallel: dict | None = None, model: dict | None = None):
+    from mindfoundry.backends.torch.backend import TorchBackend
+
+    dp = (parallel or {}).get("dp_replicate", 1) * (parallel or {}).get("dp_shard", 1)
+    cfg = tiny_config(train={"micro_batch_size": GLOBAL_MICRO // dp, "grad_accum": ACCUM, "seq_len": SEQ},
+                      model=model or {}, parallel=parallel or {}).model_copy(update={"backend": "torch"})
+    spec = ModelSpec.from_config(cfg.model)
+    return TorchBackend(cfg, spec), cfg, spec
+
+
+def train(backend, cfg, first: int, last: int) -> dict:
+    """Steps first..last on this rank's slices; the losses and norms every rank sees."""
+    dp_rank, dp_size = getattr(backend, "dp_rank", 0), getattr(backend, "dp_size", 1)
+    loader = TrainLoader(TRAIN, micro_batch_size=GLOBAL_MICRO // dp_size, grad_accum=ACCUM,
+                         dp_rank=dp_rank, dp_size=dp_size, prefetch=0)
+    assert loader.global_batch == GLOBAL_BATCH
+    out: dict = {"loss": [], "grad_norm": [], "applied": [], "grad_sq": [], "valid": []}
+    for t in range(first, last + 1):
+        batch = loader.batch((t - 1) * GLOBAL_BATCH)
+        local = float((batch.labels != IGNORE_INDEX).sum())
+        valid = int(backend.global_sum(local)) if hasattr(backend, "global_sum") else int(local)
+        step = backend.train_step(batch.input_ids, batch.labels, step_scalars(t, TOTAL_STEPS, cfg.optim, valid))
+        out["loss"].append(step.loss)
+        out["grad_norm"].append(step.grad_norm)
+        out["applied"].append(step.applied)
+        out["grad_sq"].append(step.grad_sq.tolist())
+        out["valid"].append(valid)
+    nll, count = backend.eval_batch(EVAL_IDS, EVAL_LABELS)
+    out["eval"] = [nll, count]
+    return out
+
+
+def _digest(arrays) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def run_job(job: dict, out_dir: Path) -> None:
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    backend, cfg, spec = make_backend(job["parallel"], job.get("model"))  # joins the process group
+    rank = dist.get_rank()
+    if job.get("load"):
+        src = out_dir / job["load"]
+        backend.load_weights(dict(np.load(src / "weights.npz")))
+        backend.load_optimizer_state(dict(np.load(src / "optimizer.npz")), step=job["first"] - 1)
+    else:
+        backend.load_weights(init_weights(spec, 11))
+    result = train(backend, cfg, job["first"], job["last"])
+    result["shapes"] = {n: list(p.shape) for n, p in backend.model.named_parameters()}  # after TP/FSDP: global shapes
+    logits = backend.logits(EVAL_IDS[:2])
+    boundaries = backend.module_outputs(EVAL_IDS[:2])  # embed, blocks, final norm: gathered to full arrays
+    weights = backend.weights()  # collective
+    optimizer = backend.optimizer_state() if job.get("save") else None  # collective
+    local = [(p.to_local() if isinstance(p, DTensor) else p).detach().cpu().numpy() for p in backend.params.values()]
+    mesh = backend.mesh
+    digest = {"rank": rank, "dims": list(mesh.mesh_dim_names), "coord": mesh.get_coordinate(),
+              "local": _digest(local), "full": _digest(weights[n] for n in sorted(weights))}
+    folder = out_dir / job["name"]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"digest_{rank}.json").write_text(json.dumps(digest))
+    if rank == 0:
+        np.savez(folder / "weights.npz", **weights)
+        if optimizer is not None:
+            np.savez(folder / "optimizer.npz", **optimizer)
+        np.save(folder / "logits.npy", logits)
+        np.savez(folder / "boundaries.npz", **boundaries)
+        (folder / "result.json").write_text(json.dumps(result))
+    dist.barrier()  # the next job may load what rank 0 just wrote
+    del backend
+    gc.collect()
+
+
+def main() -> None:
+    import torch.distributed as dist
+
+    out_dir, jobs = Path(sys.argv[1]), json.loads(sys.argv[2])
+    for job in jobs:
+        run_job(job, out_dir)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
