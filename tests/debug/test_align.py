@@ -122,3 +122,28 @@ def test_dump_command_replays_without_touching_the_run(tiny_run, tmp_path) -> No
     assert next(e for e in replay if e.get("event") == "resume")["step"] == 3  # continued from the run's checkpoint
     step4 = next(e for e in replay if e.get("step") == 4 and "loss" in e and "event" not in e)
     assert step4["loss"] == pytest.approx(d4.meta["loss"])
+
+
+@pytest.mark.parametrize("a,b", [("mindspore", "mindspore:fp16"), ("torch", "torch:bf16")])
+def test_precision_comparison_shows_what_mixed_precision_costs(tmp_path, a, b) -> None:
+    from mf_testing import tiny_config
+
+    from mindfoundry.debug.align import Side
+
+    ids = np.random.default_rng(0).integers(0, 300, (2, 2, 17)).astype(np.int32)
+    batches = [(ids[..., :-1], ids[..., 1:])]
+    outs = {}
+    for side in (Side.parse(a), Side.parse(b)):
+        cfg = side.config(tiny_config(train={"grad_accum": 2, "micro_batch_size": 2}))
+        spec = ModelSpec.from_config(cfg.model)
+        backend = create_backend(cfg, spec)
+        backend.load_weights(init_weights(spec, 11))
+        outs[side.label] = run_side(backend, cfg, batches, tmp_path / side.label, "tensor")[0]
+    low_a, low_b = (outs[k] for k in outs)
+    assert abs(low_a.loss / low_b.loss - 1) < 1e-4 and abs(low_a.grad_norm / low_b.grad_norm - 1) < 1e-2
+    [cmp] = compare_trees(tmp_path / Side.parse(a).label, tmp_path / Side.parse(b).label)
+    assert cmp.first_error() is None  # mixed precision costs accuracy, it does not break the model...
+    introduced = cmp.worst_modules(5)[0]["introduced"]
+    assert 1e-5 < introduced < 5e-2  # ...yet the reduced precision is visible module by module
+    grads = [r for r in cmp.rows if r.kind == "grad"]
+    assert len(grads) == 20 and max(r.norm_rel_diff for r in grads) < 0.02  # fp16 gradients are recorded unscaled

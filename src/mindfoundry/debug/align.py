@@ -136,12 +136,16 @@ def first_batches(cfg: RunConfig, data, steps: int) -> list[tuple[np.ndarray, np
 
 def run_side(backend: Backend, cfg: RunConfig, batches: Sequence[tuple[np.ndarray, np.ndarray]], out: Path, mode: str,
              directions: Sequence[str] = DIRECTIONS, modules: Sequence[str] = ("*",)) -> list[StepOutput]:
-    """Train `backend` on `batches` from its current state, dumping every step to out/step{N}/rank0."""
+    """Train `backend` on `batches` from its current state, dumping every step to out/step{N}/rank0.
+
+    An fp16 side runs with the configured initial loss scale (no back-off within an alignment: an
+    overflowing step shows up as such); its dumped gradients are unscaled, comparable with fp32."""
     outs = []
     for step, (ids, labels) in enumerate(batches, 1):
-        scalars = step_scalars(step, cfg.train.steps, cfg.optim, int((labels != IGNORE_INDEX).sum()))
-        writer = DumpWriter(out, step, 0, mode, {"backend": backend.name, "precision": cfg.train.precision})
-        result = backend.train_step(ids, labels, scalars, Probe(writer, modules, directions))
+        scale = cfg.train.loss_scale_init if cfg.train.precision == "fp16" else 1.0  # as training would start
+        scalars = step_scalars(step, cfg.train.steps, cfg.optim, int((labels != IGNORE_INDEX).sum()), loss_scale=scale)
+        writer = DumpWriter(out, step, 0, mode, {"backend": backend.name, "precision": cfg.train.precision, "loss_scale": scale})
+        result = backend.train_step(ids, labels, scalars, Probe(writer, modules, directions, grad_unscale=scalars.grad_unscale))
         writer.close(loss=result.loss, grad_norm=result.grad_norm, applied=result.applied)
         outs.append(result)
     return outs

@@ -54,8 +54,12 @@ class Probe:
     """Selection (module patterns, directions), call counting and naming for one step's dump."""
 
     def __init__(self, writer: DumpWriter | None, modules: Iterable[str] = ("*",),
-                 directions: Iterable[str] = ("forward", "backward"), inject: Injection | None = None):
+                 directions: Iterable[str] = ("forward", "backward"), inject: Injection | None = None,
+                 grad_unscale: float = 1.0):
         self.writer = writer
+        # fp16 loss scaling multiplies the loss, and so every gradient, by S; dumps record true values
+        # (times 1/S), so an fp16 dump compares with an fp32 one
+        self.grad_unscale = grad_unscale
         self.patterns = tuple(modules)
         self.directions = frozenset(directions)
         unknown = self.directions - set(DIRECTIONS)
@@ -102,9 +106,15 @@ class Probe:
         if not (self.wants("backward") and self._selected(module)):
             return
         if grad_output is not None:
-            self._record(f"{module}.backward.{call}.grad_output.0", module, "backward_grad_output", grad_output, dtype)
+            self._record(f"{module}.backward.{call}.grad_output.0", module, "backward_grad_output", self._unscaled(grad_output), dtype)
         if grad_input is not None:
-            self._record(f"{module}.backward.{call}.grad_input.0", module, "backward_grad_input", grad_input, dtype)
+            self._record(f"{module}.backward.{call}.grad_input.0", module, "backward_grad_input", self._unscaled(grad_input), dtype)
+
+    def _unscaled(self, array: np.ndarray) -> np.ndarray:
+        """Gradients (and the loss) as they would be without the fp16 loss scale (widened: fp16 * 1/S may underflow)."""
+        if self.grad_unscale == 1.0:
+            return array
+        return np.asarray(array, dtype=np.float32) * np.float32(self.grad_unscale)
 
     def injection(self, module: str, direction: str) -> float | None:
         """The value to write into this module's output/gradient now, once per step."""
@@ -125,7 +135,7 @@ class Probe:
     # -- step-level tensors ------------------------------------------------------------------
     def loss(self, call: int, value: np.ndarray) -> None:
         if self.wants("forward"):
-            self._record(f"loss.forward.{call}.output.0", "loss", "loss", np.asarray(value, np.float32), None)
+            self._record(f"loss.forward.{call}.output.0", "loss", "loss", self._unscaled(np.asarray(value, np.float32)), None)
 
     def tensor(self, direction: str, name: str, array: np.ndarray, dtype: str | None = None) -> None:
         """Parameters ('params': param.NAME), gradients ('grads': grad.NAME), moments ('optimizer': exp_avg*.NAME)."""
@@ -135,7 +145,7 @@ class Probe:
         if self._selected_param(param):
             kind = {"params": "param", "grads": "grad"}.get(direction) or name.split(".", 1)[0]
             prefix = {"params": "param.", "grads": "grad."}.get(direction, "")
-            self._record(prefix + name, param.rsplit(".", 1)[0], kind, array, dtype)
+            self._record(prefix + name, param.rsplit(".", 1)[0], kind, self._unscaled(array) if direction == "grads" else array, dtype)
 
     def state(self, direction: str, named: Iterable[tuple[str, Any]], convert: Callable[[Any], tuple[np.ndarray, str | None]]) -> None:
         """Stream engine tensors one at a time (converted only when this direction is dumped)."""

@@ -60,18 +60,19 @@ class StepDebugger:
         self._injected.add(step)
         return Injection(inj.module, inj.direction, math.inf if inj.value == "inf" else math.nan)
 
-    def probe(self, step: int, backend: Backend, injection: Injection | None) -> Probe | None:
+    def probe(self, step: int, backend: Backend, injection: Injection | None, grad_unscale: float = 1.0) -> Probe | None:
         """A probe for this step: dumping when selected (and not already dumped), and/or injecting."""
         writer = None
         if step in self.steps and self.dump_rank:
             if (leaf_dir(self.root, step, self.rank) / INDEX_FILE).exists():
                 self.log(f"step {step}: {leaf_dir(self.root, step, self.rank)} exists (a resumed run repeats this step); not dumped again")
             else:
-                writer = DumpWriter(self.root, step, self.rank, self.cfg.debug.dump.mode, self._meta(backend, "dump"))
+                writer = DumpWriter(self.root, step, self.rank, self.cfg.debug.dump.mode,
+                                    {**self._meta(backend, "dump"), "loss_scale": 1.0 / grad_unscale})
         if writer is None and injection is None:
             return None
         d = self.cfg.debug.dump
-        return Probe(writer, d.modules, d.directions, injection)
+        return Probe(writer, d.modules, d.directions, injection, grad_unscale)
 
     @staticmethod
     def finish(probe: Probe | None, out: StepOutput) -> Path | None:
@@ -86,8 +87,9 @@ class StepDebugger:
         leaf = leaf_dir(self.overflow_root, step, self.rank)
         if (leaf / INDEX_FILE).exists():  # a repeated step (resume, rollback): keep the first report
             return locate_overflow(read_dump(leaf)), leaf
-        writer = DumpWriter(self.overflow_root, step, self.rank, "statistics", self._meta(backend, "overflow"))
-        probe = Probe(writer, ("*",), ("forward", "backward", "params", "grads"), injection)
+        writer = DumpWriter(self.overflow_root, step, self.rank, "statistics",
+                            {**self._meta(backend, "overflow"), "loss_scale": 1.0 / scalars.grad_unscale})
+        probe = Probe(writer, ("*",), ("forward", "backward", "params", "grads"), injection, scalars.grad_unscale)
         out = backend.train_step(ids, labels, scalars, probe)
         writer.close(loss=out.loss, grad_norm=out.grad_norm, applied=out.applied)
         found = locate_overflow(read_dump(leaf))

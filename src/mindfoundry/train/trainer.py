@@ -198,7 +198,9 @@ class Trainer:
     # -- loop --------------------------------------------------------------------------------
     def evaluate(self) -> EvalResult:
         t = self.cfg.train
-        return evaluate(self.backend, self.val_samples, t.micro_batch_size, t.eval_batches, self.data.bytes_per_token("validation"))
+        # batches of the global micro-batch (every rank passes the same rows; the backend splits them over dp ranks)
+        return evaluate(self.backend, self.val_samples, t.micro_batch_size * self.loader.dp_size, t.eval_batches,
+                        self.data.bytes_per_token("validation"))
 
     def _on_signal(self, signum: int, _frame) -> None:
         if self._stop_signal is not None:  # second signal: stop now, without a checkpoint
@@ -303,7 +305,7 @@ class Trainer:
                                loss_limit=loss_limit, grad_limit=grad_limit, loss_multiplier=self._loss_multiplier(self.step + 1),
                                loss_scale=loss_scale)
         injection = self.debugger.injection(self.step + 1)
-        probe = self.debugger.probe(self.step + 1, self.backend, injection)
+        probe = self.debugger.probe(self.step + 1, self.backend, injection, scalars.grad_unscale)
         out = self.backend.train_step(ids, labels, scalars, probe)
         dumped = self.debugger.finish(probe, out)
         if dumped:
