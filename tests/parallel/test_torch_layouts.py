@@ -163,3 +163,46 @@ def test_checkpoint_fsdp_to_tp_and_one_process(runs2: Path) -> None:
     assert diffs["tp_weights_abs"] < 1e-4
     fsdp = json.loads((runs2 / "ckpt_fsdp" / "result.json").read_text())
     assert rel(fsdp["loss"], uninterrupted["loss"][:3]) < 1e-5
+
+
+def test_trainer_under_torchrun_matches_one_process(tiny_prepared, tmp_path: Path) -> None:
+    """The whole Trainer with FSDP(2) (per-rank loader slices, global token count, rank-0 metrics and
+    checkpoints, collective state gathering, dp-split evaluation) logs what one process logs."""
+    from mindfoundry.checkpoint.store import load_checkpoint
+    from mindfoundry.train.metrics import read_metrics
+    from mindfoundry.train.trainer import Trainer
+
+    cfg, data = tiny_prepared
+    cfg = cfg.model_copy(update={"backend": "torch"})
+    single_dir, fsdp_dir = tmp_path / "single", tmp_path / "fsdp"
+    single_dir.mkdir()
+    fsdp_dir.mkdir()
+    fsdp = cfg.model_copy(update={
+        "run_dir": str(fsdp_dir), "parallel": cfg.parallel.model_copy(update={"dp_shard": 2}),
+        "train": cfg.train.model_copy(update={"micro_batch_size": cfg.train.micro_batch_size // 2}),  # same global batch
+    })
+    launch(2, tmp_path / "out", [{"kind": "trainer", "config": fsdp.model_dump(mode="json")}])
+    Trainer(cfg.model_copy(update={"run_dir": str(single_dir)}), data, single_dir).run()
+
+    def steps(run_dir: Path) -> list[dict]:
+        return [r for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]
+
+    def evals(run_dir: Path) -> list[float]:
+        return [r["val_loss"] for r in read_metrics(run_dir / "metrics.jsonl") if "val_loss" in r]
+
+    one, two = steps(single_dir), steps(fsdp_dir)
+    assert [r["step"] for r in two] == [r["step"] for r in one] == list(range(1, cfg.train.steps + 1))
+    for key in ("valid_tokens", "tokens", "consumed_samples"):
+        assert [r[key] for r in two] == [r[key] for r in one], key
+    ckpts = sorted(p.name for p in (fsdp_dir / "checkpoints").glob("step_*"))
+    assert ckpts == sorted(p.name for p in (single_dir / "checkpoints").glob("step_*")) and ckpts
+    w_two, w_one = load_checkpoint(fsdp_dir / "checkpoints" / ckpts[-1]), load_checkpoint(single_dir / "checkpoints" / ckpts[-1])
+    diffs = {"loss_rel": rel([r["loss"] for r in two], [r["loss"] for r in one]),
+             "grad_norm_rel": rel([r["grad_norm"] for r in two], [r["grad_norm"] for r in one]),
+             "val_loss_rel": rel(evals(fsdp_dir), evals(single_dir)),
+             "ckpt_weights_abs": max(float(np.abs(w_two.weights[k] - w_one.weights[k]).max()) for k in w_one.weights),
+             "ckpt_moments_abs": max(float(np.abs(w_two.optimizer[k] - w_one.optimizer[k]).max()) for k in w_one.optimizer)}
+    print("\ntrainer FSDP(2) vs one process: " + ", ".join(f"{k}={v:.2e}" for k, v in diffs.items()))
+    assert diffs["loss_rel"] < 1e-5 and diffs["grad_norm_rel"] < 1e-5 and diffs["val_loss_rel"] < 1e-5
+    assert diffs["ckpt_weights_abs"] < 1e-4 and diffs["ckpt_moments_abs"] < 1e-4
+    assert len(evals(fsdp_dir)) == len(evals(single_dir)) == 2  # step 0 and the end

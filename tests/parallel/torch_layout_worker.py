@@ -10,6 +10,9 @@ over ranks with ``global_sum``), then evaluate. Every layout trains on the same 
 (GLOBAL_MICRO sequences per micro-batch, split over the dp ranks), so one single-process run
 (:func:`train` with no parallel section) is the reference for all of them.
 
+A job ``{"kind": "trainer", "config": RunConfig dict}`` runs the whole Trainer instead (rank 0
+writes the run directory).
+
 Rank 0 writes OUT_DIR/NAME/{result.json, weights.npz, optimizer.npz (with save), logits.npy,
 boundaries.npz (module_outputs)};
 every rank writes digest_RANK.json (hash of its local shards, its mesh coordinate, hash of the
@@ -144,12 +147,31 @@ def run_job(job: dict, out_dir: Path) -> None:
     gc.collect()
 
 
+def run_trainer(job: dict) -> None:
+    """The whole Trainer (data loader, eval, metrics, checkpoints) on every rank, from a prepared tiny run.
+
+    The trainer's layout gate (``check_layout``, which refuses multi-process layouts until the CLI
+    launch is wired) is bypassed: this checks the loop, not the gate.
+    """
+    import mindfoundry.train.trainer as trainer_mod
+    from mindfoundry.config.schema import RunConfig
+    from mindfoundry.data.prepared import load_prepared
+
+    trainer_mod.check_layout = lambda cfg: None
+    cfg = RunConfig.model_validate(job["config"])
+    data = load_prepared(cfg.data.output_dir, cfg.model.vocab_size)
+    trainer_mod.Trainer(cfg, data, Path(cfg.run_dir)).run()
+
+
 def main() -> None:
     import torch.distributed as dist
 
     out_dir, jobs = Path(sys.argv[1]), json.loads(sys.argv[2])
     for job in jobs:
-        run_job(job, out_dir)
+        if job.get("kind") == "trainer":
+            run_trainer(job)
+        else:
+            run_job(job, out_dir)
     dist.destroy_process_group()
 
 
