@@ -42,9 +42,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from mindfoundry.debug.probe import ProbeError
     from mindfoundry.monitor.records import MetricsError
     from mindfoundry.train.rundir import RunDirError
-    from mindfoundry.train.trainer import LayoutUnsupported
+    from mindfoundry.parallel.launch import LaunchError
+    from mindfoundry.parallel.layout import LayoutError
 
-    return (LayoutUnsupported, ConfigError, DataError, DataSourceError, ShardError, CheckpointError, RunDirError, BackendUnavailable,
+    return (LayoutError, LaunchError, ConfigError, DataError, DataSourceError, ShardError, CheckpointError, RunDirError, BackendUnavailable,
             TokenizerError, MetricsError, DumpError, ProbeError, FileExistsError, FileNotFoundError)
 
 
@@ -69,15 +70,19 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def _train(cfg: RunConfig, args: argparse.Namespace):
-    from mindfoundry.data.prepare import prepare_data
+    from mindfoundry.data.prepare import prepare_data, wait_for_prepared
     from mindfoundry.model.spec import ModelSpec, flops_per_token, num_parameters
+    from mindfoundry.parallel.layout import launched_rank
     from mindfoundry.train.rundir import prepare_run_dir
     from mindfoundry.train.trainer import Trainer, check_layout
 
     check_layout(cfg)
     resume = args.resume == "auto"
-    run_dir = prepare_run_dir(cfg, resume=resume, overwrite=args.overwrite)
-    data = prepare_data(cfg, log=console.print)
+    if launched_rank() == 0:  # under torchrun/msrun one process claims the run dir and prepares the data
+        run_dir = prepare_run_dir(cfg, resume=resume, overwrite=args.overwrite)
+        data = prepare_data(cfg, log=console.print)
+    else:  # the others wait for its atomic prepare and then only read
+        run_dir, data = Path(cfg.run_dir), wait_for_prepared(cfg)
     spec = ModelSpec.from_config(cfg.model)
     console.print(f"model: {num_parameters(spec):,} parameters, {flops_per_token(spec, cfg.train.seq_len):,} FLOPs/token; "
                   f"backend {cfg.backend}; run dir {run_dir}")

@@ -1,4 +1,5 @@
 """`mindfoundry plan`: rank the parallel layouts of a model on N devices by memory and communication.
+`mindfoundry launch train|run CONFIG`: start every rank of this node with torchrun (torch) or msrun (mindspore).
 
 Exit status: 0 when at least one layout fits (with or without full recompute), 1 when none does,
 2 for bad input.
@@ -35,6 +36,45 @@ def add_parallel_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top", type=int, default=10, metavar="K", help="rows shown (default 10; 0 = all)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON on stdout")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("launch", help="run train/run on N processes per node with torchrun (torch) or msrun (mindspore)")
+    p.add_argument("command", choices=["train", "run"], help="the mindfoundry command every rank runs")
+    p.add_argument("config", help="YAML run config; its parallel section sets the layout")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable; passed to every rank)")
+    p.add_argument("--nproc-per-node", type=int, default=None, metavar="N", help="processes on this node (default: the layout's product / nnodes)")
+    p.add_argument("--nnodes", type=int, default=1, help="nodes in the job (default 1)")
+    p.add_argument("--node-rank", type=int, default=0, help="this node's rank, 0 on the master node")
+    p.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (default 127.0.0.1)")
+    p.add_argument("--master-port", type=int, default=29500, help="a free port on node 0 (default 29500)")
+    p.add_argument("--log-dir", default=None, help="per-rank logs (default RUN_DIR-logs, beside the run directory)")
+    p.add_argument("--resume", choices=["auto", "none"], default="none", help="passed to the command: auto = continue from the newest checkpoint")
+    p.add_argument("--stop-at-step", type=int, default=None, metavar="N", help="passed to the command")
+    p.set_defaults(func=cmd_launch)
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    """Start `mindfoundry COMMAND CONFIG ...` on every rank of this node with the engine's own launcher."""
+    import subprocess
+    from pathlib import Path
+
+    from mindfoundry.parallel.launch import LaunchPlan, check_port, command, rank_logs
+    from mindfoundry.parallel.layout import check_layout
+
+    cfg = load_config(args.config, args.set or [])
+    product = cfg.parallel.degree_product
+    nnodes = args.nnodes
+    nproc = args.nproc_per_node or max(product // nnodes, 1)
+    problems = check_layout(cfg.parallel, cfg.model, cfg.train, world_size=nproc * nnodes)
+    if problems:
+        raise ConfigError("the layout does not fit this launch: " + "; ".join(problems))
+    plan = LaunchPlan(cfg.backend, nproc, nnodes, args.node_rank, args.master_addr, args.master_port,
+                      Path(args.log_dir or f"{cfg.run_dir.rstrip('/')}-logs"))  # beside the run dir, which rank 0 claims
+    check_port(plan)
+    cmd = command(plan, [args.command, args.config, *sum((["--set", s] for s in args.set or []), []),
+                                "--resume", args.resume, *(["--stop-at-step", str(args.stop_at_step)] if args.stop_at_step else [])])
+    console.print(f"launching {plan.world_size} processes ({nproc} on this node) with "
+                  f"{'torchrun' if cfg.backend == 'torch' else 'msrun'}; per-rank logs: {rank_logs(plan)}", highlight=False)
+    return subprocess.call(cmd)
 
 
 def _positive(**values: int) -> None:

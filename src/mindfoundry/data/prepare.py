@@ -248,6 +248,25 @@ def prepare_data(cfg: RunConfig, *, overwrite: bool = False, log: Callable[[str]
     return load_prepared(out, cfg.model.vocab_size)
 
 
+def wait_for_prepared(cfg: RunConfig, *, timeout_s: float = 24 * 3600, poll_s: float = 2.0) -> PreparedData:
+    """Wait for another process (rank 0 of a launch) to finish preparing cfg.data.output_dir, then load it.
+
+    Preparation ends with one atomic rename, so the manifest appears only when everything is in
+    place; this process never writes.
+    """
+    out = Path(cfg.data.output_dir)
+    deadline = time.monotonic() + timeout_s
+    while not (out / MANIFEST).is_file():
+        if time.monotonic() > deadline:
+            raise DataError(f"'{out}' was not prepared within {timeout_s:.0f} s by rank 0: check rank 0's log")
+        time.sleep(poll_s)
+    existing = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+    if existing.get("identity") != data_identity(cfg):
+        raise DataError(f"'{out}' holds data prepared from a different data config than this rank's: "
+                        "all ranks must run the same config")
+    return load_prepared(out, cfg.model.vocab_size)
+
+
 def _build(cfg: RunConfig, tmp: Path, log: Callable[[str], None]) -> dict[str, Any]:
     """Pre-pass, tokenizer and shards into ``tmp``; return the manifest (without its identity)."""
     start = time.perf_counter()

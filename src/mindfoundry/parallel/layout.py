@@ -346,6 +346,15 @@ def launched_world_size(env: Mapping[str, str] | None = None) -> int | None:
     return None
 
 
+def launched_rank(env: Mapping[str, str] | None = None) -> int:
+    """This process's global rank under the launcher: RANK (torchrun) or RANK_ID (msrun); 0 without one."""
+    env = os.environ if env is None else env
+    for name in ("RANK", "RANK_ID"):
+        if env.get(name, "").strip().isdigit():
+            return int(env[name])
+    return 0
+
+
 def launch_layout(parallel: ParallelConfig, model: ModelSpec | ModelConfig, train: BatchShape,
                   env: Mapping[str, str] | None = None, num_experts: int = 0) -> Layout:
     """The layout to run under the current launcher (one process when none): raises LayoutError listing every problem."""

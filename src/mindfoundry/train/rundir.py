@@ -7,7 +7,8 @@ from pathlib import Path
 
 from mindfoundry.checkpoint.store import list_checkpoints
 from mindfoundry.config.load import config_hash, to_yaml
-from mindfoundry.config.schema import RunConfig
+from mindfoundry.config.schema import ParallelConfig, RunConfig
+from mindfoundry.parallel.layout import launched_world_size
 
 CONFIG_FILE = "config.yaml"
 HASH_FILE = "config.sha256"
@@ -22,7 +23,15 @@ class RunDirError(RuntimeError):
 
 
 def run_identity(cfg: RunConfig) -> str:
-    return config_hash(cfg, exclude=RESUME_MUTABLE)
+    """What makes two configs the same run. Layout-independent: the parallel layout and how the
+    global batch is cut into micro-batches (micro_batch_size * grad_accum * dp) may change between a
+    run and its continuation — a checkpoint written under FSDP(2) continues under TP(2) or in one
+    process — as long as the global batch stays the same."""
+    t, p = cfg.train, cfg.parallel
+    global_batch = t.micro_batch_size * t.grad_accum * p.dp_replicate * p.resolved_dp_shard(launched_world_size() or 1)
+    canonical = cfg.model_copy(update={"train": t.model_copy(update={"micro_batch_size": global_batch, "grad_accum": 1}),
+                                       "parallel": ParallelConfig()})
+    return config_hash(canonical, exclude=RESUME_MUTABLE)
 
 
 def _has_trained(run_dir: Path) -> bool:

@@ -33,6 +33,7 @@ from mindfoundry.model.spec import ModelSpec, flops_per_token, init_weights, num
 from mindfoundry.monitor.health import HealthMonitor
 from mindfoundry.monitor.mfu import UnknownPeakError, mfu, peak_flops
 from mindfoundry.monitor.tensorboard import TensorBoardSink
+from mindfoundry.parallel.layout import launch_layout
 from mindfoundry.train.anomaly import AnomalyMonitor
 from mindfoundry.train.debug_steps import StepDebugger
 from mindfoundry.train.layer_stats import layer_grad_norms, layer_update_ratios, layer_weight_norms
@@ -62,19 +63,16 @@ def _versions(backend: Backend) -> dict[str, str]:
     return out
 
 
-class LayoutUnsupported(RuntimeError):
-    """The configured parallel layout cannot run in this version."""
-
-
 def check_layout(cfg: RunConfig) -> None:
-    """Single-process training only, for now: refuse a multi-process layout instead of silently training on one device."""
-    p = cfg.parallel
-    degrees = {name: getattr(p, name) for name in ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep") if getattr(p, name) != 1}
-    if degrees:
-        raise LayoutUnsupported(
-            f"parallel {', '.join(f'{k}={v}' for k, v in degrees.items())}: multi-process launch (msrun/torchrun) is not "
-            "available in this version; set these to 1 to train on one device"
-        )
+    """The layout's process count must be the launcher's (one process without a launcher): a tp=2 config
+    started as a single process is refused instead of silently training on one device. Whether the
+    engine implements the layout is its own check, at backend creation."""
+    launch_layout(cfg.parallel, cfg.model, cfg.train, num_experts=_num_experts(cfg))
+
+
+def _num_experts(cfg: RunConfig) -> int:
+    moe = getattr(cfg.model, "moe", None)
+    return getattr(moe, "num_experts", 0) if moe is not None else 0
 
 
 class Trainer:
