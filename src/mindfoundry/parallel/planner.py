@@ -172,8 +172,12 @@ def micro_batches_in_flight(layout: Layout, num_micro_batches: int | None) -> fl
 
 def estimate(spec: ModelSpec, layout: Layout, micro_batch: int, seq: int, precision: Precision, recompute: bool, *,
              num_micro_batches: int | None = None, fixed_overhead_bytes: int = DEFAULT_FIXED_OVERHEAD,
-             flash_attention: bool = True, fused_norm: bool = True) -> MemoryEstimate:
-    """Peak memory per device of `layout` (the more loaded of the first and the last pipeline stage).
+             flash_attention: bool = True, fused_norm: bool = True, vocab_parallel_loss: bool = True) -> MemoryEstimate:
+    """Peak memory per device of `layout` during training steps (the more loaded of the first and the last pipeline stage).
+
+    `vocab_parallel_loss=False` models an engine that gathers the full-vocabulary logits on every
+    tensor-parallel rank before the loss (as this project's torch engine does today) instead of
+    computing the loss on vocab shards.
 
     Activations (see activation_bytes_per_layer for one block): the first stage keeps
     micro_batches_in_flight() micro-batches of its n_layers/pp blocks; the last stage keeps one
@@ -189,7 +193,7 @@ def estimate(spec: ModelSpec, layout: Layout, micro_batch: int, seq: int, precis
     kept = s_loc * micro_batch * spec.d_model * e // t_sp if recompute else per_layer
     working = per_layer if recompute else 0
     layers = spec.n_layers // layout.pp
-    logits = s_loc * micro_batch * (spec.vocab_size // layout.tp) * (e + 8)
+    logits = s_loc * micro_batch * (spec.vocab_size // (layout.tp if vocab_parallel_loss else 1)) * (e + 8)
     unit = max(_layer_parameters_local(spec, layout.tp), spec.vocab_size * spec.d_model // layout.tp)
     buffers = 3 * unit * e if layout.dp_shard > 1 else 0
     best: MemoryEstimate | None = None
