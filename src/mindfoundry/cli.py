@@ -206,9 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare-backend", action="store_true", help="also compare the first step of MindSpore and PyTorch")
     p.set_defaults(func=cmd_smoke)
 
-    p = sub.add_parser("convert", help="checkpoint folder <-> MindSpore .ckpt / PyTorch .pt")
+    p = sub.add_parser("convert", help="checkpoint folder (full or sharded) <-> MindSpore .ckpt / PyTorch .pt; -> weights .safetensors")
     p.add_argument("source", help="RUN/checkpoints/step_N folder (export) or a .ckpt/.pt file (import)")
-    p.add_argument("dest", help="output .ckpt/.pt file (export) or a run directory to import into")
+    p.add_argument("dest", help="output .ckpt/.pt file or .safetensors (weights alone) (export), or a run directory to import into")
     p.set_defaults(func=cmd_convert)
     add_data_commands(sub)
     add_ckpt_commands(sub)

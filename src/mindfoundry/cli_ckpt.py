@@ -12,7 +12,8 @@ from rich.table import Table
 from safetensors import safe_open
 
 from mindfoundry.checkpoint.store import (
-    LATEST_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, CheckpointError, checkpoints_dir, list_checkpoints, verify_checkpoint,
+    LATEST_FILE, MODEL_DIR, MODEL_FILE, OPTIMIZER_DIR, OPTIMIZER_FILE, STATE_FILE, CheckpointError, checkpoints_dir, is_sharded,
+    list_checkpoints, verify_checkpoint,
 )
 
 out = Console()
@@ -37,7 +38,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         table.add_column(col)
     problems = []
     for path in _targets(run):
-        size = sum(f.stat().st_size for f in path.iterdir()) / 1e6
+        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1e6  # sharded: the shard folders too
         try:
             verify_checkpoint(path)
             status = "ok"
@@ -81,6 +82,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     for key in ("consumed_samples", "consumed_tokens", "val_loss", "backend", "versions", "loss_scale", "skipped_windows", "anomaly"):
         if key in state:
             out.print(f"  {key}: {state[key]}", highlight=False)
+    if is_sharded(path):
+        from mindfoundry.backends.torch.sharded_checkpoint import stored_shapes  # the shards' headers, through torch
+
+        for name in (MODEL_DIR, OPTIMIZER_DIR):
+            shapes = stored_shapes(path / name)
+            first = next(iter(shapes))
+            out.print(f"  {name}/ (sharded, {sum(1 for _ in (path / name).glob('*.safetensors'))} shard files): {len(shapes)} tensors, "
+                      f"{sum(math.prod(s) for s in shapes.values()):,} values; e.g. {first} {list(shapes[first])}", highlight=False)
+        return 0
     for name in (MODEL_FILE, OPTIMIZER_FILE):
         with safe_open(str(path / name), framework="numpy") as f:
             keys = list(f.keys())

@@ -1,14 +1,16 @@
 """An independent numpy forward pass of the model, used to check each backend's arithmetic.
 
-Written from the math (RMSNorm, rotate-half RoPE, grouped-query causal attention, SwiGLU), not
-from either backend's code, in float64.
+Written from the math (RMSNorm, rotate-half RoPE, grouped-query causal attention, SwiGLU, and
+the mixture-of-experts FFN of :mod:`mindfoundry.model.spec`: softmax router, top-k renormalized,
+one token at a time through its experts; the Switch/Mixtral load-balancing loss), not from either
+backend's code, in float64.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from mindfoundry.model.spec import ModelSpec, rope_tables
+from mindfoundry.model.spec import ModelSpec, is_moe_layer, rope_tables
 
 
 def _rms(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -21,14 +23,40 @@ def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return x * cos + rotated * sin
 
 
-def forward(spec: ModelSpec, w: dict[str, np.ndarray], ids: np.ndarray) -> np.ndarray:
-    """Logits [B, S, V] in float64."""
+def _swiglu(y: np.ndarray, gate_w: np.ndarray, up_w: np.ndarray, down_w: np.ndarray) -> np.ndarray:
+    gate = y @ gate_w.T
+    return ((gate / (1 + np.exp(-gate))) * (y @ up_w.T)) @ down_w.T
+
+
+def moe(spec: ModelSpec, w: dict[str, np.ndarray], p: str, y: np.ndarray) -> tuple[np.ndarray, float]:
+    """MoE FFN of block prefix `p` on y [B, S, C]: (output, load-balancing loss of this block)."""
+    e, k = spec.num_experts, spec.moe_top_k
+    tokens = y.reshape(-1, y.shape[-1])
+    logits = tokens @ w[p + "mlp.router.weight"].T
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    out = np.zeros_like(tokens)
+    routed = np.zeros(e)
+    for t, x in enumerate(tokens):  # one token at a time: no batching, no dispatch
+        top = np.argsort(-probs[t], kind="stable")[:k]
+        gates = probs[t, top] / probs[t, top].sum()
+        for j, expert in enumerate(top):
+            routed[expert] += 1
+            out[t] += gates[j] * _swiglu(x, *(w[p + f"mlp.experts.{m}.weight"][expert] for m in ("gate_proj", "up_proj", "down_proj")))
+    n = len(tokens)
+    aux = e * float(np.sum(routed / n * probs.mean(0)))
+    return out.reshape(y.shape), aux
+
+
+def forward(spec: ModelSpec, w: dict[str, np.ndarray], ids: np.ndarray, with_aux: bool = False):
+    """Logits [B, S, V] in float64; with_aux: (logits, load-balancing loss averaged over the MoE blocks)."""
     w = {k: v.astype(np.float64) for k, v in w.items()}
     b, s = ids.shape
     hd, h, kv = spec.head_dim, spec.n_heads, spec.n_kv_heads
     cos, sin = (t.astype(np.float64) for t in rope_tables(spec, s))
     mask = np.triu(np.full((s, s), -np.inf), 1)
     x = w["embed.weight"][ids]
+    auxes: list[float] = []
     for i in range(spec.n_layers):
         p = f"layers.{i}."
         y = _rms(x, w[p + "attn_norm.weight"], spec.norm_eps)
@@ -43,11 +71,19 @@ def forward(spec: ModelSpec, w: dict[str, np.ndarray], ids: np.ndarray) -> np.nd
         out = (att @ v).transpose(0, 2, 1, 3).reshape(b, s, h * hd)
         x = x + out @ w[p + "attn.o_proj.weight"].T
         y = _rms(x, w[p + "mlp_norm.weight"], spec.norm_eps)
+        if is_moe_layer(spec, i):
+            out, aux = moe(spec, w, p, y)
+            x = x + out
+            auxes.append(aux)
+            continue
         gate = y @ w[p + "mlp.gate_proj.weight"].T
         x = x + ((gate / (1 + np.exp(-gate))) * (y @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
     x = _rms(x, w["norm.weight"], spec.norm_eps)
     head = w["embed.weight"] if spec.tie_embeddings else w["lm_head.weight"]
-    return x @ head.T
+    logits = x @ head.T
+    if with_aux:
+        return logits, (float(np.mean(auxes)) if auxes else 0.0)
+    return logits
 
 
 def mean_nll(logits: np.ndarray, labels: np.ndarray, ignore_index: int = -100) -> float:

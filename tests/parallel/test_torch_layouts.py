@@ -1,4 +1,5 @@
-"""The torch engine's parallel layouts (DP, FSDP, TP, TP+SP, FSDP+TP, HSDP) train like one process.
+"""The torch engine's parallel layouts (DP, FSDP, TP, TP+SP, FSDP+TP, HSDP, PP with 1F1B/GPipe/
+Interleaved1F1B, PP+DP, PP+FSDP, CP, CP+FSDP) train like one process.
 
 Real ``torchrun`` processes on gloo (torch_layout_worker.py, two launches: one of 2 processes,
 one of 4) train tiny models for 5 AdamW steps (grad_accum=2, padded labels) on the same global
@@ -27,6 +28,7 @@ pytestmark = pytest.mark.slow
 
 WORKER = Path(__file__).with_name("torch_layout_worker.py")
 UNTIED = {"tie_embeddings": False}
+FOUR = {"n_layers": 4}  # pipeline stages need a layer each: pp * pp_virtual_stages <= n_layers
 #: name: (processes, parallel section, model overrides)
 LAYOUTS = {
     "dp": (2, {"dp_replicate": 2}, {}),
@@ -35,11 +37,25 @@ LAYOUTS = {
     "tp_sp": (2, {"tp": 2, "sequence_parallel": True}, UNTIED),  # untied: the separate lm_head is sharded too
     "fsdp_tp": (4, {"dp_shard": 2, "tp": 2}, {}),
     "hsdp": (4, {"dp_replicate": 2, "dp_shard": 2}, {}),
+    # pipeline: tied embeddings (first/last stage gradient sum) except GPipe, which covers the separate head
+    "pp_1f1b": (2, {"pp": 2}, FOUR),
+    "pp_gpipe": (2, {"pp": 2, "pp_schedule": "GPipe"}, FOUR | UNTIED),
+    "pp_interleaved": (2, {"pp": 2, "pp_schedule": "Interleaved1F1B", "pp_virtual_stages": 2}, FOUR),
+    "pp_dp": (4, {"pp": 2, "dp_replicate": 2}, FOUR),
+    "pp_fsdp": (4, {"pp": 2, "dp_shard": 2}, FOUR),
+    # context parallel: each 16-token sequence in 4 chunks of 4, rank i holding chunks i and 3-i
+    "cp": (2, {"cp": 2}, {}),
+    "cp_fsdp": (4, {"cp": 2, "dp_shard": 2}, {}),
+    "cp_hsdp": (4, {"cp": 2, "dp_replicate": 2}, {}),  # FSDP mesh (dp_replicate, dp_shard x cp)
 }
 #: An FSDP(2) run saves full weights + moments after step 3; a TP(2) run loads them and trains steps 4-5.
 CHECKPOINT_JOBS = [
     {"name": "ckpt_fsdp", "parallel": {"dp_shard": 2}, "first": 1, "last": 3, "save": True},
     {"name": "ckpt_tp", "parallel": {"tp": 2}, "first": 4, "last": 5, "load": "ckpt_fsdp"},
+    # pipeline state gathered from two stages (tied embedding once) continues under CP(2) and in one process
+    {"name": "ckpt_pp", "parallel": {"pp": 2}, "model": FOUR, "first": 1, "last": 3, "save": True},
+    {"name": "ckpt_cp", "parallel": {"cp": 2}, "model": FOUR, "first": 4, "last": 5, "load": "ckpt_pp"},
+    {"name": "ckpt_pp_resume", "parallel": {"pp": 2}, "model": FOUR, "first": 4, "last": 5, "load": "ckpt_pp"},
 ]
 
 
@@ -105,6 +121,7 @@ def test_layout_matches_one_process(name: str, request) -> None:
     assert max(want["valid"]) < worker.GLOBAL_BATCH * worker.SEQ
     assert want["loss"][-1] < want["loss"][0] - 0.3  # the model learns: a real curve, not noise
     assert all(got["applied"])
+    assert got["seq_seen"] == [worker.SEQ // parallel.get("cp", 1)]  # context parallel: each rank ran its chunks only
 
     weights = dict(np.load(folder / "weights.npz"))
     diffs = {
@@ -125,13 +142,19 @@ def test_layout_matches_one_process(name: str, request) -> None:
     assert diffs["logits_abs"] < 1e-4
     assert diffs["module_outputs_abs"] < 1e-4 and set(np.load(folder / "boundaries.npz")) == set(ref["boundaries"])
 
-    # names and global shapes survive parallelize (checkpoints and dumps rely on them)
-    assert {n: tuple(s) for n, s in got["shapes"].items()} == parameter_shapes(ref["spec"])
+    # names and global shapes survive parallelize (checkpoints and dumps rely on them); pipeline
+    # ranks hold their stages' parameters under the full model's names
+    digests = [json.loads((folder / f"digest_{r}.json").read_text()) for r in range(nproc)]
+    held = {n: tuple(s) for d in digests for n, s in d["shapes"].items()}
+    assert held == parameter_shapes(ref["spec"])
     assert list(weights) == list(ref["weights"])
+    if parallel.get("pp", 1) > 1:
+        check_stage_names(digests, parallel, ref["spec"])
+    else:
+        assert all(len(d["shapes"]) == len(held) for d in digests)
 
     # every rank gathered the same full weights; replicas (ranks that differ only in dp_replicate) hold
     # identical local parameters, and FSDP ranks hold different shards
-    digests = [json.loads((folder / f"digest_{r}.json").read_text()) for r in range(nproc)]
     assert len({d["full"] for d in digests}) == 1
     dims = digests[0]["dims"]
     by_place: dict[tuple, set] = {}
@@ -142,6 +165,72 @@ def test_layout_matches_one_process(name: str, request) -> None:
     assert len(by_place) == nproc // parallel.get("dp_replicate", 1)
     if nproc // parallel.get("dp_replicate", 1) > 1:  # sharded over dp_shard or tp: the shards differ
         assert len({next(iter(v)) for v in by_place.values()}) == len(by_place)
+
+
+def check_stage_names(digests: list[dict], parallel: dict, spec) -> None:
+    """Pipeline rank r holds the blocks of stages r, r+pp, ... (loop placement), the embedding on the
+    first stage (and, tied, its copy on the last), the final norm and head on the last."""
+    pp, v = parallel["pp"], parallel.get("pp_virtual_stages", 1)
+    per = spec.n_layers // (pp * v)
+    for d in digests:
+        r = d["coord"][d["dims"].index("pp")]
+        blocks = sorted({int(n.split(".")[1]) for n in d["shapes"] if n.startswith("layers.")})
+        assert blocks == sorted(i for k in range(v) for i in range((r + k * pp) * per, (r + k * pp + 1) * per))
+        ends = {n for n in d["shapes"] if not n.startswith("layers.")}
+        last = {"norm.weight"} | ({"embed.weight"} if spec.tie_embeddings else {"lm_head.weight"})
+        assert ends == ({"embed.weight"} if r == 0 else set()) | (last if r == pp - 1 else set())
+
+
+def test_stages_keep_names_and_compose_to_the_model() -> None:
+    """In one process: the pipeline stages of a 4-layer model carry the full model's parameter names
+    and, run one after the other, give the model's logits exactly; CP chunks cover each sequence once."""
+    import contextlib
+
+    import torch
+
+    from mindfoundry.backends.torch.context_parallel import chunk_positions
+    from mindfoundry.backends.torch.model import Transformer
+    from mindfoundry.backends.torch.pipeline import RankModules, StageModule
+    from mindfoundry.model.spec import ModelSpec
+
+    for model_cfg in (FOUR, FOUR | UNTIED):
+        _, cfg, spec = worker.make_backend(model=model_cfg)
+        torch.manual_seed(0)
+        model = Transformer(spec)
+        stages = [StageModule(model, i, 4, contextlib.nullcontext) for i in range(4)]
+        assert [n for n, _ in stages[1].named_parameters()] == [n for n in parameter_shapes(spec) if n.startswith("layers.1.")]
+        last = {n for n, _ in stages[3].named_parameters() if not n.startswith("layers.")}
+        assert last == {"norm.weight", "embed.weight" if spec.tie_embeddings else "lm_head.weight"}
+        rank0 = RankModules([stages[0], stages[2]])  # interleaved placement of pp=2 rank 0
+        assert [n for n, _ in rank0.named_parameters()] == [n for n in parameter_shapes(spec)
+                                                           if n == "embed.weight" or n.startswith(("layers.0.", "layers.2."))]
+        ids = torch.from_numpy(worker.EVAL_IDS.astype(np.int64))
+        x = ids
+        with torch.no_grad():
+            for stage in stages:
+                x = stage(x)
+            assert torch.equal(x, model(ids))
+        assert ModelSpec.from_config(cfg.model) == spec
+    assert chunk_positions(16, 2, 0).tolist() == [0, 1, 2, 3, 12, 13, 14, 15]
+    assert chunk_positions(16, 2, 1).tolist() == list(range(4, 12))
+    assert sorted(torch.cat([chunk_positions(24, 3, r) for r in range(3)]).tolist()) == list(range(24))
+
+
+@pytest.mark.parametrize("parallel, match", [
+    ({"pp": 2, "tp": 2}, "pp=2 with tp=2"),
+    ({"pp": 2, "cp": 2}, "pp=2 with cp=2"),
+    ({"cp": 2, "tp": 2}, "cp=2 with tp=2"),
+    ({"pp": 3}, "must divide model.n_layers=4"),
+    ({"cp": 3}, "divisible by 2\\*cp = 6"),
+])
+def test_unsupported_pp_cp_layouts_are_refused(parallel: dict, match: str) -> None:
+    from mindfoundry.backends.torch.distributed import Layout
+    from mindfoundry.backends.torch.model import Transformer
+    from mindfoundry.backends.torch.parallelize import check_layout
+
+    _, _, spec = worker.make_backend(model=FOUR)
+    with pytest.raises((NotImplementedError, ValueError), match=match):
+        check_layout(Transformer(spec), Layout(**parallel), seq_len=16)
 
 
 def test_checkpoint_fsdp_to_tp_and_one_process(runs2: Path) -> None:
@@ -165,9 +254,34 @@ def test_checkpoint_fsdp_to_tp_and_one_process(runs2: Path) -> None:
     assert rel(fsdp["loss"], uninterrupted["loss"][:3]) < 1e-5
 
 
-def test_trainer_under_torchrun_matches_one_process(tiny_prepared, tmp_path: Path) -> None:
-    """The whole Trainer with FSDP(2) (per-rank loader slices, global token count, rank-0 metrics and
-    checkpoints, collective state gathering, dp-split evaluation) logs what one process logs."""
+def test_checkpoint_pp_to_cp_pp_and_one_process(runs2: Path) -> None:
+    """Full weights + moments saved by PP(2) after step 3 continue identically under CP(2), PP(2) and in one process."""
+    backend, cfg, _ = worker.make_backend(model=FOUR)
+    backend.load_weights(dict(np.load(runs2 / "ckpt_pp" / "weights.npz")))
+    backend.load_optimizer_state(dict(np.load(runs2 / "ckpt_pp" / "optimizer.npz")), step=3)
+    single = worker.train(backend, cfg, 4, 5)
+    uninterrupted = reference(FOUR)["result"]
+    final = backend.weights()
+    diffs = {"single_vs_uninterrupted": rel(single["loss"], uninterrupted["loss"][3:])}
+    for name in ("ckpt_cp", "ckpt_pp_resume"):
+        diffs[f"{name}_loss_rel"] = rel(json.loads((runs2 / name / "result.json").read_text())["loss"], single["loss"])
+        diffs[f"{name}_weights_abs"] = max(float(np.abs(w - final[k]).max()) for k, w in np.load(runs2 / name / "weights.npz").items())
+    print("\ncheckpoint PP(2) -> CP(2) / PP(2) / one process: " + ", ".join(f"{k}={v:.2e}" for k, v in diffs.items()))
+    assert all(v < 1e-5 for k, v in diffs.items() if not k.endswith("weights_abs"))
+    assert all(v < 1e-4 for k, v in diffs.items() if k.endswith("weights_abs"))
+    pp = json.loads((runs2 / "ckpt_pp" / "result.json").read_text())
+    assert rel(pp["loss"], uninterrupted["loss"][:3]) < 1e-5
+
+
+#: the Trainer under torchrun: name -> parallel section (2 processes; the same global batch as one process)
+TRAINER_LAYOUTS = {"fsdp": {"dp_shard": 2}, "pp": {"pp": 2}, "cp": {"cp": 2}}
+
+
+@pytest.mark.parametrize("layout", list(TRAINER_LAYOUTS))
+def test_trainer_under_torchrun_matches_one_process(tiny_prepared, tmp_path: Path, layout: str) -> None:
+    """The whole Trainer with FSDP(2), PP(2) or CP(2) (per-rank loader slices, global token count, rank-0
+    metrics and checkpoints, collective state gathering, dp-split / pipelined / context-parallel
+    evaluation, from step 0) logs what one process logs."""
     from mindfoundry.checkpoint.store import load_checkpoint
     from mindfoundry.train.metrics import read_metrics
     from mindfoundry.train.trainer import Trainer
@@ -177,9 +291,11 @@ def test_trainer_under_torchrun_matches_one_process(tiny_prepared, tmp_path: Pat
     single_dir, fsdp_dir = tmp_path / "single", tmp_path / "fsdp"
     single_dir.mkdir()
     fsdp_dir.mkdir()
+    parallel = TRAINER_LAYOUTS[layout]
+    dp = parallel.get("dp_shard", 1)
     fsdp = cfg.model_copy(update={
-        "run_dir": str(fsdp_dir), "parallel": cfg.parallel.model_copy(update={"dp_shard": 2}),
-        "train": cfg.train.model_copy(update={"micro_batch_size": cfg.train.micro_batch_size // 2}),  # same global batch
+        "run_dir": str(fsdp_dir), "parallel": cfg.parallel.model_copy(update=parallel),
+        "train": cfg.train.model_copy(update={"micro_batch_size": cfg.train.micro_batch_size // dp}),  # same global batch
     })
     launch(2, tmp_path / "out", [{"kind": "trainer", "config": fsdp.model_dump(mode="json")}])
     Trainer(cfg.model_copy(update={"run_dir": str(single_dir)}), data, single_dir).run()
@@ -202,7 +318,7 @@ def test_trainer_under_torchrun_matches_one_process(tiny_prepared, tmp_path: Pat
              "val_loss_rel": rel(evals(fsdp_dir), evals(single_dir)),
              "ckpt_weights_abs": max(float(np.abs(w_two.weights[k] - w_one.weights[k]).max()) for k in w_one.weights),
              "ckpt_moments_abs": max(float(np.abs(w_two.optimizer[k] - w_one.optimizer[k]).max()) for k in w_one.optimizer)}
-    print("\ntrainer FSDP(2) vs one process: " + ", ".join(f"{k}={v:.2e}" for k, v in diffs.items()))
+    print(f"\ntrainer {parallel} vs one process: " + ", ".join(f"{k}={v:.2e}" for k, v in diffs.items()))
     assert diffs["loss_rel"] < 1e-5 and diffs["grad_norm_rel"] < 1e-5 and diffs["val_loss_rel"] < 1e-5
     assert diffs["ckpt_weights_abs"] < 1e-4 and diffs["ckpt_moments_abs"] < 1e-4
     assert len(evals(fsdp_dir)) == len(evals(single_dir)) == 2  # step 0 and the end

@@ -16,7 +16,8 @@ writes the run directory).
 Rank 0 writes OUT_DIR/NAME/{result.json, weights.npz, optimizer.npz (with save), logits.npy,
 boundaries.npz (module_outputs)};
 every rank writes digest_RANK.json (hash of its local shards, its mesh coordinate, hash of the
-full weights it gathered).
+full weights it gathered, the names and global shapes of the parameters it holds: all of them, or
+under pipeline parallelism its stages' ones).
 """
 
 from __future__ import annotations
@@ -122,8 +123,14 @@ def run_job(job: dict, out_dir: Path) -> None:
         backend.load_optimizer_state(dict(np.load(src / "optimizer.npz")), step=job["first"] - 1)
     else:
         backend.load_weights(init_weights(spec, 11))
+    seen: list[int] = []  # sequence lengths the embedding saw in training and eval (S/cp under context parallelism)
+    embed = getattr(backend.model, "embed", None)  # rank 0 has it (a later pipeline stage may not)
+    hook = embed.register_forward_pre_hook(lambda _m, args: seen.append(int(args[0].shape[-1]))) if embed else None
     result = train(backend, cfg, job["first"], job["last"])
-    result["shapes"] = {n: list(p.shape) for n, p in backend.model.named_parameters()}  # after TP/FSDP: global shapes
+    if hook is not None:
+        hook.remove()
+    result["seq_seen"] = sorted(set(seen))
+    shapes = {n: list(p.shape) for n, p in backend.model.named_parameters()}  # after TP/FSDP/PP: global shapes
     logits = backend.logits(EVAL_IDS[:2])
     boundaries = backend.module_outputs(EVAL_IDS[:2])  # embed, blocks, final norm: gathered to full arrays
     weights = backend.weights()  # collective
@@ -131,7 +138,7 @@ def run_job(job: dict, out_dir: Path) -> None:
     local = [(p.to_local() if isinstance(p, DTensor) else p).detach().cpu().numpy() for p in backend.params.values()]
     mesh = backend.mesh
     digest = {"rank": rank, "dims": list(mesh.mesh_dim_names), "coord": mesh.get_coordinate(),
-              "local": _digest(local), "full": _digest(weights[n] for n in sorted(weights))}
+              "local": _digest(local), "full": _digest(weights[n] for n in sorted(weights)), "shapes": shapes}
     folder = out_dir / job["name"]
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"digest_{rank}.json").write_text(json.dumps(digest))

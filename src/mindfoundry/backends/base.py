@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping, Protocol
 
 import numpy as np
@@ -98,6 +99,25 @@ class Backend(Protocol):
     def logits(self, input_ids: np.ndarray) -> np.ndarray:
         """Logits [B, S, vocab] (float32) for a [B, S] batch, no gradient."""
         ...
+
+
+class ShardedCheckpoints(Protocol):
+    """Optional, for ``checkpoint.format: sharded`` (the torch engine): each rank writes and reads only its
+    own shards of the weights and AdamW moments, so no process ever holds the full state."""
+
+    def save_sharded(self, path: Path | None) -> None:
+        """Write this rank's shards into checkpoint folder `path` (collective: rank 0 passes the checkpoint's
+        temporary folder, the other ranks None); every rank's files are written when it returns."""
+        ...
+
+    def load_sharded(self, path: Path, adam_step: int) -> None:
+        """Read a sharded checkpoint folder into this layout, whatever layout wrote it (collective)."""
+        ...
+
+
+def supports_sharded(backend: object) -> bool:
+    """Whether `backend` implements :class:`ShardedCheckpoints` (the torch engine does; MindSpore does not)."""
+    return callable(getattr(backend, "save_sharded", None)) and callable(getattr(backend, "load_sharded", None))
 
 
 def check_state_names(

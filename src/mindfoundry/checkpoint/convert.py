@@ -4,6 +4,10 @@ MindFoundry checkpoints are already engine-neutral (safetensors under shared nam
 continues on either engine without conversion. This converter serves the tools around the
 engines: `.ckpt` files for MindSpore tooling (MindFormers, `load_checkpoint`) and `.pt` files for
 PyTorch tooling, and the way back from them into a checkpoint folder that `--resume` accepts.
+
+`out.safetensors` exports the weights alone, under the shared parameter names, in one file that
+either engine's ``load_weights`` takes; from a sharded checkpoint (``checkpoint.format: sharded``)
+this consolidates every rank's shards in this process. Every export reads sharded checkpoints too.
 """
 
 from __future__ import annotations
@@ -11,17 +15,19 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from mindfoundry.checkpoint.store import CheckpointError, Retention, load_checkpoint, save_checkpoint
+from mindfoundry.checkpoint.store import CheckpointError, Retention, load_checkpoint, save_checkpoint, write_safetensors
 from mindfoundry.config.load import read_yaml, validate
 from mindfoundry.config.schema import RunConfig
 
 NATIVE = {".ckpt": "mindspore", ".pt": "torch"}
+WEIGHTS_ONLY = ".safetensors"
 
 
 def _engine_module(suffix: str):
     engine = NATIVE.get(suffix)
     if engine is None:
-        raise CheckpointError(f"unknown checkpoint file type '{suffix}': use .ckpt (MindSpore) or .pt (PyTorch)")
+        raise CheckpointError(f"unknown checkpoint file type '{suffix}': use .ckpt (MindSpore) or .pt (PyTorch), "
+                              f"or {WEIGHTS_ONLY} to export the weights alone")
     try:
         return importlib.import_module(f"mindfoundry.backends.{engine}.native")
     except ModuleNotFoundError as exc:
@@ -37,9 +43,13 @@ def _run_config(ckpt_dir: Path) -> RunConfig:
 
 
 def export_checkpoint(ckpt_dir: Path, out: Path) -> Path:
-    """Write checkpoint folder `ckpt_dir` as `out` (.ckpt or .pt); refuses to overwrite."""
+    """Write checkpoint folder `ckpt_dir` (full or sharded) as `out` (.ckpt, .pt, or .safetensors = the weights
+    alone, byte for byte the full format's model.safetensors); refuses to overwrite."""
     if out.exists():
         raise CheckpointError(f"{out} already exists: choose another output path")
+    if out.suffix == WEIGHTS_ONLY:
+        write_safetensors(out, load_checkpoint(ckpt_dir).weights)
+        return out
     module = _engine_module(out.suffix)
     ckpt = load_checkpoint(ckpt_dir)
     module.export_native(ckpt.weights, ckpt.optimizer, ckpt.state, out, _run_config(Path(ckpt_dir)))

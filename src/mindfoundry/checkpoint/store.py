@@ -11,6 +11,11 @@ Layout (documented in docs/checkpoints.md)::
         manifest.sha256          sha256 of manifest.json itself; written last = the commit marker
     RUN/checkpoints/latest       name of the newest committed checkpoint
 
+With ``checkpoint.format: sharded`` the engine writes the tensors itself, each rank only its shards
+(see :func:`save_checkpoint`'s ``writer``): ``model/`` and ``optimizer/`` folders of safetensors
+shard files (torch.distributed.checkpoint) replace the two safetensors files; the rest, the
+manifest (listing every shard file) and the commit are the same.
+
 A folder counts as a checkpoint only when its manifest and the manifest's checksum exist and every
 file matches. Writes go to a hidden temporary folder which is fsynced and renamed into place, so a
 crash mid-write never leaves a folder that looks complete. No pickle anywhere.
@@ -25,7 +30,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 from safetensors import SafetensorError
@@ -37,6 +42,8 @@ STATE_FILE = "trainer_state.json"
 MANIFEST_FILE = "manifest.json"
 MANIFEST_SUM = "manifest.sha256"
 LATEST_FILE = "latest"
+MODEL_DIR = "model"  # sharded format: the weights' shard files (one per writing rank) ...
+OPTIMIZER_DIR = "optimizer"  # ... and the AdamW moments' (exp_avg.NAME / exp_avg_sq.NAME)
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 
 
@@ -93,16 +100,27 @@ def _write_json(path: Path, data: Mapping[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _write_payload(tmp: Path, step: int, weights, optimizer, state, extra_files: Mapping[str, bytes]) -> None:
-    save_file({k: np.ascontiguousarray(v) for k, v in weights.items()}, str(tmp / MODEL_FILE), metadata={"format": "mindfoundry"})
-    save_file({k: np.ascontiguousarray(v) for k, v in optimizer.items()}, str(tmp / OPTIMIZER_FILE), metadata={"format": "mindfoundry"})
+def write_safetensors(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
+    """One safetensors file as the checkpoints hold it (also `mindfoundry convert STEP out.safetensors`)."""
+    save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(path), metadata={"format": "mindfoundry"})
+
+
+def _payload_files(tmp: Path) -> list[Path]:
+    """Every file under the temporary folder (shard files in sub-folders too), in a fixed order."""
+    return sorted((p for p in tmp.rglob("*") if p.is_file()), key=lambda p: p.relative_to(tmp).as_posix())
+
+
+def _write_payload(tmp: Path, step: int, write_tensors: Callable[[Path], None], state, extra_files: Mapping[str, bytes]) -> None:
+    write_tensors(tmp)
     _write_json(tmp / STATE_FILE, dict(state, step=step))
     for name, blob in extra_files.items():
         (tmp / name).write_bytes(blob)
     files = {}
-    for name in (MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, *extra_files):
-        _fsync(tmp / name)
-        files[name] = {"sha256": sha256_file(tmp / name), "bytes": (tmp / name).stat().st_size}
+    for f in _payload_files(tmp):  # whoever wrote them (this process or, sharded, every rank): fsynced and listed here
+        _fsync(f)
+        files[f.relative_to(tmp).as_posix()] = {"sha256": sha256_file(f), "bytes": f.stat().st_size}
+    for sub in (d for d in tmp.rglob("*") if d.is_dir()):
+        _fsync(sub)
     _write_json(tmp / MANIFEST_FILE, {"step": step, "files": files})
     _fsync(tmp / MANIFEST_FILE)
     (tmp / MANIFEST_SUM).write_text(sha256_file(tmp / MANIFEST_FILE) + "\n", encoding="utf-8")
@@ -112,17 +130,33 @@ def _write_payload(tmp: Path, step: int, weights, optimizer, state, extra_files:
 def save_checkpoint(
     run_dir: str | Path,
     step: int,
-    weights: Mapping[str, np.ndarray],
-    optimizer: Mapping[str, np.ndarray],
+    weights: Mapping[str, np.ndarray] | None,
+    optimizer: Mapping[str, np.ndarray] | None,
     state: Mapping[str, Any],
     retention: Retention = Retention(),
     extra_files: Mapping[str, bytes] | None = None,
+    *,
+    writer: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write and atomically commit checkpoint `step`, verify it, update `latest`, apply retention.
 
     Older checkpoints are deleted only after the new one has verified, so a failing disk never
     leaves the run without a valid checkpoint.
+
+    `writer` (with weights and optimizer None): the engine writes the tensor files itself into the
+    temporary folder it is given (``checkpoint.format: sharded``: every rank its shards under
+    MODEL_DIR/ and OPTIMIZER_DIR/, all done when it returns); the manifest then lists those files.
     """
+    if (writer is None and (weights is None or optimizer is None)) or (writer is not None and (weights is not None or optimizer is not None)):
+        raise ValueError("save_checkpoint: pass weights and optimizer, or a writer (with both None)")
+
+    def write_tensors(tmp: Path) -> None:
+        if writer is not None:
+            writer(tmp)
+        else:
+            write_safetensors(tmp / MODEL_FILE, weights)
+            write_safetensors(tmp / OPTIMIZER_FILE, optimizer)
+
     root = checkpoints_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / step_dir_name(step)
@@ -130,7 +164,7 @@ def save_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        _write_payload(tmp, step, weights, optimizer, state, extra_files or {})
+        _write_payload(tmp, step, write_tensors, state, extra_files or {})
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -225,18 +259,45 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
     return manifest
 
 
-def load_checkpoint(path: str | Path, *, verify: bool = True) -> Checkpoint:
-    """Verify (unless the caller just did, e.g. through find_resumable), then read a checkpoint folder."""
+def is_sharded(path: str | Path) -> bool:
+    """Whether checkpoint folder `path` holds shard folders (checkpoint.format: sharded) instead of the two files."""
+    return (Path(path) / MODEL_DIR).is_dir()
+
+
+def load_checkpoint(path: str | Path, *, verify: bool = True, tensors: bool = True) -> Checkpoint:
+    """Verify (unless the caller just did, e.g. through find_resumable), then read a checkpoint folder.
+
+    A sharded checkpoint is consolidated into full arrays in this process (through torch's
+    distributed-checkpoint reader); an engine that reshards it itself passes ``tensors=False`` and
+    gets the trainer state only.
+    """
     path = Path(path)
     if verify:
         verify_checkpoint(path)
-    try:
-        weights = load_file(str(path / MODEL_FILE))
-        optimizer = load_file(str(path / OPTIMIZER_FILE))
-    except SafetensorError as exc:
-        raise CheckpointError(f"{path}: unreadable safetensors ({exc})") from None
+    weights: dict[str, np.ndarray] = {}
+    optimizer: dict[str, np.ndarray] = {}
+    if tensors and is_sharded(path):
+        weights, optimizer = _read_sharded(path)
+    elif tensors:
+        try:
+            weights = load_file(str(path / MODEL_FILE))
+            optimizer = load_file(str(path / OPTIMIZER_FILE))
+        except SafetensorError as exc:
+            raise CheckpointError(f"{path}: unreadable safetensors ({exc})") from None
     state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
     return Checkpoint(path=path, weights=weights, optimizer=optimizer, state=state)
+
+
+def _read_sharded(path: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    try:
+        from mindfoundry.backends.torch.sharded_checkpoint import read_full
+    except ModuleNotFoundError as exc:
+        raise CheckpointError(f"{path} is a sharded checkpoint (written by the torch engine); reading it needs {exc.name}: "
+                              "pip install 'mindfoundry[torch]'") from None
+    try:
+        return read_full(path / MODEL_DIR), read_full(path / OPTIMIZER_DIR)
+    except (OSError, RuntimeError, ValueError, SafetensorError) as exc:
+        raise CheckpointError(f"{path}: unreadable sharded checkpoint ({exc})") from None
 
 
 def find_resumable(run_dir: str | Path) -> tuple[Path | None, list[str]]:

@@ -51,6 +51,11 @@ def _model_problems(cfg: RunConfig) -> list[str]:
             f"model.vocab_size={m.vocab_size} is too small for a byte-level BPE tokenizer: "
             f"use at least {MIN_BYTE_BPE_VOCAB} (256 bytes + 2 special tokens)"
         )
+    if m.moe.num_experts and m.moe.every > m.n_layers:
+        out.append(
+            f"model.moe.every={m.moe.every} exceeds model.n_layers={m.n_layers}: no block would be a mixture of experts; "
+            f"use every <= {m.n_layers} (1 = every block) or num_experts: 0 for a dense model"
+        )
     return out
 
 
@@ -135,6 +140,9 @@ def _train_problems(cfg: RunConfig) -> list[str]:
                    "use train.precision: fp16 (mixed precision with dynamic loss scaling) or fp32, or backend: torch for bf16")
     if cfg.backend == "mindspore" and cfg.train.compile:
         out.append("train.compile=true applies to the torch backend only: MindSpore always compiles (GRAPH_MODE); remove it")
+    if cfg.backend == "mindspore" and cfg.checkpoint.format == "sharded":
+        out.append("checkpoint.format='sharded' is written by the torch backend (torch.distributed.checkpoint); MindSpore's own "
+                   "distributed checkpoints are not supported: use checkpoint.format: full, or backend: torch")
     if cfg.optim.warmup_steps > cfg.train.steps:
         out.append(
             f"optim.warmup_steps={cfg.optim.warmup_steps} exceeds train.steps={cfg.train.steps}: "
@@ -175,8 +183,11 @@ def _mixture_problems(cfg: RunConfig) -> list[str]:
 def _parallel_problems(cfg: RunConfig) -> list[str]:
     """The layout rules that need no launcher (mindfoundry.parallel.layout): divisibility by the model's heads,
     layers, vocabulary and the sequence, pipeline micro-batches, and parallel.world_size when it is set."""
-    out = check_layout(cfg.parallel, cfg.model, cfg.train)
+    out = check_layout(cfg.parallel, cfg.model, cfg.train, num_experts=cfg.model.moe.num_experts)
     p = cfg.parallel
+    if p.ep > 1 and not cfg.model.moe.num_experts:
+        out.append(f"parallel.ep={p.ep} spreads experts, but the model is dense (model.moe.num_experts=0): "
+                   "set model.moe.num_experts (a multiple of ep) or parallel.ep: 1")
     if cfg.optim.clip_norm == "auto" and p.dp_shard == -1 and p.world_size is None:
         out.append("optim.clip_norm='auto' depends on the global batch, which parallel.dp_shard=-1 leaves unknown until launch: "
                    "set parallel.world_size (the number of processes) or a number for optim.clip_norm")

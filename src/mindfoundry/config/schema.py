@@ -23,6 +23,24 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class MoEConfig(Section):
+    """Mixture-of-experts FFN (Mixtral-style): a router picks top_k of num_experts SwiGLU experts per token."""
+
+    num_experts: int = Field(0, ge=0, description="Experts per MoE block; 0 = a dense model (no MoE). At least 2 otherwise.")
+    top_k: int = Field(2, ge=1, description="Experts each token is sent to (softmax over all experts, top_k kept and renormalized).")
+    aux_loss_weight: float = Field(0.01, ge=0, description="Weight of the load-balancing loss (num_experts * sum_e f_e * P_e, "
+                                                          "top_k at perfect balance) added to the training loss; 0 = off.")
+    every: int = Field(1, ge=1, description="MoE in every `every`-th block (blocks every-1, 2*every-1, ...; 1 = all); the others stay dense.")
+
+    @model_validator(mode="after")
+    def _experts(self) -> "MoEConfig":
+        if self.num_experts == 1:
+            raise ValueError("num_experts=1 is a dense FFN with a router: use num_experts: 0 (dense) or >= 2")
+        if self.num_experts and self.top_k > self.num_experts:
+            raise ValueError(f"top_k={self.top_k} exceeds num_experts={self.num_experts}: use top_k <= num_experts")
+        return self
+
+
 class ModelConfig(Section):
     """Decoder-only, Llama-style transformer (RMSNorm, RoPE, GQA, SwiGLU)."""
 
@@ -38,6 +56,7 @@ class ModelConfig(Section):
     norm_eps: float = Field(1e-5, gt=0, lt=1, description="RMSNorm epsilon.")
     tie_embeddings: bool = Field(True, description="Share the token embedding with the output head (no lm_head.weight).")
     init_std: float = Field(0.02, gt=0, description="Std of the normal init; residual projections use init_std/sqrt(2*n_layers).")
+    moe: MoEConfig = Field(default_factory=MoEConfig, description="Mixture-of-experts FFN (num_experts: 0 = dense).")
 
 
 # --- data.clean: one section per cleaning block (see mindfoundry.data.blocks) -----------------
@@ -327,6 +346,11 @@ class CheckpointConfig(Section):
     keep_last: int = Field(3, ge=1, description="How many recent checkpoints to keep (at least 1: the newest is never deleted).")
     keep_every: int = Field(0, ge=0, description="Also keep every checkpoint whose step is a multiple of this, permanently (0 = none).")
     keep_best: bool = Field(True, description="Also keep the checkpoint with the lowest validation loss.")
+    format: Literal["full", "sharded"] = Field(
+        "full", description="full: rank 0 gathers the whole state and writes model.safetensors + optimizer.safetensors (both "
+        "engines). sharded (torch engine): every rank writes only its shards (torch.distributed.checkpoint), resumable under "
+        "any layout; `mindfoundry convert STEP_DIR out.safetensors` consolidates the weights (docs/checkpoints.md)."
+    )
 
 
 class AnomalyConfig(Section):

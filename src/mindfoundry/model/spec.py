@@ -19,6 +19,37 @@ Parameter naming scheme::
     layers.{i}.mlp.down_proj.weight      [d_model, ffn_dim]
     norm.weight                          [d_model]
     lm_head.weight                       [vocab, d_model]   (absent when tie_embeddings)
+
+A mixture-of-experts block (``model.moe.num_experts`` = E > 0; blocks every-1, 2*every-1, ...)
+replaces the three ``mlp.*_proj`` matrices by a router and E stacked SwiGLU experts::
+
+    layers.{i}.mlp.router.weight               [E, d_model]
+    layers.{i}.mlp.experts.gate_proj.weight    [E, ffn_dim, d_model]
+    layers.{i}.mlp.experts.up_proj.weight      [E, ffn_dim, d_model]
+    layers.{i}.mlp.experts.down_proj.weight    [E, d_model, ffn_dim]
+
+Expert e's matrices are slice ``[e]`` of the stacked weights, each in the [out, in] layout of the
+dense MLP (Hugging Face Mixtral's ``block_sparse_moe.experts.{e}.w1/w3/w2`` are these slices, its
+``block_sparse_moe.gate`` is the router), and expert parallelism shards them along dim 0.
+
+The MoE arithmetic, the same in both engines (and in tests/backends/numpy_reference.py), per token x
+(the normed block input) of a block with E experts and k = top_k:
+
+- router: p = softmax(x @ router.weight^T) over all E experts (float32); the k largest p are kept
+  and renormalized to sum to 1 (Mixtral's order: softmax, then top-k; the same as a softmax over
+  the k top logits); output = sum_j w_j * SwiGLU_{e_j}(x), summed in top-k order. No capacity limit
+  and no token dropping: every token reaches its k experts, so expert parallelism is exact.
+- load-balancing loss (Switch / Mixtral): aux = E * sum_e f_e * P_e over the N token positions of
+  one micro-batch of one data-parallel rank (its train.micro_batch_size sequences, padding
+  positions included), with f_e = (tokens that route to e) / N (no gradient; sums to k) and
+  P_e = mean router probability of e; it is k at perfect balance. A model's aux is the mean over
+  its MoE blocks. Being per micro-batch, it depends on how rows are grouped into micro-batches (the
+  LM loss does not): dp ranks with grad_accum A train exactly what one process trains with the same
+  micro_batch_size and grad_accum dp*A (the loader gives each rank a contiguous block of rows). The training
+  objective adds ``aux_loss_weight * aux`` per token position: each micro-batch contributes
+  ``(nll_sum + aux_loss_weight * N * aux) / (valid target tokens of the global batch)``, so with
+  packed (unpadded) data the step loss is exactly LM loss + aux_loss_weight * aux. Evaluation
+  loss is the LM loss alone.
 """
 
 from __future__ import annotations
@@ -30,7 +61,9 @@ import numpy as np
 from mindfoundry.config.schema import ModelConfig
 
 #: Output projections that add into the residual stream; their init std is scaled by 1/sqrt(2L).
-RESIDUAL_PROJECTIONS = ("attn.o_proj.weight", "mlp.down_proj.weight")
+RESIDUAL_PROJECTIONS = ("attn.o_proj.weight", "mlp.down_proj.weight", "mlp.experts.down_proj.weight")
+#: The router's init std is init_std times this: near-uniform routing (balanced load) at the start.
+ROUTER_INIT_SCALE = 0.1
 
 
 @dataclass(frozen=True)
@@ -48,6 +81,10 @@ class ModelSpec:
     norm_eps: float
     tie_embeddings: bool
     init_std: float
+    num_experts: int = 0  # model.moe.num_experts; 0 = dense
+    moe_top_k: int = 2
+    moe_every: int = 1
+    moe_aux_loss_weight: float = 0.01
 
     @classmethod
     def from_config(cls, m: ModelConfig) -> "ModelSpec":
@@ -57,7 +94,8 @@ class ModelSpec:
             vocab_size=m.vocab_size, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
             n_kv_heads=m.n_kv_heads, ffn_dim=m.ffn_dim, max_seq_len=m.max_seq_len,
             rope_theta=m.rope_theta, norm_eps=m.norm_eps, tie_embeddings=m.tie_embeddings,
-            init_std=m.init_std,
+            init_std=m.init_std, num_experts=m.moe.num_experts, moe_top_k=m.moe.top_k, moe_every=m.moe.every,
+            moe_aux_loss_weight=m.moe.aux_loss_weight,
         )
 
     @property
@@ -66,6 +104,16 @@ class ModelSpec:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def is_moe_layer(spec: ModelSpec, i: int) -> bool:
+    """Whether block i has a mixture-of-experts FFN: blocks every-1, 2*every-1, ... when num_experts > 0."""
+    return spec.num_experts > 0 and i % spec.moe_every == spec.moe_every - 1
+
+
+def moe_layers(spec: ModelSpec) -> list[int]:
+    """Indices of the MoE blocks (empty for a dense model)."""
+    return [i for i in range(spec.n_layers) if is_moe_layer(spec, i)]
 
 
 def parameter_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
@@ -80,6 +128,13 @@ def parameter_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
         shapes[p + "attn.v_proj.weight"] = (spec.n_kv_heads * hd, d)
         shapes[p + "attn.o_proj.weight"] = (d, spec.n_heads * hd)
         shapes[p + "mlp_norm.weight"] = (d,)
+        if is_moe_layer(spec, i):
+            e = spec.num_experts
+            shapes[p + "mlp.router.weight"] = (e, d)
+            shapes[p + "mlp.experts.gate_proj.weight"] = (e, f, d)
+            shapes[p + "mlp.experts.up_proj.weight"] = (e, f, d)
+            shapes[p + "mlp.experts.down_proj.weight"] = (e, d, f)
+            continue
         shapes[p + "mlp.gate_proj.weight"] = (f, d)
         shapes[p + "mlp.up_proj.weight"] = (f, d)
         shapes[p + "mlp.down_proj.weight"] = (d, f)
@@ -102,11 +157,17 @@ def module_names(spec: ModelSpec) -> list[str]:
 
     Both engines' hookable modules carry exactly these names (a contract test holds them to it), so
     dump selections and fault injections are checked before a run starts, without an engine.
+    In a MoE block, ``mlp.router`` outputs the router logits [tokens, E] and ``mlp.experts`` (with
+    its ``gate_proj``/``up_proj``/``down_proj``) the expert computations; their shapes are
+    engine-specific (torch runs each expert on its routed tokens, MindSpore every expert on every
+    token), the ``mlp`` output [B, S, d_model] is the same in both.
     """
-    block = ["attn_norm", "attn", "attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp_norm", "mlp",
-             "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+    attn = ["attn_norm", "attn", "attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp_norm", "mlp"]
+    dense = ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+    moe = ["mlp.router", "mlp.experts", "mlp.experts.gate_proj", "mlp.experts.up_proj", "mlp.experts.down_proj"]
     names = ["model", "embed"]
     for i in range(spec.n_layers):
+        block = attn + (moe if is_moe_layer(spec, i) else dense)
         names += [f"layers.{i}", *(f"layers.{i}.{m}" for m in block)]
     return names + ["norm"] + ([] if spec.tie_embeddings else ["lm_head"])
 
@@ -117,7 +178,20 @@ def decays(name: str, shape: tuple[int, ...]) -> bool:
 
 
 def num_parameters(spec: ModelSpec) -> int:
+    """All parameters (every expert counted)."""
     return sum(int(np.prod(s)) for s in parameter_shapes(spec).values())
+
+
+def num_active_parameters(spec: ModelSpec) -> int:
+    """Parameters one token passes through: top_k of each MoE block's experts (the total for a dense model)."""
+    return sum(_active(s, spec) for s in parameter_shapes(spec).values())
+
+
+def _active(shape: tuple[int, ...], spec: ModelSpec) -> int:
+    """Elements of one parameter a token uses: stacked expert weights [E, ...] count top_k experts."""
+    if len(shape) == 3:
+        return spec.moe_top_k * int(np.prod(shape[1:]))
+    return int(np.prod(shape))
 
 
 def flops_per_token(spec: ModelSpec, seq_len: int) -> int:
@@ -126,10 +200,11 @@ def flops_per_token(spec: ModelSpec, seq_len: int) -> int:
     N_matmul counts the weights that take part in matrix multiplies: every projection plus the
     output head (the embedding lookup itself is a gather and costs nothing; with tied embeddings
     the shared matrix is counted once, as the head). The attention term covers QK^T and AV
-    without the causal halving, as is conventional for MFU.
+    without the causal halving, as is conventional for MFU. In MoE blocks the router counts in full
+    and the experts top_k times one expert (the active parameters; dispatch costs no FLOPs).
     """
     shapes = parameter_shapes(spec)
-    n_matmul = sum(int(np.prod(s)) for n, s in shapes.items() if len(s) == 2 and n != "embed.weight")
+    n_matmul = sum(_active(s, spec) for n, s in shapes.items() if len(s) >= 2 and n != "embed.weight")
     n_matmul += spec.vocab_size * spec.d_model if spec.tie_embeddings else 0
     attn = 12 * spec.n_layers * spec.n_heads * spec.head_dim * seq_len
     return 6 * n_matmul + attn
@@ -138,7 +213,8 @@ def flops_per_token(spec: ModelSpec, seq_len: int) -> int:
 def init_weights(spec: ModelSpec, seed: int) -> dict[str, np.ndarray]:
     """The initial weights, generated framework-free so both backends start from the same numbers.
 
-    normal(0, init_std) for matrices, init_std/sqrt(2*n_layers) for residual projections (GPT-2),
+    normal(0, init_std) for matrices (and stacked expert weights), init_std/sqrt(2*n_layers) for
+    residual projections (GPT-2, expert down_proj included), init_std*ROUTER_INIT_SCALE for routers,
     ones for RMSNorm weights. Each parameter gets its own stream derived from (seed, name index),
     so adding a parameter later does not change the others.
     """
@@ -149,6 +225,8 @@ def init_weights(spec: ModelSpec, seed: int) -> dict[str, np.ndarray]:
             out[name] = np.ones(shape, dtype=np.float32)
             continue
         std = resid_std if name.endswith(RESIDUAL_PROJECTIONS) else spec.init_std
+        if name.endswith("mlp.router.weight"):
+            std = spec.init_std * ROUTER_INIT_SCALE
         rng = np.random.Generator(np.random.PCG64([seed, idx]))
         out[name] = (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(np.float32)
     return out

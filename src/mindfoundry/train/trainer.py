@@ -21,8 +21,8 @@ import psutil
 from rich.console import Console
 
 import mindfoundry
-from mindfoundry.backends.base import Backend, create_backend
-from mindfoundry.checkpoint.store import CheckpointError, Retention, find_resumable, load_checkpoint, save_checkpoint
+from mindfoundry.backends.base import Backend, create_backend, supports_sharded
+from mindfoundry.checkpoint.store import CheckpointError, Retention, find_resumable, is_sharded, load_checkpoint, save_checkpoint
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.loader import Batch, BatchIterator, TrainLoader, training_source
 from mindfoundry.data.mixture import MixtureSampler
@@ -121,13 +121,19 @@ class Trainer:
         self.console.print(f"resumed from {path} (step {self.step}, {self.consumed_samples} samples consumed)")
 
     def _load(self, path: Path) -> None:
-        ckpt = load_checkpoint(path, verify=False)  # every caller found `path` through find_resumable, which verified it
+        # by what is on disk, not checkpoint.format: an engine that can reshards a sharded checkpoint itself (each rank
+        # reads its pieces); any other consolidates it into full arrays (load_checkpoint)
+        sharded = is_sharded(path) and supports_sharded(self.backend)
+        ckpt = load_checkpoint(path, verify=False, tensors=not sharded)  # every caller found `path` through find_resumable, which verified it
         if ckpt.state.get("run_identity") != run_identity(self.cfg):
             self.console.print(f"[yellow]warning: {path} was written under a different config; continuing with this one[/]")
         st = ckpt.state
         try:
-            self.backend.load_weights(ckpt.weights)
-            self.backend.load_optimizer_state(ckpt.optimizer, int(st.get("adam_step", st["step"])))
+            if sharded:
+                self.backend.load_sharded(path, int(st.get("adam_step", st["step"])))  # collective
+            else:
+                self.backend.load_weights(ckpt.weights)
+                self.backend.load_optimizer_state(ckpt.optimizer, int(st.get("adam_step", st["step"])))
         except ValueError as exc:
             raise CheckpointError(f"{path}: {exc} (was it written for another model config?)") from None
         self.step = int(st["step"])
@@ -184,7 +190,13 @@ class Trainer:
             self._batches = None
 
     def save(self) -> Path | None:
-        """Write a checkpoint (rank 0; the other ranks take part in gathering the state and get None)."""
+        """Write a checkpoint (rank 0; the other ranks take part in gathering or writing the state and get None)."""
+        if self.cfg.checkpoint.format == "sharded":  # every rank writes its shards into rank 0's folder; rank 0 commits
+            if not self.is_main:
+                self.backend.save_sharded(None)  # collective: the folder comes from rank 0
+                return None
+            return save_checkpoint(self.run_dir, self.step, None, None, self.trainer_state(), self.retention,
+                                   extra_files={"data_manifest.json": self.data.manifest_bytes}, writer=self.backend.save_sharded)
         weights, optimizer = self.backend.weights(), self.backend.optimizer_state()  # collective under sharding
         if not self.is_main:
             return None

@@ -2,6 +2,13 @@
 
 Training runs as one GRAPH_MODE (compiled) step per optimizer update; evaluation and logits use a
 separately compiled forward. All state crosses the boundary as numpy arrays under the shared names.
+
+Under ``msrun`` with a data-parallel layout (``parallel.dp_replicate: N``; :mod:`.distributed`) every
+rank holds the whole model and optimizer state, trains on its slice of the global batch
+(``dp_rank``/``dp_size``) and the compiled step sums gradients and losses over the ranks;
+``weights``/``optimizer_state`` are the (identical) local arrays, ``eval_batch`` splits the batch's
+rows over the ranks when they divide it, and ``logits``/``module_outputs`` compute the whole batch on
+every rank. Other layouts are refused when the backend is created (:func:`.distributed.refusal`).
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ import numpy as np
 from mindspore import Tensor, nn
 
 from mindfoundry.backends.base import StepOutput, StepScalars, check_state_names
-from mindfoundry.backends.mindspore import probe_hooks
+from mindfoundry.backends.mindspore import distributed, probe_hooks
 from mindfoundry.backends.mindspore.model import LossCell, Transformer, token_nll
 from mindfoundry.backends.mindspore.train_step import AdamW, TrainStep, scalar
 from mindfoundry.config.schema import RunConfig
@@ -44,10 +51,13 @@ class MindSporeBackend:
     """Owns the model, AdamW state and compiled steps."""
 
     name = "mindspore"
-    rank, world_size, dp_rank, dp_size = 0, 1, 0, 1  # one process (msrun launch is not wired yet)
 
     def __init__(self, cfg: RunConfig, spec: ModelSpec):
         configure_context(cfg.device)
+        # first, before any Tensor: checks the layout and, under msrun, joins the cluster (msrun's scheduler exits in there)
+        self.placement = distributed.setup(cfg, spec, ms.get_context("device_target"))
+        p = self.placement
+        self.rank, self.world_size, self.dp_rank, self.dp_size = p.rank, p.world_size, p.dp_rank, p.dp_size
         # MindSpore reports only the target kind; Ascend training hardware is the 910B family
         self.device_name = {"CPU": "cpu", "Ascend": "Ascend910B"}.get(ms.get_context("device_target"), ms.get_context("device_target"))
         self.spec = spec
@@ -62,14 +72,16 @@ class MindSporeBackend:
         o = cfg.optim
         self.clip = None if o.clip_norm is None else float(o.clip_norm)
         self.optimizer = AdamW(ordered, o.beta1, o.beta2, o.eps, o.weight_decay)
-        self.step_cell = TrainStep(LossCell(self.model), self.optimizer, cfg.train.grad_accum, self.clip)
+        self.step_cell = TrainStep(LossCell(self.model), self.optimizer, cfg.train.grad_accum, self.clip, p.data_parallel)
         self._eager_step: TrainStep | None = None  # the debug (hooked, PYNATIVE) step, built on first use
         self.forward = _Forward(self.model)  # in GRAPH_MODE, calling a Cell compiles it once per input shape
 
     # -- state -------------------------------------------------------------------------------
     def global_sum(self, value: float) -> float:
-        """One process: the value itself."""
-        return value
+        """`value` summed over the data-parallel ranks (collective; exact for counts); the value itself in one process."""
+        if self.dp_size == 1:
+            return value
+        return distributed.all_reduce_sum([value])[0]
 
     def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
         _assign(self.params, weights, "weights")
@@ -93,6 +105,8 @@ class MindSporeBackend:
                   scalar(scalars.loss_limit), scalar(scalars.grad_limit), scalar(scalars.grad_unscale))
         if probe is None:
             loss, norm, applied, grad_sq = self.step_cell(*args, *limits)
+        elif self.placement.data_parallel:
+            raise NotImplementedError("debug dumps (probe steps) run in a single process: rerun the step without msrun")
         else:
             loss, norm, applied, grad_sq = self._debug_step(args, limits, probe)
         return StepOutput(loss=float(loss.asnumpy()), grad_norm=float(norm.asnumpy()), applied=bool(applied.asnumpy()),
@@ -121,8 +135,16 @@ class MindSporeBackend:
         return out
 
     def eval_batch(self, input_ids: np.ndarray, labels: np.ndarray) -> tuple[float, int]:
+        """Under data parallelism (collective) each rank scores its share of the rows when dp_size divides them."""
+        split = self.dp_size > 1 and len(input_ids) % self.dp_size == 0
+        if split:
+            share = len(input_ids) // self.dp_size
+            input_ids, labels = (a[self.dp_rank * share:(self.dp_rank + 1) * share] for a in (input_ids, labels))
         nll, count = self.forward(Tensor(input_ids.astype(np.int32)), Tensor(labels.astype(np.int32)))
-        return float(nll.asnumpy()), int(round(float(count.asnumpy())))
+        nll, count = float(nll.asnumpy()), float(count.asnumpy())
+        if split:
+            nll, count = distributed.all_reduce_sum([nll, count])
+        return nll, int(round(count))
 
     def logits(self, input_ids: np.ndarray) -> np.ndarray:
         return self.model(Tensor(input_ids.astype(np.int32))).asnumpy()

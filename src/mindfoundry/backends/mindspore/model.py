@@ -13,6 +13,18 @@ head) casts its inputs and weights to float16 and its result back to float32; pa
 residual stream, RMSNorm, RoPE, softmax and the loss stay float32. Parameter names, Cell paths
 and module outputs (float32) are those of the fp32 model, and ``half=False`` is the fp32 model
 op for op.
+
+Mixture-of-experts blocks (:class:`MoE`, the arithmetic of :mod:`mindfoundry.model.spec`) keep every
+shape static for GRAPH_MODE: each expert runs on every token (one batched matmul over the stacked
+expert weights, E/top_k times the FFN work of a routed dispatch) and each token then gathers its
+top_k expert outputs and sums them with its router weights in top-k order, as the torch engine
+does; the experts a token is not routed to get no gradient from it, so the function and its
+gradients are those of the routed model. The router matmul stays float32 under fp16. The load-
+balancing term travels functionally in the compiled step (a Cell cannot hand a value out of a
+compiled graph on the side): :meth:`Transformer.forward_aux` returns (logits, aux term) and
+:class:`LossCell` adds it. In PYNATIVE (the hooked debug step) the model is called as a Cell, so
+every hook fires, and each MoE Cell records its term as an attribute for the LossCell to collect.
+An Ascend routed dispatch (grouped matmul, AlltoAll for expert parallelism) is not written yet.
 """
 
 from __future__ import annotations
@@ -22,7 +34,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from mindfoundry.data.packing import IGNORE_INDEX
-from mindfoundry.model.spec import ModelSpec, rope_tables
+from mindfoundry.model.spec import ModelSpec, is_moe_layer, rope_tables
 
 
 F16, F32 = ms.float16, ms.float32
@@ -135,19 +147,91 @@ class MLP(nn.Cell):
         return self.down_proj(ops.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class GroupedLinear(nn.Cell):
+    """E stacked [out, in] matrices applied batch-wise: (E, N, in) -> (E, N, out)."""
+
+    def __init__(self, num_experts: int, in_features: int, out_features: int, half: bool = False):
+        super().__init__()
+        self.weight = _zeros(num_experts, out_features, in_features)
+        self.bmm = ops.BatchMatMul(transpose_b=True)
+        self.half = half
+
+    def construct(self, x):
+        if self.half:
+            return self.bmm(x.astype(F16), self.weight.astype(F16)).astype(F32)
+        return self.bmm(x, self.weight)
+
+
+class Experts(nn.Cell):
+    """E SwiGLU experts, each on every token: (N, C) -> (E, N, C)."""
+
+    def __init__(self, spec: ModelSpec, half: bool = False):
+        super().__init__()
+        e, c, f = spec.num_experts, spec.d_model, spec.ffn_dim
+        self.num_experts = e
+        self.gate_proj = GroupedLinear(e, c, f, half)
+        self.up_proj = GroupedLinear(e, c, f, half)
+        self.down_proj = GroupedLinear(e, f, c, half)
+
+    def construct(self, x):
+        n, c = x.shape
+        xe = ops.broadcast_to(x.reshape(1, n, c), (self.num_experts, n, c))
+        return self.down_proj(ops.silu(self.gate_proj(xe)) * self.up_proj(xe))
+
+
+class MoE(nn.Cell):
+    """Top-k softmax router + SwiGLU experts, no capacity limit (see model/spec.py for the definition)."""
+
+    def __init__(self, spec: ModelSpec, half: bool = False):
+        super().__init__()
+        self.num_experts, self.top_k = spec.num_experts, spec.moe_top_k
+        self.router = Linear(spec.d_model, spec.num_experts)  # float32 even under fp16: routing decisions
+        self.experts = Experts(spec, half)
+        self.record_aux = False  # True only around an eager training forward (Transformer.forward_recording_aux)
+        self.aux = None
+
+    def construct(self, x):
+        y, aux = self.forward_aux(x)
+        if self.record_aux:  # PYNATIVE only: a compiled graph never takes this branch (record_aux is False there)
+            self.aux = aux
+        return y
+
+    def forward_aux(self, x):
+        """(output [B, S, C], this block's N * aux) for the N = B*S tokens of x."""
+        b, s, c = x.shape
+        n, k = b * s, self.top_k
+        tokens = x.reshape(n, c)
+        probs = ops.softmax(self.router(tokens), -1)  # (N, E)
+        top_p, top_e = ops.topk(probs, k)  # (N, k), largest first
+        gates = top_p / top_p.sum(-1, keepdims=True)
+        every = self.experts(tokens).transpose(1, 0, 2)  # (N, E, C)
+        picked = ops.gather_elements(every, 1, ops.broadcast_to(top_e.reshape(n, k, 1), (n, k, c)))  # (N, k, C)
+        out = (gates.reshape(n, k, 1) * picked).sum(1)
+        routed = ops.stop_gradient(ops.one_hot(top_e.reshape(-1), self.num_experts, Tensor(1.0, F32), Tensor(0.0, F32)).sum(0))
+        aux = self.num_experts * ((routed / n) * probs.sum(0)).sum()
+        return out.reshape(b, s, c), aux
+
+
 class Block(nn.Cell):
     """Pre-norm residual block."""
 
-    def __init__(self, spec: ModelSpec, half: bool = False):
+    def __init__(self, spec: ModelSpec, half: bool = False, moe: bool = False):
         super().__init__()
         self.attn_norm = RMSNorm(spec.d_model, spec.norm_eps)
         self.attn = Attention(spec, half)
         self.mlp_norm = RMSNorm(spec.d_model, spec.norm_eps)
-        self.mlp = MLP(spec, half)
+        self.mlp = MoE(spec, half) if moe else MLP(spec, half)
+        self.moe = moe
 
     def construct(self, x, cos, sin, mask):
         x = x + self.attn(self.attn_norm(x), cos, sin, mask)
         return x + self.mlp(self.mlp_norm(x))
+
+    def forward_aux(self, x, cos, sin, mask):
+        """A MoE block's (output, N * aux)."""
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask)
+        y, aux = self.mlp.forward_aux(self.mlp_norm(x))
+        return x + y, aux
 
 
 class Transformer(nn.Cell):
@@ -163,7 +247,9 @@ class Transformer(nn.Cell):
         half = precision == "fp16"
         self.spec, self.half = spec, half
         self.embed = Embedding(spec.vocab_size, spec.d_model)
-        self.layers = nn.CellList([Block(spec, half) for _ in range(spec.n_layers)])
+        self.layers = nn.CellList([Block(spec, half, is_moe_layer(spec, i)) for i in range(spec.n_layers)])
+        self.moe = spec.num_experts > 0
+        self.aux_scale = spec.moe_aux_loss_weight / max(1, sum(is_moe_layer(spec, i) for i in range(spec.n_layers)))
         self.norm = RMSNorm(spec.d_model, spec.norm_eps)
         self.lm_head = None if spec.tie_embeddings else Linear(spec.d_model, spec.vocab_size, half)
         cos, sin = rope_tables(spec, spec.max_seq_len)
@@ -178,6 +264,47 @@ class Transformer(nn.Cell):
         x = self.embed(ids)  # (B, S, C)
         for layer in self.layers:
             x = layer(x, cos, sin, mask)
+        return self.head(x)
+
+    def forward_aux(self, ids):
+        """(logits, aux_loss_weight * mean over MoE blocks of N * aux): the compiled training forward of a MoE model.
+
+        Called as a method, so the hooks of the root and of the MoE blocks and their ``mlp`` would not
+        fire on this path: the hooked (PYNATIVE) debug step uses :meth:`forward_recording_aux`.
+        """
+        s = ids.shape[1]
+        cos, sin, mask = self.cos[:s], self.sin[:s], self.causal_mask[:s, :s]
+        x = self.embed(ids)
+        aux = 0.0
+        for layer in self.layers:
+            if layer.moe:
+                x, part = layer.forward_aux(x, cos, sin, mask)
+                aux = aux + part
+            else:
+                x = layer(x, cos, sin, mask)
+        return self.head(x), aux * self.aux_scale
+
+    def forward_recording_aux(self, ids):
+        """What forward_aux returns, computed by calling the model as a Cell so that every hook fires.
+
+        PYNATIVE only (the MoE Cells hand their terms over as attributes, which a graph cannot do).
+        """
+        moe = [layer.mlp for layer in self.layers if layer.moe]
+        for cell in moe:
+            cell.record_aux = True
+        try:
+            logits = self(ids)
+            aux = 0.0
+            for cell in moe:
+                aux = aux + cell.aux
+            return logits, aux * self.aux_scale
+        finally:
+            for cell in moe:
+                cell.record_aux, cell.aux = False, None
+
+    def head(self, x):
+        """Final norm and output head: (B, S, C) -> logits (B, S, V)."""
+        s = x.shape[1]
         x = self.norm(x)
         if self.lm_head is None:
             if self.half:
@@ -209,7 +336,16 @@ class LossCell(nn.Cell):
     def __init__(self, model: Transformer):
         super().__init__(auto_prefix=False)
         self.model = model
+        self.moe = model.moe
+        self.eager = ms.get_context("mode") == ms.PYNATIVE_MODE  # the debug step's LossCell is built in PYNATIVE
 
     def construct(self, ids, labels, scale):
+        if self.moe:  # the load-balancing term joins the token sum (see model/spec.py)
+            if self.eager:
+                logits, aux = self.model.forward_recording_aux(ids)
+            else:
+                logits, aux = self.model.forward_aux(ids)
+            nll, _ = token_nll(logits, labels)
+            return (nll.sum() + aux) * scale
         nll, _ = token_nll(self.model(ids), labels)
         return nll.sum() * scale

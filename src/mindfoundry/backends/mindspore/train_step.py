@@ -54,9 +54,14 @@ class TrainStep(nn.Cell):
     scale also carries the dynamic loss scale S, and `grad_unscale` (1/S, else 1.0) brings loss and
     gradients back before anything measures them. The update is dropped inside the graph when the
     loss or the gradient norm is non-finite (an fp16 overflow) or above its limit.
+
+    With ``data_parallel`` (msrun, DATA_PARALLEL mode) each rank feeds its slice of the global batch
+    and the summed gradients and losses are all-reduced (summed, not averaged: the scale already
+    divides by the global token count) before anything measures or applies them, so every rank
+    takes the same update decision on the global numbers and the replicas stay identical.
     """
 
-    def __init__(self, loss_cell: nn.Cell, optimizer: AdamW, accum: int, clip_norm: float | None):
+    def __init__(self, loss_cell: nn.Cell, optimizer: AdamW, accum: int, clip_norm: float | None, data_parallel: bool = False):
         super().__init__(auto_prefix=False)
         self.loss_cell = loss_cell
         self.optimizer = optimizer
@@ -64,9 +69,15 @@ class TrainStep(nn.Cell):
         self.clip = clip_norm is not None
         self.clip_norm = float(clip_norm or 0.0)
         self.grad_fn = ms.value_and_grad(loss_cell, None, optimizer.params)
+        self.data_parallel = data_parallel
+        if data_parallel:  # needs mindspore.communication.init() first
+            self.grad_reducer = nn.DistributedGradReducer(optimizer.params, mean=False)
+            self.loss_reducer = ops.AllReduce()  # sum over the world group
 
     def construct(self, ids, labels, scale, lr, step_size, bc2_sqrt, loss_limit, grad_limit, grad_unscale):
         loss, grads = self.accumulate(ids, labels, scale)
+        if self.data_parallel:
+            loss, grads = self.loss_reducer(loss.reshape((1,))).reshape(()), self.grad_reducer(grads)
         return self.update(loss, grads, lr, step_size, bc2_sqrt, loss_limit, grad_limit, grad_unscale)
 
     def accumulate(self, ids, labels, scale):

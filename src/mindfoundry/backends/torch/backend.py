@@ -14,10 +14,17 @@ parallelism and FSDP2 (:mod:`.parallelize`). The interface stays the single-proc
 - ``eval_batch`` takes the same batch on every rank, splits its rows over the dp ranks when they
   divide it (else every rank computes all of it) and returns the summed result of the whole
   batch; ``logits``/``module_outputs`` compute the whole batch on every rank. All are collective.
+
+With ``parallel.pp > 1`` each rank holds its pipeline stages only (:mod:`.pipeline`): ``self.model``
+is those modules under the full model's names, the step runs the pipeline schedule, and the state
+and evaluation calls gather across the pipeline ranks. With ``parallel.cp > 1`` each sequence is
+split over the cp ranks for training and ``eval_batch`` (:mod:`.context_parallel`); ``logits`` and
+``module_outputs`` compute whole sequences on every rank.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from typing import Iterator, Mapping
 
@@ -69,20 +76,42 @@ class TorchBackend:
         self.device_name = "cpu" if self.device.type == "cpu" else getattr(torch, self.device.type).get_device_name()
         self.spec = spec
         self.model = Transformer(spec).to(self.device)
+        self.autocast = autocast_for(self.device, cfg.train.precision)
+        self.pipeline = self.cp = None  # this rank's pipeline stages (pp > 1); the sequence split (cp > 1)
         if self.mesh is not None:  # before the optimizer: TP and FSDP2 replace the parameters (same names)
-            from mindfoundry.backends.torch.parallelize import parallelize
+            from mindfoundry.backends.torch.parallelize import check_layout, parallelize
 
-            parallelize(self.model, self.mesh, self.layout, cfg.train.seq_len)
+            if cfg.train.compile and (self.layout.pp > 1 or self.layout.cp > 1):
+                raise NotImplementedError("train.compile with parallel.pp > 1 or cp > 1 is not supported in this version: "
+                                          "set train.compile: false")
+            if self.layout.pp > 1:
+                from mindfoundry.backends.torch.pipeline import Pipeline
+
+                check_layout(self.model, self.layout, cfg.train.seq_len)
+                self.pipeline = Pipeline(self.model, self.mesh, self.layout, self.device, self.autocast, cfg.train.grad_accum)
+                self.model = self.pipeline.module  # this rank's stages, under the full model's names
+            else:
+                parallelize(self.model, self.mesh, self.layout, cfg.train.seq_len)
+            if self.layout.cp > 1:
+                from mindfoundry.backends.torch.context_parallel import ContextParallel
+
+                self.cp = ContextParallel(self.model, self.mesh["cp"])
         self.params = dict(self.model.named_parameters())
-        expected = parameter_shapes(spec)
-        if {n: tuple(p.shape) for n, p in self.params.items()} != expected:
-            raise RuntimeError(f"torch model parameters {sorted(self.params)} do not match the spec {sorted(expected)}")
-        self.params = {n: self.params[n] for n in expected}  # the canonical order, as in the MindSpore engine
+        self.shapes = parameter_shapes(spec)
+        got = {n: tuple(p.shape) for n, p in self.params.items()}
+        partial = self.pipeline is not None  # a pipeline rank holds its stages' parameters only
+        if any(self.shapes.get(n) != s for n, s in got.items()) if partial else got != self.shapes:
+            raise RuntimeError(f"torch model parameters {sorted(self.params)} do not match the spec {sorted(self.shapes)}")
+        self.params = {n: self.params[n] for n in self.shapes if n in self.params}  # the canonical order, as in MindSpore
         self.optimizer = build_adamw(self.model, cfg.optim)
         step_model = torch.compile(self.model) if cfg.train.compile else self.model
         clip = None if cfg.optim.clip_norm is None else float(cfg.optim.clip_norm)
-        self.autocast = autocast_for(self.device, cfg.train.precision)
-        self.step_fn = TrainStep(self.model, step_model, self.optimizer, clip, self.autocast)
+        if self.pipeline is not None:
+            from mindfoundry.backends.torch.pipeline import PipelineTrainStep
+
+            self.step_fn = PipelineTrainStep(self.pipeline, self.optimizer, clip)
+        else:
+            self.step_fn = TrainStep(self.model, step_model, self.optimizer, clip, self.autocast)
 
     def _tensor(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
@@ -114,12 +143,14 @@ class TorchBackend:
 
     # -- state -------------------------------------------------------------------------------
     def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
-        check_state_names(self.params, weights, "weights", {n: tuple(p.shape) for n, p in self.params.items()})
+        check_state_names(self.shapes, weights, "weights", self.shapes)
         with torch.no_grad():
             for name, p in self.params.items():
                 p.copy_(shard_like(p, self._tensor(np.asarray(weights[name], dtype=np.float32))))
 
     def weights(self) -> dict[str, np.ndarray]:
+        if self.pipeline is not None:
+            return self.pipeline.weights()
         return {n: full_value(p.detach()).float().cpu().numpy().copy() for n, p in self.params.items()}
 
     def _moments(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -130,10 +161,12 @@ class TorchBackend:
                 yield f"{key}.{name}", st[key] if key in st else torch.zeros_like(p)
 
     def optimizer_state(self) -> dict[str, np.ndarray]:
+        if self.pipeline is not None:
+            return self.pipeline.optimizer_state(self.optimizer)
         return {name: full_value(value).float().cpu().numpy().copy() for name, value in self._moments()}
 
     def load_optimizer_state(self, state: Mapping[str, np.ndarray], step: int) -> None:
-        shapes = {f"{k}.{n}": tuple(p.shape) for n, p in self.params.items() for k in ("exp_avg", "exp_avg_sq")}
+        shapes = {f"{k}.{n}": shape for n, shape in self.shapes.items() for k in ("exp_avg", "exp_avg_sq")}
         check_state_names(shapes, state, "optimizer state", shapes)
         for name, p in self.params.items():
             self.optimizer.state[p] = {
@@ -142,6 +175,18 @@ class TorchBackend:
                 "exp_avg_sq": shard_like(p, self._tensor(np.asarray(state[f"exp_avg_sq.{name}"], np.float32))),
             }
 
+    def save_sharded(self, path) -> None:
+        """checkpoint.format: sharded: this rank's shards only (collective; rank 0 passes the folder)."""
+        from mindfoundry.backends.torch import sharded_checkpoint
+
+        sharded_checkpoint.save(self.model, self.params, self.optimizer, path, self.shapes)
+
+    def load_sharded(self, path, adam_step: int) -> None:
+        """A sharded checkpoint from any layout, resharded into this one (collective)."""
+        from mindfoundry.backends.torch import sharded_checkpoint
+
+        sharded_checkpoint.load(self.model, self.params, self.optimizer, path, adam_step, self.shapes)
+
     # -- compute -----------------------------------------------------------------------------
     def train_step(self, input_ids: np.ndarray, labels: np.ndarray, scalars: StepScalars, probe: Probe | None = None) -> StepOutput:
         self.model.train()
@@ -149,7 +194,12 @@ class TorchBackend:
         if self.mesh is not None:
             if probe is not None:
                 raise NotImplementedError("debug dumps (probe steps) run in a single process: rerun the step without torchrun")
-            total = self.step_fn.accumulate(ids, labels_t, scalars, self.step_fn.step_model)
+            if self.cp is not None:  # this rank's chunks of every sequence; the loss summed over the cp ranks
+                with self.cp.active(ids.shape[-1], self.device):
+                    total = self.step_fn.accumulate(self.cp.split(ids), self.cp.split(labels_t), scalars, self.step_fn.step_model)
+                all_reduce_sum(total, self.mesh["cp"])
+            else:
+                total = self.step_fn.accumulate(ids, labels_t, scalars, self.step_fn.step_model)
             all_reduce_sum(total, self.dp_mesh)  # the global loss, so every rank takes the same update decision
             loss, norm, applied, grad_sq = self.step_fn.update(total, scalars)
             grad_sq = full_value(grad_sq)
@@ -171,17 +221,28 @@ class TorchBackend:
         if split:  # this dp rank's rows; the sums are added up below
             rows = slice(self.dp_rank * len(input_ids) // self.dp_size, (self.dp_rank + 1) * len(input_ids) // self.dp_size)
             input_ids, labels = input_ids[rows], labels[rows]
-        with self.autocast():
-            logits = self.model(self._tensor(input_ids.astype(np.int64)))
-        nll, count = token_nll(logits, self._tensor(labels.astype(np.int64)))
-        if split:
-            total = all_reduce_sum(torch.stack([nll.double(), count.double()]), self.dp_mesh)
+        ids_t, labels_t = self._tensor(input_ids.astype(np.int64)), self._tensor(labels.astype(np.int64))
+        if self.pipeline is not None:  # summed over the pipeline ranks
+            total = self.pipeline.nll(ids_t, labels_t)
+            if split:
+                all_reduce_sum(total, self.dp_mesh)
+            return float(total[0]), int(total[1])
+        cp = self.cp is not None and self.cp.fits(ids_t.shape[-1])  # else whole sequences on every cp rank
+        with self.cp.active(ids_t.shape[-1], self.device) if cp else contextlib.nullcontext(), self.autocast():
+            logits = self.model(self.cp.split(ids_t) if cp else ids_t)
+        nll, count = token_nll(logits, self.cp.split(labels_t) if cp else labels_t)
+        if split or cp:
+            total = torch.stack([nll.double(), count.double()])
+            all_reduce_sum(total, self.mesh["cp"] if cp else None)
+            all_reduce_sum(total, self.dp_mesh if split else None)
             return float(total[0]), int(total[1])
         return float(nll), int(count)
 
     @torch.no_grad()
     def logits(self, input_ids: np.ndarray) -> np.ndarray:
         self.model.eval()
+        if self.pipeline is not None:
+            return self.pipeline.logits(self._tensor(input_ids.astype(np.int64))).cpu().numpy()
         with self.autocast():
             return self.model(self._tensor(input_ids.astype(np.int64))).float().cpu().numpy()
 
@@ -193,6 +254,9 @@ class TorchBackend:
     @torch.no_grad()
     def module_outputs(self, input_ids: np.ndarray) -> dict[str, np.ndarray]:
         """Outputs of the module boundaries (embed, each block, final norm) via forward hooks."""
+        if self.pipeline is not None:
+            self.model.eval()
+            return self.pipeline.module_outputs(self._tensor(input_ids.astype(np.int64)))
         captured: dict[str, np.ndarray] = {}
         modules = dict(self.model.named_modules())
         handles = [

@@ -6,7 +6,8 @@ joins it with the collective library of the device (gloo on CPU, nccl on CUDA, h
 through torch_npu) and :func:`build_mesh` lays the ranks out as one :class:`DeviceMesh` whose named
 dims follow :class:`Layout`, outermost first: ``pp, dp_replicate, dp_shard, cp, tp`` (pp and cp
 only when > 1; the three others always, size 1 allowed, so slicing never needs a special case),
-plus a flattened 1D ``dp`` = ``dp_replicate x dp_shard`` mesh over which the batch is split.
+plus a flattened 1D ``dp`` = ``dp_replicate x dp_shard`` mesh over which the batch is split (with
+cp > 1, FSDP shards over a flattened ``dp_shard_cp`` = ``dp_shard x cp``, as in torchtitan).
 
 Weights cross the Backend interface as full arrays; :func:`full_value` and :func:`shard_like`
 convert between those and the DTensors that FSDP2 and tensor parallelism leave in the model.
@@ -35,11 +36,13 @@ class Layout:
 
     dp_replicate: int = 1  # replicas; gradients all-reduced between them
     dp_shard: int = 1  # FSDP2 degree: parameters, gradients and moments sharded over these ranks
-    cp: int = 1  # context parallel (not in this version)
+    cp: int = 1  # context parallel: each sequence split over these ranks (context_parallel.py)
     tp: int = 1  # tensor parallel: attention heads and the FFN hidden size split over these ranks
-    pp: int = 1  # pipeline stages (not in this version)
+    pp: int = 1  # pipeline stages (pipeline.py)
     ep: int = 1  # expert parallel (not in this version; the model has no experts)
     sequence_parallel: bool = True  # with tp: norms and residuals sharded over the sequence
+    pp_schedule: str = "1F1B"  # 1F1B | GPipe | Interleaved1F1B
+    pp_virtual_stages: int = 1  # pipeline chunks per rank (Interleaved1F1B)
 
     @property
     def dp(self) -> int:
@@ -58,6 +61,8 @@ class Layout:
         replicate = parallel.dp_replicate if hasattr(parallel, "dp_replicate") else getattr(parallel, "dp", 1)  # older configs: dp
         sizes["dp_replicate"] = int(replicate or 1)
         sp = bool(getattr(parallel, "sequence_parallel", True))
+        pipe = {"pp_schedule": str(getattr(parallel, "pp_schedule", "1F1B")),
+                "pp_virtual_stages": int(getattr(parallel, "pp_virtual_stages", 1) or 1)}
         if sizes["dp_shard"] == -1:
             others = sizes["dp_replicate"] * sizes["cp"] * sizes["tp"] * sizes["pp"]
             world = world_size or getattr(parallel, "world_size", None) or env_world_size()
@@ -68,7 +73,7 @@ class Layout:
         for name, size in sizes.items():
             if size < 1:
                 raise ValueError(f"parallel.{name}={size}: must be >= 1 (dp_shard may be -1 = the remaining ranks)")
-        return cls(sequence_parallel=sp, **sizes)
+        return cls(sequence_parallel=sp, **pipe, **sizes)
 
     def mesh_dims(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
         """(names, sizes) of the mesh, outermost first."""
@@ -117,8 +122,15 @@ def build_mesh(layout: Layout, device_type: str) -> tuple[DeviceMesh, DeviceMesh
 
 
 def dp_mesh_for_fsdp(mesh: DeviceMesh, layout: Layout) -> DeviceMesh:
-    """1D ``dp_shard`` for FSDP; 2D ``(dp_replicate, dp_shard)`` (HSDP; pure replication when dp_shard=1)."""
-    return mesh["dp_replicate", "dp_shard"] if layout.dp_replicate > 1 else mesh["dp_shard"]
+    """1D ``dp_shard`` for FSDP; 2D ``(dp_replicate, dp_shard)`` (HSDP; pure replication when dp_shard=1).
+
+    With context parallelism the shard dim is ``dp_shard_cp`` (dp_shard x cp flattened): the cp
+    ranks' partial gradients are summed in FSDP's reduce-scatter.
+    """
+    if layout.cp == 1:
+        return mesh["dp_replicate", "dp_shard"] if layout.dp_replicate > 1 else mesh["dp_shard"]
+    shard = mesh["dp_shard", "cp"]._flatten("dp_shard_cp")  # created once, then the same mesh
+    return DeviceMesh._concatenate([mesh["dp_replicate"], shard]) if layout.dp_replicate > 1 else shard
 
 
 def full_value(t: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,14 @@ non-persistent buffers (not part of the state dict), as in the MindSpore model w
 constants. Attention runs through ``scaled_dot_product_attention`` (flash / memory-efficient
 kernels where the device has them).
 
-Shapes in comments: B batch, S sequence, H query heads, K kv heads, D head dim, C d_model, V vocab.
+Mixture-of-experts blocks (:class:`MoE`, the arithmetic of :mod:`mindfoundry.model.spec`) send
+each token to its top_k experts: the (token, slot) pairs are sorted by expert and every expert runs
+one matmul chain over its rows. Dispatch goes through :meth:`MoE.dispatch`, which expert
+parallelism (:mod:`.expert_parallel`) replaces by an all-to-all exchange. The load-balancing term
+of the last training forward is read with :func:`aux_loss_sum`.
+
+Shapes in comments: B batch, S sequence, H query heads, K kv heads, D head dim, C d_model, V vocab,
+N tokens (B*S), E experts, k top_k.
 """
 
 from __future__ import annotations
@@ -14,9 +21,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from mindfoundry.data.packing import IGNORE_INDEX
-from mindfoundry.model.spec import ModelSpec, rope_tables
+from mindfoundry.model.spec import ModelSpec, is_moe_layer, rope_tables
 
 
 class RMSNorm(nn.Module):
@@ -44,6 +52,9 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(spec.d_model, spec.n_kv_heads * spec.head_dim, bias=False)
         self.v_proj = nn.Linear(spec.d_model, spec.n_kv_heads * spec.head_dim, bias=False)
         self.o_proj = nn.Linear(spec.n_heads * spec.head_dim, spec.d_model, bias=False)
+        # None: causal SDPA over the local sequence. Context parallelism swaps in its own
+        # core(q, k, v, expand_kv) -> (B, H, S, D) (k, v with the K kv heads; see context_parallel.py).
+        self.core = None
 
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
         b, s, _ = x.shape
@@ -64,7 +75,10 @@ class Attention(nn.Module):
         v = self._heads(self.v_proj(x), self.n_kv_heads)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        out = F.scaled_dot_product_attention(q, self._expand_kv(k), self._expand_kv(v), is_causal=True)  # (B, H, S, D)
+        if self.core is None:
+            out = F.scaled_dot_product_attention(q, self._expand_kv(k), self._expand_kv(v), is_causal=True)  # (B, H, S, D)
+        else:
+            out = self.core(q, k, v, self._expand_kv)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim))
 
 
@@ -81,15 +95,120 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class _SumGradient(torch.autograd.Function):
+    """Identity forward; the backward sums the gradient over a process group (expert replicas under HSDP)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous()
+        torch.distributed.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class GroupedLinear(nn.Module):
+    """E stacked [out, in] matrices; rows of the input grouped by expert, ``counts[e]`` rows for expert e.
+
+    Under expert parallelism the weight is a DTensor sharded along dim 0 and this rank runs its
+    local experts (``counts`` then has one entry per local expert); ``grad_group`` (expert
+    replicas, HSDP) sums their gradients.
+    """
+
+    def __init__(self, num_experts: int, in_features: int, out_features: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(num_experts, out_features, in_features))  # filled by load_weights
+        self.grad_group = None
+
+    def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        w = self.weight
+        if isinstance(w, DTensor):
+            w = w.to_local()
+            if self.grad_group is not None:
+                w = _SumGradient.apply(w, self.grad_group)
+        return torch.cat([F.linear(rows, w[e]) for e, rows in enumerate(x.split(counts))])
+
+
+class Experts(nn.Module):
+    """E SwiGLU experts on expert-grouped rows: down_e(silu(gate_e(x)) * up_e(x))."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        e, c, f = spec.num_experts, spec.d_model, spec.ffn_dim
+        self.gate_proj = GroupedLinear(e, c, f)
+        self.up_proj = GroupedLinear(e, c, f)
+        self.down_proj = GroupedLinear(e, f, c)
+
+    def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x, counts)) * self.up_proj(x, counts), counts)
+
+
+class MoE(nn.Module):
+    """Top-k softmax router + SwiGLU experts, no capacity limit (see model/spec.py for the definition).
+
+    ``token_group`` (set by :mod:`.expert_parallel` when the sequences of one micro-batch are split
+    over ranks, i.e. context parallelism) lists the process groups the routing counts are summed
+    over, so the load-balancing term is that of the whole micro-batch. After a training forward,
+    ``aux`` holds this rank's part of ``N * aux`` (N: token positions of the micro-batch).
+    """
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.num_experts, self.top_k = spec.num_experts, spec.moe_top_k
+        self.router = nn.Linear(spec.d_model, spec.num_experts, bias=False)
+        self.experts = Experts(spec)
+        self.token_group = None
+        self.aux: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, c = x.shape
+        tokens = x.reshape(-1, c)  # (N, C)
+        with torch.autocast(x.device.type, enabled=False):  # routing decisions in float32
+            logits = self.router(tokens.to(torch.promote_types(tokens.dtype, torch.float32)))  # (N, E)
+        probs = logits.softmax(-1)
+        top_p, top_e = probs.topk(self.top_k, -1)  # (N, k), largest first
+        gates = top_p / top_p.sum(-1, keepdim=True)
+        self.aux = self._balance(probs, top_e) if self.training and torch.is_grad_enabled() else None
+        y = self.dispatch(tokens, top_e)  # (N, k, C): each token's j-th expert output
+        out = (gates.unsqueeze(-1) * y).sum(1)
+        return out.to(x.dtype).reshape(b, s, c)
+
+    def dispatch(self, tokens: torch.Tensor, top_e: torch.Tensor) -> torch.Tensor:
+        """Every (token, slot) through its expert, in one process: rows sorted by expert (stable)."""
+        n, k = top_e.shape
+        flat = top_e.reshape(-1)
+        order = flat.argsort(stable=True)
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        out = self.experts(tokens[order // k], counts)  # (N*k, C), grouped by expert
+        return out[order.argsort()].view(n, k, -1)
+
+    def _balance(self, probs: torch.Tensor, top_e: torch.Tensor) -> torch.Tensor:
+        """This rank's part of N * aux = E * sum_e f_e * (sum over its tokens of p_e); f over the whole micro-batch."""
+        e = self.num_experts
+        stats = torch.cat([torch.bincount(top_e.reshape(-1), minlength=e).to(probs.dtype),
+                           probs.new_full((1,), float(probs.shape[0]))]).detach()  # routed counts, tokens
+        if self.token_group is not None:  # several ranks hold this micro-batch's tokens: count over all of them
+            from torch.distributed import _functional_collectives as funcol
+
+            stats = stats.double()  # exact counts beyond 2**24
+            for group in self.token_group:
+                stats = funcol.all_reduce(stats, "sum", group)
+        f = (stats[:e] / stats[e]).to(probs.dtype)
+        return e * (f * probs.sum(0)).sum()
+
+
 class Block(nn.Module):
     """Pre-norm residual block."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, moe: bool = False):
         super().__init__()
         self.attn_norm = RMSNorm(spec.d_model, spec.norm_eps)
         self.attn = Attention(spec)
         self.mlp_norm = RMSNorm(spec.d_model, spec.norm_eps)
-        self.mlp = MLP(spec)
+        self.mlp = MoE(spec) if moe else MLP(spec)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), cos, sin)
@@ -103,22 +222,40 @@ class Transformer(nn.Module):
         super().__init__()
         self.spec = spec
         self.embed = nn.Embedding(spec.vocab_size, spec.d_model)
-        self.layers = nn.ModuleList([Block(spec) for _ in range(spec.n_layers)])
+        self.layers = nn.ModuleList([Block(spec, is_moe_layer(spec, i)) for i in range(spec.n_layers)])
         self.norm = RMSNorm(spec.d_model, spec.norm_eps)
         self.lm_head = None if spec.tie_embeddings else nn.Linear(spec.d_model, spec.vocab_size, bias=False)
         cos, sin = rope_tables(spec, spec.max_seq_len)
         self.register_buffer("cos", torch.from_numpy(cos), persistent=False)  # (S_max, D)
         self.register_buffer("sin", torch.from_numpy(sin), persistent=False)
+        # Global positions (S,) of the local tokens when context parallelism holds a slice of each
+        # sequence (RoPE by position in the whole sequence); None = positions 0..S-1.
+        self.positions: torch.Tensor | None = None
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         s = ids.shape[1]
-        cos, sin = self.cos[:s], self.sin[:s]
+        if self.positions is None:
+            cos, sin = self.cos[:s], self.sin[:s]
+        else:
+            cos, sin = self.cos[self.positions], self.sin[self.positions]
         x = self.embed(ids)  # (B, S, C)
         for layer in self.layers:
             x = layer(x, cos, sin)
         x = self.norm(x)
         head = self.embed.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(x, head)
+
+
+def aux_loss_sum(model: nn.Module) -> torch.Tensor | None:
+    """aux_loss_weight * (this rank's part of N * aux) of the last training forward; None for a dense model.
+
+    aux is the mean of the MoE blocks' load-balancing losses; the train step adds this to the
+    summed token loss before the 1/(valid tokens) scaling (see model/spec.py).
+    """
+    parts = [m.aux for m in model.modules() if isinstance(m, MoE)]
+    if not parts or any(p is None for p in parts):
+        return None
+    return model.spec.moe_aux_loss_weight * torch.stack(parts).mean()
 
 
 def token_nll(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -28,6 +28,11 @@ Gradients are **summed** over data-parallel ranks: each rank's loss is already s
 global loss. FSDP2 averages by default; ``set_gradient_divide_factor(1.0)`` turns that into a sum,
 and ``set_force_sum_reduction_for_comms(True)`` keeps the collectives plain SUMs (the factor is then
 applied as a division by 1.0, exact) instead of NCCL's PREMUL_SUM, which gloo and hccl lack.
+
+With context parallelism (cp > 1) FSDP runs over dp_shard x cp (``dp_shard_cp``), which also sums
+the cp ranks' partial gradients (:mod:`.context_parallel`); pipeline parallelism builds its stages
+first and applies :func:`apply_fsdp` to each stage (:mod:`.pipeline`). pp and cp combine with
+dp_replicate/dp_shard, not (yet) with tp or with each other (:func:`check_layout` says so).
 """
 
 from __future__ import annotations
@@ -47,15 +52,24 @@ from torch.distributed.tensor.parallel import (
 )
 
 from mindfoundry.backends.torch.distributed import Layout, dp_mesh_for_fsdp
+from mindfoundry.backends.torch.expert_parallel import apply_moe, check_moe_layout, sharded_expert_params
 from mindfoundry.backends.torch.model import Transformer
 
 
 def check_layout(model: Transformer, layout: Layout, seq_len: int | None = None) -> None:
     """Refuse layouts this version cannot run, or sizes the tp degree does not divide, naming the fix."""
-    unsupported = [f"{n}={getattr(layout, n)}" for n in ("pp", "cp", "ep") if getattr(layout, n) > 1]
-    if unsupported:
-        raise NotImplementedError(f"parallel {', '.join(unsupported)}: the torch engine runs dp_replicate, dp_shard and tp "
-                                  "(with sequence_parallel) in this version; set these to 1")
+    check_moe_layout(model, layout)  # ep needs a MoE model; MoE runs with dp and ep only (expert_parallel.py)
+    mixed = [f"{a}={getattr(layout, a)} with {b}={getattr(layout, b)}" for a, b in (("pp", "tp"), ("pp", "cp"), ("cp", "tp"))
+             if getattr(layout, a) > 1 and getattr(layout, b) > 1]
+    if mixed:
+        raise NotImplementedError(f"parallel {'; '.join(mixed)}: the torch engine combines pp and cp with data parallelism "
+                                  "(dp_replicate, dp_shard) only in this version; set one of them to 1")
+    if layout.pp > 1 and model.spec.n_layers % (layout.pp * layout.pp_virtual_stages):
+        raise ValueError(f"parallel.pp * pp_virtual_stages = {layout.pp * layout.pp_virtual_stages} must divide "
+                         f"model.n_layers={model.spec.n_layers} (equal contiguous stages)")
+    if layout.cp > 1 and seq_len is not None and seq_len % (2 * layout.cp):
+        raise ValueError(f"parallel.cp={layout.cp} needs train.seq_len={seq_len} divisible by 2*cp = {2 * layout.cp} "
+                         "(load-balanced causal chunks)")
     tp, spec = layout.tp, model.spec
     if tp == 1:
         return
@@ -73,9 +87,10 @@ def parallelize(model: Transformer, mesh: DeviceMesh, layout: Layout, seq_len: i
     """Apply TP then FSDP2 in place, as `layout` asks; returns `model` (same parameter names)."""
     check_layout(model, layout, seq_len)
     names = [n for n, _ in model.named_parameters()]
+    apply_moe(model, mesh, layout)  # MoE blocks: routing counts over the token ranks; ep > 1: experts sharded, kept from FSDP
     if layout.tp > 1:
         apply_tp(model, mesh["tp"], layout.sequence_parallel)
-    if layout.dp > 1:
+    if layout.dp * layout.cp > 1:  # with cp: FSDP over dp_shard x cp sums the cp ranks' partial gradients
         apply_fsdp(model, dp_mesh_for_fsdp(mesh, layout))
     after = [n for n, _ in model.named_parameters()]
     if after != names:
@@ -158,10 +173,14 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool) -
         block.attn.n_kv_heads //= tp
 
 
-def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh) -> None:
-    """FSDP2 per block, then the root (embedding, final norm, head); gradients summed over dp ranks."""
-    for block in model.layers:
-        fully_shard(block, mesh=dp_mesh)
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh) -> None:
+    """FSDP2 per block, then the root (embedding, final norm, head); gradients summed over dp ranks.
+
+    `model` is a Transformer or a pipeline stage (whose blocks sit in a ModuleDict by global index).
+    """
+    blocks = model.layers.values() if isinstance(model.layers, nn.ModuleDict) else model.layers
+    for block in blocks:
+        fully_shard(block, mesh=dp_mesh, ignored_params=sharded_expert_params(block))  # EP experts stay sharded
     fully_shard(model, mesh=dp_mesh)
     for module in model.modules():
         if isinstance(module, FSDPModule):

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from mindfoundry.backends.base import BackendUnavailable, StepScalars
-from mindfoundry.backends.torch.model import token_nll
+from mindfoundry.backends.torch.model import aux_loss_sum, token_nll
 from mindfoundry.config.schema import OptimConfig
 from mindfoundry.debug.probe import Probe
 from mindfoundry.model.spec import decays
@@ -89,7 +89,8 @@ class TrainStep:
             with self.autocast():
                 logits = model(ids[i])
             nll, _ = token_nll(logits, labels[i])
-            loss = nll * scalars.loss_scale
+            aux = aux_loss_sum(self.model)  # MoE load balancing (None for a dense model): part of the loss
+            loss = nll * scalars.loss_scale if aux is None else (nll + aux) * scalars.loss_scale
             if probe is not None:
                 probe.loss(i, loss.detach().cpu().numpy())
             loss.backward()
