@@ -173,3 +173,22 @@ def test_both_engines_dump_a_moe_step(engines, tmp_path) -> None:
         assert np.abs(a - b).max() <= 1e-4 * (np.abs(b).max() + 1e-12), r["name"]
         compared += 1
     assert compared > 200
+
+
+def test_torch_refuses_moe_layouts_it_cannot_run() -> None:
+    from mindfoundry.backends.torch.distributed import Layout
+    from mindfoundry.backends.torch.expert_parallel import check_moe_layout
+    from mindfoundry.backends.torch.model import Transformer
+
+    moe = Transformer(ModelSpec.from_config(tiny_config(model=MOE).model))
+    dense = Transformer(ModelSpec.from_config(tiny_config().model))
+    check_moe_layout(moe, Layout(dp_shard=2, ep=2))
+    check_moe_layout(moe, Layout(dp_replicate=2, dp_shard=2, ep=2))
+    check_moe_layout(dense, Layout(tp=2))
+    with pytest.raises(ValueError, match="the model is dense"):
+        check_moe_layout(dense, Layout(dp_shard=2, ep=2))
+    with pytest.raises(NotImplementedError, match="ep: 4"):
+        check_moe_layout(moe, Layout(dp_shard=4, ep=2))
+    for layout in (Layout(tp=2), Layout(pp=2), Layout(cp=2)):
+        with pytest.raises(NotImplementedError, match="mixture-of-experts"):
+            check_moe_layout(moe, layout)

@@ -67,12 +67,7 @@ def check_layout(cfg: RunConfig) -> None:
     """The layout's process count must be the launcher's (one process without a launcher): a tp=2 config
     started as a single process is refused instead of silently training on one device. Whether the
     engine implements the layout is its own check, at backend creation."""
-    launch_layout(cfg.parallel, cfg.model, cfg.train, num_experts=_num_experts(cfg))
-
-
-def _num_experts(cfg: RunConfig) -> int:
-    moe = getattr(cfg.model, "moe", None)
-    return getattr(moe, "num_experts", 0) if moe is not None else 0
+    launch_layout(cfg.parallel, cfg.model, cfg.train, num_experts=cfg.model.moe.num_experts)
 
 
 class Trainer:

@@ -39,7 +39,7 @@ class Layout:
     cp: int = 1  # context parallel: each sequence split over these ranks (context_parallel.py)
     tp: int = 1  # tensor parallel: attention heads and the FFN hidden size split over these ranks
     pp: int = 1  # pipeline stages (pipeline.py)
-    ep: int = 1  # expert parallel (not in this version; the model has no experts)
+    ep: int = 1  # expert parallel over the dp_shard ranks (MoE blocks: backends/torch/expert_parallel.py)
     sequence_parallel: bool = True  # with tp: norms and residuals sharded over the sequence
     pp_schedule: str = "1F1B"  # 1F1B | GPipe | Interleaved1F1B
     pp_virtual_stages: int = 1  # pipeline chunks per rank (Interleaved1F1B)
