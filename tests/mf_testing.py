@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from mindfoundry.config.load import validate
+from mindfoundry.data.packing import IGNORE_INDEX
 from mindfoundry.config.schema import RunConfig
 
 
@@ -39,3 +42,29 @@ def tiny_config(**sections) -> RunConfig:
     for name, values in sections.items():
         tree[name] = {**tree.get(name, {}), **values} if isinstance(values, dict) else values
     return validate(tree)
+
+
+def padded_markov_samples(n: int, vocab: int, seq: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Learnable streams (each token determines the next); each sample's last 0..seq/2 labels are padding."""
+    rng = np.random.default_rng(seed)
+    table = rng.integers(0, vocab, vocab)
+    tokens = np.empty((n, seq + 1), np.int32)
+    tokens[:, 0] = rng.integers(0, vocab, n)
+    for t in range(1, seq + 1):
+        tokens[:, t] = table[tokens[:, t - 1]]
+    ids, labels = tokens[:, :-1].copy(), tokens[:, 1:].copy()
+    for row, pad in enumerate(rng.integers(0, seq // 2 + 1, n)):
+        if pad:
+            labels[row, -pad:] = IGNORE_INDEX
+            ids[row, -pad:] = 0
+    return ids, labels
+
+
+class ArraySource:
+    """A BatchSource over fixed samples: global positions are row numbers."""
+
+    def __init__(self, ids: np.ndarray, labels: np.ndarray):
+        self.ids, self.labels = ids, labels
+
+    def get_batch(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.ids[start:start + count], self.labels[start:start + count]

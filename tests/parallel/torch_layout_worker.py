@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for mf_testing
 
-from mf_testing import tiny_config  # noqa: E402
+from mf_testing import ArraySource, padded_markov_samples, tiny_config  # noqa: E402
 from mindfoundry.data.loader import TrainLoader  # noqa: E402
 from mindfoundry.data.packing import IGNORE_INDEX  # noqa: E402
 from mindfoundry.model.spec import ModelSpec, init_weights  # noqa: E402
@@ -43,29 +43,7 @@ GLOBAL_BATCH = GLOBAL_MICRO * ACCUM  # sequences per optimizer step, whatever th
 
 
 def samples(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Learnable streams (each token determines the next); each sample's last 0..SEQ/2 labels are padding."""
-    rng = np.random.default_rng(seed)
-    table = rng.integers(0, VOCAB, VOCAB)
-    tokens = np.empty((n, SEQ + 1), np.int32)
-    tokens[:, 0] = rng.integers(0, VOCAB, n)
-    for t in range(1, SEQ + 1):
-        tokens[:, t] = table[tokens[:, t - 1]]
-    ids, labels = tokens[:, :-1].copy(), tokens[:, 1:].copy()
-    for row, pad in enumerate(rng.integers(0, SEQ // 2 + 1, n)):
-        if pad:
-            labels[row, -pad:] = IGNORE_INDEX
-            ids[row, -pad:] = 0
-    return ids, labels
-
-
-class ArraySource:
-    """A BatchSource over fixed samples: global positions are row numbers."""
-
-    def __init__(self, ids: np.ndarray, labels: np.ndarray):
-        self.ids, self.labels = ids, labels
-
-    def get_batch(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.ids[start:start + count], self.labels[start:start + count]
+    return padded_markov_samples(n, VOCAB, SEQ, seed)
 
 
 TRAIN = ArraySource(*samples(GLOBAL_BATCH * TOTAL_STEPS))
