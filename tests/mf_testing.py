@@ -68,3 +68,14 @@ class ArraySource:
 
     def get_batch(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
         return self.ids[start:start + count], self.labels[start:start + count]
+
+
+def markov_batches(vocab: int, steps: int, shape: tuple[int, int, int], seed: int = 0) -> np.ndarray:
+    """Learnable token streams (each token determines the next) so the loss really moves: [steps, *shape[:2], shape[2]+1]."""
+    rng = np.random.default_rng(seed)
+    table = rng.integers(0, vocab, vocab)
+    out = np.empty((steps, *shape[:2], shape[2] + 1), np.int32)
+    out[..., 0] = rng.integers(0, vocab, (steps, *shape[:2]))
+    for t in range(1, shape[2] + 1):
+        out[..., t] = table[out[..., t - 1]]
+    return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from mf_testing import markov_batches
 
 pytest.importorskip("mindspore")
 pytest.importorskip("torch")
@@ -24,15 +25,6 @@ def engines(make_config, **sections):
     return out
 
 
-def markov_batches(vocab: int, steps: int, shape: tuple[int, int, int]) -> np.ndarray:
-    """Learnable token streams (each token determines the next) so the loss really moves."""
-    rng = np.random.default_rng(0)
-    table = rng.integers(0, vocab, vocab)
-    out = np.empty((steps, *shape[:2], shape[2] + 1), np.int32)
-    out[..., 0] = rng.integers(0, vocab, (steps, *shape[:2]))
-    for t in range(1, shape[2] + 1):
-        out[..., t] = table[out[..., t - 1]]
-    return out
 
 
 def test_ten_steps_agree(make_config) -> None:

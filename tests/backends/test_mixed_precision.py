@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from mf_testing import markov_batches
 
 pytest.importorskip("mindspore")
 
@@ -19,15 +20,6 @@ from mindfoundry.train.schedule import step_scalars  # noqa: E402
 HAS_TORCH = __import__("importlib").util.find_spec("torch") is not None
 
 
-def markov_batches(vocab: int, steps: int, shape: tuple[int, int, int], seed: int = 0) -> np.ndarray:
-    """Learnable token streams (each token determines the next) so the loss really moves."""
-    rng = np.random.default_rng(seed)
-    table = rng.integers(0, vocab, vocab)
-    out = np.empty((steps, *shape[:2], shape[2] + 1), np.int32)
-    out[..., 0] = rng.integers(0, vocab, (steps, *shape[:2]))
-    for t in range(1, shape[2] + 1):
-        out[..., t] = table[out[..., t - 1]]
-    return out
 
 
 def _engine(make_config, backend: str, precision: str):
