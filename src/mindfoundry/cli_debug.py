@@ -23,7 +23,7 @@ console = Console(stderr=True, soft_wrap=True)
 
 def _dump_config(cfg, args: argparse.Namespace, out: Path):
     """The run's config with the command line's dump choices, checkpoints off, in a scratch run dir."""
-    from mindfoundry.config.schema import DumpConfig
+    from mindfoundry.config.schema import DumpConfig, ParallelConfig
 
     chosen = {k: v for k, v in (("steps", args.steps), ("mode", args.mode), ("modules", args.modules),
                                 ("directions", args.directions)) if v}
@@ -33,11 +33,14 @@ def _dump_config(cfg, args: argparse.Namespace, out: Path):
         raise ConfigError(str(exc).splitlines()[-1].strip()) from None
     if not dump.steps:
         raise ConfigError("no steps to dump: pass --steps (e.g. --steps '1|50-60') or set debug.dump.steps")
+    t = cfg.train
     return cfg.model_copy(deep=True, update={
         "run_dir": str(out / "replay"),
+        # one process whatever the run's layout (hooks need it): the same global batch, accumulated
+        "parallel": ParallelConfig(),
         "debug": cfg.debug.model_copy(update={"dump": dump}),
         "checkpoint": cfg.checkpoint.model_copy(update={"every": 0, "keep_last": 1}),
-        "train": cfg.train.model_copy(update={"eval_every": 0}),
+        "train": t.model_copy(update={"eval_every": 0, "grad_accum": t.grad_accum * cfg.parallel.dp}),
         "monitor": cfg.monitor.model_copy(update={"tensorboard": False}),
     })
 
@@ -55,9 +58,10 @@ def cmd_dump(args: argparse.Namespace) -> int:
     (out / "replay").mkdir(parents=True)
     data = prepare_data(cfg, log=console.print)
     trainer = Trainer(dcfg, data, out / "replay", console)
-    if args.resume == "auto":
-        trainer.resume_from = Path(cfg.run_dir)
-    last = parse_selection(dcfg.debug.dump.steps).last
+    steps = parse_selection(dcfg.debug.dump.steps)
+    if args.resume == "auto":  # the newest checkpoint before the first dumped step, so that step is replayed
+        trainer.resume_from, trainer.resume_before = Path(cfg.run_dir), min(lo for lo, _ in steps.ranges)
+    last = steps.last
     result = trainer.run(resume=args.resume == "auto", stop_at_step=last)
     console.print(f"dumped steps {dcfg.debug.dump.steps} (reached step {result.step}) into {out}", highlight=False)
     return 0

@@ -92,3 +92,16 @@ def test_locator_reports_first_nonfinite_with_its_input(tmp_path) -> None:
     found = locate_overflow(read_dump(w.dir))
     assert (found.module, found.direction, found.given["name"]) == ("b", "forward", "b.forward.0.input.0")
     assert "1 Inf of 4" in found.message() and "its input was finite" in found.message()
+
+
+def test_debug_steps_are_refused_under_a_multi_process_launch(tmp_path) -> None:
+    from mf_testing import tiny_config
+
+    from mindfoundry.debug.probe import ProbeError
+    from mindfoundry.train.debug_steps import StepDebugger
+
+    cfg = tiny_config(debug={"dump": {"steps": "3"}})
+    assert StepDebugger(cfg, tmp_path, world_size=1).single_process
+    with pytest.raises(ProbeError, match="run in a single process.*mindfoundry dump CONFIG --steps"):
+        StepDebugger(cfg, tmp_path, world_size=2)
+    assert not StepDebugger(tiny_config(), tmp_path, world_size=2).single_process  # no dump asked: fine, locator replays

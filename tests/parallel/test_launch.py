@@ -70,3 +70,9 @@ def test_fsdp_launch_equals_one_process_and_resumes_in_one(tiny_run, tmp_path) -
     single, sharded = _losses(tmp_path / "one"), _losses(tmp_path / "fsdp")
     assert len(single) == len(sharded) == 6
     assert max(abs(a / b - 1) for a, b in zip(sharded, single)) < 1e-5
+    # a step of the FSDP(2) layout replayed and dumped in one process, from the run's step-3 checkpoint
+    assert main(["dump", str(fsdp), *sets, "--set", "parallel.dp_shard=2", "--steps", "4", "--resume", "auto",
+                 "--out", str(tmp_path / "dump")]) == 0
+    from mindfoundry.debug.dump import read_dump
+
+    assert read_dump(tmp_path / "dump" / "step4" / "rank0").meta["loss"] == pytest.approx(single[3], rel=1e-5)

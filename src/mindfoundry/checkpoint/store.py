@@ -300,10 +300,14 @@ def _read_sharded(path: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarr
         raise CheckpointError(f"{path}: unreadable sharded checkpoint ({exc})") from None
 
 
-def find_resumable(run_dir: str | Path) -> tuple[Path | None, list[str]]:
-    """The newest checkpoint that verifies, and a note for each newer one that was skipped."""
+def find_resumable(run_dir: str | Path, before_step: int | None = None) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint that verifies (of a step below `before_step`, when given), and a note
+    for each newer one that was skipped."""
     skipped = []
-    for path in reversed(list_checkpoints(run_dir)):
+    candidates = list_checkpoints(run_dir)
+    if before_step is not None:
+        candidates = [p for p in candidates if int(_STEP_DIR.match(p.name).group(1)) < before_step]
+    for path in reversed(candidates):
         try:
             verify_checkpoint(path)
         except CheckpointError as exc:

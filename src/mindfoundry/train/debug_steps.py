@@ -19,7 +19,7 @@ from mindfoundry.config.load import config_hash
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.debug.dump import INDEX_FILE, DumpWriter, leaf_dir, read_dump
 from mindfoundry.debug.locate import Overflow, locate_overflow
-from mindfoundry.debug.probe import Injection, Probe, check_injection, select_modules
+from mindfoundry.debug.probe import Injection, Probe, ProbeError, check_injection, select_modules
 from mindfoundry.debug.steps import parse_selection
 from mindfoundry.model.spec import ModelSpec, module_names
 
@@ -29,9 +29,15 @@ OVERFLOW_DIR = "overflow"
 class StepDebugger:
     """Decides which steps are dumped or injected, and locates the first non-finite tensor of a failed step."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, rank: int = 0, log: Callable[[str], None] = print):
+    def __init__(self, cfg: RunConfig, run_dir: Path, rank: int = 0, log: Callable[[str], None] = print, world_size: int = 1):
         d = cfg.debug
         self.cfg, self.rank, self.log = cfg, rank, log
+        # hooked debug steps run in one process; a multi-process run is replayed by `mindfoundry dump`
+        self.single_process = world_size == 1
+        if not self.single_process and (d.dump.steps or d.inject_inf is not None):
+            raise ProbeError(f"debug.dump.steps / debug.inject_inf run in a single process, not under a {world_size}-process launch: "
+                             "train without them and replay the steps with `mindfoundry dump CONFIG --steps ... --resume auto` "
+                             "(one process, from this run's checkpoint, whatever its layout)")
         self.steps = parse_selection(d.dump.steps)
         ranks = parse_selection(d.dump.ranks, "ranks")
         self.dump_rank = not ranks or rank in ranks

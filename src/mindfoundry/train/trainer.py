@@ -88,7 +88,7 @@ class Trainer:
         self.anomaly = AnomalyMonitor(cfg.anomaly)
         self.scaler = DynamicLossScaler(cfg.train.loss_scale_init, growth_interval=cfg.train.loss_scale_growth_interval,
                                         enabled=cfg.train.precision == "fp16")  # disabled: scale 1.0 (fp32, bf16)
-        self.debugger = StepDebugger(cfg, run_dir, log=self.console.print)
+        self.debugger = StepDebugger(cfg, run_dir, rank=self.backend.rank, log=self.console.print, world_size=self.backend.world_size)
         self.health = HealthMonitor(cfg.monitor.health, cfg.optim.warmup_steps)
         self.peak: float | None = None  # device peak FLOP/s for MFU, measured/looked up before the loop
         self.retention = Retention(cfg.checkpoint.keep_last, cfg.checkpoint.keep_every, cfg.checkpoint.keep_best)
@@ -100,13 +100,15 @@ class Trainer:
         self.initial_eval: dict[str, Any] | None = None
         self.last_val_loss: float | None = None
         self._injected: set[tuple[str, int]] = set()
-        self.resume_from: Path | None = None  # another run's directory to resume from (`mindfoundry dump --resume auto`)
+        # `mindfoundry dump --resume auto`: another run's directory to resume from, at a step below resume_before
+        self.resume_from: Path | None = None
+        self.resume_before: int | None = None
         self._stop_signal: int | None = None
         self._process = psutil.Process()
 
     # -- state -------------------------------------------------------------------------------
     def restore_or_init(self, resume: bool) -> None:
-        path, skipped = find_resumable(self.resume_from or self.run_dir) if resume else (None, [])
+        path, skipped = find_resumable(self.resume_from or self.run_dir, self.resume_before) if resume else (None, [])
         for note in skipped:
             self.console.print(f"[yellow]skipping checkpoint: {note}[/]")
         if path is None:
@@ -357,6 +359,12 @@ class Trainer:
 
     def _locate_overflow(self, logger: MetricsLogger, ids: np.ndarray, labels: np.ndarray, scalars, injection) -> None:
         step = self.step + 1
+        if not self.debugger.single_process:  # hooks run in one process: say how to replay the step instead
+            message = (f"not located in a multi-process run: replay it in one process with "
+                       f"`mindfoundry dump CONFIG --steps {step} --resume auto` and `mindfoundry locate`")
+            logger.log({"step": step, "event": "overflow", "module": None, "message": message})
+            self.console.print(f"[yellow]step {step}: non-finite; {message}[/]", highlight=False)
+            return
         found, path = self.debugger.locate(step, self.backend, ids, labels, scalars, injection)
         message = found.message() if found else "the re-run step was finite: the fault did not reproduce"
         logger.log({"step": step, "event": "overflow", "module": found.module if found else None,
