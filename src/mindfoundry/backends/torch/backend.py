@@ -42,6 +42,7 @@ from mindfoundry.backends.torch.train_step import TrainStep, autocast_for, build
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.debug.probe import Probe
 from mindfoundry.model.spec import ModelSpec, module_boundaries, parameter_shapes
+from mindfoundry.parallel.layout import launched_world_size
 
 
 def select_device(requested: str) -> torch.device:
@@ -68,7 +69,7 @@ class TorchBackend:
     def __init__(self, cfg: RunConfig, spec: ModelSpec):
         torch.manual_seed(cfg.seed)
         self.device = select_device(cfg.device)
-        self.layout = Layout.from_config(cfg.parallel)
+        self.layout = Layout.from_config(cfg.parallel, launched_world_size())  # dp_shard=-1: what the launch leaves
         self.mesh = self.dp_mesh = None  # the world DeviceMesh and its flattened dp dims, with several processes
         if wants_processes(self.layout):
             init_process_group(self.device)  # pins the rank's accelerator before anything is allocated

@@ -4,7 +4,7 @@ A run launched by ``torchrun --nproc_per_node=N`` gets its rank and rendezvous f
 environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). :func:`init_process_group`
 joins it with the collective library of the device (gloo on CPU, nccl on CUDA, hccl on Ascend
 through torch_npu) and :func:`build_mesh` lays the ranks out as one :class:`DeviceMesh` whose named
-dims follow :class:`Layout`, outermost first: ``pp, dp_replicate, dp_shard, cp, tp`` (pp and cp
+dims follow :class:`mindfoundry.parallel.layout.Layout`, outermost first: ``pp, dp_replicate, dp_shard, cp, tp`` (pp and cp
 only when > 1; the three others always, size 1 allowed, so slicing never needs a special case),
 plus a flattened 1D ``dp`` = ``dp_replicate x dp_shard`` mesh over which the batch is split (with
 cp > 1, FSDP shards over a flattened ``dp_shard_cp`` = ``dp_shard x cp``, as in torchtitan).
@@ -16,72 +16,24 @@ convert between those and the DTensors that FSDP2 and tensor parallelism leave i
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from mindfoundry.parallel.layout import Layout
+
 _COMM_BACKENDS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
 
 
-@dataclass(frozen=True)
-class Layout:
-    """How many ranks each kind of parallelism uses; the product is the world size.
-
-    Read from ``cfg.parallel`` with :meth:`from_config`, which tolerates the fields a config does not
-    have yet (defaults below), and the older single ``dp`` field (= ``dp_replicate``).
-    """
-
-    dp_replicate: int = 1  # replicas; gradients all-reduced between them
-    dp_shard: int = 1  # FSDP2 degree: parameters, gradients and moments sharded over these ranks
-    cp: int = 1  # context parallel: each sequence split over these ranks (context_parallel.py)
-    tp: int = 1  # tensor parallel: attention heads and the FFN hidden size split over these ranks
-    pp: int = 1  # pipeline stages (pipeline.py)
-    ep: int = 1  # expert parallel over the dp_shard ranks (MoE blocks: backends/torch/expert_parallel.py)
-    sequence_parallel: bool = True  # with tp: norms and residuals sharded over the sequence
-    pp_schedule: str = "1F1B"  # 1F1B | GPipe | Interleaved1F1B
-    pp_virtual_stages: int = 1  # pipeline chunks per rank (Interleaved1F1B)
-
-    @property
-    def dp(self) -> int:
-        """Data-parallel ranks: the global batch is split over these."""
-        return self.dp_replicate * self.dp_shard
-
-    @property
-    def world_size(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.cp * self.tp * self.pp
-
-    @classmethod
-    def from_config(cls, parallel: object, world_size: int | None = None) -> Layout:
-        """The layout of ``cfg.parallel``; ``dp_shard: -1`` takes the ranks the other dims leave of the world size
-        (`world_size`, else ``parallel.world_size``, else the launcher's WORLD_SIZE)."""
-        sizes = {name: int(getattr(parallel, name, 1) or 1) for name in ("dp_shard", "cp", "tp", "pp", "ep")}
-        replicate = parallel.dp_replicate if hasattr(parallel, "dp_replicate") else getattr(parallel, "dp", 1)  # older configs: dp
-        sizes["dp_replicate"] = int(replicate or 1)
-        sp = bool(getattr(parallel, "sequence_parallel", True))
-        pipe = {"pp_schedule": str(getattr(parallel, "pp_schedule", "1F1B")),
-                "pp_virtual_stages": int(getattr(parallel, "pp_virtual_stages", 1) or 1)}
-        if sizes["dp_shard"] == -1:
-            others = sizes["dp_replicate"] * sizes["cp"] * sizes["tp"] * sizes["pp"]
-            world = world_size or getattr(parallel, "world_size", None) or env_world_size()
-            if world % others:
-                raise ValueError(f"parallel.dp_shard=-1: the world size {world} is not a multiple of "
-                                 f"dp_replicate*cp*tp*pp = {others}; set dp_shard explicitly")
-            sizes["dp_shard"] = world // others
-        for name, size in sizes.items():
-            if size < 1:
-                raise ValueError(f"parallel.{name}={size}: must be >= 1 (dp_shard may be -1 = the remaining ranks)")
-        return cls(sequence_parallel=sp, **pipe, **sizes)
-
-    def mesh_dims(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
-        """(names, sizes) of the mesh, outermost first."""
-        dims = [("pp", self.pp)] if self.pp > 1 else []
-        dims += [("dp_replicate", self.dp_replicate), ("dp_shard", self.dp_shard)]
-        dims += [("cp", self.cp)] if self.cp > 1 else []
-        dims += [("tp", self.tp)]
-        return tuple(n for n, _ in dims), tuple(s for _, s in dims)
+def mesh_dims(layout: Layout) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """(names, sizes) of the mesh, outermost first."""
+    dims = [("pp", layout.pp)] if layout.pp > 1 else []
+    dims += [("dp_replicate", layout.dp_replicate), ("dp_shard", layout.dp_shard)]
+    dims += [("cp", layout.cp)] if layout.cp > 1 else []
+    dims += [("tp", layout.tp)]
+    return tuple(n for n, _ in dims), tuple(s for _, s in dims)
 
 
 def env_world_size() -> int:
@@ -108,15 +60,15 @@ def init_process_group(device: torch.device) -> None:
 
 
 def build_mesh(layout: Layout, device_type: str) -> tuple[DeviceMesh, DeviceMesh]:
-    """The world mesh (dims from :meth:`Layout.mesh_dims`) and its flattened ``dp`` = dp_replicate x dp_shard."""
+    """The world mesh (dims from :func:`mesh_dims`) and its flattened ``dp`` = dp_replicate x dp_shard."""
     world = dist.get_world_size()
     if layout.world_size != world:
-        names, sizes = layout.mesh_dims()
+        names, sizes = mesh_dims(layout)
         shape = " x ".join(f"{n}={s}" for n, s in zip(names, sizes))
         raise ValueError(f"the parallel layout ({shape}) needs {layout.world_size} processes, but {world} were launched: "
                          f"launch with --nproc_per_node={layout.world_size} or change the parallel sizes "
                          "(dp_shard: -1 takes the remaining ranks)")
-    names, sizes = layout.mesh_dims()
+    names, sizes = mesh_dims(layout)
     mesh = init_device_mesh(device_type, sizes, mesh_dim_names=names)
     return mesh, mesh["dp_replicate", "dp_shard"]._flatten("dp")
 
