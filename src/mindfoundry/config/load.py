@@ -145,8 +145,7 @@ def resolve(cfg: RunConfig) -> RunConfig:
     if m.n_kv_heads is None:
         m.n_kv_heads = m.n_heads
     if m.ffn_dim is None:
-        raw = int(8 * m.d_model / 3)
-        m.ffn_dim = -(-raw // m.ffn_multiple_of) * m.ffn_multiple_of
+        m.ffn_dim = m.resolved_ffn_dim()
     p = cfg.parallel
     if p.dp_shard == -1 and p.world_size is not None:
         p.dp_shard = p.resolved_dp_shard()

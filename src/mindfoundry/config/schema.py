@@ -58,6 +58,12 @@ class ModelConfig(Section):
     init_std: float = Field(0.02, gt=0, description="Std of the normal init; residual projections use init_std/sqrt(2*n_layers).")
     moe: MoEConfig = Field(default_factory=MoEConfig, description="Mixture-of-experts FFN (num_experts: 0 = dense).")
 
+    def resolved_ffn_dim(self) -> int:
+        """ffn_dim, or when null 8/3*d_model rounded up to ffn_multiple_of (the one place that derives it)."""
+        if self.ffn_dim is not None:
+            return self.ffn_dim
+        return -(-int(8 * self.d_model / 3) // self.ffn_multiple_of) * self.ffn_multiple_of
+
 
 # --- data.clean: one section per cleaning block (see mindfoundry.data.blocks) -----------------
 # Field names are the block constructors' argument names; a ratio or limit set to null disables

@@ -132,9 +132,7 @@ class _Dims:
 
 def _dims(model: ModelSpec | ModelConfig) -> _Dims:
     """Model sizes from a ModelSpec or a (possibly unresolved) ModelConfig."""
-    ffn = model.ffn_dim
-    if ffn is None:  # the same derivation as config.load.resolve
-        ffn = -(-int(8 * model.d_model / 3) // model.ffn_multiple_of) * model.ffn_multiple_of
+    ffn = model.resolved_ffn_dim() if isinstance(model, ModelConfig) else model.ffn_dim
     return _Dims(model.vocab_size, model.d_model, model.n_layers, model.n_heads, model.n_kv_heads or model.n_heads, ffn)
 
 
