@@ -1,0 +1,52 @@
+"""A run written by the previous release (tests/fixtures/release-0.1.0) resumes bit-exactly with this code."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.numpy import load_file
+
+from mindfoundry.train.metrics import read_metrics
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "release-0.1.0"
+pytestmark = pytest.mark.slow
+
+
+def tensor_digest(path: Path) -> str:
+    """sha256 over a safetensors file's tensors (sorted names, each name's bytes then the array's), as in expected.json."""
+    tensors = load_file(str(path))
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        digest.update(name.encode())
+        digest.update(tensors[name].tobytes())
+    return digest.hexdigest()
+
+
+@pytest.mark.parametrize("engine", ["mindspore", "torch"])
+def test_previous_release_checkpoint_resumes_bit_exactly(engine: str, tmp_path: Path) -> None:
+    pytest.importorskip(engine)
+    shutil.copytree(FIXTURE / "corpus", tmp_path / "corpus")
+    shutil.copy(FIXTURE / "run.yaml", tmp_path / "run.yaml")
+    shutil.copytree(FIXTURE / f"run-{engine}", tmp_path / "run")
+    manifest = (tmp_path / "run" / "data" / "manifest.json").read_bytes()
+    proc = subprocess.run([sys.executable, "-m", "mindfoundry.cli", "train", "run.yaml", "--set", f"backend={engine}",
+                           "--resume", "auto"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, COLUMNS="200"))
+    assert proc.returncode == 0, proc.stderr
+    assert "resumed from run/checkpoints/step_00000003 (step 3, 24 samples consumed)" in proc.stderr
+    assert (tmp_path / "run" / "data" / "manifest.json").read_bytes() == manifest  # the old data was reused, not rebuilt
+
+    expected = json.loads((FIXTURE / "expected.json").read_text())[engine]
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    losses = {str(r["step"]): r["loss"] for r in records if "loss" in r and r["step"] > 3}
+    assert losses == expected["losses_after_resume"]  # the same floats, not approximately
+    assert [r["val_loss"] for r in records if r.get("step") == 6 and "val_loss" in r] == [expected["final_val_loss"]]
+    final = tmp_path / "run" / "checkpoints" / "step_00000006"
+    assert {name: tensor_digest(final / f"{name}.safetensors") for name in ("model", "optimizer")} == expected["final_sha256"]
