@@ -29,15 +29,16 @@ from typing import Callable
 from rich.console import Console
 from rich.table import Table
 
-from mindfoundry.config.load import load_config
-from mindfoundry.config.schema import MixtureConfig, RunConfig
-from mindfoundry.data.curate import CHUNK_DOCUMENTS, plan_corpus, read_source
-from mindfoundry.data.parallel import DocumentProgress
-from mindfoundry.data.loader import TrainLoader, training_source
-from mindfoundry.data.prepare import prepare_data
-from mindfoundry.data.sources import SourceStats
-from mindfoundry.data.split import split_documents
-from mindfoundry.data.tokenizer import encode_batch
+from mindfoundry.parallel.layout import load_run_config
+from mindfoundry.config.data import MixtureConfig
+from mindfoundry.config.schema import RunConfig
+from mindfoundry.data.clean.curate import CHUNK_DOCUMENTS, plan_corpus, read_source
+from mindfoundry.data.workers import DocumentProgress
+from mindfoundry.data.dataset.loader import TrainLoader, training_source
+from mindfoundry.data.prepare.pipeline import prepare_data
+from mindfoundry.data.ingest.files import SourceStats
+from mindfoundry.data.prepare.split import split_documents
+from mindfoundry.data.prepare.tokenizer import encode_batch
 
 # The demo's measured training throughput (docs/benchmarks.md, MindSpore engine): what the loader must beat.
 STEP_TOKENS_PER_S = 5_700
@@ -173,7 +174,7 @@ def main() -> None:
     parser.add_argument("--loader-steps", type=int, default=300, help="global batches timed per loader variant")
     parser.add_argument("--shards", type=int, default=4, help="MindRecord files per split")
     args = parser.parse_args()
-    cfg = load_config(args.config, args.set)
+    cfg = load_run_config(args.config, args.set)
     console = Console(stderr=True)
     data = prepare_data(cfg, log=console.print)
     read, texts = bench_read(cfg)

@@ -22,7 +22,7 @@ import numpy as np
 import psutil
 
 from mindfoundry.backends.base import create_backend
-from mindfoundry.config.load import load_config
+from mindfoundry.parallel.layout import load_run_config
 from mindfoundry.model.spec import ModelSpec, flops_per_token, init_weights, parameter_shapes
 from mindfoundry.monitor.health import HealthMonitor
 from mindfoundry.monitor.mfu import mfu, peak_flops
@@ -40,7 +40,7 @@ def main() -> int:
     ap.add_argument("--records", type=int, default=500, help="records pushed through the per-step path")
     args = ap.parse_args()
 
-    cfg = load_config(args.config, [f"backend={args.engine}"])
+    cfg = load_run_config(args.config, [f"backend={args.engine}"])
     spec = ModelSpec.from_config(cfg.model)
     backend = create_backend(cfg, spec)
     backend.load_weights(init_weights(spec, cfg.seed))

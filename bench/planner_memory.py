@@ -41,12 +41,12 @@ def worker(layout: str, steps: int, out: Path, model: list[str]) -> None:
     import torch.distributed as dist
 
     from mindfoundry.backends.base import create_backend
-    from mindfoundry.config.load import load_config
+    from mindfoundry.parallel.layout import load_run_config
     from mindfoundry.model.spec import ModelSpec, init_weights
     from mindfoundry.train.schedule import step_scalars
 
     sets = model + [f"parallel.{kv}" for kv in layout.split(",") if kv != "single"]
-    cfg = load_config("configs/demo.yaml", sets)
+    cfg = load_run_config("configs/demo.yaml", sets)
     spec = ModelSpec.from_config(cfg.model)
     if "WORLD_SIZE" in os.environ and not dist.is_initialized():
         dist.init_process_group("gloo")  # the engine reuses it; counted in the baseline like torch itself
@@ -92,12 +92,12 @@ def measure(layout: str, steps: int, tiny: bool = False) -> dict:
 
 
 def estimate(layout: str, overhead: int) -> int:
-    from mindfoundry.config.load import load_config
+    from mindfoundry.parallel.layout import load_run_config
     from mindfoundry.model.spec import ModelSpec
     from mindfoundry.parallel.layout import Layout
     from mindfoundry.parallel.planner import estimate as planner_estimate
 
-    cfg = load_config("configs/demo.yaml", MODEL)
+    cfg = load_run_config("configs/demo.yaml", MODEL)
     degrees = {} if layout == "single" else {k: int(v) for k, v in (kv.split("=") for kv in layout.split(","))}
     est = planner_estimate(ModelSpec.from_config(cfg.model), Layout(**degrees), cfg.train.micro_batch_size, cfg.train.seq_len,
                            "fp32", False, fixed_overhead_bytes=overhead, flash_attention=True, fused_norm=False,

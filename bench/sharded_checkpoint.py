@@ -38,11 +38,11 @@ def worker(fmt: str, root: Path, d_model: int, layers: int, vocab: int) -> None:
 
     from mindfoundry.backends.torch.backend import TorchBackend
     from mindfoundry.checkpoint.store import Retention, load_checkpoint, save_checkpoint
-    from mindfoundry.config.load import validate
+    from mindfoundry.parallel.layout import validate_run_config
     from mindfoundry.model.spec import ModelSpec, num_parameters
 
     world = int(os.environ["WORLD_SIZE"])
-    cfg = validate({"backend": "torch", "data": {"sources": [{"name": "c", "paths": ["x"]}]},
+    cfg = validate_run_config({"backend": "torch", "data": {"sources": [{"name": "c", "paths": ["x"]}]},
                     "model": {"vocab_size": vocab, "d_model": d_model, "n_layers": layers, "n_heads": 8, "max_seq_len": 64},
                     "train": {"micro_batch_size": 1, "seq_len": 16, "steps": 100}, "parallel": {"dp_shard": world},
                     "checkpoint": {"format": fmt}})

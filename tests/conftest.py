@@ -46,7 +46,7 @@ def tiny_run(corpus_dir: Path, tmp_path: Path):
 def tiny_prepared_once(corpus_dir: Path, tmp_path_factory) -> Path:
     """The tiny corpus prepared once per session (a data folder to copy, never to change)."""
     from mindfoundry.config.load import validate
-    from mindfoundry.data.prepare import prepare_data
+    from mindfoundry.data.prepare.pipeline import prepare_data
 
     cfg = validate(tiny_run_tree(corpus_dir, tmp_path_factory.mktemp("tiny-prepared") / "run"))
     return prepare_data(cfg, log=lambda _: None).root
@@ -56,7 +56,7 @@ def tiny_prepared_once(corpus_dir: Path, tmp_path_factory) -> Path:
 def tiny_prepared(tiny_run, tiny_prepared_once: Path, tmp_path: Path):
     """(config, PreparedData) of the tiny corpus in this test's tmp_path (run.yaml, run/data), free to change."""
     from mindfoundry.config.load import load_config
-    from mindfoundry.data.prepare import prepare_data
+    from mindfoundry.data.prepare.pipeline import prepare_data
 
     cfg = load_config(tiny_run())
     shutil.copytree(tiny_prepared_once, cfg.data.output_dir)

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from mindfoundry.config.load import validate
-from mindfoundry.data.packing import IGNORE_INDEX
+from mindfoundry.data.dataset.packing import IGNORE_INDEX
 from mindfoundry.config.schema import RunConfig
 
 

@@ -34,10 +34,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Exception types that mean 'fix your input', gathered from the modules that raise them."""
     from mindfoundry.backends.base import BackendUnavailable
     from mindfoundry.checkpoint.store import CheckpointError
-    from mindfoundry.data.indexed import ShardError
-    from mindfoundry.data.prepared import DataError
-    from mindfoundry.data.sources import DataSourceError
-    from mindfoundry.data.tokenizer import TokenizerError
+    from mindfoundry.data.dataset.indexed import ShardError
+    from mindfoundry.data.dataset.prepared import DataError
+    from mindfoundry.data.ingest.files import DataSourceError
+    from mindfoundry.data.prepare.tokenizer import TokenizerError
     from mindfoundry.debug.dump import DumpError
     from mindfoundry.debug.probe import ProbeError
     from mindfoundry.monitor.records import MetricsError
@@ -60,7 +60,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from mindfoundry.data.prepare import prepare_data
+    from mindfoundry.data.prepare.pipeline import prepare_data
     from mindfoundry.train.rundir import prepare_run_dir
 
     cfg = config_from_args(args)
@@ -70,7 +70,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def _train(cfg: RunConfig, args: argparse.Namespace):
-    from mindfoundry.data.prepare import prepare_data, wait_for_prepared
+    from mindfoundry.data.prepare.pipeline import prepare_data, wait_for_prepared
     from mindfoundry.model.spec import ModelSpec, flops_per_token, num_parameters
     from mindfoundry.parallel.layout import launched_rank
     from mindfoundry.train.rundir import prepare_run_dir
@@ -98,7 +98,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from mindfoundry.data.tokenizer import eos_id, pad_id
+    from mindfoundry.data.prepare.tokenizer import eos_id, pad_id
     from mindfoundry.eval.generate import generate
 
     cfg = config_from_args(args)
@@ -129,7 +129,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_smoke(args: argparse.Namespace) -> int:
-    from mindfoundry.data.prepare import prepare_data
+    from mindfoundry.data.prepare.pipeline import prepare_data
     from mindfoundry.train.rundir import prepare_run_dir
     from mindfoundry.train.smoke import first_step_agreement, run_smoke
 

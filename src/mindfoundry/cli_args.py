@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from mindfoundry.config.load import load_config
+from mindfoundry.parallel.layout import load_run_config
 from mindfoundry.config.schema import RunConfig
 
 
@@ -15,4 +15,4 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The validated, resolved config of a command's arguments (raises ConfigError)."""
-    return load_config(args.config, args.set or [])
+    return load_run_config(args.config, args.set or [])

@@ -32,7 +32,7 @@ def _positive_int(text: str) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from mindfoundry.data.validate import render_validation, validate_prepared
+    from mindfoundry.data.dataset.validate import render_validation, validate_prepared
 
     cfg = config_from_args(args)
     report = validate_prepared(cfg.data.output_dir, vocab_size=cfg.model.vocab_size, seq_len=cfg.train.seq_len)
@@ -50,7 +50,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from mindfoundry.data.inspect import inspect_prepared, render_inspect
+    from mindfoundry.data.dataset.inspect import inspect_prepared, render_inspect
 
     cfg = config_from_args(args)
     report = inspect_prepared(cfg.data.output_dir, per_category=args.samples, max_chars=args.chars, seed=cfg.seed)

@@ -23,7 +23,8 @@ console = Console(stderr=True, soft_wrap=True)
 
 def _dump_config(cfg, args: argparse.Namespace, out: Path):
     """The run's config with the command line's dump choices, checkpoints off, in a scratch run dir."""
-    from mindfoundry.config.schema import DumpConfig, ParallelConfig
+    from mindfoundry.config.parallel import ParallelConfig
+    from mindfoundry.config.schema import DumpConfig
 
     chosen = {k: v for k, v in (("steps", args.steps), ("mode", args.mode), ("modules", args.modules),
                                 ("directions", args.directions)) if v}
@@ -46,8 +47,8 @@ def _dump_config(cfg, args: argparse.Namespace, out: Path):
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
-    from mindfoundry.data.prepare import prepare_data
-    from mindfoundry.debug.steps import parse_selection
+    from mindfoundry.data.prepare.pipeline import prepare_data
+    from mindfoundry.config.selection import parse_selection
     from mindfoundry.train.trainer import Trainer
 
     cfg = config_from_args(args)
@@ -101,7 +102,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_align(args: argparse.Namespace) -> int:
-    from mindfoundry.data.prepare import prepare_data
+    from mindfoundry.data.prepare.pipeline import prepare_data
     from mindfoundry.debug.align import AlignThresholds, Side, align
     from mindfoundry.debug.compare_report import summary_lines
     from mindfoundry.train.rundir import prepare_run_dir

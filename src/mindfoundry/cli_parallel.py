@@ -14,8 +14,9 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from mindfoundry.config.load import ConfigError, load_config
-from mindfoundry.config.schema import ParallelConfig
+from mindfoundry.config.load import ConfigError
+from mindfoundry.parallel.layout import load_run_config
+from mindfoundry.config.parallel import ParallelConfig
 
 console = Console(stderr=True, soft_wrap=True)
 
@@ -58,13 +59,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from mindfoundry.parallel.launch import LaunchPlan, check_port, command, rank_logs
-    from mindfoundry.parallel.layout import check_layout
+    from mindfoundry.parallel.layout import layout_problems
 
-    cfg = load_config(args.config, args.set or [])
+    cfg = load_run_config(args.config, args.set or [])
     product = cfg.parallel.degree_product
     nnodes = args.nnodes
     nproc = args.nproc_per_node or max(product // nnodes, 1)
-    problems = check_layout(cfg.parallel, cfg.model, cfg.train, world_size=nproc * nnodes)
+    problems = layout_problems(cfg.parallel, cfg.model, cfg.train, world_size=nproc * nnodes)
     if problems:
         raise ConfigError("the layout does not fit this launch: " + "; ".join(problems))
     plan = LaunchPlan(cfg.backend, nproc, nnodes, args.node_rank, args.master_addr, args.master_port,
@@ -87,7 +88,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from mindfoundry.model.spec import ModelSpec, num_parameters
     from mindfoundry.parallel.planner import format_bytes, parse_bytes, plan
 
-    cfg = load_config(args.model, args.set or [])
+    cfg = load_run_config(args.model, args.set or [])
     spec = ModelSpec.from_config(cfg.model)
     seq = args.seq or cfg.train.seq_len
     precision = args.precision or cfg.train.precision

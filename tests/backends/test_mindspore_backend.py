@@ -11,7 +11,7 @@ import pytest
 ms = pytest.importorskip("mindspore")
 
 from mindfoundry.backends.base import create_backend  # noqa: E402
-from mindfoundry.data.packing import IGNORE_INDEX  # noqa: E402
+from mindfoundry.data.dataset.packing import IGNORE_INDEX  # noqa: E402
 from mindfoundry.model.spec import ModelSpec, init_weights, parameter_shapes  # noqa: E402
 from mindfoundry.train.schedule import step_scalars  # noqa: E402
 from numpy_reference import forward, mean_nll  # noqa: E402

@@ -11,7 +11,7 @@ pytest.importorskip("torch")
 import numpy_reference as ref  # noqa: E402  (tests/backends is the rootdir of this module)
 from mf_testing import tiny_config  # noqa: E402
 from mindfoundry.backends.base import create_backend  # noqa: E402
-from mindfoundry.data.packing import IGNORE_INDEX  # noqa: E402
+from mindfoundry.data.dataset.packing import IGNORE_INDEX  # noqa: E402
 from mindfoundry.model.spec import ModelSpec, init_weights, module_names  # noqa: E402
 from mindfoundry.train.schedule import step_scalars  # noqa: E402
 

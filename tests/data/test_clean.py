@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import sysconfig
 from pathlib import Path
@@ -11,17 +10,17 @@ from pathlib import Path
 import pytest
 
 from mindfoundry.config.load import ConfigError, validate
-from mindfoundry.config.schema import CLEAN_BLOCKS, CleanConfig
-from mindfoundry.data.blocks.base import EMPTY
-from mindfoundry.data.blocks.boilerplate import BoilerplateRemover, LineCounter
-from mindfoundry.data.blocks.garbled import MojibakeFilter, SymbolRunFilter, SymbolRunRemover
-from mindfoundry.data.blocks.normalize import ControlCharRemover, NfkcNormalizer, TimestampRemover
-from mindfoundry.data.blocks.pipeline import PROFILES, build_pipeline, resolve_profile
-from mindfoundry.data.blocks.quality import LengthFilter, QualityFilter, RepetitionFilter, ScriptFilter
-from mindfoundry.data.curate import clean_settings
+from mindfoundry.config.clean import CLEAN_BLOCKS, DEFAULT_AD_PATTERNS, CleanConfig
+from mindfoundry.data.clean.base import EMPTY
+from mindfoundry.data.clean.boilerplate import BoilerplateRemover, LineCounter
+from mindfoundry.data.clean.garbled import MojibakeFilter, SymbolRunFilter, SymbolRunRemover
+from mindfoundry.data.clean.normalize import ControlCharRemover, NfkcNormalizer, TimestampRemover
+from mindfoundry.data.clean.pipeline import PROFILES, SECTION_BLOCKS, build_pipeline, resolve_profile
+from mindfoundry.data.clean.quality import LengthFilter, QualityFilter, RepetitionFilter, ScriptFilter
+from mindfoundry.data.clean.curate import clean_settings
 from mindfoundry.data.document import Document
-from mindfoundry.data.prepare import data_identity, prepare_data
-from mindfoundry.data.prepared import DataError
+from mindfoundry.data.prepare.pipeline import data_identity, prepare_data
+from mindfoundry.data.dataset.prepared import DataError
 
 from mf_testing import tiny_run_tree
 
@@ -314,24 +313,14 @@ def test_bad_clean_config_names_key_and_fix(data: dict, message: str) -> None:
     assert message in str(info.value)
 
 
-_SECTION_BLOCKS = {
-    "mojibake": [MojibakeFilter], "nfkc": [NfkcNormalizer], "boilerplate": [BoilerplateRemover, LineCounter],
-    "symbol_runs": [SymbolRunFilter, SymbolRunRemover], "length": [LengthFilter], "script": [ScriptFilter],
-    "repetition": [RepetitionFilter], "quality": [QualityFilter],
-}
-
-
-def test_config_defaults_match_block_defaults() -> None:
-    """Config fields are constructor arguments: the same names and the same default values."""
+def test_config_defaults_are_block_defaults() -> None:
+    """A block's parameters are its config section's fields: built without arguments, it has the section's defaults."""
     defaults = CleanConfig()
-    assert set(CLEAN_BLOCKS) == set(_SECTION_BLOCKS) | {"control_chars", "timestamps"} == set(PROFILES["prose"])
-    for section, blocks in _SECTION_BLOCKS.items():
-        configured = getattr(defaults, section).model_dump()
+    assert set(CLEAN_BLOCKS) == set(SECTION_BLOCKS) == set(PROFILES["prose"])
+    for section, blocks in SECTION_BLOCKS.items():
         for block in blocks:
-            for name, parameter in inspect.signature(block).parameters.items():
-                if name in configured:
-                    default = list(parameter.default) if isinstance(parameter.default, tuple) else parameter.default
-                    assert configured[name] == default, f"{section}.{name}"
+            assert block().settings == getattr(defaults, section), section
+    assert BoilerplateRemover().settings.ad_patterns == list(DEFAULT_AD_PATTERNS)
 
 
 # --- prepare end to end ---------------------------------------------------------------------------

@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 
 from mindfoundry.config.load import ConfigError, validate
-from mindfoundry.config.schema import DedupConfig
-from mindfoundry.data.dedup import Deduplicator, exact_key, jaccard, shingles
+from mindfoundry.config.data import DedupConfig
+from mindfoundry.data.clean.dedup import Deduplicator, exact_key, jaccard, shingles
 from mindfoundry.data.document import Document
-from mindfoundry.data.prepare import prepare_data
-from mindfoundry.data.sources import SourceStats, read_builtin
-from mindfoundry.data.split import is_validation
-from mindfoundry.data.tokenizer import eos_id
+from mindfoundry.data.prepare.pipeline import prepare_data
+from mindfoundry.data.ingest.builtin import read_builtin
+from mindfoundry.data.ingest.files import SourceStats
+from mindfoundry.data.prepare.split import is_validation
+from mindfoundry.data.prepare.tokenizer import eos_id
 
 from mf_testing import tiny_run_tree
 

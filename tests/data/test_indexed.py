@@ -9,14 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mindfoundry.data.indexed import (
-    DType,
-    IndexedDataset,
-    IndexedDatasetWriter,
-    ShardError,
-    dtype_for_vocab,
-    verify_tokens,
-)
+from mindfoundry.data.dataset.indexed import DType, IndexedDataset, IndexedDatasetWriter, ShardError, dtype_for_vocab, verify_tokens
 
 
 def _random_documents(vocab: int, seed: int = 0) -> list[np.ndarray]:

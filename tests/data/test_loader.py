@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from mindfoundry.config.load import load_config
-from mindfoundry.data.loader import OrderedSamples, TrainLoader, training_source
-from mindfoundry.data.mixture import MixtureSampler
-from mindfoundry.data.packing import SampleOrder
-from mindfoundry.data.prepare import prepare_data
+from mindfoundry.data.dataset.loader import OrderedSamples, TrainLoader, training_source
+from mindfoundry.data.dataset.mixture import MixtureSampler
+from mindfoundry.data.dataset.packing import SampleOrder
+from mindfoundry.data.prepare.pipeline import prepare_data
 
 
 @pytest.fixture

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from mindfoundry.config.load import ConfigError
-from mindfoundry.data.indexed import IndexedDataset, IndexedDatasetWriter
-from mindfoundry.data.mixture import MixtureSampler, MixtureSource, largest_remainder, temperature_weights
-from mindfoundry.data.packing import PackedSamples
-from mindfoundry.data.prepared import DataError
+from mindfoundry.data.dataset.indexed import IndexedDataset, IndexedDatasetWriter
+from mindfoundry.data.dataset.mixture import MixtureSampler, MixtureSource, largest_remainder, temperature_weights
+from mindfoundry.data.dataset.packing import PackedSamples
+from mindfoundry.data.dataset.prepared import DataError
 
 SEQ = 4
 WEIGHTS = {"news": 3.0, "code": 2.0, "literature": 2.0, "reviews": 1.0}

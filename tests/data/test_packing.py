@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mindfoundry.data.indexed import IndexedDataset, IndexedDatasetWriter
-from mindfoundry.data.packing import IGNORE_INDEX, PackedSamples, SampleOrder
+from mindfoundry.data.dataset.indexed import IndexedDataset, IndexedDatasetWriter
+from mindfoundry.data.dataset.packing import IGNORE_INDEX, PackedSamples, SampleOrder
 
 PAD = 0
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from mindfoundry.config.load import load_config
-from mindfoundry.data import curate
-from mindfoundry.data.parallel import resolve_workers
-from mindfoundry.data.prepare import data_identity, prepare_data
+from mindfoundry.data.clean import curate
+from mindfoundry.data.workers import resolve_workers
+from mindfoundry.data.prepare.pipeline import data_identity, prepare_data
 
 TIMING_KEYS = {"created", "timings"}
 DEDUP_TIMING_KEYS = {"seconds", "documents_per_second"}

@@ -11,11 +11,11 @@ import yaml
 
 from mindfoundry.cli import main
 from mindfoundry.config.load import load_config, validate
-from mindfoundry.data.indexed import IndexedDataset
-from mindfoundry.data.prepare import prepare_data
-from mindfoundry.data.prepared import DataError, load_prepared
-from mindfoundry.data.split import content_hash
-from mindfoundry.data.tokenizer import eos_id
+from mindfoundry.data.dataset.indexed import IndexedDataset
+from mindfoundry.data.prepare.pipeline import prepare_data
+from mindfoundry.data.dataset.prepared import DataError, load_prepared
+from mindfoundry.data.prepare.split import content_hash
+from mindfoundry.data.prepare.tokenizer import eos_id
 
 from mf_testing import tiny_run_tree
 

@@ -13,15 +13,11 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from mindfoundry.data import sources
+from mindfoundry.data.ingest import files as sources
 from mindfoundry.data.document import Document
-from mindfoundry.data.sources import (
-    BUILTIN_SOURCES,
-    DataSourceError,
-    SourceStats,
-    read_builtin,
-    read_files,
-)
+from mindfoundry.config.data import BUILTIN_SOURCES
+from mindfoundry.data.ingest.builtin import read_builtin
+from mindfoundry.data.ingest.files import DataSourceError, SourceStats, read_files
 
 BAD_UTF8 = b"caf\xe9 latin-1 bytes\n"
 

@@ -7,7 +7,7 @@ import hashlib
 import pytest
 
 from mindfoundry.data.document import Document
-from mindfoundry.data.split import content_hash, is_validation, split_documents
+from mindfoundry.data.prepare.split import content_hash, is_validation, split_documents
 
 
 def _docs(count: int) -> list[Document]:

@@ -12,18 +12,9 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from mindfoundry.data.sources import SourceStats, read_builtin
-from mindfoundry.data.tokenizer import (
-    EOS,
-    PAD,
-    TokenizerError,
-    encode_batch,
-    eos_id,
-    load_tokenizer,
-    pad_id,
-    tokenizer_hash,
-    train_tokenizer,
-)
+from mindfoundry.data.ingest.builtin import read_builtin
+from mindfoundry.data.ingest.files import SourceStats
+from mindfoundry.data.prepare.tokenizer import EOS, PAD, TokenizerError, encode_batch, eos_id, load_tokenizer, pad_id, tokenizer_hash, train_tokenizer
 
 VOCAB = 512
 MIXED = [
@@ -36,8 +27,9 @@ MIXED = [
 ]
 _CORPUS_CODE = """
 import sys
-from mindfoundry.data.sources import SourceStats, read_builtin
-from mindfoundry.data.tokenizer import tokenizer_hash, train_tokenizer
+from mindfoundry.data.ingest.builtin import read_builtin
+from mindfoundry.data.ingest.files import SourceStats
+from mindfoundry.data.prepare.tokenizer import tokenizer_hash, train_tokenizer
 
 texts = [d.text for d in read_builtin("python_stdlib", stats=SourceStats(), max_bytes=150_000)]
 texts += ["人民日报：新年讲话，迈向充满希望的新世纪。"] * 20

@@ -10,10 +10,10 @@ import numpy as np
 from rich.console import Console
 
 from mindfoundry.cli import main
-from mindfoundry.data.indexed import IndexedDatasetWriter
-from mindfoundry.data.inspect import inspect_prepared, length_histogram, render_inspect
-from mindfoundry.data.packing import PackedSamples
-from mindfoundry.data.validate import validate_prepared
+from mindfoundry.data.dataset.indexed import IndexedDatasetWriter
+from mindfoundry.data.dataset.inspect import inspect_prepared, length_histogram, render_inspect
+from mindfoundry.data.dataset.packing import PackedSamples
+from mindfoundry.data.dataset.validate import validate_prepared
 
 EOS = 0
 

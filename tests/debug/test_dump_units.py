@@ -12,7 +12,7 @@ from mindfoundry.debug.dump import DumpError, DumpWriter, dump_leaves, read_dump
 from mindfoundry.debug.locate import locate_overflow
 from mindfoundry.debug.probe import Injection, Probe
 from mindfoundry.debug.stats import tensor_stats
-from mindfoundry.debug.steps import parse_selection
+from mindfoundry.config.selection import parse_selection
 
 
 def test_selection_parses_numbers_and_ranges() -> None:

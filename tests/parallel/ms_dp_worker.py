@@ -27,8 +27,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for mf_testing
 
 from mf_testing import ArraySource, padded_markov_samples, tiny_config  # noqa: E402
-from mindfoundry.data.loader import TrainLoader  # noqa: E402
-from mindfoundry.data.packing import IGNORE_INDEX  # noqa: E402
+from mindfoundry.data.dataset.loader import TrainLoader  # noqa: E402
+from mindfoundry.data.dataset.packing import IGNORE_INDEX  # noqa: E402
 from mindfoundry.model.spec import ModelSpec, init_weights  # noqa: E402
 from mindfoundry.train.schedule import step_scalars  # noqa: E402
 

@@ -8,17 +8,18 @@ import pytest
 import yaml
 
 from mindfoundry.cli import main
-from mindfoundry.config.load import ConfigError, validate
-from mindfoundry.config.schema import ModelConfig, ParallelConfig
-from mindfoundry.parallel.layout import (Batch, Layout, LayoutError, check_layout, feasible_layouts, launch_layout,
-                                         launched_world_size, _factorizations)
+from mindfoundry.config.load import ConfigError
+from mindfoundry.config.model import ModelConfig
+from mindfoundry.config.parallel import ParallelConfig
+from mindfoundry.parallel.layout import (Batch, Layout, LayoutError, feasible_layouts, launch_layout, launched_world_size,
+                                         layout_problems, validate_run_config, _factorizations)
 
 MODEL = ModelConfig(vocab_size=8192, d_model=256, n_layers=4, n_heads=8, n_kv_heads=4)  # ffn_dim derived: 704
 BATCH = Batch(seq_len=128, micro_batch_size=2, grad_accum=8)
 
 
 def problems(world_size: int | None = None, model: ModelConfig = MODEL, batch: Batch = BATCH, num_experts: int = 0, **parallel) -> list[str]:
-    return check_layout(ParallelConfig(**parallel), model, batch, world_size=world_size, num_experts=num_experts)
+    return layout_problems(ParallelConfig(**parallel), model, batch, world_size=world_size, num_experts=num_experts)
 
 
 def test_a_valid_layout_has_no_problems() -> None:
@@ -95,9 +96,9 @@ def test_schedule_and_virtual_stages_go_together() -> None:
 def test_world_size_mismatch_suggests_a_layout_for_the_launched_processes() -> None:
     assert problems(world_size=4, dp_shard=4, tp=2) == [
         "product dp_replicate*dp_shard*cp*tp*pp = 8 but the launcher started 4 processes: e.g. dp_shard=2, tp=2"]
-    text = check_layout(ParallelConfig(dp_shard=4, tp=2, world_size=4), MODEL, BATCH)
+    text = layout_problems(ParallelConfig(dp_shard=4, tp=2, world_size=4), MODEL, BATCH)
     assert text == ["product dp_replicate*dp_shard*cp*tp*pp = 8 but parallel.world_size=4: e.g. dp_shard=2, tp=2"]
-    both = check_layout(ParallelConfig(dp_shard=8, world_size=8), MODEL, BATCH, world_size=4)
+    both = layout_problems(ParallelConfig(dp_shard=8, world_size=8), MODEL, BATCH, world_size=4)
     assert both[0] == "parallel.world_size=8 but the launcher started 4 processes: launch 8 processes or set parallel.world_size: 4"
     assert both[1] == "product dp_replicate*dp_shard*cp*tp*pp = 8 but the launcher started 4 processes: e.g. dp_shard=4"
 
@@ -140,7 +141,7 @@ def test_feasible_layouts_are_exactly_the_valid_ones() -> None:
     found = feasible_layouts(MODEL, BATCH, 8, optimizer_shard_variants=False)
     brute = [Layout(**dict(zip(("dp_replicate", "dp_shard", "cp", "tp", "pp"), split)))
              for split in _factorizations(8, 5)]
-    assert set(found) == {lay for lay in brute if not check_layout(lay, MODEL, BATCH, world_size=8)}
+    assert set(found) == {lay for lay in brute if not layout_problems(lay, MODEL, BATCH, world_size=8)}
     assert all(lay.world_size == 8 for lay in found)
     assert Layout(tp=8) not in found and Layout(dp_shard=2, tp=4) in found and Layout(pp=8) not in found
 
@@ -183,23 +184,23 @@ def tree(**parallel) -> dict:
 
 def test_config_validation_applies_the_layout_rules() -> None:
     with pytest.raises(ConfigError) as info:
-        validate(tree(tp=3))
+        validate_run_config(tree(tp=3))
     assert "parallel.tp=3 does not divide model.n_heads=8 (and n_kv_heads=4): use tp in {1, 2, 4}" in str(info.value)
     with pytest.raises(ConfigError, match="unknown key 'parallel.dp': parallel.dp was split into dp_replicate"):
-        validate(tree(dp=8))
+        validate_run_config(tree(dp=8))
 
 
 def test_resolution_fills_world_size_and_dp_shard() -> None:
-    cfg = validate(tree(tp=2, dp_shard=-1, world_size=8))
+    cfg = validate_run_config(tree(tp=2, dp_shard=-1, world_size=8))
     assert (cfg.parallel.dp_shard, cfg.parallel.world_size, cfg.parallel.dp, cfg.parallel.degree_product) == (4, 8, 4, 8)
-    cfg = validate(tree(dp_replicate=2, pp=2) | {"train": {"grad_accum": 2}})
+    cfg = validate_run_config(tree(dp_replicate=2, pp=2) | {"train": {"grad_accum": 2}})
     assert cfg.parallel.world_size == 4 and cfg.parallel.dp == 2
-    assert validate(tree(dp_shard=-1, tp=2)).parallel.world_size is None  # known at launch
+    assert validate_run_config(tree(dp_shard=-1, tp=2)).parallel.world_size is None  # known at launch
 
 
 def test_auto_clip_norm_needs_a_known_batch() -> None:
     with pytest.raises(ConfigError, match="optim.clip_norm='auto' depends on the global batch"):
-        validate(tree(dp_shard=-1) | {"optim": {"clip_norm": "auto"}})
+        validate_run_config(tree(dp_shard=-1) | {"optim": {"clip_norm": "auto"}})
 
 
 def test_config_validate_cli_rejects_a_bad_layout(tmp_path: Path, capsys) -> None:

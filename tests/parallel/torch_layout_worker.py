@@ -33,8 +33,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for mf_testing
 
 from mf_testing import ArraySource, padded_markov_samples, tiny_config  # noqa: E402
-from mindfoundry.data.loader import TrainLoader  # noqa: E402
-from mindfoundry.data.packing import IGNORE_INDEX  # noqa: E402
+from mindfoundry.data.dataset.loader import TrainLoader  # noqa: E402
+from mindfoundry.data.dataset.packing import IGNORE_INDEX  # noqa: E402
 from mindfoundry.model.spec import ModelSpec, init_weights  # noqa: E402
 from mindfoundry.train.schedule import step_scalars  # noqa: E402
 
@@ -140,7 +140,7 @@ def run_trainer(job: dict) -> None:
     """
     import mindfoundry.train.trainer as trainer_mod
     from mindfoundry.config.schema import RunConfig
-    from mindfoundry.data.prepared import load_prepared
+    from mindfoundry.data.dataset.prepared import load_prepared
 
     trainer_mod.check_layout = lambda cfg: None
     cfg = RunConfig.model_validate(job["config"])

@@ -16,7 +16,8 @@ import importlib
 from pathlib import Path
 
 from mindfoundry.checkpoint.store import CheckpointError, Retention, load_checkpoint, save_checkpoint, write_safetensors
-from mindfoundry.config.load import read_yaml, validate
+from mindfoundry.config.load import read_yaml
+from mindfoundry.parallel.layout import validate_run_config
 from mindfoundry.config.schema import RunConfig
 
 NATIVE = {".ckpt": "mindspore", ".pt": "torch"}
@@ -39,7 +40,7 @@ def _run_config(ckpt_dir: Path) -> RunConfig:
     config = ckpt_dir.parent.parent / "config.yaml"
     if not config.is_file():
         raise CheckpointError(f"{config} not found: the checkpoint is not inside a MindFoundry run directory")
-    return validate(read_yaml(config))
+    return validate_run_config(read_yaml(config))
 
 
 def export_checkpoint(ckpt_dir: Path, out: Path) -> Path:

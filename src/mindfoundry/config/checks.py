@@ -10,8 +10,6 @@ import math
 from pathlib import Path
 
 from mindfoundry.config.schema import RunConfig
-from mindfoundry.data.sources import BUILTIN_SOURCES
-from mindfoundry.parallel.layout import check_layout
 
 #: 256 byte symbols plus the EOS and PAD special tokens.
 MIN_BYTE_BPE_VOCAB = 258
@@ -159,8 +157,7 @@ def _mixture_problems(cfg: RunConfig) -> list[str]:
         return []
     sources: dict[str, list[str]] = {}
     for src in cfg.data.sources:
-        category = src.category or (BUILTIN_SOURCES[src.builtin] if src.builtin else src.name)
-        sources.setdefault(category, []).append(src.name)
+        sources.setdefault(src.resolved_category(), []).append(src.name)
     out = []
     for name, weight in mix.weights.items():
         key = f"data.mixture.weights.{name}"
@@ -181,9 +178,9 @@ def _mixture_problems(cfg: RunConfig) -> list[str]:
 
 
 def _parallel_problems(cfg: RunConfig) -> list[str]:
-    """The layout rules that need no launcher (mindfoundry.parallel.layout): divisibility by the model's heads,
-    layers, vocabulary and the sequence, pipeline micro-batches, and parallel.world_size when it is set."""
-    out = check_layout(cfg.parallel, cfg.model, cfg.train, num_experts=cfg.model.moe.num_experts)
+    """The parallel rules that need neither the model's divisibility nor a launcher (those are
+    :mod:`mindfoundry.parallel.layout`'s, added by :func:`mindfoundry.parallel.layout.validate_run_config`)."""
+    out = []
     p = cfg.parallel
     if p.ep > 1 and not cfg.model.moe.num_experts:
         out.append(f"parallel.ep={p.ep} spreads experts, but the model is dense (model.moe.num_experts=0): "

@@ -11,16 +11,22 @@ import difflib
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from mindfoundry.config.checks import cross_field_problems
-from mindfoundry.config.schema import RENAMED_KEYS, RunConfig
+from mindfoundry.config.parallel import RENAMED_KEYS
+from mindfoundry.config.schema import RunConfig
+from mindfoundry.errors import MindFoundryError
 
 
-class ConfigError(ValueError):
+#: A rule over a whole validated config: one message per violation (see config.checks).
+Rule = Callable[[RunConfig], list[str]]
+
+
+class ConfigError(MindFoundryError, ValueError):
     """An invalid configuration; the message is meant to be shown to the user as is."""
 
 
@@ -125,14 +131,17 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return tree
 
 
-def validate(tree: dict[str, Any]) -> RunConfig:
-    """Validate a config tree and resolve derived values; raise ConfigError listing every problem."""
+def validate(tree: dict[str, Any], rules: Sequence[Rule] = ()) -> RunConfig:
+    """Validate a config tree and resolve derived values; raise ConfigError listing every problem.
+
+    ``rules`` are further whole-config rules from the layers above (the parallel layout rules:
+    :func:`mindfoundry.parallel.layout.validate_run_config`); their messages follow this layer's."""
     try:
         cfg = RunConfig.model_validate(tree)
     except ValidationError as exc:
         lines = [_describe(e) for e in exc.errors()]
         raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None
-    problems = cross_field_problems(cfg)
+    problems = cross_field_problems(cfg) + [problem for rule in rules for problem in rule(cfg)]
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
     return resolve(cfg)
@@ -152,27 +161,19 @@ def resolve(cfg: RunConfig) -> RunConfig:
     if p.world_size is None and p.dp_shard != -1:
         p.world_size = p.degree_product
     if cfg.optim.clip_norm == "auto":
-        global_batch = cfg.train.micro_batch_size * cfg.train.grad_accum * cfg.parallel.dp
-        cfg.optim.clip_norm = round(0.5 * (global_batch / 1024) ** 0.5, 6)
+        cfg.optim.clip_norm = round(0.5 * (cfg.global_batch() / 1024) ** 0.5, 6)
     if cfg.run_dir is None:
         cfg.run_dir = f"runs/{cfg.name}"
     if cfg.data.output_dir is None:
         cfg.data.output_dir = str(Path(cfg.run_dir) / "data")
     for src in cfg.data.sources:
-        if src.category is None:
-            src.category = _default_category(src.builtin) if src.builtin else src.name
+        src.category = src.resolved_category()
     return cfg
 
 
-def _default_category(builtin: str) -> str:
-    from mindfoundry.data.sources import BUILTIN_SOURCES
-
-    return BUILTIN_SOURCES[builtin]
-
-
-def load_config(path: str | Path, overrides: Iterable[str] = ()) -> RunConfig:
-    """Read FILE, apply overrides, validate and resolve."""
-    return validate(apply_overrides(read_yaml(path), overrides))
+def load_config(path: str | Path, overrides: Iterable[str] = (), rules: Sequence[Rule] = ()) -> RunConfig:
+    """Read FILE, apply overrides, validate (with ``rules``, see :func:`validate`) and resolve."""
+    return validate(apply_overrides(read_yaml(path), overrides), rules)
 
 
 def to_yaml(cfg: RunConfig) -> str:

@@ -18,7 +18,7 @@ import numpy as np
 
 from mindfoundry.backends.base import Backend, StepOutput, create_backend
 from mindfoundry.config.schema import RunConfig
-from mindfoundry.data.packing import IGNORE_INDEX
+from mindfoundry.data.dataset.packing import IGNORE_INDEX
 from mindfoundry.debug.compare import Comparison, Thresholds, compare_trees
 from mindfoundry.debug.dump import DumpWriter
 from mindfoundry.debug.probe import DIRECTIONS, Probe
@@ -128,7 +128,7 @@ class AlignResult:
 
 def first_batches(cfg: RunConfig, data, steps: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """The run's first `steps` global batches, exactly as the trainer would feed them."""
-    from mindfoundry.data.loader import TrainLoader, training_source
+    from mindfoundry.data.dataset.loader import TrainLoader, training_source
 
     loader = TrainLoader(training_source(cfg, data), micro_batch_size=cfg.train.micro_batch_size, grad_accum=cfg.train.grad_accum)
     return [(b.input_ids, b.labels) for b in (loader.batch(i * loader.global_batch) for i in range(steps))]

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from mindfoundry.backends.base import Backend
-from mindfoundry.data.packing import IGNORE_INDEX, PackedSamples
+from mindfoundry.data.dataset.packing import IGNORE_INDEX, PackedSamples
 
 
 @dataclass(frozen=True)

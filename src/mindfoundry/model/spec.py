@@ -58,7 +58,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from mindfoundry.config.schema import ModelConfig
+from mindfoundry.config.model import ModelConfig
 
 #: Output projections that add into the residual stream; their init std is scaled by 1/sqrt(2L).
 RESIDUAL_PROJECTIONS = ("attn.o_proj.weight", "mlp.down_proj.weight", "mlp.experts.down_proj.weight")

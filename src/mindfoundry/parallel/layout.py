@@ -22,7 +22,10 @@ ep                  the experts (divides num_experts and dp_shard*cp)
 ==================  ===========================================================================
 
 Every violated rule is one message naming the keys, the numbers and a value that would work.
-Only numpy-free standard library here: the engines and the CLI import this without any framework.
+This module is the one home of these rules: config validation adds them (:func:`validate_run_config`),
+the launch checks them once more with the launcher's process count (:func:`launch_layout`), and the
+engines only refuse what they cannot run. Standard library only: the engines and the CLI import this
+without any framework.
 """
 
 from __future__ import annotations
@@ -31,9 +34,14 @@ import math
 import os
 from dataclasses import dataclass, fields
 from itertools import product
-from typing import Literal, Mapping, Protocol
+from pathlib import Path
+from typing import Iterable, Literal, Mapping, Protocol
 
-from mindfoundry.config.schema import ModelConfig, ParallelConfig
+from mindfoundry.config.load import load_config, validate
+from mindfoundry.config.model import ModelConfig
+from mindfoundry.config.parallel import ParallelConfig
+from mindfoundry.config.schema import RunConfig
+from mindfoundry.errors import MindFoundryError
 from mindfoundry.model.spec import ModelSpec
 
 Schedule = Literal["1F1B", "GPipe", "Interleaved1F1B"]
@@ -43,7 +51,7 @@ DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
 ONE_F_ONE_B = ("1F1B", "Interleaved1F1B")
 
 
-class LayoutError(ValueError):
+class LayoutError(MindFoundryError, ValueError):
     """A layout that cannot run; the message lists every problem, one per line."""
 
 
@@ -271,7 +279,7 @@ def _grid(lay: Layout, world: int) -> list[Layout]:
     return [_with(lay, **dict(zip(DEGREES, split))) for split in _factorizations(world, len(DEGREES))]
 
 
-def check_layout(parallel: ParallelConfig | Layout, model: ModelSpec | ModelConfig, train: BatchShape,
+def layout_problems(parallel: ParallelConfig | Layout, model: ModelSpec | ModelConfig, train: BatchShape,
                  world_size: int | None = None, num_experts: int = 0) -> list[str]:
     """Every violated layout rule, one message each (empty: the layout works).
 
@@ -305,10 +313,26 @@ def check_layout(parallel: ParallelConfig | Layout, model: ModelSpec | ModelConf
     return out + _model_rules(lay, d, train, num_experts)
 
 
+def config_problems(cfg: RunConfig) -> list[str]:
+    """The layout rules a config must pass before any launch: divisibility by the model's heads, layers,
+    vocabulary and the sequence, pipeline micro-batches, and parallel.world_size when it is set."""
+    return layout_problems(cfg.parallel, cfg.model, cfg.train, num_experts=cfg.model.moe.num_experts)
+
+
+def validate_run_config(tree: dict) -> RunConfig:
+    """:func:`mindfoundry.config.load.validate` with the layout rules: every problem of a config tree, one ConfigError."""
+    return validate(tree, rules=(config_problems,))
+
+
+def load_run_config(path: str | Path, overrides: Iterable[str] = ()) -> RunConfig:
+    """Read, override and validate a run config with the layout rules (what every command loads)."""
+    return load_config(path, overrides, rules=(config_problems,))
+
+
 def feasible_layouts(model: ModelSpec | ModelConfig, train: BatchShape, world_size: int, *, global_batch: int | None = None,
                      num_experts: int = 0, sequence_parallel: bool = True, pp_schedule: Schedule = "1F1B",
                      pp_virtual_stages: int = 1, optimizer_shard_variants: bool = True) -> list[Layout]:
-    """Every layout of `world_size` processes that passes :func:`check_layout`, in grid order.
+    """Every layout of `world_size` processes that passes :func:`layout_problems`, in grid order.
 
     With ``global_batch`` (sequences per optimizer step), the batch must split evenly:
     grad_accum = global_batch / (dp * train.micro_batch_size) must be a whole number, and it is what
@@ -357,7 +381,7 @@ def launch_layout(parallel: ParallelConfig, model: ModelSpec | ModelConfig, trai
                   env: Mapping[str, str] | None = None, num_experts: int = 0) -> Layout:
     """The layout to run under the current launcher (one process when none): raises LayoutError listing every problem."""
     world = launched_world_size(env) or 1
-    problems = check_layout(parallel, model, train, world_size=world, num_experts=num_experts)
+    problems = layout_problems(parallel, model, train, world_size=world, num_experts=num_experts)
     if problems:
         raise LayoutError("parallel layout does not fit this launch:\n  " + "\n  ".join(problems))
     return Layout.from_config(parallel, world)

@@ -20,7 +20,7 @@ from mindfoundry.config.schema import RunConfig
 from mindfoundry.debug.dump import INDEX_FILE, DumpWriter, leaf_dir, read_dump
 from mindfoundry.debug.locate import Overflow, locate_overflow
 from mindfoundry.debug.probe import Injection, Probe, ProbeError, check_injection, select_modules
-from mindfoundry.debug.steps import parse_selection
+from mindfoundry.config.selection import parse_selection
 from mindfoundry.model.spec import ModelSpec, module_names
 
 OVERFLOW_DIR = "overflow"

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from mindfoundry.checkpoint.store import list_checkpoints
 from mindfoundry.config.load import config_hash, to_yaml
-from mindfoundry.config.schema import ParallelConfig, RunConfig
+from mindfoundry.config.parallel import ParallelConfig
+from mindfoundry.config.schema import RunConfig
 from mindfoundry.parallel.layout import launched_world_size
 
 CONFIG_FILE = "config.yaml"

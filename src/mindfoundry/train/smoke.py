@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 
 from mindfoundry.config.schema import RunConfig
-from mindfoundry.data.prepared import PreparedData
+from mindfoundry.data.dataset.prepared import PreparedData
 from mindfoundry.train.anomaly import AnomalyStop
 from mindfoundry.train.metrics import read_metrics
 
@@ -110,8 +110,8 @@ def run_smoke(cfg: RunConfig, data: PreparedData, steps: int, console) -> list[C
 def first_step_agreement(cfg: RunConfig, data: PreparedData) -> Check:
     """Same initial weights and first batch on both engines: the first-step loss must agree."""
     from mindfoundry.backends.base import create_backend
-    from mindfoundry.data.loader import TrainLoader, training_source
-    from mindfoundry.data.packing import IGNORE_INDEX
+    from mindfoundry.data.dataset.loader import TrainLoader, training_source
+    from mindfoundry.data.dataset.packing import IGNORE_INDEX
     from mindfoundry.model.spec import ModelSpec, init_weights
     from mindfoundry.train.schedule import step_scalars
 

@@ -24,10 +24,10 @@ import mindfoundry
 from mindfoundry.backends.base import Backend, create_backend, supports_sharded
 from mindfoundry.checkpoint.store import CheckpointError, Retention, find_resumable, is_sharded, load_checkpoint, save_checkpoint
 from mindfoundry.config.schema import RunConfig
-from mindfoundry.data.loader import Batch, BatchIterator, TrainLoader, training_source
-from mindfoundry.data.mixture import MixtureSampler
-from mindfoundry.data.packing import IGNORE_INDEX
-from mindfoundry.data.prepared import PreparedData
+from mindfoundry.data.dataset.loader import Batch, BatchIterator, TrainLoader, training_source
+from mindfoundry.data.dataset.mixture import MixtureSampler
+from mindfoundry.data.dataset.packing import IGNORE_INDEX
+from mindfoundry.data.dataset.prepared import PreparedData
 from mindfoundry.eval.heldout import EvalResult, evaluate
 from mindfoundry.model.spec import ModelSpec, flops_per_token, init_weights, num_parameters, parameter_shapes
 from mindfoundry.monitor.health import HealthMonitor

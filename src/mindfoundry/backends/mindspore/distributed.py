@@ -41,7 +41,7 @@ import numpy as np
 
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.model.spec import ModelSpec
-from mindfoundry.parallel.layout import Layout, LayoutError, check_layout, launched_rank, launched_world_size
+from mindfoundry.parallel.layout import Layout, LayoutError, layout_problems, launched_rank, launched_world_size
 
 #: Degrees only MindSpore's semi-auto parallel (Ascend/GPU) can run (with dp_shard > 1 and optimizer_shard); DP is dp_replicate.
 _SEMI_AUTO_DEGREES = ("tp", "pp", "cp", "ep")
@@ -109,7 +109,7 @@ def resolve_layout(cfg: RunConfig, spec: ModelSpec, device_target: str, env: Map
     reason = refusal(layout, device_target)
     if reason:
         raise LayoutError(reason)
-    problems = check_layout(cfg.parallel, spec, cfg.train, world_size=world)
+    problems = layout_problems(cfg.parallel, spec, cfg.train, world_size=world)
     if problems and world == 1 and layout.world_size > 1:
         raise LayoutError(f"parallel {layout.describe()} needs {layout.world_size} processes: launch with "
                           f"`msrun --worker_num={layout.world_size} --local_worker_num={layout.world_size} "

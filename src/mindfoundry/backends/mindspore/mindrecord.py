@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 from mindspore.mindrecord import FileWriter
 
-from mindfoundry.data.prepared import SPLITS
-from mindfoundry.data.validate import open_shard, read_manifest
+from mindfoundry.data.dataset.prepared import SPLITS
+from mindfoundry.data.dataset.validate import open_shard, read_manifest
 
 __all__ = ["EXPORT_MANIFEST", "SCHEMA", "export_mindrecord", "mindrecord_files"]
 

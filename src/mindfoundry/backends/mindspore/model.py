@@ -33,7 +33,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
-from mindfoundry.data.packing import IGNORE_INDEX
+from mindfoundry.data.dataset.packing import IGNORE_INDEX
 from mindfoundry.model.spec import ModelSpec, is_moe_layer, rope_tables
 
 

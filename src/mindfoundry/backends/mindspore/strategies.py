@@ -72,7 +72,7 @@ from typing import Any
 
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.model.spec import ModelSpec, is_moe_layer
-from mindfoundry.parallel.layout import Layout, LayoutError, check_layout
+from mindfoundry.parallel.layout import Layout, LayoutError, layout_problems
 
 Strategy = tuple[tuple[int, ...], ...]
 
@@ -99,7 +99,7 @@ class StrategyPlan:
 def plan_strategies(cfg: RunConfig, spec: ModelSpec, device_num: int) -> StrategyPlan:
     """The semi-auto plan of ``cfg.parallel`` for `spec` on `device_num` devices; LayoutError lists every problem."""
     p = cfg.parallel
-    problems = check_layout(p, spec, cfg.train, world_size=device_num, num_experts=spec.num_experts)
+    problems = layout_problems(p, spec, cfg.train, world_size=device_num, num_experts=spec.num_experts)
     if p.ep > 1 and not spec.num_experts:
         problems.append(f"parallel.ep={p.ep}: the model has no mixture-of-experts layers (model.moe.num_experts: 0), so there "
                         "are no experts to spread over expert-parallel ranks: set parallel.ep: 1")

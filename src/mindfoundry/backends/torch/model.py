@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from mindfoundry.data.packing import IGNORE_INDEX
+from mindfoundry.data.dataset.packing import IGNORE_INDEX
 from mindfoundry.model.spec import ModelSpec, is_moe_layer, rope_tables
 
 

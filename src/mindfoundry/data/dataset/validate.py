@@ -23,9 +23,9 @@ import numpy as np
 from rich import box
 from rich.table import Table
 
-from mindfoundry.data.indexed import IndexedDataset, ShardError
-from mindfoundry.data.prepared import MANIFEST, SPLITS, TOKENIZER, DataError
-from mindfoundry.data.tokenizer import eos_id, load_tokenizer, tokenizer_hash
+from mindfoundry.data.dataset.indexed import IndexedDataset, ShardError
+from mindfoundry.data.dataset.prepared import MANIFEST, SPLITS, TOKENIZER, DataError
+from mindfoundry.data.prepare.tokenizer import eos_id, load_tokenizer, tokenizer_hash
 
 __all__ = ["ShardReport", "ValidationReport", "open_shard", "read_manifest", "render_validation", "validate_prepared"]
 

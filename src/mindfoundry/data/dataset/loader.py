@@ -4,7 +4,7 @@ A *batch source* turns a range of global positions (samples consumed since the s
 into ``(input_ids, labels)``; it is a pure function of the position, so a run resumes at any
 sample exactly. Two exist: :class:`OrderedSamples` (all train shards as one stream in a seeded
 per-epoch order, the behaviour without a mixture) and
-:class:`mindfoundry.data.mixture.MixtureSampler`.
+:class:`mindfoundry.data.dataset.mixture.MixtureSampler`.
 
 :class:`TrainLoader` cuts every global batch into contiguous per-rank slices and can prepare the
 next batches in a background thread while the current step runs (the step releases the GIL in
@@ -24,9 +24,9 @@ from typing import Protocol
 import numpy as np
 
 from mindfoundry.config.schema import RunConfig
-from mindfoundry.data.mixture import build_mixture
-from mindfoundry.data.packing import PackedSamples, SampleOrder
-from mindfoundry.data.prepared import PreparedData
+from mindfoundry.data.dataset.mixture import build_mixture
+from mindfoundry.data.dataset.packing import PackedSamples, SampleOrder
+from mindfoundry.data.dataset.prepared import PreparedData
 
 __all__ = ["Batch", "BatchIterator", "BatchSource", "OrderedSamples", "TrainLoader", "training_source"]
 

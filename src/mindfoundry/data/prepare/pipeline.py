@@ -1,12 +1,12 @@
 """`mindfoundry prepare`: raw text -> clean -> dedup -> split by document -> BPE tokenizer -> Megatron shards.
 
-Streaming passes over the sources keep memory bounded (see :mod:`mindfoundry.data.curate`): a
+Streaming passes over the sources keep memory bounded (see :mod:`mindfoundry.data.clean.curate`): a
 pre-pass counts boilerplate lines and decides dedup (hashes and ids only), then one pass feeds
 the training split of the curated corpus to the tokenizer trainer and a last one tokenizes every
 curated document into its split's shard. Everything is written into a temporary folder that is
 renamed into place only when complete; the manifest records what each cleaning block and dedup
 removed, per source and why. ``data.workers`` processes do the per-document work of every pass
-(:mod:`mindfoundry.data.parallel`); the parent reads, decides and writes in corpus order, so the
+(:mod:`mindfoundry.data.workers`); the parent reads, decides and writes in corpus order, so the
 output is byte-identical for any number of workers.
 """
 
@@ -29,16 +29,13 @@ from tokenizers import Tokenizer
 
 import mindfoundry
 from mindfoundry.config.schema import RunConfig
-from mindfoundry.data.curate import (
-    Chunk, ChunkResult, CorpusPlan, Curation, CuratedSource, CurationReport, cleaned_documents, curate, curated_sources,
-    plan_corpus,
-)
+from mindfoundry.data.clean.curate import Chunk, ChunkResult, CorpusPlan, Curation, CuratedSource, CurationReport, cleaned_documents, curate, curated_sources, plan_corpus
 from mindfoundry.data.document import Document
-from mindfoundry.data.indexed import IndexedDatasetWriter, dtype_for_vocab
-from mindfoundry.data.parallel import IN_FLIGHT_PER_WORKER, DocumentProgress, PassProgress, WorkerPool, resolve_workers
-from mindfoundry.data.prepared import MANIFEST, SPLITS, TOKENIZER, DataError, PreparedData, load_prepared
-from mindfoundry.data.split import Split, split_documents
-from mindfoundry.data.tokenizer import encode_batch, load_tokenizer, tokenizer_hash, train_tokenizer
+from mindfoundry.data.dataset.indexed import IndexedDatasetWriter, dtype_for_vocab
+from mindfoundry.data.workers import IN_FLIGHT_PER_WORKER, DocumentProgress, PassProgress, WorkerPool, resolve_workers
+from mindfoundry.data.dataset.prepared import MANIFEST, SPLITS, TOKENIZER, DataError, PreparedData, load_prepared
+from mindfoundry.data.prepare.split import Split, split_documents
+from mindfoundry.data.prepare.tokenizer import encode_batch, load_tokenizer, tokenizer_hash, train_tokenizer
 
 
 def data_identity(cfg: RunConfig) -> str:

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from typing import Any
 
-from mindfoundry.data.blocks.base import Filter, Transform, Verdict
-from mindfoundry.data.blocks.text import CJK_RANGES, count, non_space_chars, remove_matches
+from mindfoundry.config.clean import MojibakeConfig, SymbolRunsConfig
+from mindfoundry.data.clean.base import Filter, Transform, Verdict
+from mindfoundry.data.clean.text import CJK_RANGES, count, non_space_chars, remove_matches
 from mindfoundry.data.document import Document
 
 _REPLACEMENT = re.compile("\ufffd")
@@ -51,22 +53,17 @@ class MojibakeFilter(Filter):
     """
 
     name = "mojibake"
+    section = MojibakeConfig
 
-    def __init__(
-        self,
-        max_replacement_ratio: float | None = 0.01,
-        max_cjk_mojibake_ratio: float | None = 0.0,
-        max_latin1_mojibake_ratio: float | None = 0.01,
-        max_private_use_ratio: float | None = 0.01,
-        max_unusual_ratio: float | None = 0.25,
-    ) -> None:
-        super().__init__()
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(**settings)
+        s = self.settings
         self.checks = (
-            ("replacement_chars", max_replacement_ratio, lambda t: count(_REPLACEMENT, t)),
-            ("cjk_mojibake", max_cjk_mojibake_ratio, lambda t: _matched_chars(_CJK_MOJIBAKE, t)),
-            ("latin1_as_utf8", max_latin1_mojibake_ratio, lambda t: _matched_chars(_LATIN1_MOJIBAKE, t)),
-            ("private_use", max_private_use_ratio, lambda t: count(_PRIVATE_USE, t)),
-            ("unusual_chars", max_unusual_ratio, _unusual_chars),
+            ("replacement_chars", s.max_replacement_ratio, lambda t: count(_REPLACEMENT, t)),
+            ("cjk_mojibake", s.max_cjk_mojibake_ratio, lambda t: _matched_chars(_CJK_MOJIBAKE, t)),
+            ("latin1_as_utf8", s.max_latin1_mojibake_ratio, lambda t: _matched_chars(_LATIN1_MOJIBAKE, t)),
+            ("private_use", s.max_private_use_ratio, lambda t: count(_PRIVATE_USE, t)),
+            ("unusual_chars", s.max_unusual_ratio, _unusual_chars),
         )
 
     def filter(self, doc: Document) -> Verdict:
@@ -109,11 +106,12 @@ class SymbolRunFilter(Filter):
     """
 
     name = "symbol_run_filter"
+    section = SymbolRunsConfig
 
-    def __init__(self, min_run: int = 5, max_fraction: float | None = 0.5) -> None:
-        super().__init__()
-        self.runs = symbol_run_pattern(min_run)
-        self.max_fraction = max_fraction
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(**settings)
+        self.runs = symbol_run_pattern(self.settings.min_run)
+        self.max_fraction = self.settings.max_fraction
 
     def filter(self, doc: Document) -> Verdict:
         if self.max_fraction is None:
@@ -126,10 +124,11 @@ class SymbolRunRemover(Transform):
     """Delete symbol runs (a line left blank goes too). Edit: ``symbol_run`` (runs deleted)."""
 
     name = "symbol_runs"
+    section = SymbolRunsConfig
 
-    def __init__(self, min_run: int = 5) -> None:
-        super().__init__()
-        self.runs = symbol_run_pattern(min_run)
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(**settings)
+        self.runs = symbol_run_pattern(self.settings.min_run)
 
     def transform(self, doc: Document) -> Document:
         text, hits = remove_matches(self.runs, doc.text)

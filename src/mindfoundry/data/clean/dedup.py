@@ -33,7 +33,7 @@ from typing import Any, Literal
 import numpy as np
 from datasketch import MinHash, MinHashLSH
 
-from mindfoundry.data.blocks.text import canonical, is_cjk_text, units
+from mindfoundry.data.clean.text import canonical, is_cjk_text, units
 from mindfoundry.data.document import Document
 
 Verify = Literal["none", "signature", "exact"]
@@ -43,7 +43,7 @@ _BATCH = 512
 def shingles(text: str, *, char_ngram: int = 5, word_ngram: int = 5) -> set[bytes]:
     """The shingle set of a document: char n-grams if Chinese-dominant, else word n-grams.
 
-    Units (see :func:`~mindfoundry.data.blocks.text.units`) drop punctuation and case, so an
+    Units (see :func:`~mindfoundry.data.clean.text.units`) drop punctuation and case, so an
     edit of punctuation or capitalization changes no shingle. A document shorter than one
     n-gram is a single shingle.
     """

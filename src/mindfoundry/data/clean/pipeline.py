@@ -1,6 +1,6 @@
 """Cleaning profiles and the pipeline that chains blocks for one source.
 
-The blocks always run in the order of :data:`BLOCK_ORDER`; a *profile* picks which of them apply
+The blocks always run in the order of the data.clean sections (:data:`~mindfoundry.config.clean.CLEAN_BLOCKS`); a *profile* picks which of them apply
 to a source, and each block's settings section can switch it off (``enabled: false``):
 
 - ``prose``: every block (Chinese and English text);
@@ -10,30 +10,35 @@ to a source, and each block's settings section can switch it off (``enabled: fal
 - ``none``: no cleaning (dedup still applies);
 - ``auto`` (the default): ``code`` for sources of category ``code``, ``prose`` otherwise.
 
-Settings are plain mappings (one per block, keys = constructor arguments plus ``enabled``), so
-this package does not depend on the config schema.
+Settings are plain mappings (one per section, keys = the section's fields), validated by each
+block through its section class.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from mindfoundry.data.blocks.base import Block
-from mindfoundry.data.blocks.boilerplate import BoilerplateRemover
-from mindfoundry.data.blocks.garbled import MojibakeFilter, SymbolRunFilter, SymbolRunRemover
-from mindfoundry.data.blocks.normalize import ControlCharRemover, NfkcNormalizer, TimestampRemover
-from mindfoundry.data.blocks.quality import LengthFilter, QualityFilter, RepetitionFilter, ScriptFilter
+from mindfoundry.config.clean import CLEAN_BLOCKS
+from mindfoundry.data.clean.base import Block
+from mindfoundry.data.clean.boilerplate import BoilerplateRemover
+from mindfoundry.data.clean.garbled import MojibakeFilter, SymbolRunFilter, SymbolRunRemover
+from mindfoundry.data.clean.normalize import ControlCharRemover, NfkcNormalizer, TimestampRemover
+from mindfoundry.data.clean.quality import LengthFilter, QualityFilter, RepetitionFilter, ScriptFilter
 from mindfoundry.data.document import Document
 
 Settings = Mapping[str, Mapping[str, Any]]
 
-BLOCK_ORDER: tuple[str, ...] = (
-    "mojibake", "control_chars", "nfkc", "timestamps", "boilerplate",
-    "symbol_runs", "length", "script", "repetition", "quality",
-)
+#: The blocks of each data.clean section, in the order they run within it (symbol runs: drop the documents they
+#: dominate, then delete the runs from the rest). The sections run in config order (CLEAN_BLOCKS).
+SECTION_BLOCKS: dict[str, tuple[type[Block], ...]] = {
+    "mojibake": (MojibakeFilter,), "control_chars": (ControlCharRemover,), "nfkc": (NfkcNormalizer,),
+    "timestamps": (TimestampRemover,), "boilerplate": (BoilerplateRemover,),
+    "symbol_runs": (SymbolRunFilter, SymbolRunRemover), "length": (LengthFilter,), "script": (ScriptFilter,),
+    "repetition": (RepetitionFilter,), "quality": (QualityFilter,),
+}
 PROFILES: dict[str, tuple[str, ...]] = {
-    "prose": BLOCK_ORDER,
+    "prose": CLEAN_BLOCKS,
     "code": ("mojibake", "control_chars", "length"),
     "none": (),
 }
@@ -51,31 +56,6 @@ def resolve_profile(profile: str, category: str) -> str:
 def active_sections(settings: Settings, profile: str) -> list[str]:
     """Names of the blocks that run for ``profile``, in pipeline order."""
     return [name for name in PROFILES[profile] if settings[name].get("enabled", True)]
-
-
-def _args(section: Mapping[str, Any], *names: str) -> dict[str, Any]:
-    return {name: section[name] for name in names}
-
-
-def _kwargs(section: Mapping[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in section.items() if key != "enabled"}
-
-
-_FACTORIES: dict[str, Callable[[Mapping[str, Any], frozenset[int]], list[Block]]] = {
-    "mojibake": lambda s, _: [MojibakeFilter(**_kwargs(s))],
-    "control_chars": lambda s, _: [ControlCharRemover()],
-    "nfkc": lambda s, _: [NfkcNormalizer(**_kwargs(s))],
-    "timestamps": lambda s, _: [TimestampRemover()],
-    "boilerplate": lambda s, lines: [BoilerplateRemover(lines, **_args(s, "min_line_chars", "ad_patterns"))],
-    "symbol_runs": lambda s, _: [
-        SymbolRunFilter(**_kwargs(s)),
-        SymbolRunRemover(**_args(s, "min_run")),
-    ],
-    "length": lambda s, _: [LengthFilter(**_kwargs(s))],
-    "script": lambda s, _: [ScriptFilter(**_kwargs(s))],
-    "repetition": lambda s, _: [RepetitionFilter(**_kwargs(s))],
-    "quality": lambda s, _: [QualityFilter(**_kwargs(s))],
-}
 
 
 class CleaningPipeline:
@@ -110,5 +90,5 @@ def build_pipeline(
     for name in active_sections(settings, profile):
         if name == until:
             break
-        blocks.extend(_FACTORIES[name](settings[name], frequent_lines))
+        blocks.extend(cls.build(dict(settings[name]), frequent_lines) for cls in SECTION_BLOCKS[name])
     return CleaningPipeline(blocks)

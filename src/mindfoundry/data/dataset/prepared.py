@@ -18,9 +18,9 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from mindfoundry.data.indexed import IndexedDataset, ShardError, verify_tokens
-from mindfoundry.data.packing import PackedSamples
-from mindfoundry.data.tokenizer import load_tokenizer, pad_id, tokenizer_hash
+from mindfoundry.data.dataset.indexed import IndexedDataset, ShardError, verify_tokens
+from mindfoundry.data.dataset.packing import PackedSamples
+from mindfoundry.data.prepare.tokenizer import load_tokenizer, pad_id, tokenizer_hash
 
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"

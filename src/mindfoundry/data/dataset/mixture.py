@@ -34,10 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from mindfoundry.config.schema import MixtureConfig
-from mindfoundry.data.packing import PackedSamples, SampleOrder
-from mindfoundry.data.prepared import DataError, PreparedData
-from mindfoundry.data.tokenizer import pad_id
+from mindfoundry.config.data import MixtureConfig
+from mindfoundry.data.dataset.packing import PackedSamples, SampleOrder
+from mindfoundry.data.dataset.prepared import DataError, PreparedData
+from mindfoundry.data.prepare.tokenizer import pad_id
 
 __all__ = ["MixtureSampler", "MixtureSource", "build_mixture", "largest_remainder", "temperature_weights"]
 

@@ -11,6 +11,10 @@ method and the base class does the bookkeeping, so every block reports the same 
 The base class counts documents seen, kept, dropped per reason, changed, and characters removed,
 so a manifest can say exactly what each block removed and why. Blocks never read files and never
 import a training framework.
+
+A block's parameters and their defaults are its ``data.clean`` section's fields
+(:mod:`mindfoundry.config.clean`), the one place they are written: ``LengthFilter(min_chars=5)``
+validates its keyword arguments through ``LengthConfig`` and keeps the result as ``settings``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from mindfoundry.config.clean import BlockSection
 from mindfoundry.data.document import Document
 
 Verdict = Literal[True] | tuple[Literal[False], str]
@@ -69,11 +74,20 @@ class BlockStats:
 class Block(ABC):
     """A step of the cleaning pipeline: a generator from documents to documents."""
 
-    #: Name used in reports and in the ``data.clean`` config section.
+    #: Name used in reports (the counts in manifest.json).
     name: ClassVar[str]
+    #: The ``data.clean`` section whose fields are this block's parameters.
+    section: ClassVar[type[BlockSection]]
 
-    def __init__(self) -> None:
+    def __init__(self, **settings: Any) -> None:
+        self.settings = self.section(**settings)  # ValidationError names an unknown or out-of-range parameter
         self.stats = BlockStats()
+
+    @classmethod
+    def build(cls, settings: dict[str, Any], frequent_lines: frozenset[int]) -> Block:
+        """The block configured by a mapping of its section's fields; ``frequent_lines`` (the boilerplate
+        pre-pass's line keys) matter only to the block that deletes them."""
+        return cls(**settings)
 
     @abstractmethod
     def run(self, docs: Iterable[Document]) -> Iterator[Document]:

@@ -15,7 +15,7 @@ tokenizer and the shards see the identical cleaned corpus.
 
 Each read is a pass of :func:`curate`: the parent reads the sources in order and cuts them into
 :class:`Chunk` s; a task (cleaning plus a per-document step: line keys, signatures, tokens) runs
-on each chunk in ``data.workers`` processes (:mod:`mindfoundry.data.parallel`) and its results
+on each chunk in ``data.workers`` processes (:mod:`mindfoundry.data.workers`) and its results
 come back in corpus order, so every order-dependent decision is made in the parent, as with one
 process, and the output does not depend on the number of workers.
 """
@@ -31,14 +31,16 @@ from typing import Any, Generic, TypeVar
 
 from datasketch import LeanMinHash
 
-from mindfoundry.config.schema import CLEAN_BLOCKS, DataConfig, DedupConfig, SourceConfig
-from mindfoundry.data.blocks.base import BlockStats
-from mindfoundry.data.blocks.boilerplate import LineCounter
-from mindfoundry.data.blocks.pipeline import CleaningPipeline, active_sections, build_pipeline, resolve_profile
-from mindfoundry.data.dedup import DedupResult, Deduplicator, exact_key, minhash_signatures, shingles
+from mindfoundry.config.clean import CLEAN_BLOCKS
+from mindfoundry.config.data import DataConfig, DedupConfig, SourceConfig
+from mindfoundry.data.clean.base import BlockStats
+from mindfoundry.data.clean.boilerplate import LineCounter
+from mindfoundry.data.clean.pipeline import CleaningPipeline, active_sections, build_pipeline, resolve_profile
+from mindfoundry.data.clean.dedup import DedupResult, Deduplicator, exact_key, minhash_signatures, shingles
 from mindfoundry.data.document import Document
-from mindfoundry.data.parallel import DocumentProgress, PassProgress, WorkerPool, resolve_workers
-from mindfoundry.data.sources import SourceStats, read_builtin, read_files
+from mindfoundry.data.workers import DocumentProgress, PassProgress, WorkerPool, resolve_workers
+from mindfoundry.data.ingest.builtin import read_builtin
+from mindfoundry.data.ingest.files import SourceStats, read_files
 
 R = TypeVar("R")
 

@@ -1,6 +1,6 @@
 """Character-level normalization: control characters, Unicode NFKC, timestamps.
 
-Order matters and is fixed by :mod:`~mindfoundry.data.blocks.pipeline`: mojibake is detected on
+Order matters and is fixed by :mod:`~mindfoundry.data.clean.pipeline`: mojibake is detected on
 the raw text first (NFKC would turn the tell-tale ``â€™`` into ``â€'`` and ``™`` into ``TM``),
 then control characters go, then NFKC folds compatibility forms.
 """
@@ -10,9 +10,11 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import replace
+from typing import Any
 
-from mindfoundry.data.blocks.base import Transform
-from mindfoundry.data.blocks.text import remove_matches
+from mindfoundry.config.clean import ControlCharsConfig, NfkcConfig, TimestampsConfig
+from mindfoundry.data.clean.base import Transform
+from mindfoundry.data.clean.text import remove_matches
 from mindfoundry.data.document import Document
 
 # C0 controls except \t and \n, DEL, C1 controls; zero-width and bidirectional formatting marks,
@@ -36,6 +38,7 @@ class ControlCharRemover(Transform):
     """
 
     name = "control_chars"
+    section = ControlCharsConfig
 
     def transform(self, doc: Document) -> Document:
         text, endings = _LINE_ENDING.subn("\n", doc.text)
@@ -53,10 +56,11 @@ class NfkcNormalizer(Transform):
     """
 
     name = "nfkc"
+    section = NfkcConfig
 
-    def __init__(self, keep_cjk_punctuation: bool = True) -> None:
-        super().__init__()
-        self.keep_cjk_punctuation = keep_cjk_punctuation
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(**settings)
+        self.keep_cjk_punctuation = self.settings.keep_cjk_punctuation
 
     def transform(self, doc: Document) -> Document:
         text = self._normalize(doc.text)
@@ -106,6 +110,7 @@ class TimestampRemover(Transform):
     """
 
     name = "timestamps"
+    section = TimestampsConfig
 
     def transform(self, doc: Document) -> Document:
         text = doc.text

@@ -3,7 +3,7 @@
 The Gopher rules (Rae et al. 2021, as implemented in datatrove) were tuned on English web pages
 measured in space-separated words; applied as they are, they remove most Chinese (one "word"
 per sentence) and most code. Here they are measured in *units* (a CJK character, or a run of
-other letters/digits, see :mod:`~mindfoundry.data.blocks.text`), n-grams are character n-grams
+other letters/digits, see :mod:`~mindfoundry.data.clean.text`), n-grams are character n-grams
 for Chinese-dominant documents and word n-grams otherwise, and the defaults were checked on real
 text (People's Daily, product reviews, Shakespeare) so that they remove spam, not prose.
 """
@@ -11,17 +11,14 @@ text (People's Daily, product reviews, Shakespeare) so that they remove spam, no
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
-from mindfoundry.data.blocks.base import Filter, Verdict
-from mindfoundry.data.blocks.text import CJK_RANGES, is_cjk_text, script_counts, units
+from mindfoundry.config.clean import LengthConfig, QualityConfig, RepetitionConfig, ScriptConfig
+from mindfoundry.data.clean.base import Filter, Verdict
+from mindfoundry.data.clean.text import CJK_RANGES, is_cjk_text, script_counts, units
 from mindfoundry.data.document import Document
-
-# Gopher's word n-gram limits (n -> largest share of characters).
-GOPHER_TOP_NGRAMS: dict[int, float] = {2: 0.20, 3: 0.18, 4: 0.16}
-GOPHER_DUPLICATE_NGRAMS: dict[int, float] = {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10}
 
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
 _ELLIPSIS = re.compile(r"\.{3,}|…+")
@@ -37,10 +34,11 @@ class LengthFilter(Filter):
     """
 
     name = "length"
+    section = LengthConfig
 
-    def __init__(self, min_chars: int | None = 5, max_chars: int | None = 1_000_000) -> None:
-        super().__init__()
-        self.min_chars, self.max_chars = min_chars, max_chars
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(**settings)
+        self.min_chars, self.max_chars = self.settings.min_chars, self.settings.max_chars
 
     def filter(self, doc: Document) -> Verdict:
         size = len(doc.text.strip())
@@ -61,16 +59,12 @@ class ScriptFilter(Filter):
     """
 
     name = "script"
+    section = ScriptConfig
 
-    def __init__(
-        self,
-        min_cjk_ratio: float | None = None,
-        max_cjk_ratio: float | None = None,
-        min_latin_ratio: float | None = None,
-        max_latin_ratio: float | None = None,
-    ) -> None:
-        super().__init__()
-        self.bounds = (("cjk", min_cjk_ratio, max_cjk_ratio), ("latin", min_latin_ratio, max_latin_ratio))
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(**settings)
+        s = self.settings
+        self.bounds = (("cjk", s.min_cjk_ratio, s.max_cjk_ratio), ("latin", s.min_latin_ratio, s.max_latin_ratio))
         self.active = any(v is not None for _, low, high in self.bounds for v in (low, high))
 
     def filter(self, doc: Document) -> Verdict:
@@ -172,24 +166,16 @@ class RepetitionFilter(Filter):
     """
 
     name = "repetition"
+    section = RepetitionConfig
 
-    def __init__(
-        self,
-        max_duplicate_line_fraction: float | None = 0.4,
-        max_duplicate_line_char_fraction: float | None = 0.2,
-        max_duplicate_paragraph_fraction: float | None = 0.3,
-        max_duplicate_paragraph_char_fraction: float | None = 0.2,
-        top_ngrams: Mapping[int, float] | None = GOPHER_TOP_NGRAMS,
-        duplicate_ngrams: Mapping[int, float] | None = GOPHER_DUPLICATE_NGRAMS,
-        top_ngram_min_units: int = 50,
-        cjk_chars_per_word: int = 3,
-    ) -> None:
-        super().__init__()
-        self.line_limits = (max_duplicate_line_fraction, max_duplicate_line_char_fraction)
-        self.paragraph_limits = (max_duplicate_paragraph_fraction, max_duplicate_paragraph_char_fraction)
-        self.top_ngrams, self.duplicate_ngrams = dict(top_ngrams or {}), dict(duplicate_ngrams or {})
-        self.top_ngram_min_units = top_ngram_min_units
-        self.cjk_chars_per_word = cjk_chars_per_word
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(**settings)
+        s = self.settings
+        self.line_limits = (s.max_duplicate_line_fraction, s.max_duplicate_line_char_fraction)
+        self.paragraph_limits = (s.max_duplicate_paragraph_fraction, s.max_duplicate_paragraph_char_fraction)
+        self.top_ngrams, self.duplicate_ngrams = dict(s.top_ngrams or {}), dict(s.duplicate_ngrams or {})
+        self.top_ngram_min_units = s.top_ngram_min_units
+        self.cjk_chars_per_word = s.cjk_chars_per_word
 
     def filter(self, doc: Document) -> Verdict:
         lines = [line.strip() for line in doc.text.split("\n") if line.strip()]
@@ -235,25 +221,17 @@ class QualityFilter(Filter):
     """
 
     name = "quality"
+    section = QualityConfig
 
-    def __init__(
-        self,
-        min_alpha_unit_ratio: float | None = 0.5,
-        min_mean_word_length: float | None = 3.0,
-        max_mean_word_length: float | None = 10.0,
-        max_symbol_ratio: float | None = 0.1,
-        symbol_ratio_min_units: int = 20,
-        max_bullet_line_ratio: float | None = 0.9,
-        max_ellipsis_line_ratio: float | None = 0.3,
-        line_ratio_min_lines: int = 3,
-    ) -> None:
-        super().__init__()
-        self.min_alpha_unit_ratio = min_alpha_unit_ratio
-        self.word_length = (min_mean_word_length, max_mean_word_length)
-        self.max_symbol_ratio = max_symbol_ratio
-        self.symbol_ratio_min_units = symbol_ratio_min_units
-        self.line_limits = (max_bullet_line_ratio, max_ellipsis_line_ratio)
-        self.line_ratio_min_lines = line_ratio_min_lines
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(**settings)
+        s = self.settings
+        self.min_alpha_unit_ratio = s.min_alpha_unit_ratio
+        self.word_length = (s.min_mean_word_length, s.max_mean_word_length)
+        self.max_symbol_ratio = s.max_symbol_ratio
+        self.symbol_ratio_min_units = s.symbol_ratio_min_units
+        self.line_limits = (s.max_bullet_line_ratio, s.max_ellipsis_line_ratio)
+        self.line_ratio_min_lines = s.line_ratio_min_lines
 
     def filter(self, doc: Document) -> Verdict:
         tokens = units(doc.text)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from mindfoundry.data.indexed import IndexedDataset
+from mindfoundry.data.dataset.indexed import IndexedDataset
 
 __all__ = ["IGNORE_INDEX", "PackedSamples", "SampleOrder"]
 

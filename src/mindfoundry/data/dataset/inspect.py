@@ -20,9 +20,9 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from mindfoundry.data.prepared import SPLITS, TOKENIZER
-from mindfoundry.data.tokenizer import load_tokenizer
-from mindfoundry.data.validate import open_shard, read_manifest
+from mindfoundry.data.dataset.prepared import SPLITS, TOKENIZER
+from mindfoundry.data.prepare.tokenizer import load_tokenizer
+from mindfoundry.data.dataset.validate import open_shard, read_manifest
 
 __all__ = ["InspectReport", "inspect_prepared", "length_histogram", "render_inspect"]
 

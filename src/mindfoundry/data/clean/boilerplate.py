@@ -16,22 +16,14 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import replace
+from typing import Any
 
-from mindfoundry.data.blocks.base import Transform
-from mindfoundry.data.blocks.text import canonical
+from mindfoundry.config.clean import BoilerplateConfig
+from mindfoundry.data.clean.base import Transform
+from mindfoundry.data.clean.text import canonical
 from mindfoundry.data.document import Document
-
-DEFAULT_AD_PATTERNS: tuple[str, ...] = (
-    "扫码关注",
-    "扫描(下方)?二维码",
-    "长按(识别)?二维码",
-    "关注.{0,8}公众号",
-    "点击(阅读|查看)原文",
-    "click here to (subscribe|unsubscribe|read more)",
-    "subscribe to our newsletter",
-)
 
 
 def line_key(line: str) -> int:
@@ -55,7 +47,7 @@ class LineCounter:
     Memory is one dict entry per distinct line (about 100 bytes), whatever the line's length.
     """
 
-    def __init__(self, min_line_chars: int = 20) -> None:
+    def __init__(self, min_line_chars: int) -> None:
         self.min_line_chars = min_line_chars
         self.documents: Counter[int] = Counter()
 
@@ -80,17 +72,18 @@ class BoilerplateRemover(Transform):
     """
 
     name = "boilerplate"
+    section = BoilerplateConfig
 
-    def __init__(
-        self,
-        frequent_lines: frozenset[int] = frozenset(),
-        min_line_chars: int = 20,
-        ad_patterns: Sequence[str] = DEFAULT_AD_PATTERNS,
-    ) -> None:
-        super().__init__()
+    def __init__(self, frequent_lines: frozenset[int] = frozenset(), **settings: Any) -> None:
+        super().__init__(**settings)
         self.frequent_lines = frequent_lines
-        self.min_line_chars = min_line_chars
-        self.ads = re.compile("|".join(f"(?:{p})" for p in ad_patterns), re.IGNORECASE) if ad_patterns else None
+        self.min_line_chars = self.settings.min_line_chars
+        patterns = self.settings.ad_patterns
+        self.ads = re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE) if patterns else None
+
+    @classmethod
+    def build(cls, settings: dict[str, Any], frequent_lines: frozenset[int]) -> BoilerplateRemover:
+        return cls(frequent_lines, **settings)
 
     def transform(self, doc: Document) -> Document:
         repeated = self._repeated_lines(doc.text)

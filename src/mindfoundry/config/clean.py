@@ -1,0 +1,171 @@
+"""The `data.clean` section: one settings section per cleaning block, and the per-source overrides.
+
+This is the one definition of every block's parameters and defaults: a block of
+:mod:`mindfoundry.data.clean` is built from its section (``Block.settings``) and the pipeline runs
+the blocks in the order of :data:`CLEAN_BLOCKS`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import Field, create_model, field_validator
+
+from mindfoundry.config.section import Section
+
+#: Advertising lines deleted by the boilerplate block (case-insensitive regular expressions).
+DEFAULT_AD_PATTERNS: tuple[str, ...] = (
+    "扫码关注",
+    "扫描(下方)?二维码",
+    "长按(识别)?二维码",
+    "关注.{0,8}公众号",
+    "点击(阅读|查看)原文",
+    "click here to (subscribe|unsubscribe|read more)",
+    "subscribe to our newsletter",
+)
+
+# Gopher's word n-gram limits (n -> largest share of characters).
+GOPHER_TOP_NGRAMS: dict[int, float] = {2: 0.20, 3: 0.18, 4: 0.16}
+GOPHER_DUPLICATE_NGRAMS: dict[int, float] = {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10}
+
+# Field names are the block constructors' argument names; a ratio or limit set to null disables
+# that check.
+
+Ratio = Annotated[float, Field(ge=0, le=1)]
+NgramLimits = dict[Annotated[int, Field(ge=1)], Ratio]
+
+
+class BlockSection(Section):
+    """Settings of one cleaning block."""
+
+    enabled: bool = Field(True, description="Run this block (for the sources whose profile includes it).")
+
+
+class MojibakeConfig(BlockSection):
+    """Drop garbled documents (text decoded with the wrong codec); ratios are over non-space characters."""
+
+    max_replacement_ratio: Ratio | None = Field(0.01, description="Share of U+FFFD characters (bytes a decoder could not read).")
+    max_cjk_mojibake_ratio: Ratio | None = Field(0.0, description="Share of characters in 锟斤拷 / 烫烫烫 / 屯屯屯 runs; 0 = any occurrence drops.")
+    max_latin1_mojibake_ratio: Ratio | None = Field(0.01, description="Share of characters in UTF-8-read-as-Latin-1 sequences such as Ã© or â€™.")
+    max_private_use_ratio: Ratio | None = Field(0.01, description="Share of private-use characters (font-specific glyphs from PDF extraction).")
+    max_unusual_ratio: Ratio | None = Field(0.25, description="Share of characters outside the scripts and symbols of Chinese/English text (other scripts, control bytes).")
+
+
+class ControlCharsConfig(BlockSection):
+    """Normalize line endings to \\n and delete control and zero-width characters (tabs and newlines stay)."""
+
+
+class NfkcConfig(BlockSection):
+    """Unicode NFKC normalization (full-width letters/digits to ASCII, ligatures split)."""
+
+    keep_cjk_punctuation: bool = Field(True, description="Leave Chinese full-width punctuation (，：；！？（）…～) as written instead of folding it to ASCII.")
+
+
+class TimestampsConfig(BlockSection):
+    """Delete dates, clock times and "发布时间：…" / "Posted on …" stamps (off by default)."""
+
+    enabled: bool = Field(False, description="Run this block (for the sources whose profile includes it).")
+
+
+class BoilerplateConfig(BlockSection):
+    """Delete lines repeated across many documents (counted corpus-wide in a pre-pass) and ad lines."""
+
+    min_documents: int = Field(20, ge=2, description="A line found in at least this many documents is boilerplate. Corpus-wide: set it here, not per source.")
+    min_line_chars: int = Field(20, ge=1, description="Shorter lines are never boilerplate (speaker names, 'Exeunt.', closing braces).")
+    ad_patterns: list[str] = Field(list(DEFAULT_AD_PATTERNS), description="Case-insensitive regular expressions; a line containing a match is deleted.")
+
+    @field_validator("ad_patterns")
+    @classmethod
+    def _compiles(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"ad pattern {pattern!r} is not a valid regular expression ({exc}): "
+                                 "escape special characters such as ( ) [ ] ? with a backslash") from None
+        return patterns
+
+
+class SymbolRunsConfig(BlockSection):
+    """Delete runs of repeated symbols ("=====", "!!!!!!!", "★★★★★☆☆☆☆☆"); drop documents they dominate."""
+
+    min_run: int = Field(5, ge=2, description="Shortest run that counts: one symbol repeated, or a repeated pair of symbols (-=-=-=).")
+    max_fraction: Ratio | None = Field(0.5, description="Drop a document when runs cover more than this share of its non-space characters.")
+
+
+class LengthConfig(BlockSection):
+    """Keep documents whose stripped length in characters is within bounds."""
+
+    min_chars: int | None = Field(5, ge=1, description="Shortest document kept.")
+    max_chars: int | None = Field(1_000_000, ge=1, description="Longest document kept.")
+
+
+class ScriptConfig(BlockSection):
+    """Keep documents whose share of CJK / Latin letters (among all letters) is within bounds; all off by default, set per source."""
+
+    min_cjk_ratio: Ratio | None = Field(None, description="Least share of CJK characters among letters (e.g. 0.5 for a Chinese source).")
+    max_cjk_ratio: Ratio | None = Field(None, description="Largest share of CJK characters among letters (e.g. 0.1 for an English source).")
+    min_latin_ratio: Ratio | None = Field(None, description="Least share of Latin letters among letters.")
+    max_latin_ratio: Ratio | None = Field(None, description="Largest share of Latin letters among letters.")
+
+
+class RepetitionConfig(BlockSection):
+    """Gopher repetition rules, measured in units (a CJK character or a word), with char n-grams for Chinese."""
+
+    max_duplicate_line_fraction: Ratio | None = Field(0.4, description="Share of lines repeating an earlier line (Gopher: 0.3; plays repeat speaker names up to 0.38).")
+    max_duplicate_line_char_fraction: Ratio | None = Field(0.2, description="Share of characters in repeated lines.")
+    max_duplicate_paragraph_fraction: Ratio | None = Field(0.3, description="Share of paragraphs repeating an earlier paragraph.")
+    max_duplicate_paragraph_char_fraction: Ratio | None = Field(0.2, description="Share of characters in repeated paragraphs.")
+    top_ngrams: NgramLimits | None = Field(dict(GOPHER_TOP_NGRAMS), description="n -> largest share of characters covered by the most frequent repeated n-gram (Gopher).")
+    duplicate_ngrams: NgramLimits | None = Field(dict(GOPHER_DUPLICATE_NGRAMS), description="n -> largest share of characters inside repeated n-grams (Gopher).")
+    top_ngram_min_units: int = Field(50, ge=1, description="The top n-gram rule applies to documents of at least this many units (one phrase said twice dominates a shorter text).")
+    cjk_chars_per_word: int = Field(3, ge=1, description="For Chinese-dominant documents, n-gram sizes and top_ngram_min_units are multiplied by this and counted in characters.")
+
+
+class QualityConfig(BlockSection):
+    """Gopher quality rules, measured in units so that they apply to Chinese."""
+
+    min_alpha_unit_ratio: Ratio | None = Field(0.5, description="Least share of units containing a letter (Gopher: 0.8; news tables are number-heavy).")
+    min_mean_word_length: float | None = Field(3.0, ge=0, description="Shortest mean word length, Latin-script documents only.")
+    max_mean_word_length: float | None = Field(10.0, ge=0, description="Longest mean word length, Latin-script documents only.")
+    max_symbol_ratio: float | None = Field(0.1, ge=0, description="Most '#' and ellipses per unit.")
+    symbol_ratio_min_units: int = Field(20, ge=1, description="The symbol rule applies to documents of at least this many units (one '……' in a short review is not spam).")
+    max_bullet_line_ratio: Ratio | None = Field(0.9, description="Largest share of lines starting with a bullet.")
+    max_ellipsis_line_ratio: Ratio | None = Field(0.3, description="Largest share of lines ending with an ellipsis.")
+    line_ratio_min_lines: int = Field(3, ge=1, description="The bullet and ellipsis rules apply to documents with at least this many lines.")
+
+
+class CleanConfig(Section):
+    """Cleaning blocks, in pipeline order; each source's profile picks which apply (data.sources[].clean)."""
+
+    enabled: bool = Field(True, description="Clean at all; false = every source as with profile 'none'.")
+    mojibake: MojibakeConfig = Field(default_factory=MojibakeConfig)
+    control_chars: ControlCharsConfig = Field(default_factory=ControlCharsConfig)
+    nfkc: NfkcConfig = Field(default_factory=NfkcConfig)
+    timestamps: TimestampsConfig = Field(default_factory=TimestampsConfig)
+    boilerplate: BoilerplateConfig = Field(default_factory=BoilerplateConfig)
+    symbol_runs: SymbolRunsConfig = Field(default_factory=SymbolRunsConfig)
+    length: LengthConfig = Field(default_factory=LengthConfig)
+    script: ScriptConfig = Field(default_factory=ScriptConfig)
+    repetition: RepetitionConfig = Field(default_factory=RepetitionConfig)
+    quality: QualityConfig = Field(default_factory=QualityConfig)
+
+
+#: Names of the block sections of data.clean, in pipeline order.
+CLEAN_BLOCKS: tuple[str, ...] = tuple(name for name in CleanConfig.model_fields if name != "enabled")
+
+# Per-source overrides: the same block sections, each optional. Built from CleanConfig so that a new
+# block section is overridable per source without a second list to keep in sync.
+SourceCleanConfig = create_model(
+    "SourceCleanConfig",
+    __base__=Section,
+    __doc__="How one source is cleaned: a profile picking the blocks, and per-block overrides of data.clean.",
+    profile=(Literal["auto", "prose", "code", "none"], Field(
+        "auto", description="Which blocks apply: prose (all), code (mojibake, control_chars, length), none; auto = code for category 'code', else prose.")),
+    **{
+        name: (CleanConfig.model_fields[name].annotation | None, Field(
+            None, description=f"Overrides data.clean.{name} for this source: fields given here win, the others come from data.clean.{name}."))
+        for name in CLEAN_BLOCKS
+    },
+)

