@@ -37,7 +37,7 @@ def worker(fmt: str, root: Path, d_model: int, layers: int, vocab: int) -> None:
     import torch.distributed as dist
 
     from mindfoundry.backends.torch.backend import TorchBackend
-    from mindfoundry.checkpoint.store import Retention, load_checkpoint, save_checkpoint
+    from mindfoundry.checkpoint.store import Retention, load_checkpoint, save_checkpoint, shard_folders
     from mindfoundry.parallel.layout import validate_run_config
     from mindfoundry.model.spec import ModelSpec, num_parameters
 
@@ -69,7 +69,7 @@ def worker(fmt: str, root: Path, d_model: int, layers: int, vocab: int) -> None:
     path = root / "checkpoints" / "step_00000001"
     t0 = time.perf_counter()
     if fmt == "sharded":
-        backend.load_sharded(path, 1)
+        backend.load_sharded(shard_folders(path), 1)
     else:
         ckpt = load_checkpoint(path, verify=False)
         backend.load_weights(ckpt.weights)

@@ -131,7 +131,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_smoke(args: argparse.Namespace) -> int:
     from mindfoundry.data.prepare.pipeline import prepare_data
     from mindfoundry.train.rundir import prepare_run_dir
-    from mindfoundry.train.smoke import first_step_agreement, run_smoke
+    from mindfoundry.workflows.smoke import first_step_agreement, run_smoke
 
     cfg = config_from_args(args)
     prepare_run_dir(cfg, resume=True, overwrite=False)
@@ -220,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from mindfoundry.train.anomaly import AnomalyStop
-    from mindfoundry.train.supervise import EXIT_ANOMALY_STOP, EXIT_CRASHED, EXIT_PREEMPTED, supervise
+    from mindfoundry.workflows.supervise import EXIT_ANOMALY_STOP, EXIT_CRASHED, EXIT_PREEMPTED, supervise
     from mindfoundry.train.trainer import Preempted
 
     argv = list(sys.argv[1:] if argv is None else argv)

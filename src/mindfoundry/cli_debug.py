@@ -87,7 +87,7 @@ def cmd_locate(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from mindfoundry.debug.compare import Thresholds, compare_trees
-    from mindfoundry.debug.compare_report import summary_lines, write_csv, write_html
+    from mindfoundry.report.compare import summary_lines, write_csv, write_html
 
     comparisons = compare_trees(Path(args.dump_a), Path(args.dump_b), Thresholds(cosine_error=args.cosine, abs_error=args.max_abs))
     out = Path(args.out) if args.out else Path(args.dump_a).parent / f"compare-{Path(args.dump_a).name}-vs-{Path(args.dump_b).name}"
@@ -103,8 +103,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_align(args: argparse.Namespace) -> int:
     from mindfoundry.data.prepare.pipeline import prepare_data
-    from mindfoundry.debug.align import AlignThresholds, Side, align
-    from mindfoundry.debug.compare_report import summary_lines
+    from mindfoundry.workflows.align import AlignThresholds, Side, align
+    from mindfoundry.report.compare import summary_lines
     from mindfoundry.train.rundir import prepare_run_dir
 
     cfg = config_from_args(args)

@@ -22,6 +22,7 @@ def main() -> None:
     from torch.distributed.tensor import DTensor
 
     from mindfoundry.backends.torch.backend import TorchBackend
+    from mindfoundry.checkpoint.store import shard_folders
     from mindfoundry.config.load import load_config
     from mindfoundry.model.spec import ModelSpec
 
@@ -30,7 +31,7 @@ def main() -> None:
     cfg = cfg.model_copy(update={"backend": "torch", "parallel": cfg.parallel.model_copy(update=parallel)})
     backend = TorchBackend(cfg, ModelSpec.from_config(cfg.model))
     state = json.loads((step_dir / "trainer_state.json").read_text())
-    backend.load_sharded(step_dir, int(state["adam_step"]))
+    backend.load_sharded(shard_folders(step_dir), int(state["adam_step"]))
     weights, moments = backend.weights(), backend.optimizer_state()  # collective: gathered full arrays
     local = {n: list((p.to_local() if isinstance(p, DTensor) else p).shape) for n, p in backend.params.items()}
     steps = sorted({float(backend.optimizer.state[p]["step"]) for p in backend.params.values()})

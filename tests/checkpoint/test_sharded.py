@@ -22,21 +22,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mindfoundry.backends.base import read_shard_folder
 from mindfoundry.checkpoint.store import (
     MODEL_DIR, OPTIMIZER_DIR, CheckpointError, Retention, find_resumable, is_sharded, list_checkpoints, load_checkpoint,
-    save_checkpoint, verify_checkpoint,
+    save_checkpoint, shard_folders, verify_checkpoint,
 )
 from mindfoundry.config.load import ConfigError, to_yaml
 
 WORKER = Path(__file__).with_name("sharded_worker.py")
 
 
-def fake_writer(tmp: Path) -> None:
-    """What two ranks' DCP saves leave in the temporary folder: shard files in two sub-folders."""
-    for sub in (MODEL_DIR, OPTIMIZER_DIR):
-        (tmp / sub).mkdir()
+def fake_writer(folders: tuple[Path, Path]) -> None:
+    """What two ranks' DCP saves leave in the temporary folder's two shard folders."""
+    for folder in folders:
+        folder.mkdir()
         for rank in (1, 2):
-            (tmp / sub / f"shard-0000{rank}-model-00001-of-00001.safetensors").write_bytes(os.urandom(64 + rank))
+            (folder / f"shard-0000{rank}-model-00001-of-00001.safetensors").write_bytes(os.urandom(64 + rank))
 
 
 def test_engine_written_files_are_committed_verified_and_retained(tmp_path: Path) -> None:
@@ -128,7 +129,7 @@ def test_one_process_round_trip_continues_exactly(saved) -> None:
         f"{sub}/shard-00001-model-0000{f}-of-00003.safetensors" for sub in ("model", "optimizer") for f in (1, 2, 3)]
     other = create_backend(cfg, spec)
     other.load_weights(init_weights(spec, 99))
-    other.load_sharded(path, 2)
+    other.load_sharded(shard_folders(path), 2)
     for mine, theirs in ((backend.weights(), other.weights()), (backend.optimizer_state(), other.optimizer_state())):
         assert mine.keys() == theirs.keys() and all(np.array_equal(mine[k], theirs[k]) for k in mine)
     assert _step(other, cfg, 3) == _step(backend, cfg, 3)  # AdamW's step count restored too
@@ -142,7 +143,7 @@ def test_another_model_is_refused_by_name(saved, make_config) -> None:
     _, _, _, path = saved
     cfg = make_config(backend="torch", model={"n_layers": 3})
     with pytest.raises(ValueError, match=r"weights do not match the model: missing \['layers.2"):
-        create_backend(cfg, ModelSpec.from_config(cfg.model)).load_sharded(path, 2)
+        create_backend(cfg, ModelSpec.from_config(cfg.model)).load_sharded(shard_folders(path), 2)
 
 
 def test_export_is_the_full_format_file_and_loads_in_both_engines(saved, tmp_path: Path, capsys) -> None:
@@ -153,7 +154,7 @@ def test_export_is_the_full_format_file_and_loads_in_both_engines(saved, tmp_pat
     from mindfoundry.cli import main
 
     cfg, spec, backend, path = saved
-    ckpt = load_checkpoint(path)  # consolidated in this process
+    ckpt = load_checkpoint(path, read_shards=read_shard_folder)  # consolidated in this process
     assert ckpt.state["adam_step"] == 2
     for mine, read in ((backend.weights(), ckpt.weights), (backend.optimizer_state(), ckpt.optimizer)):
         assert mine.keys() == read.keys() and all(np.array_equal(mine[k], read[k]) for k in mine)
@@ -238,7 +239,7 @@ def test_fsdp_sharded_checkpoint_resumes_under_tp_and_one_process(tiny_run, tmp_
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     times["load_fsdp2xtp2"] = round(time.perf_counter() - t0, 1)
-    full = load_checkpoint(tmp_path / "ref" / "checkpoints" / "step_00000003")
+    full = load_checkpoint(tmp_path / "ref" / "checkpoints" / "step_00000003", read_shards=read_shard_folder)
     loaded = dict(np.load(tmp_path / "fsdp_tp.npz"))
     expected = {**full.weights, **full.optimizer}
     assert loaded.keys() == expected.keys() and all(np.array_equal(loaded[k], expected[k]) for k in expected)

@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 
 from mindfoundry.backends.base import create_backend  # noqa: E402
 from mindfoundry.cli import main  # noqa: E402
-from mindfoundry.debug.align import run_side  # noqa: E402
+from mindfoundry.workflows.align import run_side  # noqa: E402
 from mindfoundry.debug.compare import compare_trees  # noqa: E402
 from mindfoundry.model.spec import ModelSpec, init_weights  # noqa: E402
 
@@ -128,7 +128,7 @@ def test_dump_command_replays_without_touching_the_run(tiny_run, tmp_path) -> No
 def test_precision_comparison_shows_what_mixed_precision_costs(tmp_path, a, b) -> None:
     from mf_testing import tiny_config
 
-    from mindfoundry.debug.align import Side
+    from mindfoundry.workflows.align import Side
 
     ids = np.random.default_rng(0).integers(0, 300, (2, 2, 17)).astype(np.int32)
     batches = [(ids[..., :-1], ids[..., 1:])]

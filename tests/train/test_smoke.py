@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mindfoundry.train.smoke import evaluate_smoke
+from mindfoundry.workflows.smoke import evaluate_smoke
 from mf_testing import tiny_config
 
 

@@ -18,6 +18,7 @@ from typing import Mapping, Protocol
 import numpy as np
 
 from mindfoundry.config.schema import RunConfig
+from mindfoundry.errors import MindFoundryError
 from mindfoundry.debug.probe import Probe
 from mindfoundry.model.spec import ModelSpec
 
@@ -105,14 +106,27 @@ class ShardedCheckpoints(Protocol):
     """Optional, for ``checkpoint.format: sharded`` (the torch engine): each rank writes and reads only its
     own shards of the weights and AdamW moments, so no process ever holds the full state."""
 
-    def save_sharded(self, path: Path | None) -> None:
-        """Write this rank's shards into checkpoint folder `path` (collective: rank 0 passes the checkpoint's
-        temporary folder, the other ranks None); every rank's files are written when it returns."""
+    def save_sharded(self, folders: tuple[Path, Path] | None) -> None:
+        """Write this rank's shards of the weights and of the AdamW moments into `folders` (collective: rank 0
+        passes the checkpoint's two shard folders, the other ranks None); every rank's files are written when
+        it returns."""
         ...
 
-    def load_sharded(self, path: Path, adam_step: int) -> None:
-        """Read a sharded checkpoint folder into this layout, whatever layout wrote it (collective)."""
+    def load_sharded(self, folders: tuple[Path, Path], adam_step: int) -> None:
+        """Read a sharded checkpoint's (weights, moments) shard folders into this layout, whatever layout wrote
+        them (collective)."""
         ...
+
+
+def read_shard_folder(folder: Path) -> dict[str, np.ndarray]:
+    """One shard folder of a sharded checkpoint consolidated into full arrays in this process, by torch's
+    distributed-checkpoint reader (whichever engine trains: the shards are in torch.distributed.checkpoint's layout)."""
+    try:
+        from mindfoundry.backends.torch.sharded_checkpoint import read_full
+    except ModuleNotFoundError as exc:
+        raise BackendUnavailable(f"{folder.parent} is a sharded checkpoint (written by the torch engine); reading it needs "
+                                 f"{exc.name}: pip install 'mindfoundry[torch]'") from None
+    return read_full(folder)
 
 
 def supports_sharded(backend: object) -> bool:
@@ -138,7 +152,7 @@ _BACKENDS = {"mindspore": "mindfoundry.backends.mindspore.backend", "torch": "mi
 _EXTRAS = {"mindspore": "mindspore", "torch": "torch"}
 
 
-class BackendUnavailable(RuntimeError):
+class BackendUnavailable(MindFoundryError, RuntimeError):
     """The configured engine cannot be imported here."""
 
 

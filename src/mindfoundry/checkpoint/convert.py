@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
+from mindfoundry.backends.base import read_shard_folder
 from mindfoundry.checkpoint.store import CheckpointError, Retention, load_checkpoint, save_checkpoint, write_safetensors
 from mindfoundry.config.load import read_yaml
 from mindfoundry.parallel.layout import validate_run_config
@@ -49,10 +50,10 @@ def export_checkpoint(ckpt_dir: Path, out: Path) -> Path:
     if out.exists():
         raise CheckpointError(f"{out} already exists: choose another output path")
     if out.suffix == WEIGHTS_ONLY:
-        write_safetensors(out, load_checkpoint(ckpt_dir).weights)
+        write_safetensors(out, load_checkpoint(ckpt_dir, read_shards=read_shard_folder).weights)
         return out
     module = _engine_module(out.suffix)
-    ckpt = load_checkpoint(ckpt_dir)
+    ckpt = load_checkpoint(ckpt_dir, read_shards=read_shard_folder)
     module.export_native(ckpt.weights, ckpt.optimizer, ckpt.state, out, _run_config(Path(ckpt_dir)))
     return out
 

@@ -14,7 +14,9 @@ Layout (documented in docs/checkpoints.md)::
 With ``checkpoint.format: sharded`` the engine writes the tensors itself, each rank only its shards
 (see :func:`save_checkpoint`'s ``writer``): ``model/`` and ``optimizer/`` folders of safetensors
 shard files (torch.distributed.checkpoint) replace the two safetensors files; the rest, the
-manifest (listing every shard file) and the commit are the same.
+manifest (listing every shard file) and the commit are the same. This module names the folders
+(:func:`shard_folders`) and never imports an engine: the engine is handed the folders to write or
+read, and hands in its reader to consolidate them (``load_checkpoint(read_shards=...)``).
 
 A folder counts as a checkpoint only when its manifest and the manifest's checksum exist and every
 file matches. Writes go to a hidden temporary folder which is fsynced and renamed into place, so a
@@ -36,6 +38,8 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
+from mindfoundry.errors import MindFoundryError
+
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 STATE_FILE = "trainer_state.json"
@@ -47,7 +51,7 @@ OPTIMIZER_DIR = "optimizer"  # ... and the AdamW moments' (exp_avg.NAME / exp_av
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(MindFoundryError, RuntimeError):
     """A checkpoint is missing, incomplete or corrupted; the message names the file and the problem."""
 
 
@@ -136,7 +140,7 @@ def save_checkpoint(
     retention: Retention = Retention(),
     extra_files: Mapping[str, bytes] | None = None,
     *,
-    writer: Callable[[Path], None] | None = None,
+    writer: Callable[[tuple[Path, Path]], None] | None = None,
 ) -> Path:
     """Write and atomically commit checkpoint `step`, verify it, update `latest`, apply retention.
 
@@ -144,15 +148,15 @@ def save_checkpoint(
     leaves the run without a valid checkpoint.
 
     `writer` (with weights and optimizer None): the engine writes the tensor files itself into the
-    temporary folder it is given (``checkpoint.format: sharded``: every rank its shards under
-    MODEL_DIR/ and OPTIMIZER_DIR/, all done when it returns); the manifest then lists those files.
+    two folders it is given (``checkpoint.format: sharded``: :func:`shard_folders` of the temporary
+    folder; every rank its shards, all done when it returns); the manifest then lists those files.
     """
     if (writer is None and (weights is None or optimizer is None)) or (writer is not None and (weights is not None or optimizer is not None)):
         raise ValueError("save_checkpoint: pass weights and optimizer, or a writer (with both None)")
 
     def write_tensors(tmp: Path) -> None:
         if writer is not None:
-            writer(tmp)
+            writer(shard_folders(tmp))
         else:
             write_safetensors(tmp / MODEL_FILE, weights)
             write_safetensors(tmp / OPTIMIZER_FILE, optimizer)
@@ -259,17 +263,23 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
     return manifest
 
 
+def shard_folders(path: str | Path) -> tuple[Path, Path]:
+    """The weights' and the AdamW moments' shard folders of a sharded checkpoint folder `path`."""
+    return Path(path) / MODEL_DIR, Path(path) / OPTIMIZER_DIR
+
+
 def is_sharded(path: str | Path) -> bool:
     """Whether checkpoint folder `path` holds shard folders (checkpoint.format: sharded) instead of the two files."""
     return (Path(path) / MODEL_DIR).is_dir()
 
 
-def load_checkpoint(path: str | Path, *, verify: bool = True, tensors: bool = True) -> Checkpoint:
+def load_checkpoint(path: str | Path, *, verify: bool = True, tensors: bool = True,
+                    read_shards: Callable[[Path], dict[str, np.ndarray]] | None = None) -> Checkpoint:
     """Verify (unless the caller just did, e.g. through find_resumable), then read a checkpoint folder.
 
-    A sharded checkpoint is consolidated into full arrays in this process (through torch's
-    distributed-checkpoint reader); an engine that reshards it itself passes ``tensors=False`` and
-    gets the trainer state only.
+    A sharded checkpoint is consolidated into full arrays in this process by ``read_shards`` (one
+    shard folder -> full arrays; :func:`mindfoundry.backends.base.read_shard_folder`); an engine
+    that reshards it itself passes ``tensors=False`` and gets the trainer state only.
     """
     path = Path(path)
     if verify:
@@ -277,7 +287,7 @@ def load_checkpoint(path: str | Path, *, verify: bool = True, tensors: bool = Tr
     weights: dict[str, np.ndarray] = {}
     optimizer: dict[str, np.ndarray] = {}
     if tensors and is_sharded(path):
-        weights, optimizer = _read_sharded(path)
+        weights, optimizer = _read_sharded(path, read_shards)
     elif tensors:
         try:
             weights = load_file(str(path / MODEL_FILE))
@@ -288,14 +298,16 @@ def load_checkpoint(path: str | Path, *, verify: bool = True, tensors: bool = Tr
     return Checkpoint(path=path, weights=weights, optimizer=optimizer, state=state)
 
 
-def _read_sharded(path: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+def _read_sharded(path: Path, read_shards: Callable[[Path], dict[str, np.ndarray]] | None
+                  ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    if read_shards is None:
+        raise CheckpointError(f"{path} is a sharded checkpoint: reading it needs the engine's shard reader "
+                              "(load_checkpoint(..., read_shards=mindfoundry.backends.base.read_shard_folder))")
     try:
-        from mindfoundry.backends.torch.sharded_checkpoint import read_full
-    except ModuleNotFoundError as exc:
-        raise CheckpointError(f"{path} is a sharded checkpoint (written by the torch engine); reading it needs {exc.name}: "
-                              "pip install 'mindfoundry[torch]'") from None
-    try:
-        return read_full(path / MODEL_DIR), read_full(path / OPTIMIZER_DIR)
+        weights_dir, moments_dir = shard_folders(path)
+        return read_shards(weights_dir), read_shards(moments_dir)
+    except MindFoundryError:  # e.g. the reader's engine is not installed: its own message
+        raise
     except (OSError, RuntimeError, ValueError, SafetensorError) as exc:
         raise CheckpointError(f"{path}: unreadable sharded checkpoint ({exc})") from None
 

@@ -21,8 +21,9 @@ import psutil
 from rich.console import Console
 
 import mindfoundry
-from mindfoundry.backends.base import Backend, create_backend, supports_sharded
-from mindfoundry.checkpoint.store import CheckpointError, Retention, find_resumable, is_sharded, load_checkpoint, save_checkpoint
+from mindfoundry.backends.base import Backend, create_backend, read_shard_folder, supports_sharded
+from mindfoundry.checkpoint.store import (CheckpointError, Retention, find_resumable, is_sharded, load_checkpoint, save_checkpoint,
+                                          shard_folders)
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.loader import Batch, BatchIterator, TrainLoader, training_source
 from mindfoundry.data.dataset.mixture import MixtureSampler
@@ -121,13 +122,13 @@ class Trainer:
         # by what is on disk, not checkpoint.format: an engine that can reshards a sharded checkpoint itself (each rank
         # reads its pieces); any other consolidates it into full arrays (load_checkpoint)
         sharded = is_sharded(path) and supports_sharded(self.backend)
-        ckpt = load_checkpoint(path, verify=False, tensors=not sharded)  # every caller found `path` through find_resumable, which verified it
+        ckpt = load_checkpoint(path, verify=False, tensors=not sharded, read_shards=read_shard_folder)  # every caller found `path` through find_resumable, which verified it
         if ckpt.state.get("run_identity") != run_identity(self.cfg):
             self.console.print(f"[yellow]warning: {path} was written under a different config; continuing with this one[/]")
         st = ckpt.state
         try:
             if sharded:
-                self.backend.load_sharded(path, int(st.get("adam_step", st["step"])))  # collective
+                self.backend.load_sharded(shard_folders(path), int(st.get("adam_step", st["step"])))  # collective
             else:
                 self.backend.load_weights(ckpt.weights)
                 self.backend.load_optimizer_state(ckpt.optimizer, int(st.get("adam_step", st["step"])))

@@ -176,17 +176,17 @@ class TorchBackend:
                 "exp_avg_sq": shard_like(p, self._tensor(np.asarray(state[f"exp_avg_sq.{name}"], np.float32))),
             }
 
-    def save_sharded(self, path) -> None:
-        """checkpoint.format: sharded: this rank's shards only (collective; rank 0 passes the folder)."""
+    def save_sharded(self, folders) -> None:
+        """checkpoint.format: sharded: this rank's shards only (collective; rank 0 passes the folders)."""
         from mindfoundry.backends.torch import sharded_checkpoint
 
-        sharded_checkpoint.save(self.model, self.params, self.optimizer, path, self.shapes)
+        sharded_checkpoint.save(self.model, self.params, self.optimizer, folders, self.shapes)
 
-    def load_sharded(self, path, adam_step: int) -> None:
+    def load_sharded(self, folders, adam_step: int) -> None:
         """A sharded checkpoint from any layout, resharded into this one (collective)."""
         from mindfoundry.backends.torch import sharded_checkpoint
 
-        sharded_checkpoint.load(self.model, self.params, self.optimizer, path, adam_step, self.shapes)
+        sharded_checkpoint.load(self.model, self.params, self.optimizer, folders, adam_step, self.shapes)
 
     # -- compute -----------------------------------------------------------------------------
     def train_step(self, input_ids: np.ndarray, labels: np.ndarray, scalars: StepScalars, probe: Probe | None = None) -> StepOutput:

@@ -1,6 +1,7 @@
 """``checkpoint.format: sharded``: every rank writes only its own shards, through torch.distributed.checkpoint.
 
-The checkpoint folder (the commit, manifest and retention are :mod:`mindfoundry.checkpoint.store`'s)::
+The checkpoint folder (the commit, manifest, retention and the folder names are :mod:`mindfoundry.checkpoint.store`'s;
+this module writes and reads the two shard folders it is handed)::
 
     step_N/model/shard-0000R-model-0000F-of-0000G.safetensors       rank R-1's pieces of the weights, file F of G
     step_N/optimizer/shard-0000R-model-0000F-of-0000G.safetensors   ... of the AdamW moments
@@ -42,7 +43,6 @@ from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceSt
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
 from mindfoundry.backends.base import check_state_names
-from mindfoundry.checkpoint.store import MODEL_DIR, OPTIMIZER_DIR
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 LAYER_GROUPS = 8  # files per rank and folder: 1 + at most this many groups of layers
@@ -80,30 +80,30 @@ def file_index(names: list[str]) -> dict[str, int]:
     return {n: 2 + int(m.group(1)) // per if (m := _LAYER.match(n)) else 1 for n in names}
 
 
-def _folder(path: Path | None) -> Path:
-    """Rank 0's folder on every rank (collective with several processes)."""
+def _folders(folders: tuple[Path, Path] | None) -> tuple[Path, Path]:
+    """Rank 0's two shard folders on every rank (collective with several processes)."""
     if not _distributed():
-        if path is None:
-            raise ValueError("save_sharded needs the checkpoint's folder in a single process")
-        return Path(path)
-    box = [str(path) if dist.get_rank() == 0 else None]
+        if folders is None:
+            raise ValueError("save_sharded needs the checkpoint's shard folders in a single process")
+        return Path(folders[0]), Path(folders[1])
+    box = [tuple(map(str, folders)) if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(box, src=0)
-    return Path(box[0])
+    return Path(box[0][0]), Path(box[0][1])
 
 
-def save(model: torch.nn.Module, params: Mapping[str, torch.Tensor], optimizer: torch.optim.Optimizer, path: Path | None,
-         full_shapes: Mapping[str, tuple[int, ...]]) -> None:
-    """Write this rank's shards of the weights and moments into PATH/model and PATH/optimizer.
+def save(model: torch.nn.Module, params: Mapping[str, torch.Tensor], optimizer: torch.optim.Optimizer,
+         folders: tuple[Path, Path] | None, full_shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """Write this rank's shards of the weights and moments into `folders` (weights, moments).
 
-    Collective: every rank calls it; rank 0 passes the checkpoint's (temporary) folder and the
+    Collective: every rank calls it; rank 0 passes the checkpoint's (temporary) shard folders and the
     others None. When it returns, every rank's files are written and fsynced. `full_shapes`: the
     whole model's parameters (a pipeline rank holds some only; the file split covers all).
     """
-    folder = _folder(path)
+    weights_dir, moments_dir = _folders(folders)
     weights = {n: t for n, t in get_model_state_dict(model).items() if n in params}  # this rank's layout (DTensors)
     moment_names = [f"{k}.{n}" for n in full_shapes for k in MOMENTS]
-    for sub, state, names in ((MODEL_DIR, weights, list(full_shapes)), (OPTIMIZER_DIR, _moments(params, optimizer), moment_names)):
-        writer = HuggingFaceStorageWriter(str(folder / sub), fqn_to_index_mapping=file_index(names), save_distributed=True)
+    for folder, state, names in ((weights_dir, weights, list(full_shapes)), (moments_dir, _moments(params, optimizer), moment_names)):
+        writer = HuggingFaceStorageWriter(str(folder), fqn_to_index_mapping=file_index(names), save_distributed=True)
         _dcp(dcp.save, state, storage_writer=writer)
     if _distributed():
         dist.barrier()  # dcp.save already gathered every rank's write results; explicit for the reader
@@ -134,18 +134,19 @@ def _check(folder: Path, full_shapes: Mapping[str, tuple[int, ...]], what: str) 
     check_state_names(full_shapes, stored, what, full_shapes)
 
 
-def load(model: torch.nn.Module, params: Mapping[str, torch.Tensor], optimizer: torch.optim.Optimizer, path: Path,
-         adam_step: int, full_shapes: Mapping[str, tuple[int, ...]]) -> None:
-    """Read a sharded checkpoint into this layout (collective). `full_shapes`: the whole model's parameter shapes."""
-    path = Path(path)
-    _check(path / MODEL_DIR, full_shapes, "weights")
+def load(model: torch.nn.Module, params: Mapping[str, torch.Tensor], optimizer: torch.optim.Optimizer,
+         folders: tuple[Path, Path], adam_step: int, full_shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """Read a sharded checkpoint's (weights, moments) folders into this layout (collective). `full_shapes`: the whole
+    model's parameter shapes."""
+    weights_dir, moments_dir = map(Path, folders)
+    _check(weights_dir, full_shapes, "weights")
     moment_shapes = {f"{k}.{n}": s for n, s in full_shapes.items() for k in MOMENTS}
-    _check(path / OPTIMIZER_DIR, moment_shapes, "optimizer state")
+    _check(moments_dir, moment_shapes, "optimizer state")
     state = get_model_state_dict(model)  # targets in this rank's layout; DCP reads the overlapping pieces
-    _dcp(dcp.load, {n: t for n, t in state.items() if n in params}, storage_reader=HuggingFaceStorageReader(str(path / MODEL_DIR)))
+    _dcp(dcp.load, {n: t for n, t in state.items() if n in params}, storage_reader=HuggingFaceStorageReader(str(weights_dir)))
     set_model_state_dict(model, state)
     moments = {f"{key}.{name}": torch.zeros_like(p) for name, p in params.items() for key in MOMENTS}
-    _dcp(dcp.load, moments, storage_reader=HuggingFaceStorageReader(str(path / OPTIMIZER_DIR)))
+    _dcp(dcp.load, moments, storage_reader=HuggingFaceStorageReader(str(moments_dir)))
     for name, p in params.items():
         optimizer.state[p] = {"step": torch.tensor(float(adam_step)),
                               "exp_avg": moments[f"exp_avg.{name}"], "exp_avg_sq": moments[f"exp_avg_sq.{name}"]}

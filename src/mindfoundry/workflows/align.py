@@ -155,7 +155,7 @@ def align(cfg: RunConfig, data, a: Side, b: Side, out: Path, *, steps: int = 1, 
           thresholds: AlignThresholds = AlignThresholds(), compare_thresholds: Thresholds = Thresholds(),
           log: Callable[[str], None] = print) -> AlignResult:
     """Run both sides from the config's initial weights on the same batches, dump, compare, judge."""
-    from mindfoundry.debug.compare_report import write_csv, write_html
+    from mindfoundry.report.compare import write_csv, write_html
 
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} is not empty: choose another --out (earlier alignments are kept, never overwritten)")
