@@ -17,6 +17,7 @@ from rich.console import Console
 
 from mindfoundry.cli_args import add_config_arguments, config_from_args
 from mindfoundry.config.load import ConfigError
+from mindfoundry.errors import OutputExistsError
 
 console = Console(stderr=True, soft_wrap=True)
 
@@ -55,7 +56,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(cfg.run_dir) / "dump"
     dcfg = _dump_config(cfg, args, out)
     if (out / "replay").exists():
-        raise FileExistsError(f"{out} holds an earlier dump: choose another --out (dumps are never overwritten)")
+        raise OutputExistsError(f"{out} holds an earlier dump: choose another --out (dumps are never overwritten)")
     (out / "replay").mkdir(parents=True)
     data = prepare_data(cfg, log=console.print)
     trainer = Trainer(dcfg, data, out / "replay", console)

@@ -10,3 +10,11 @@ from __future__ import annotations
 
 class MindFoundryError(Exception):
     """A user-facing error: ``str(exc)`` is shown as is."""
+
+
+class OutputExistsError(MindFoundryError, FileExistsError):
+    """An output path already holds something: nothing is overwritten, the user picks another path."""
+
+
+class InputMissingError(MindFoundryError, FileNotFoundError):
+    """An input file or folder the user named does not exist."""

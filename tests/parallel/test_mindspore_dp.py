@@ -156,7 +156,7 @@ def test_accelerator_message_says_semi_auto_is_not_wired() -> None:
 def test_data_parallel_without_msrun_says_how_to_launch() -> None:
     cfg = tiny_config(parallel={"dp_replicate": 2})
     with pytest.raises(LayoutError, match=r"needs 2 processes: launch with `msrun --worker_num=2"):
-        distributed.setup(cfg, ModelSpec.from_config(cfg.model), "CPU", env={})
+        distributed.setup(cfg, "CPU", env={})
 
 
 def test_launch_detection_and_single_process_placement() -> None:
@@ -164,7 +164,7 @@ def test_launch_detection_and_single_process_placement() -> None:
     assert distributed.under_msrun({"MS_ROLE": "MS_SCHED"})
     assert not distributed.under_msrun({"WORLD_SIZE": "2"})
     cfg = tiny_config()
-    placement = distributed.setup(cfg, ModelSpec.from_config(cfg.model), "CPU", env={})
+    placement = distributed.setup(cfg, "CPU", env={})
     assert (placement.rank, placement.world_size, placement.dp_rank, placement.dp_size) == (0, 1, 0, 1)
     assert not placement.data_parallel
 

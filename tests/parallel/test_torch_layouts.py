@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -220,17 +221,28 @@ def test_stages_keep_names_and_compose_to_the_model() -> None:
     ({"pp": 2, "tp": 2}, "pp=2 with tp=2"),
     ({"pp": 2, "cp": 2}, "pp=2 with cp=2"),
     ({"cp": 2, "tp": 2}, "cp=2 with tp=2"),
-    ({"pp": 3}, "must divide model.n_layers=4"),
-    ({"cp": 3}, "divisible by 2\\*cp = 6"),
 ])
 def test_unsupported_pp_cp_layouts_are_refused(parallel: dict, match: str) -> None:
     from mindfoundry.backends.torch.distributed import Layout
     from mindfoundry.backends.torch.model import Transformer
-    from mindfoundry.backends.torch.parallelize import check_layout
+    from mindfoundry.backends.torch.parallelize import refuse_unsupported
 
     _, _, spec = worker.make_backend(model=FOUR)
-    with pytest.raises((NotImplementedError, ValueError), match=match):
-        check_layout(Transformer(spec), Layout(**parallel), seq_len=16)
+    with pytest.raises(NotImplementedError, match=match):
+        refuse_unsupported(Transformer(spec), Layout(**parallel))
+
+
+@pytest.mark.parametrize("parallel, match", [
+    ({"pp": 3}, "does not divide model.n_layers=4"),
+    ({"cp": 3}, "divisible by 2\\*cp = 6"),
+])
+def test_layouts_that_do_not_divide_are_refused_by_the_layout_rules(parallel: dict, match: str) -> None:
+    """The engine leaves divisibility to the one set of rules (mindfoundry.parallel.layout), checked at load and launch."""
+    from mindfoundry.parallel.layout import Batch, Layout, layout_problems
+
+    _, _, spec = worker.make_backend(model=FOUR)
+    (problem,) = layout_problems(Layout(**parallel), spec, Batch(seq_len=16, grad_accum=4))
+    assert re.search(match, problem)
 
 
 def test_checkpoint_fsdp_to_tp_and_one_process(runs2: Path) -> None:

@@ -31,6 +31,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from mindfoundry.debug.stats import tensor_stats
+from mindfoundry.errors import MindFoundryError, OutputExistsError
 
 INDEX_FILE = "index.jsonl"
 META_FILE = "meta.json"
@@ -38,7 +39,7 @@ TENSOR_DIR = "tensors"
 MODES = ("statistics", "tensor")
 
 
-class DumpError(ValueError):
+class DumpError(MindFoundryError, ValueError):
     """A dump folder that is missing, ambiguous or damaged."""
 
 
@@ -55,7 +56,7 @@ class DumpWriter:
             raise ValueError(f"dump mode '{mode}': choose one of {', '.join(MODES)}")
         self.dir = leaf_dir(root, step, rank)
         if (self.dir / INDEX_FILE).exists():
-            raise FileExistsError(f"{self.dir} already holds a dump: choose another dump folder or remove it")
+            raise OutputExistsError(f"{self.dir} already holds a dump: choose another dump folder or remove it")
         (self.dir / TENSOR_DIR if mode == "tensor" else self.dir).mkdir(parents=True, exist_ok=True)
         self.mode, self.step, self.rank = mode, step, rank
         self.meta = {"step": step, "rank": rank, "mode": mode, **meta}

@@ -17,12 +17,13 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from mindfoundry.debug.dump import DumpWriter
+from mindfoundry.errors import MindFoundryError
 
 DIRECTIONS = ("forward", "backward", "params", "grads", "optimizer")
 ROOT = "model"  # the whole model's module name (its output is the logits)
 
 
-class ProbeError(ValueError):
+class ProbeError(MindFoundryError, ValueError):
     """A dump selection or fault injection that does not fit the model."""
 
 

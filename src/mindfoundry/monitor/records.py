@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any, Iterable, Mapping
+from mindfoundry.errors import MindFoundryError
 
 #: Per-module dicts of the detail records (one value per module group: embed, layers.i, norm, ...).
 LAYER_KEYS = ("layer_grad_norm", "layer_weight_norm", "layer_update_ratio")
@@ -17,7 +18,7 @@ LAYER_KEYS = ("layer_grad_norm", "layer_weight_norm", "layer_update_ratio")
 Record = dict[str, Any]
 
 
-class MetricsError(RuntimeError):
+class MetricsError(MindFoundryError, RuntimeError):
     """A run's metrics are missing, empty or unreadable (a user error: wrong folder, run not started)."""
 
 

@@ -13,9 +13,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
+from mindfoundry.errors import MindFoundryError
 
 
-class LaunchError(ValueError):
+class LaunchError(MindFoundryError, ValueError):
     """A launch that cannot start (port taken, launcher missing, process counts that do not fit)."""
 
 

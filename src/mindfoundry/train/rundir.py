@@ -10,6 +10,7 @@ from mindfoundry.config.load import config_hash, to_yaml
 from mindfoundry.config.parallel import ParallelConfig
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.parallel.layout import launched_world_size
+from mindfoundry.errors import MindFoundryError
 
 CONFIG_FILE = "config.yaml"
 HASH_FILE = "config.sha256"
@@ -19,7 +20,7 @@ RESUME_MUTABLE = ("monitor", "generate", "checkpoint", "backend", "device", "deb
 METRICS_FILE = "metrics.jsonl"
 
 
-class RunDirError(RuntimeError):
+class RunDirError(MindFoundryError, RuntimeError):
     """The run directory holds something this command must not touch."""
 
 

@@ -24,6 +24,7 @@ from mindfoundry.debug.dump import DumpWriter
 from mindfoundry.debug.probe import DIRECTIONS, Probe
 from mindfoundry.model.spec import ModelSpec, init_weights
 from mindfoundry.train.schedule import step_scalars
+from mindfoundry.errors import OutputExistsError
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 
@@ -158,7 +159,7 @@ def align(cfg: RunConfig, data, a: Side, b: Side, out: Path, *, steps: int = 1, 
     from mindfoundry.report.compare import write_csv, write_html
 
     if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"{out} is not empty: choose another --out (earlier alignments are kept, never overwritten)")
+        raise OutputExistsError(f"{out} is not empty: choose another --out (earlier alignments are kept, never overwritten)")
     spec = ModelSpec.from_config(cfg.model)
     batches = first_batches(cfg, data, steps)
     weights = init_weights(spec, cfg.seed)

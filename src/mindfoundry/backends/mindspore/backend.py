@@ -55,7 +55,7 @@ class MindSporeBackend:
     def __init__(self, cfg: RunConfig, spec: ModelSpec):
         configure_context(cfg.device)
         # first, before any Tensor: checks the layout and, under msrun, joins the cluster (msrun's scheduler exits in there)
-        self.placement = distributed.setup(cfg, spec, ms.get_context("device_target"))
+        self.placement = distributed.setup(cfg, ms.get_context("device_target"))
         p = self.placement
         self.rank, self.world_size, self.dp_rank, self.dp_size = p.rank, p.world_size, p.dp_rank, p.dp_size
         # MindSpore reports only the target kind; Ascend training hardware is the 910B family

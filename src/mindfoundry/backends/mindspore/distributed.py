@@ -40,8 +40,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from mindfoundry.config.schema import RunConfig
-from mindfoundry.model.spec import ModelSpec
-from mindfoundry.parallel.layout import Layout, LayoutError, layout_problems, launched_rank, launched_world_size
+from mindfoundry.parallel.layout import Layout, LayoutError, launched_rank, launched_world_size
 
 #: Degrees only MindSpore's semi-auto parallel (Ascend/GPU) can run (with dp_shard > 1 and optimizer_shard); DP is dp_replicate.
 _SEMI_AUTO_DEGREES = ("tp", "pp", "cp", "ep")
@@ -95,11 +94,12 @@ def refusal(layout: Layout, device_target: str) -> str | None:
             "or plain data parallelism (parallel.dp_replicate: N under msrun)")
 
 
-def resolve_layout(cfg: RunConfig, spec: ModelSpec, device_target: str, env: Mapping[str, str] | None = None) -> Layout:
+def resolve_layout(cfg: RunConfig, device_target: str, env: Mapping[str, str] | None = None) -> Layout:
     """The layout under the current launch (msrun's MS_WORKER_NUM, else one process).
 
-    Raises LayoutError: first for a layout this engine cannot run on `device_target` (:func:`refusal`),
-    then listing every rule the layout breaks for this launch.
+    The layout rules (:mod:`mindfoundry.parallel.layout`) were checked when the config was loaded and
+    at launch. Raises LayoutError for a layout this engine cannot run on `device_target`
+    (:func:`refusal`), and for a launch of another size, saying how to launch it.
     """
     world = launched_world_size(env) or 1
     try:
@@ -109,23 +109,22 @@ def resolve_layout(cfg: RunConfig, spec: ModelSpec, device_target: str, env: Map
     reason = refusal(layout, device_target)
     if reason:
         raise LayoutError(reason)
-    problems = layout_problems(cfg.parallel, spec, cfg.train, world_size=world)
-    if problems and world == 1 and layout.world_size > 1:
+    if world == 1 and layout.world_size > 1:
         raise LayoutError(f"parallel {layout.describe()} needs {layout.world_size} processes: launch with "
                           f"`msrun --worker_num={layout.world_size} --local_worker_num={layout.world_size} "
                           "--master_port=PORT --log_dir=DIR --join=True ...`")
-    if problems:
-        raise LayoutError("parallel layout does not fit this launch:\n  " + "\n  ".join(problems))
+    if layout.world_size != world:
+        raise LayoutError(f"parallel {layout.describe()} needs {layout.world_size} processes but msrun started {world}")
     return layout
 
 
-def setup(cfg: RunConfig, spec: ModelSpec, device_target: str, env: Mapping[str, str] | None = None) -> Placement:
+def setup(cfg: RunConfig, device_target: str, env: Mapping[str, str] | None = None) -> Placement:
     """Check the layout, join the msrun cluster when there is one and put MindSpore in DATA_PARALLEL mode.
 
     Call after the device is set and before any Tensor or Cell is created. One process without a
     launcher (and a single-process layout) leaves MindSpore untouched.
     """
-    layout = resolve_layout(cfg, spec, device_target, env)
+    layout = resolve_layout(cfg, device_target, env)
     if layout.world_size == 1 and not under_msrun(env):
         return Placement(layout)
     import mindspore as ms

@@ -33,6 +33,7 @@ from mindspore.mindrecord import FileWriter
 
 from mindfoundry.data.dataset.prepared import SPLITS
 from mindfoundry.data.dataset.validate import open_shard, read_manifest
+from mindfoundry.errors import OutputExistsError
 
 __all__ = ["EXPORT_MANIFEST", "SCHEMA", "export_mindrecord", "mindrecord_files"]
 
@@ -60,7 +61,7 @@ def export_mindrecord(prepared_data_dir: str | Path, out_dir: str | Path, shards
         raise ValueError(f"shards must be >= 1, got {shards}")
     root, out = Path(prepared_data_dir), Path(out_dir)
     if out.exists():
-        raise FileExistsError(f"'{out}' already exists: choose another output folder or delete it first")
+        raise OutputExistsError(f"'{out}' already exists: choose another output folder or delete it first")
     manifest = read_manifest(root)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -80,7 +80,7 @@ class TorchBackend:
         self.autocast = autocast_for(self.device, cfg.train.precision)
         self.pipeline = self.cp = None  # this rank's pipeline stages (pp > 1); the sequence split (cp > 1)
         if self.mesh is not None:  # before the optimizer: TP and FSDP2 replace the parameters (same names)
-            from mindfoundry.backends.torch.parallelize import check_layout, parallelize
+            from mindfoundry.backends.torch.parallelize import parallelize, refuse_unsupported
 
             if cfg.train.compile and (self.layout.pp > 1 or self.layout.cp > 1):
                 raise NotImplementedError("train.compile with parallel.pp > 1 or cp > 1 is not supported in this version: "
@@ -88,11 +88,11 @@ class TorchBackend:
             if self.layout.pp > 1:
                 from mindfoundry.backends.torch.pipeline import Pipeline
 
-                check_layout(self.model, self.layout, cfg.train.seq_len)
+                refuse_unsupported(self.model, self.layout)
                 self.pipeline = Pipeline(self.model, self.mesh, self.layout, self.device, self.autocast, cfg.train.grad_accum)
                 self.model = self.pipeline.module  # this rank's stages, under the full model's names
             else:
-                parallelize(self.model, self.mesh, self.layout, cfg.train.seq_len)
+                parallelize(self.model, self.mesh, self.layout)
             if self.layout.cp > 1:
                 from mindfoundry.backends.torch.context_parallel import ContextParallel
 

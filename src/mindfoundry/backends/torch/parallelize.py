@@ -32,7 +32,7 @@ applied as a division by 1.0, exact) instead of NCCL's PREMUL_SUM, which gloo an
 With context parallelism (cp > 1) FSDP runs over dp_shard x cp (``dp_shard_cp``), which also sums
 the cp ranks' partial gradients (:mod:`.context_parallel`); pipeline parallelism builds its stages
 first and applies :func:`apply_fsdp` to each stage (:mod:`.pipeline`). pp and cp combine with
-dp_replicate/dp_shard, not (yet) with tp or with each other (:func:`check_layout` says so).
+dp_replicate/dp_shard, not (yet) with tp or with each other (:func:`refuse_unsupported` says so).
 """
 
 from __future__ import annotations
@@ -56,36 +56,22 @@ from mindfoundry.backends.torch.expert_parallel import apply_moe, check_moe_layo
 from mindfoundry.backends.torch.model import Transformer
 
 
-def check_layout(model: Transformer, layout: Layout, seq_len: int | None = None) -> None:
-    """Refuse layouts this version cannot run, or sizes the tp degree does not divide, naming the fix."""
+def refuse_unsupported(model: Transformer, layout: Layout) -> None:
+    """Refuse the layouts this engine cannot run (combinations not implemented yet, MoE limits), naming the fix.
+
+    Whether a layout divides the model and the sequence is the layout rules' question
+    (:mod:`mindfoundry.parallel.layout`), answered when the config was loaded and at launch."""
     check_moe_layout(model, layout)  # ep needs a MoE model; MoE runs with dp and ep only (expert_parallel.py)
     mixed = [f"{a}={getattr(layout, a)} with {b}={getattr(layout, b)}" for a, b in (("pp", "tp"), ("pp", "cp"), ("cp", "tp"))
              if getattr(layout, a) > 1 and getattr(layout, b) > 1]
     if mixed:
         raise NotImplementedError(f"parallel {'; '.join(mixed)}: the torch engine combines pp and cp with data parallelism "
                                   "(dp_replicate, dp_shard) only in this version; set one of them to 1")
-    if layout.pp > 1 and model.spec.n_layers % (layout.pp * layout.pp_virtual_stages):
-        raise ValueError(f"parallel.pp * pp_virtual_stages = {layout.pp * layout.pp_virtual_stages} must divide "
-                         f"model.n_layers={model.spec.n_layers} (equal contiguous stages)")
-    if layout.cp > 1 and seq_len is not None and seq_len % (2 * layout.cp):
-        raise ValueError(f"parallel.cp={layout.cp} needs train.seq_len={seq_len} divisible by 2*cp = {2 * layout.cp} "
-                         "(load-balanced causal chunks)")
-    tp, spec = layout.tp, model.spec
-    if tp == 1:
-        return
-    sizes = {"model.n_heads": spec.n_heads, "model.n_kv_heads": spec.n_kv_heads, "model.ffn_dim": spec.ffn_dim,
-             "model.vocab_size": spec.vocab_size}
-    if layout.sequence_parallel and seq_len is not None:
-        sizes["train.seq_len"] = seq_len
-    bad = [f"{name}={value}" for name, value in sizes.items() if value % tp]
-    if bad:
-        raise ValueError(f"parallel.tp={tp} must divide {', '.join(bad)}: choose a tp that divides them"
-                         + (" (or set parallel.sequence_parallel: false)" if any(b.startswith("train.") for b in bad) else ""))
 
 
-def parallelize(model: Transformer, mesh: DeviceMesh, layout: Layout, seq_len: int | None = None) -> Transformer:
+def parallelize(model: Transformer, mesh: DeviceMesh, layout: Layout) -> Transformer:
     """Apply TP then FSDP2 in place, as `layout` asks; returns `model` (same parameter names)."""
-    check_layout(model, layout, seq_len)
+    refuse_unsupported(model, layout)
     names = [n for n, _ in model.named_parameters()]
     apply_moe(model, mesh, layout)  # MoE blocks: routing counts over the token ranks; ep > 1: experts sharded, kept from FSDP
     if layout.tp > 1:

@@ -36,6 +36,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 import numpy.typing as npt
+from mindfoundry.errors import MindFoundryError, OutputExistsError
 
 __all__ = [
     "DType",
@@ -61,7 +62,7 @@ _VERIFY_CHUNK_TOKENS = 1 << 24
 _REMEDY = "Re-run `mindfoundry prepare` to rebuild this shard."
 
 
-class ShardError(ValueError):
+class ShardError(MindFoundryError, ValueError):
     """A shard on disk is missing, truncated, corrupted or holds tokens outside the vocab."""
 
 
@@ -179,7 +180,7 @@ class IndexedDatasetWriter:
         existing = [p for p in (self._bin_path, self._idx_path) if p.exists()]
         if existing and not self._overwrite:
             names = ", ".join(str(p) for p in existing)
-            raise FileExistsError(
+            raise OutputExistsError(
                 f"shard already exists ({names}); pass overwrite=True to replace it"
             )
 

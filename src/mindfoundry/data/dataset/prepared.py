@@ -21,13 +21,14 @@ from tokenizers import Tokenizer
 from mindfoundry.data.dataset.indexed import IndexedDataset, ShardError, verify_tokens
 from mindfoundry.data.dataset.packing import PackedSamples
 from mindfoundry.data.prepare.tokenizer import load_tokenizer, pad_id, tokenizer_hash
+from mindfoundry.errors import MindFoundryError
 
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"
 SPLITS = ("train", "validation")
 
 
-class DataError(RuntimeError):
+class DataError(MindFoundryError, RuntimeError):
     """Prepared data is missing, stale or inconsistent; the message says what to run."""
 
 

@@ -38,6 +38,7 @@ from typing import Literal
 import zstandard
 
 from mindfoundry.data.document import Document
+from mindfoundry.errors import MindFoundryError
 
 TxtMode = Literal["file", "line"]
 
@@ -52,7 +53,7 @@ _ZSTD_CHUNK = 1 << 16
 _PARQUET_BATCH_ROWS = 1024
 
 
-class DataSourceError(ValueError):
+class DataSourceError(MindFoundryError, ValueError):
     """A data source is misconfigured (missing path, empty glob, demo package not installed)."""
 
 

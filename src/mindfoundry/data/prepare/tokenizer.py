@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from mindfoundry.errors import InputMissingError, MindFoundryError
 
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
@@ -33,7 +34,7 @@ _BYTE_ALPHABET_SIZE = 256
 MIN_VOCAB_SIZE = _BYTE_ALPHABET_SIZE + len(SPECIAL_TOKENS)
 
 
-class TokenizerError(ValueError):
+class TokenizerError(MindFoundryError, ValueError):
     """A tokenizer file is unusable or a tokenizer lacks a required special token."""
 
 
@@ -72,7 +73,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     """Load a ``tokenizer.json``, checking it is valid and defines the ``EOS`` special token."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(
+        raise InputMissingError(
             f"tokenizer file {path} does not exist; train one first or fix the tokenizer path"
         )
     raw = path.read_text(encoding="utf-8")
