@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mindfoundry.config.load import validate
+from mindfoundry.parallel.layout import validate_run_config
 from mindfoundry.data.dataset.packing import IGNORE_INDEX
 from mindfoundry.config.schema import RunConfig
 
@@ -41,7 +41,7 @@ def tiny_config(**sections) -> RunConfig:
     }
     for name, values in sections.items():
         tree[name] = {**tree.get(name, {}), **values} if isinstance(values, dict) else values
-    return validate(tree)
+    return validate_run_config(tree)
 
 
 def padded_markov_samples(n: int, vocab: int, seq: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

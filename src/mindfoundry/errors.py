@@ -9,7 +9,10 @@ from __future__ import annotations
 
 
 class MindFoundryError(Exception):
-    """A user-facing error: ``str(exc)`` is shown as is."""
+    """A user-facing error: ``str(exc)`` is shown as is, after ``label``."""
+
+    #: What the command line prints before the message ("error: ...", "config error: ...").
+    label = "error"
 
 
 class OutputExistsError(MindFoundryError, FileExistsError):

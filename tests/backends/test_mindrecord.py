@@ -12,7 +12,7 @@ ms = pytest.importorskip("mindspore")
 import mindspore.dataset as ds  # noqa: E402
 
 from mindfoundry.backends.mindspore.mindrecord import export_mindrecord, mindrecord_files  # noqa: E402
-from mindfoundry.cli import main  # noqa: E402
+from mindfoundry.cli.main import main  # noqa: E402
 
 
 def read_rows(files: list[Path], num_shards: int) -> list[dict]:

@@ -151,7 +151,7 @@ def test_export_is_the_full_format_file_and_loads_in_both_engines(saved, tmp_pat
 
     from mindfoundry.backends.base import create_backend
     from mindfoundry.checkpoint.convert import export_checkpoint
-    from mindfoundry.cli import main
+    from mindfoundry.cli.main import main
 
     cfg, spec, backend, path = saved
     ckpt = load_checkpoint(path, read_shards=read_shard_folder)  # consolidated in this process
@@ -202,7 +202,7 @@ def _sha(path: Path) -> str:
 @pytest.mark.slow
 def test_fsdp_sharded_checkpoint_resumes_under_tp_and_one_process(tiny_run, tmp_path: Path, capsys) -> None:
     pytest.importorskip("torch")
-    from mindfoundry.cli import main
+    from mindfoundry.cli.main import main
     from mindfoundry.parallel.launch import free_port
 
     times: dict[str, float] = {}

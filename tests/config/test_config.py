@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mindfoundry.cli import main
+from mindfoundry.cli.main import main
 from mindfoundry.config.load import ConfigError
 from mindfoundry.parallel.layout import load_run_config, validate_run_config
 

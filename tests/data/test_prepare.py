@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
-from mindfoundry.cli import main
+from mindfoundry.cli.main import main
 from mindfoundry.config.load import load_config, validate
 from mindfoundry.data.dataset.indexed import IndexedDataset
 from mindfoundry.data.prepare.pipeline import prepare_data

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
-from mindfoundry.cli import main
+from mindfoundry.cli.main import main
 from mindfoundry.data.dataset.indexed import IndexedDatasetWriter
 from mindfoundry.data.dataset.inspect import inspect_prepared, length_histogram, render_inspect
 from mindfoundry.data.dataset.packing import PackedSamples

@@ -12,7 +12,7 @@ pytest.importorskip("mindspore")
 pytest.importorskip("torch")
 
 from mindfoundry.backends.base import create_backend  # noqa: E402
-from mindfoundry.cli import main  # noqa: E402
+from mindfoundry.cli.main import main  # noqa: E402
 from mindfoundry.workflows.align import run_side  # noqa: E402
 from mindfoundry.debug.compare import compare_trees  # noqa: E402
 from mindfoundry.model.spec import ModelSpec, init_weights  # noqa: E402

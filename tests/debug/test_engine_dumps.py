@@ -98,7 +98,7 @@ def test_injected_inf_is_located_exactly(engines, tmp_path, name, module, direct
 
 
 def test_trainer_dumps_chosen_steps_and_locates_an_injected_fault(tiny_run, tmp_path) -> None:
-    from mindfoundry.cli import main
+    from mindfoundry.cli.main import main
 
     cfg = tiny_run(debug__dump={"steps": "1|3", "mode": "tensor", "modules": ["layers.1.*"]},
                    debug__inject_inf={"step": 2, "module": "layers.0.mlp.up_proj", "direction": "backward"})

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mindfoundry.cli import main
+from mindfoundry.cli.main import main
 from mindfoundry.parallel.launch import LaunchError, LaunchPlan, check_port, command
 
 

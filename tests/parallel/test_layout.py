@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mindfoundry.cli import main
+from mindfoundry.cli.main import main
 from mindfoundry.config.load import ConfigError
 from mindfoundry.config.model import ModelConfig
 from mindfoundry.config.parallel import ParallelConfig

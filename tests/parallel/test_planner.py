@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mindfoundry.cli import main
+from mindfoundry.cli.main import main
 from mindfoundry.config.load import load_config
 from mindfoundry.model.spec import ModelSpec, num_parameters
 from mindfoundry.parallel.layout import Layout

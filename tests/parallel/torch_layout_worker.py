@@ -133,16 +133,11 @@ def run_job(job: dict, out_dir: Path) -> None:
 
 
 def run_trainer(job: dict) -> None:
-    """The whole Trainer (data loader, eval, metrics, checkpoints) on every rank, from a prepared tiny run.
-
-    The trainer's layout gate (``check_layout``, which refuses multi-process layouts until the CLI
-    launch is wired) is bypassed: this checks the loop, not the gate.
-    """
+    """The whole Trainer (data loader, eval, metrics, checkpoints) on every rank, from a prepared tiny run."""
     import mindfoundry.train.trainer as trainer_mod
     from mindfoundry.config.schema import RunConfig
     from mindfoundry.data.dataset.prepared import load_prepared
 
-    trainer_mod.check_layout = lambda cfg: None
     cfg = RunConfig.model_validate(job["config"])
     data = load_prepared(cfg.data.output_dir, cfg.model.vocab_size)
     trainer_mod.Trainer(cfg, data, Path(cfg.run_dir)).run()

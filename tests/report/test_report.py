@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from mindfoundry.cli import main  # noqa: E402
+from mindfoundry.cli.main import main  # noqa: E402
 from mindfoundry.monitor.records import MetricsError  # noqa: E402
 from mindfoundry.report.render import SECTIONS, write_report  # noqa: E402
 

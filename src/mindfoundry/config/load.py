@@ -29,6 +29,8 @@ Rule = Callable[[RunConfig], list[str]]
 class ConfigError(MindFoundryError, ValueError):
     """An invalid configuration; the message is meant to be shown to the user as is."""
 
+    label = "config error"
+
 
 def _known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     """Field names valid at `loc` (used to suggest the intended key for a typo)."""

@@ -34,7 +34,6 @@ from mindfoundry.model.spec import ModelSpec, flops_per_token, init_weights, num
 from mindfoundry.monitor.health import HealthMonitor
 from mindfoundry.monitor.mfu import UnknownPeakError, mfu, peak_flops
 from mindfoundry.monitor.tensorboard import TensorBoardSink
-from mindfoundry.parallel.layout import launch_layout
 from mindfoundry.train.anomaly import AnomalyMonitor
 from mindfoundry.train.debug_steps import StepDebugger
 from mindfoundry.train.layer_stats import layer_grad_norms, layer_update_ratios, layer_weight_norms
@@ -64,18 +63,13 @@ def _versions(backend: Backend) -> dict[str, str]:
     return out
 
 
-def check_layout(cfg: RunConfig) -> None:
-    """The layout's process count must be the launcher's (one process without a launcher): a tp=2 config
-    started as a single process is refused instead of silently training on one device. Whether the
-    engine implements the layout is its own check, at backend creation."""
-    launch_layout(cfg.parallel, cfg.model, cfg.train, num_experts=cfg.model.moe.num_experts)
-
-
 class Trainer:
-    """Owns one run: builds the engine, restores or initialises state, loops, saves, recovers."""
+    """Owns one run: builds the engine, restores or initialises state, loops, saves, recovers.
+
+    The caller has checked the launch (:func:`mindfoundry.workflows.run.check_launch`): the layout
+    rules run once per process, before the run directory is touched."""
 
     def __init__(self, cfg: RunConfig, data: PreparedData, run_dir: Path, console: Console | None = None):
-        check_layout(cfg)
         self.cfg, self.data, self.run_dir = cfg, data, run_dir
         self.console = console or Console(stderr=True)
         self.spec = ModelSpec.from_config(cfg.model)

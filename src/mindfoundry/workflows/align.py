@@ -22,9 +22,9 @@ from mindfoundry.data.dataset.packing import IGNORE_INDEX
 from mindfoundry.debug.compare import Comparison, Thresholds, compare_trees
 from mindfoundry.debug.dump import DumpWriter
 from mindfoundry.debug.probe import DIRECTIONS, Probe
+from mindfoundry.errors import OutputExistsError
 from mindfoundry.model.spec import ModelSpec, init_weights
 from mindfoundry.train.schedule import step_scalars
-from mindfoundry.errors import OutputExistsError
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 
@@ -155,9 +155,14 @@ def run_side(backend: Backend, cfg: RunConfig, batches: Sequence[tuple[np.ndarra
 def align(cfg: RunConfig, data, a: Side, b: Side, out: Path, *, steps: int = 1, mode: str = "tensor",
           thresholds: AlignThresholds = AlignThresholds(), compare_thresholds: Thresholds = Thresholds(),
           log: Callable[[str], None] = print) -> AlignResult:
-    """Run both sides from the config's initial weights on the same batches, dump, compare, judge."""
-    from mindfoundry.report.compare import write_csv, write_html
+    """Run both sides from the config's initial weights on the same batches, dump, compare, judge.
 
+    ``data`` None: claim the run dir and prepare the config's data first (what `mindfoundry align` does)."""
+    from mindfoundry.report.compare import write_csv, write_html
+    from mindfoundry.workflows.run import prepare
+
+    if data is None:
+        data = prepare(cfg, log=log)
     if out.exists() and any(out.iterdir()):
         raise OutputExistsError(f"{out} is not empty: choose another --out (earlier alignments are kept, never overwritten)")
     spec = ModelSpec.from_config(cfg.model)

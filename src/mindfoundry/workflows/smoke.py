@@ -128,3 +128,16 @@ def first_step_agreement(cfg: RunConfig, data: PreparedData) -> Check:
     return Check("first step: MindSpore vs PyTorch", rel < 1e-4,
                  f"loss {out['mindspore'].loss:.6f} vs {out['torch'].loss:.6f} (rel {rel:.1e})",
                  "the engines disagree: run the per-layer comparison to find the first diverging module")
+
+
+def smoke(cfg: RunConfig, steps: int, *, compare_backend: bool, console) -> list[Check]:
+    """`mindfoundry smoke`: check the launch, prepare the data, run `steps` real steps in RUN_DIR/smoke and judge
+    them; with ``compare_backend`` also the first step on both engines."""
+    from mindfoundry.workflows.run import check_launch, prepare
+
+    check_launch(cfg)
+    data = prepare(cfg, log=console.print)
+    checks = run_smoke(cfg, data, steps, console)
+    if compare_backend:
+        checks.append(first_step_agreement(cfg, data))
+    return checks

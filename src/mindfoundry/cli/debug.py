@@ -13,59 +13,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rich.console import Console
-
-from mindfoundry.cli_args import add_config_arguments, config_from_args
+from mindfoundry.cli.args import add_config_arguments, config_from_args, console
 from mindfoundry.config.load import ConfigError
-from mindfoundry.errors import OutputExistsError
-
-console = Console(stderr=True, soft_wrap=True)
-
-
-def _dump_config(cfg, args: argparse.Namespace, out: Path):
-    """The run's config with the command line's dump choices, checkpoints off, in a scratch run dir."""
-    from mindfoundry.config.parallel import ParallelConfig
-    from mindfoundry.config.schema import DumpConfig
-
-    chosen = {k: v for k, v in (("steps", args.steps), ("mode", args.mode), ("modules", args.modules),
-                                ("directions", args.directions)) if v}
-    try:
-        dump = DumpConfig.model_validate({**cfg.debug.dump.model_dump(), **chosen, "dir": str(out)})
-    except ValueError as exc:
-        raise ConfigError(str(exc).splitlines()[-1].strip()) from None
-    if not dump.steps:
-        raise ConfigError("no steps to dump: pass --steps (e.g. --steps '1|50-60') or set debug.dump.steps")
-    t = cfg.train
-    return cfg.model_copy(deep=True, update={
-        "run_dir": str(out / "replay"),
-        # one process whatever the run's layout (hooks need it): the same global batch, accumulated
-        "parallel": ParallelConfig(),
-        "debug": cfg.debug.model_copy(update={"dump": dump}),
-        "checkpoint": cfg.checkpoint.model_copy(update={"every": 0, "keep_last": 1}),
-        "train": t.model_copy(update={"eval_every": 0, "grad_accum": t.grad_accum * cfg.parallel.dp}),
-        "monitor": cfg.monitor.model_copy(update={"tensorboard": False}),
-    })
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
-    from mindfoundry.data.prepare.pipeline import prepare_data
-    from mindfoundry.config.selection import parse_selection
-    from mindfoundry.train.trainer import Trainer
+    from mindfoundry.workflows.replay import DumpChoice, replay_dump
 
     cfg = config_from_args(args)
     out = Path(args.out) if args.out else Path(cfg.run_dir) / "dump"
-    dcfg = _dump_config(cfg, args, out)
-    if (out / "replay").exists():
-        raise OutputExistsError(f"{out} holds an earlier dump: choose another --out (dumps are never overwritten)")
-    (out / "replay").mkdir(parents=True)
-    data = prepare_data(cfg, log=console.print)
-    trainer = Trainer(dcfg, data, out / "replay", console)
-    steps = parse_selection(dcfg.debug.dump.steps)
-    if args.resume == "auto":  # the newest checkpoint before the first dumped step, so that step is replayed
-        trainer.resume_from, trainer.resume_before = Path(cfg.run_dir), min(lo for lo, _ in steps.ranges)
-    last = steps.last
-    result = trainer.run(resume=args.resume == "auto", stop_at_step=last)
-    console.print(f"dumped steps {dcfg.debug.dump.steps} (reached step {result.step}) into {out}", highlight=False)
+    choice = DumpChoice(steps=args.steps, mode=args.mode, modules=args.modules, directions=args.directions)
+    steps, reached = replay_dump(cfg, choice, out, resume=args.resume == "auto", console=console)
+    console.print(f"dumped steps {steps} (reached step {reached}) into {out}", highlight=False)
     return 0
 
 
@@ -103,10 +62,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_align(args: argparse.Namespace) -> int:
-    from mindfoundry.data.prepare.pipeline import prepare_data
-    from mindfoundry.workflows.align import AlignThresholds, Side, align
     from mindfoundry.report.compare import summary_lines
-    from mindfoundry.train.rundir import prepare_run_dir
+    from mindfoundry.workflows.align import AlignThresholds, Side, align
 
     cfg = config_from_args(args)
     try:
@@ -114,10 +71,8 @@ def cmd_align(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     out = Path(args.out) if args.out else Path(cfg.run_dir) / "align" / f"{a.label}-vs-{b.label}"
-    prepare_run_dir(cfg, resume=True, overwrite=False)
-    data = prepare_data(cfg, log=console.print)
     thresholds = AlignThresholds(loss_abs=args.loss_abs, loss_rel=args.loss_rel, grad_norm_rel=args.grad_norm_rel)
-    result = align(cfg, data, a, b, out, steps=args.steps, mode=args.mode, thresholds=thresholds, log=console.print)
+    result = align(cfg, None, a, b, out, steps=args.steps, mode=args.mode, thresholds=thresholds, log=console.print)
     for line in summary_lines(result.comparisons[0])[:-1]:
         console.print(line, highlight=False)
     for s in result.steps:

@@ -14,11 +14,11 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
+from mindfoundry.cli.args import console
 from mindfoundry.config.load import ConfigError
 from mindfoundry.parallel.layout import load_run_config
 from mindfoundry.config.parallel import ParallelConfig
 
-console = Console(stderr=True, soft_wrap=True)
 
 
 def add_parallel_commands(sub: argparse._SubParsersAction) -> None:
@@ -94,7 +94,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     precision = args.precision or cfg.train.precision
     try:
         memory, overhead = parse_bytes(args.device_memory), parse_bytes(args.overhead)
-        batch = args.global_batch or cfg.train.micro_batch_size * cfg.train.grad_accum * cfg.parallel.dp
+        batch = args.global_batch or cfg.global_batch()
     except ValueError as exc:
         raise ConfigError(f"{exc} (or pass --global-batch)" if "dp_shard" in str(exc) else str(exc)) from None
     _positive(devices=args.devices, seq=seq, global_batch=batch, micro_batch=args.micro_batch)

@@ -1,11 +1,15 @@
-"""Arguments every config-taking command shares: the config path and `--set` overrides."""
+"""What every command group shares: the config path and `--set` overrides, and the console for messages."""
 
 from __future__ import annotations
 
 import argparse
 
-from mindfoundry.parallel.layout import load_run_config
+from rich.console import Console
+
 from mindfoundry.config.schema import RunConfig
+
+#: Messages and progress go to stderr and never wrap: one problem = one line.
+console = Console(stderr=True, soft_wrap=True)
 
 
 def add_config_arguments(p: argparse.ArgumentParser) -> None:
@@ -14,5 +18,7 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
-    """The validated, resolved config of a command's arguments (raises ConfigError)."""
+    """The validated, resolved config of a command's arguments, layout rules included (raises ConfigError)."""
+    from mindfoundry.parallel.layout import load_run_config
+
     return load_run_config(args.config, args.set or [])

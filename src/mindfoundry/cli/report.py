@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rich.console import Console
-
-console = Console(stderr=True, soft_wrap=True)
+from mindfoundry.cli.args import console
 
 
 def cmd_report(args: argparse.Namespace) -> int:

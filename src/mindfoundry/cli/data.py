@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from mindfoundry.cli_args import add_config_arguments, config_from_args
+from mindfoundry.cli.args import add_config_arguments, config_from_args
 
 EXIT_INVALID_DATA = 2
 # Rich assumes 80 columns when stdout is not a terminal, which would crop the tables in a pipe or log.

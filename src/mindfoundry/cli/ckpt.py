@@ -1,4 +1,5 @@
-"""`mindfoundry ckpt list|verify|inspect`: look at a run's checkpoints without loading an engine."""
+"""`mindfoundry ckpt list|verify|inspect`: look at a run's checkpoints without loading an engine;
+`mindfoundry convert`: a checkpoint to and from the engines' native files."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from safetensors import safe_open
 
+from mindfoundry.cli.args import console
 from mindfoundry.checkpoint.store import (
     LATEST_FILE, MODEL_DIR, MODEL_FILE, OPTIMIZER_DIR, OPTIMIZER_FILE, STATE_FILE, CheckpointError, checkpoints_dir, is_sharded,
     list_checkpoints, verify_checkpoint,
@@ -99,7 +101,21 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_convert(args: argparse.Namespace) -> int:
+    from mindfoundry.checkpoint.convert import export_checkpoint, import_checkpoint
+
+    src, dst = Path(args.source), Path(args.dest)
+    written = export_checkpoint(src, dst) if src.is_dir() else import_checkpoint(src, dst)
+    console.print(f"wrote {written}")
+    return 0
+
+
 def add_ckpt_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("convert", help="checkpoint folder (full or sharded) <-> MindSpore .ckpt / PyTorch .pt; -> weights .safetensors")
+    p.add_argument("source", help="RUN/checkpoints/step_N folder (export) or a .ckpt/.pt file (import)")
+    p.add_argument("dest", help="output .ckpt/.pt file or .safetensors (weights alone) (export), or a run directory to import into")
+    p.set_defaults(func=cmd_convert)
+
     ckpt = sub.add_parser("ckpt", help="list, verify or inspect checkpoints").add_subparsers(dest="ckpt_command", required=True)
     p = ckpt.add_parser("list", help="a run's checkpoints with size, data position, val loss and status")
     p.add_argument("run_dir")

@@ -1,0 +1,57 @@
+"""`mindfoundry COMMAND ...`: the parser of every command group, and the one place errors become exit codes.
+
+A :class:`~mindfoundry.errors.MindFoundryError` (bad config, missing data, corrupted files, an
+occupied run directory or output, a layout that does not fit) prints its one-line message and
+exits with status 2; tracebacks are reserved for bugs (exit 70). Pre-emption exits 75, an
+anomaly stop 3 (see :mod:`mindfoundry.cli.train`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from mindfoundry.cli.args import console
+from mindfoundry.cli.ckpt import add_ckpt_commands
+from mindfoundry.cli.config import add_config_commands
+from mindfoundry.cli.data import add_data_commands
+from mindfoundry.cli.debug import add_debug_commands
+from mindfoundry.cli.parallel import add_parallel_commands
+from mindfoundry.cli.report import add_report_commands
+from mindfoundry.cli.train import add_train_commands
+from mindfoundry.errors import MindFoundryError
+from mindfoundry.workflows.supervise import EXIT_ANOMALY_STOP, EXIT_CRASHED, EXIT_PREEMPTED, EXIT_USER_ERROR, supervise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mindfoundry", description="Pretrain decoder-only LLMs on MindSpore.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (add_config_commands, add_train_commands, add_ckpt_commands, add_data_commands, add_report_commands,
+                add_debug_commands, add_parallel_commands):
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from mindfoundry.train.anomaly import AnomalyStop
+    from mindfoundry.train.trainer import Preempted
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    if getattr(args, "max_restarts", 0):
+        return supervise(argv, args.max_restarts, console.print)
+    try:
+        return args.func(args)
+    except MindFoundryError as exc:
+        console.print(f"[red]{exc.label}:[/] {exc}", highlight=False)
+        return EXIT_USER_ERROR
+    except Preempted as exc:
+        console.print(f"[yellow]{exc}[/]", highlight=False)
+        return EXIT_PREEMPTED
+    except AnomalyStop as exc:
+        console.print(f"[red]anomaly stop:[/] {exc}", highlight=False)
+        return EXIT_ANOMALY_STOP
+    except Exception:
+        console.print_exception()
+        return EXIT_CRASHED

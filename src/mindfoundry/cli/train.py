@@ -1,0 +1,100 @@
+"""`mindfoundry prepare|train|run|smoke CONFIG`: the training commands (the workflows are :mod:`mindfoundry.workflows`').
+
+Training exit codes: 0 done, 2 user error, 3 stopped by the anomaly policy, 70 crashed (after a
+last-gasp checkpoint when the state was consistent), 75 pre-empted by SIGTERM/SIGINT (checkpoint
+written); `--max-restarts N` reruns a crashed run from its newest valid checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.table import Table
+
+from mindfoundry.cli.args import add_config_arguments, config_from_args, console
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from mindfoundry.workflows.run import prepare
+
+    prepare(config_from_args(args), overwrite=args.overwrite, log=console.print)
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from mindfoundry.workflows.run import train
+
+    result = train(config_from_args(args), resume=args.resume == "auto", overwrite=args.overwrite,
+                   stop_at_step=args.stop_at_step, console=console).result
+    if result.final_eval:
+        console.print(f"step {result.step}: validation loss {result.final_eval.loss:.4f}, ppl {result.final_eval.perplexity:.2f}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from mindfoundry.workflows.run import run
+
+    cfg = config_from_args(args)
+    done = run(cfg, resume=args.resume == "auto", overwrite=args.overwrite, stop_at_step=args.stop_at_step, console=console)
+    if done.summary is None:
+        console.print(f"stopped at step {done.trained.result.step} of {cfg.train.steps}; continue with --resume auto")
+        return 0
+    _print_summary(done.summary)
+    console.print(f"report: {done.report}")
+    return 0
+
+
+def cmd_smoke(args: argparse.Namespace) -> int:
+    from mindfoundry.workflows.smoke import smoke
+
+    cfg = config_from_args(args)
+    checks = smoke(cfg, args.steps, compare_backend=args.compare_backend, console=console)
+    table = Table(title=f"smoke test: {args.steps} steps of {args.config} ({cfg.backend})")
+    for col in ("check", "result", "value"):
+        table.add_column(col)
+    for c in checks:
+        mark = "[green]PASS[/]" if c.passed else ("[red]FAIL[/]" if c.passed is False else "info")
+        table.add_row(c.name, mark, c.value)
+    Console().print(table)
+    failed = [c for c in checks if c.passed is False]
+    for c in failed:
+        console.print(f"[red]FAIL[/] {c.name}: {c.value}. Likely cause: {c.hint}", highlight=False)
+    return 1 if failed else 0
+
+
+def _print_summary(summary: dict) -> None:
+    table = Table(title=f"held-out evaluation ({summary['run_dir']})")
+    for col in ("", "loss", "perplexity", "bits/byte"):
+        table.add_column(col)
+    for label, key in (("untrained (step 0)", "initial"), (f"trained (step {summary['steps']})", "final")):
+        r = summary[key]
+        if r:
+            table.add_row(label, f"{r['val_loss']:.4f}", f"{r['val_perplexity']:.2f}", f"{r['val_bits_per_byte']:.4f}")
+    out = Console()
+    out.print(table)
+    for s in summary["samples"]:
+        out.print(f"[bold]{s['prompt']!r}[/] -> {s['completion']!r}", highlight=False)
+
+
+def add_train_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("prepare", help="raw text -> tokenizer -> Megatron shards")
+    add_config_arguments(p)
+    p.add_argument("--overwrite", action="store_true", help="rebuild prepared data (old folder moved aside)")
+    p.set_defaults(func=cmd_prepare)
+
+    for name, func, text in (("train", cmd_train, "train (prepares data first if needed)"),
+                             ("run", cmd_run, "prepare -> train -> evaluate -> sample")):
+        p = sub.add_parser(name, help=text)
+        add_config_arguments(p)
+        p.add_argument("--resume", choices=["auto", "none"], default="none", help="auto: continue from the newest valid checkpoint")
+        p.add_argument("--overwrite", action="store_true", help="start over in a run dir that holds a run (old run moved aside)")
+        p.add_argument("--stop-at-step", type=int, default=None, metavar="N", help="checkpoint and stop after step N (continue later with --resume auto)")
+        p.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                       help="restart a crashed run up to N times from its newest valid checkpoint")
+        p.set_defaults(func=func)
+    p = sub.add_parser("smoke", help="a few dozen real steps with pass/fail checks before the big run")
+    add_config_arguments(p)
+    p.add_argument("--steps", type=int, default=30, help="smoke steps (default 30)")
+    p.add_argument("--compare-backend", action="store_true", help="also compare the first step of MindSpore and PyTorch")
+    p.set_defaults(func=cmd_smoke)

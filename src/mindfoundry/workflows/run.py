@@ -1,0 +1,104 @@
+"""The workflows behind `prepare`, `train` and `run`: each chains the stages and returns what the CLI prints.
+
+train: the launch is checked (the layout rules with the launcher's process count, once per
+process), rank 0 claims the run directory and prepares the data while the other ranks wait for
+its atomic commit, then the trainer runs. run: train, then the held-out evaluation, sample
+generations, summary.json and the HTML report.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from rich.console import Console
+
+from mindfoundry.config.schema import RunConfig
+from mindfoundry.data.dataset.prepared import PreparedData
+from mindfoundry.data.prepare.pipeline import prepare_data, wait_for_prepared
+from mindfoundry.data.prepare.tokenizer import eos_id, pad_id
+from mindfoundry.eval.generate import generate
+from mindfoundry.model.spec import ModelSpec, flops_per_token, num_parameters
+from mindfoundry.parallel.layout import Layout, launch_layout, launched_rank
+from mindfoundry.train.rundir import prepare_run_dir
+from mindfoundry.train.trainer import Trainer, TrainResult
+
+
+def check_launch(cfg: RunConfig) -> Layout:
+    """The layout under this launch (one process without a launcher); LayoutError before anything is written.
+
+    A tp=2 config started as one process is refused here instead of silently training on one device;
+    whether the engine implements the layout is its own check, when the backend is created."""
+    return launch_layout(cfg.parallel, cfg.model, cfg.train, num_experts=cfg.model.moe.num_experts)
+
+
+def prepare(cfg: RunConfig, *, overwrite: bool = False, log: Callable[[str], None] = print) -> PreparedData:
+    """Claim RUN_DIR for this config (refusing another run's) and prepare its data (reused when unchanged)."""
+    prepare_run_dir(cfg, resume=True, overwrite=False)
+    return prepare_data(cfg, overwrite=overwrite, log=log)
+
+
+@dataclass
+class TrainedRun:
+    trainer: Trainer
+    data: PreparedData
+    result: TrainResult
+
+
+def train(cfg: RunConfig, *, resume: bool, overwrite: bool, stop_at_step: int | None, console: Console) -> TrainedRun:
+    """Check the launch, claim the run dir and prepare the data (rank 0), then train to the end or `stop_at_step`."""
+    check_launch(cfg)
+    if launched_rank() == 0:  # under torchrun/msrun one process claims the run dir and prepares the data
+        run_dir = prepare_run_dir(cfg, resume=resume, overwrite=overwrite)
+        data = prepare_data(cfg, log=console.print)
+    else:  # the others wait for its atomic prepare and then only read
+        run_dir, data = Path(cfg.run_dir), wait_for_prepared(cfg)
+    spec = ModelSpec.from_config(cfg.model)
+    console.print(f"model: {num_parameters(spec):,} parameters, {flops_per_token(spec, cfg.train.seq_len):,} FLOPs/token; "
+                  f"backend {cfg.backend}; run dir {run_dir}")
+    trainer = Trainer(cfg, data, run_dir, console)
+    return TrainedRun(trainer, data, trainer.run(resume=resume, stop_at_step=stop_at_step))
+
+
+def samples(cfg: RunConfig, trained: TrainedRun) -> list[dict[str, str]]:
+    """Continuations of cfg.generate's prompts by the trained model (seeded per prompt)."""
+    g, tokenizer = cfg.generate, trained.data.tokenizer
+    out = []
+    for i, prompt in enumerate(g.prompts):
+        ids = generate(trained.result.backend, tokenizer.encode(prompt).ids, window=cfg.train.seq_len,
+                       max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_k=g.top_k, eos_id=eos_id(tokenizer),
+                       pad_id=pad_id(tokenizer), seed=cfg.seed + i)
+        out.append({"prompt": prompt, "completion": tokenizer.decode(ids)})
+    return out
+
+
+@dataclass
+class RunSummary:
+    """What `mindfoundry run` produced: the summary.json content and the report, or the step it stopped at."""
+
+    trained: TrainedRun
+    summary: dict[str, Any] | None = None
+    report: Path | None = None
+
+
+def run(cfg: RunConfig, *, resume: bool, overwrite: bool, stop_at_step: int | None, console: Console) -> RunSummary:
+    """prepare -> train -> held-out evaluation -> samples -> RUN_DIR/summary.json -> RUN_DIR/report.html.
+
+    A run stopped before train.steps (``stop_at_step``) returns without a summary: it continues with
+    --resume auto."""
+    trained = train(cfg, resume=resume, overwrite=overwrite, stop_at_step=stop_at_step, console=console)
+    result = trained.result
+    if result.step < cfg.train.steps:
+        return RunSummary(trained)
+    final = result.final_eval or trained.trainer.evaluate()
+    summary = {
+        "run_dir": cfg.run_dir, "steps": result.step, "backend": cfg.backend,
+        "initial": result.initial_eval.to_dict() if result.initial_eval else None,
+        "final": final.to_dict(), "samples": samples(cfg, trained),
+    }
+    Path(cfg.run_dir, "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    from mindfoundry.report.render import write_report  # matplotlib loads only when a report is written
+
+    return RunSummary(trained, summary, write_report(cfg.run_dir, None, None))
