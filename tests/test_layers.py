@@ -153,3 +153,10 @@ def test_the_order_comes_from_the_doc(tmp_path: Path, doc: str) -> None:
     else:
         with pytest.raises(AssertionError, match="no ```layers block"):
             layer_order(path)
+
+
+def test_no_source_file_over_500_lines() -> None:
+    """Small modules with one job each: a file past 500 lines is a sign it holds two."""
+    long = {path.relative_to(SRC).as_posix(): n for path in SRC.rglob("*.py")
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > 500}
+    assert long == {}

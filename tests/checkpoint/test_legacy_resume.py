@@ -50,3 +50,13 @@ def test_previous_release_checkpoint_resumes_bit_exactly(engine: str, tmp_path: 
     assert [r["val_loss"] for r in records if r.get("step") == 6 and "val_loss" in r] == [expected["final_val_loss"]]
     final = tmp_path / "run" / "checkpoints" / "step_00000006"
     assert {name: tensor_digest(final / f"{name}.safetensors") for name in ("model", "optimizer")} == expected["final_sha256"]
+    # the checkpoint format is unchanged: trainer_state.json has the old release's keys, section by section
+    old = json.loads((FIXTURE / f"run-{engine}" / "checkpoints" / "step_00000003" / "trainer_state.json").read_text())
+    new = json.loads((final / "trainer_state.json").read_text())
+    assert shape(new) == shape(old)
+    assert sorted(p.name for p in final.iterdir()) == sorted(p.name for p in (FIXTURE / f"run-{engine}" / "checkpoints" / "step_00000003").iterdir())
+
+
+def shape(state: dict) -> dict:
+    """Each key with its nested keys (a value that is a mapping) or its type."""
+    return {k: sorted(v) if isinstance(v, dict) else type(v).__name__ for k, v in state.items() if k != "val_loss"}

@@ -121,7 +121,7 @@ def test_trainer_backs_off_an_overflowing_scale_without_an_anomaly(tiny_prepared
     assert not [r for r in records if r.get("event") == "overflow"]  # the overflow locator leaves these steps alone
     dropped = [r["step"] for r in steps if not r["applied"]]
     assert dropped == [b["step"] for b in backoffs]  # every dropped step was a loss-scale overflow
-    assert trainer.adam_step == len(steps) - len(dropped) >= 10  # and training went on
+    assert trainer.progress.adam_step == len(steps) - len(dropped) >= 10  # and training went on
     assert steps[-1]["loss"] < steps[0]["loss"] - 0.3
     for prev, rec in zip(steps, steps[1:]):  # the scale each step ran with follows the rule
         assert rec["loss_scale"] in (prev["loss_scale"] / 2, prev["loss_scale"], prev["loss_scale"] * 2)

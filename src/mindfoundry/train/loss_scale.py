@@ -70,8 +70,9 @@ class DynamicLossScaler:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore scale and counters. The rule's constants stay those of this run's config
-        (a resumed run may change `loss_scale_growth_interval`); a disabled scaler ignores the state."""
-        if not self.enabled:
+        (a resumed run may change `loss_scale_growth_interval`); a disabled scaler ignores the state, and a
+        state without a scale or written disabled (an fp32 checkpoint) leaves the configured initial scale."""
+        if not self.enabled or "scale" not in state or not state.get("enabled", True):
             return
         self._scale = float(state["scale"])
         self.growth_tracker = int(state.get("growth_tracker", 0))

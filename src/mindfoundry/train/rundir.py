@@ -29,8 +29,8 @@ def run_identity(cfg: RunConfig) -> str:
     global batch is cut into micro-batches (micro_batch_size * grad_accum * dp) may change between a
     run and its continuation — a checkpoint written under FSDP(2) continues under TP(2) or in one
     process — as long as the global batch stays the same."""
-    t, p = cfg.train, cfg.parallel
-    global_batch = t.micro_batch_size * t.grad_accum * p.dp_replicate * p.resolved_dp_shard(launched_world_size() or 1)
+    t = cfg.train
+    global_batch = cfg.global_batch(launched_world_size() or 1)
     canonical = cfg.model_copy(update={"train": t.model_copy(update={"micro_batch_size": global_batch, "grad_accum": 1}),
                                        "parallel": ParallelConfig()})
     return config_hash(canonical, exclude=RESUME_MUTABLE)

@@ -41,6 +41,7 @@ from mindfoundry.train.loss_scale import DynamicLossScaler
 from mindfoundry.train.metrics import JsonlSink, MetricsLogger, ProgressSink
 from mindfoundry.train.rundir import METRICS_FILE, run_identity
 from mindfoundry.train.schedule import step_scalars
+from mindfoundry.train.state import DataPosition, Evaluations, Keyed, Progress, restore_state, save_state
 
 
 class Preempted(RuntimeError):
@@ -87,13 +88,13 @@ class Trainer:
         self.health = HealthMonitor(cfg.monitor.health, cfg.optim.warmup_steps)
         self.peak: float | None = None  # device peak FLOP/s for MFU, measured/looked up before the loop
         self.retention = Retention(cfg.checkpoint.keep_last, cfg.checkpoint.keep_every, cfg.checkpoint.keep_best)
-        self.step = 0  # optimizer steps attempted (drives the LR schedule)
-        self.adam_step = 0  # updates applied (AdamW's t); behind `step` once updates were dropped
-        self.consumed_samples = 0
-        self.consumed_tokens = 0
-        self.skipped_windows: list[list[int]] = []  # [start, end) sample positions skipped by rollbacks
-        self.initial_eval: dict[str, Any] | None = None
-        self.last_val_loss: float | None = None
+        self.progress = Progress()
+        self.position = DataPosition(cfg.seed, cfg.data.shuffle,
+                                     mixture_state=self.source.state if isinstance(self.source, MixtureSampler) else None)
+        self.evals = Evaluations()
+        #: What trainer_state.json holds: each part saves and restores its own entries (train/state.py).
+        self.state_parts = [self.progress, self.position, Keyed("loss_scale", self.scaler), Keyed("anomaly", self.anomaly),
+                            Keyed("health", self.health), self.evals]
         self._injected: set[tuple[str, int]] = set()
         # `mindfoundry dump --resume auto`: another run's directory to resume from, at a step below resume_before
         self.resume_from: Path | None = None
@@ -110,7 +111,7 @@ class Trainer:
             self.backend.load_weights(init_weights(self.spec, self.cfg.seed))
             return
         self._load(path)
-        self.console.print(f"resumed from {path} (step {self.step}, {self.consumed_samples} samples consumed)")
+        self.console.print(f"resumed from {path} (step {self.progress.step}, {self.position.consumed_samples} samples consumed)")
 
     def _load(self, path: Path) -> None:
         # by what is on disk, not checkpoint.format: an engine that can reshards a sharded checkpoint itself (each rank
@@ -128,50 +129,26 @@ class Trainer:
                 self.backend.load_optimizer_state(ckpt.optimizer, int(st.get("adam_step", st["step"])))
         except ValueError as exc:
             raise CheckpointError(f"{path}: {exc} (was it written for another model config?)") from None
-        self.step = int(st["step"])
-        self.adam_step = int(st.get("adam_step", self.step))
-        self.consumed_samples = int(st["consumed_samples"])
-        self.consumed_tokens = int(st["consumed_tokens"])
-        self.skipped_windows = [list(w) for w in st.get("skipped_windows", [])]
-        self.anomaly.load_state_dict(st.get("anomaly", {}))
-        if st.get("loss_scale", {}).get("enabled"):  # an fp16 checkpoint; an fp32 one leaves the configured initial scale
-            self.scaler.load_state_dict(st["loss_scale"])
-        self.health.load_state_dict(st.get("health", {}))
-        self.initial_eval = st.get("initial_eval")
-        self.last_val_loss = st.get("val_loss")
+        restore_state(self.state_parts, st)
 
     def trainer_state(self) -> dict[str, Any]:
-        return {
-            "adam_step": self.adam_step,
-            "consumed_samples": self.consumed_samples,
-            "consumed_tokens": self.consumed_tokens,
-            "data_order": self._data_order(),
-            "skipped_windows": self.skipped_windows,
-            "lr_schedule": {"kind": "warmup_cosine", "step": self.step},
-            "loss_scale": self.scaler.state_dict(),  # the dynamic fp16 loss scale; enabled=False, scale 1.0 otherwise
+        """trainer_state.json: the components' entries, and what the checkpoint was written by and for."""
+        state = save_state(self.state_parts)
+        state.update({
             "rng": {"note": "no in-graph randomness; data order = f(seed, position); init = f(seed)"},
-            "anomaly": self.anomaly.state_dict(),
-            "health": self.health.state_dict(),
-            "val_loss": self.last_val_loss,
             "run_identity": run_identity(self.cfg),
             "data_manifest_sha256": self.data.manifest_sha256,
             "backend": self.backend.name,
             "versions": _versions(self.backend),
-            "initial_eval": self.initial_eval,
-        }
-
-    def _data_order(self) -> dict[str, Any]:
-        order = {"seed": self.cfg.seed, "shuffle": self.cfg.data.shuffle, "position": self.consumed_samples}
-        if isinstance(self.source, MixtureSampler):
-            order["mixture"] = self.source.state(self.consumed_samples)
-        return order
+        })
+        return state
 
     def _next_batch(self) -> Batch:
         """The batch at the current data position, prefetched in the background."""
         if self._batches is None:
-            self._batches = self.loader.iterate(self.consumed_samples)
+            self._batches = self.loader.iterate(self.position.consumed_samples)
         batch = next(self._batches)
-        if batch.position != self.consumed_samples:  # the position jumped (a rollback): restart the prefetcher there
+        if batch.position != self.position.consumed_samples:  # the position jumped (a rollback): restart the prefetcher there
             self._close_batches()
             return self._next_batch()
         return batch
@@ -187,13 +164,13 @@ class Trainer:
             if not self.is_main:
                 self.backend.save_sharded(None)  # collective: the folder comes from rank 0
                 return None
-            return save_checkpoint(self.run_dir, self.step, None, None, self.trainer_state(), self.retention,
+            return save_checkpoint(self.run_dir, self.progress.step, None, None, self.trainer_state(), self.retention,
                                    extra_files={"data_manifest.json": self.data.manifest_bytes}, writer=self.backend.save_sharded)
         weights, optimizer = self.backend.weights(), self.backend.optimizer_state()  # collective under sharding
         if not self.is_main:
             return None
         return save_checkpoint(
-            self.run_dir, self.step, weights, optimizer, self.trainer_state(),
+            self.run_dir, self.progress.step, weights, optimizer, self.trainer_state(),
             self.retention, extra_files={"data_manifest.json": self.data.manifest_bytes},
         )
 
@@ -223,41 +200,41 @@ class Trainer:
         logger = MetricsLogger(sinks)
         flops_tok = flops_per_token(self.spec, t.seq_len)
         self.peak = self._device_peak()
-        logger.log({"event": "start" if self.step == 0 else "resume", "step": self.step, "backend": self.backend.name,
+        logger.log({"event": "start" if self.progress.step == 0 else "resume", "step": self.progress.step, "backend": self.backend.name,
                     "parameters": num_parameters(self.spec), "flops_per_token": flops_tok,
                     "validation_samples": len(self.val_samples)})
-        if self.step == 0:
-            self.initial_eval = self.evaluate().to_dict()
-            logger.log({"step": 0, **self.initial_eval})
-        logger.sinks.append(ProgressSink(t.steps, self.step, self.console, cfg.monitor.progress and self.is_main, t.log_every))
+        if self.progress.step == 0:
+            self.evals.initial = self.evaluate().to_dict()
+            logger.log({"step": 0, **self.evals.initial})
+        logger.sinks.append(ProgressSink(t.steps, self.progress.step, self.console, cfg.monitor.progress and self.is_main, t.log_every))
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         losses: list[float] = []
         last_eval: EvalResult | None = None
         end = min(t.steps, stop_at_step) if stop_at_step else t.steps
         saved_step, in_step = -1, False
         try:
-            while self.step < end:
+            while self.progress.step < end:
                 in_step = True
                 losses.append(self._one_step(logger, flops_tok))
                 in_step = False
-                at_end = self.step == t.steps
-                if (t.eval_every and self.step % t.eval_every == 0) or at_end:
+                at_end = self.progress.step == t.steps
+                if (t.eval_every and self.progress.step % t.eval_every == 0) or at_end:
                     last_eval = self.evaluate()
-                    self.last_val_loss = last_eval.loss
-                    logger.log({"step": self.step, **last_eval.to_dict()})
+                    self.evals.val_loss = last_eval.loss
+                    logger.log({"step": self.progress.step, **last_eval.to_dict()})
                 every = cfg.checkpoint.every
-                if (every and self.step % every == 0) or at_end or self.step == end or self._stop_signal:
+                if (every and self.progress.step % every == 0) or at_end or self.progress.step == end or self._stop_signal:
                     self._checkpoint(logger)
-                    saved_step = self.step
+                    saved_step = self.progress.step
                 if self._stop_signal:
-                    raise Preempted(f"stopped by {signal.Signals(self._stop_signal).name} at step {self.step}; "
+                    raise Preempted(f"stopped by {signal.Signals(self._stop_signal).name} at step {self.progress.step}; "
                                     f"checkpoint written; continue with --resume auto")
         except (Preempted, KeyboardInterrupt):
             raise
         except Exception as exc:
             # several processes: a rank alone cannot gather the sharded state (the launcher stops the others)
-            if not in_step and saved_step != self.step and self.step > 0 and self.backend.world_size == 1:
-                self.console.print(f"[red]{type(exc).__name__} at step {self.step}: writing a last-gasp checkpoint[/]")
+            if not in_step and saved_step != self.progress.step and self.progress.step > 0 and self.backend.world_size == 1:
+                self.console.print(f"[red]{type(exc).__name__} at step {self.progress.step}: writing a last-gasp checkpoint[/]")
                 self._checkpoint(logger)
             raise
         finally:
@@ -265,8 +242,8 @@ class Trainer:
             for s, handler in previous.items():
                 signal.signal(s, handler)
             logger.close()
-        initial = EvalResult(**{k[4:]: v for k, v in self.initial_eval.items()}) if self.initial_eval else None
-        return TrainResult(self.backend, self.step, initial, last_eval, losses)
+        initial = EvalResult(**{k[4:]: v for k, v in self.evals.initial.items()}) if self.evals.initial else None
+        return TrainResult(self.backend, self.progress.step, initial, last_eval, losses)
 
     def _device_peak(self) -> float | None:
         """Peak FLOP/s of the devices in use: configured, from the table, or measured (CPU)."""
@@ -281,7 +258,7 @@ class Trainer:
     def _checkpoint(self, logger: MetricsLogger) -> None:
         t0 = time.perf_counter()
         path = self.save()
-        logger.log({"step": self.step, "event": "checkpoint", "path": str(path), "seconds": round(time.perf_counter() - t0, 4)})
+        logger.log({"step": self.progress.step, "event": "checkpoint", "path": str(path), "seconds": round(time.perf_counter() - t0, 4)})
 
     def _loss_multiplier(self, step: int) -> float:
         """Fault drills from the `debug` section: NaN or a spike at chosen steps, once each per process."""
@@ -299,19 +276,19 @@ class Trainer:
         ids, labels = batch.input_ids, (batch.input_ids if self.cfg.debug.unshifted_labels else batch.labels)
         valid = int(self.backend.global_sum(float((labels != IGNORE_INDEX).sum())))  # of the global batch
         t_data = time.perf_counter()
-        detail = bool(self.cfg.monitor.detail_every) and (self.step + 1) % self.cfg.monitor.detail_every == 0
+        detail = bool(self.cfg.monitor.detail_every) and (self.progress.step + 1) % self.cfg.monitor.detail_every == 0
         before = self.backend.weights() if detail else None
         loss_limit, grad_limit = self.anomaly.limits()
         loss_scale = self.scaler.scale
-        scalars = step_scalars(self.step + 1, t.steps, self.cfg.optim, valid, adam_step=self.adam_step + 1,
-                               loss_limit=loss_limit, grad_limit=grad_limit, loss_multiplier=self._loss_multiplier(self.step + 1),
+        scalars = step_scalars(self.progress.step + 1, t.steps, self.cfg.optim, valid, adam_step=self.progress.adam_step + 1,
+                               loss_limit=loss_limit, grad_limit=grad_limit, loss_multiplier=self._loss_multiplier(self.progress.step + 1),
                                loss_scale=loss_scale)
-        injection = self.debugger.injection(self.step + 1)
-        probe = self.debugger.probe(self.step + 1, self.backend, injection, scalars.grad_unscale)
+        injection = self.debugger.injection(self.progress.step + 1)
+        probe = self.debugger.probe(self.progress.step + 1, self.backend, injection, scalars.grad_unscale)
         out = self.backend.train_step(ids, labels, scalars, probe)
         dumped = self.debugger.finish(probe, out)
         if dumped:
-            logger.log({"step": self.step + 1, "event": "dump", "path": str(dumped)})
+            logger.log({"step": self.progress.step + 1, "event": "dump", "path": str(dumped)})
         # fp16: the scaled gradients overflowed while the loss was finite and the step dropped the update;
         # backing off the scale is the normal answer, not an anomaly to locate (unless the scale is at its floor)
         overflow = (self.scaler.enabled and not out.applied and math.isfinite(out.loss) and not math.isfinite(out.grad_norm)
@@ -319,18 +296,18 @@ class Trainer:
         if self.cfg.debug.locate_overflow and not overflow and not (math.isfinite(out.loss) and math.isfinite(out.grad_norm)):
             self._locate_overflow(logger, ids, labels, scalars, injection)
         elapsed = time.perf_counter() - t0
-        self.step += 1
-        self.adam_step += int(out.applied)
-        self.consumed_samples += self.loader.global_batch
+        self.progress.step += 1
+        self.progress.adam_step += int(out.applied)
+        self.position.consumed_samples += self.loader.global_batch
         tokens = ids.size * self.loader.dp_size  # the global batch
-        self.consumed_tokens += tokens
+        self.position.consumed_tokens += tokens
         tokens_per_s = tokens / elapsed
         record = {
-            "step": self.step, "loss": out.loss, "lr": scalars.lr, "grad_norm": out.grad_norm, "applied": out.applied,
+            "step": self.progress.step, "loss": out.loss, "lr": scalars.lr, "grad_norm": out.grad_norm, "applied": out.applied,
             "tokens": tokens, "valid_tokens": valid, "tokens_per_s": tokens_per_s,
             "step_time_s": elapsed, "data_time_s": t_data - t0,
             "model_tflops_per_s": flops_tok * tokens_per_s / 1e12,
-            "consumed_samples": self.consumed_samples, "rss_mb": self._process.memory_info().rss / 2**20,
+            "consumed_samples": self.position.consumed_samples, "rss_mb": self._process.memory_info().rss / 2**20,
             "copy_fraction": float((labels == ids).mean()),  # ~1 means the labels are the inputs, not shifted
             "mfu": mfu(flops_tok, tokens_per_s, self.peak) if self.peak else None,
             "device_mem_mb": self.backend.device_memory_mb(),
@@ -339,7 +316,7 @@ class Trainer:
         logger.log(record)
         self.scaler.update(found_nonfinite=not math.isfinite(out.grad_norm))
         if overflow:
-            logger.log({"step": self.step, "event": "loss_scale_backoff", "scale": loss_scale, "new_scale": self.scaler.scale})
+            logger.log({"step": self.progress.step, "event": "loss_scale_backoff", "scale": loss_scale, "new_scale": self.scaler.scale})
         for event in ([] if overflow else self.health.observe(record)):
             logger.log(event.to_dict())
             self.console.print(f"[yellow]health: {event.message}[/]")
@@ -353,7 +330,7 @@ class Trainer:
         return out.loss
 
     def _locate_overflow(self, logger: MetricsLogger, ids: np.ndarray, labels: np.ndarray, scalars, injection) -> None:
-        step = self.step + 1
+        step = self.progress.step + 1
         if not self.debugger.single_process:  # hooks run in one process: say how to replay the step instead
             message = (f"not located in a multi-process run: replay it in one process with "
                        f"`mindfoundry dump CONFIG --steps {step} --resume auto` and `mindfoundry locate`")
@@ -369,17 +346,17 @@ class Trainer:
 
     def _log_detail(self, logger: MetricsLogger, before: dict[str, np.ndarray], grad_sq: np.ndarray | None) -> None:
         after = self.backend.weights()
-        record: dict[str, Any] = {"step": self.step, "layer_weight_norm": layer_weight_norms(after),
+        record: dict[str, Any] = {"step": self.progress.step, "layer_weight_norm": layer_weight_norms(after),
                                   "layer_update_ratio": layer_update_ratios(before, after)}
         if grad_sq is not None:
             record["layer_grad_norm"] = layer_grad_norms(list(parameter_shapes(self.spec)), grad_sq)
         if isinstance(self.source, MixtureSampler):  # realized vs target shares over the last detail window
             window = self.loader.global_batch * self.cfg.monitor.detail_every
-            record["mixture"] = self.source.realized(max(self.consumed_samples - window, 0), window)
+            record["mixture"] = self.source.realized(max(self.position.consumed_samples - window, 0), window)
         logger.log(record)
 
     def _handle_anomaly(self, verdict, applied: bool, logger: MetricsLogger, lr: float) -> None:
-        step = self.step
+        step = self.progress.step
         action = "skipped" if not applied else "warned"
         if verdict.kind == "spike" and self.cfg.anomaly.policy == "rollback":
             action = self._rollback()
@@ -392,9 +369,9 @@ class Trainer:
         path, _ = find_resumable(self.run_dir)
         if path is None:
             return "skipped (no checkpoint to roll back to)"
-        window_end, consecutive = self.consumed_samples, self.anomaly.consecutive
+        window_end, consecutive = self.position.consumed_samples, self.anomaly.consecutive
         self._load(path)
-        self.skipped_windows.append([self.consumed_samples, window_end])
-        self.consumed_samples = window_end
+        self.position.skipped_windows.append([self.position.consumed_samples, window_end])
+        self.position.consumed_samples = window_end
         self.anomaly.consecutive = consecutive  # repeated rollbacks still count towards the stop
-        return f"rolled back to {path.name}, skipping samples [{self.skipped_windows[-1][0]}, {window_end})"
+        return f"rolled back to {path.name}, skipping samples [{self.position.skipped_windows[-1][0]}, {window_end})"

@@ -110,20 +110,19 @@ def run_smoke(cfg: RunConfig, data: PreparedData, steps: int, console) -> list[C
 def first_step_agreement(cfg: RunConfig, data: PreparedData) -> Check:
     """Same initial weights and first batch on both engines: the first-step loss must agree."""
     from mindfoundry.backends.base import create_backend
-    from mindfoundry.data.dataset.loader import TrainLoader, training_source
     from mindfoundry.data.dataset.packing import IGNORE_INDEX
     from mindfoundry.model.spec import ModelSpec, init_weights
     from mindfoundry.train.schedule import step_scalars
+    from mindfoundry.workflows.align import first_batches
 
     spec = ModelSpec.from_config(cfg.model)
-    loader = TrainLoader(training_source(cfg, data), micro_batch_size=cfg.train.micro_batch_size, grad_accum=cfg.train.grad_accum)
-    batch = loader.batch(0)
-    scalars = step_scalars(1, cfg.train.steps, cfg.optim, int((batch.labels != IGNORE_INDEX).sum()))
+    ((ids, labels),) = first_batches(cfg, data, 1)
+    scalars = step_scalars(1, cfg.train.steps, cfg.optim, int((labels != IGNORE_INDEX).sum()))
     out = {}
     for engine in ("mindspore", "torch"):
         backend = create_backend(cfg.model_copy(update={"backend": engine}), spec)
         backend.load_weights(init_weights(spec, cfg.seed))
-        out[engine] = backend.train_step(batch.input_ids, batch.labels, scalars)
+        out[engine] = backend.train_step(ids, labels, scalars)
     rel = abs(out["mindspore"].loss / out["torch"].loss - 1)
     return Check("first step: MindSpore vs PyTorch", rel < 1e-4,
                  f"loss {out['mindspore'].loss:.6f} vs {out['torch'].loss:.6f} (rel {rel:.1e})",

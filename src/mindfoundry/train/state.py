@@ -1,0 +1,124 @@
+"""The trainer's checkpointed state: each component saves and restores its own entries of trainer_state.json.
+
+trainer_state.json is one flat JSON object (docs/checkpoints.md). Every top-level key belongs to
+exactly one component, which writes it (``entries``) and reads it back (``restore``); the trainer
+only lists its components. A key an older checkpoint lacks leaves that component's defaults, so
+checkpoints of earlier releases keep resuming (tests/checkpoint/test_legacy_resume.py). Only the
+smallest state that rebuilds the rest is saved: the LR is a function of the step and the sample
+order a function of (seed, position).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol
+
+
+class Component(Protocol):
+    """A piece of trainer state that checkpoints itself."""
+
+    def entries(self) -> dict[str, Any]:
+        """This component's keys of trainer_state.json with their values (JSON-ready)."""
+        ...
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Take this component's keys from a checkpoint's trainer state."""
+        ...
+
+
+class HasStateDict(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+@dataclass
+class Keyed:
+    """An object with ``state_dict``/``load_state_dict`` (anomaly monitor, loss scaler, health monitor) stored
+    under one key."""
+
+    key: str
+    owner: HasStateDict
+
+    def entries(self) -> dict[str, Any]:
+        return {self.key: self.owner.state_dict()}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        self.owner.load_state_dict(state.get(self.key, {}))
+
+
+@dataclass
+class Progress:
+    """Where the optimizer is: steps attempted (they drive the LR schedule) and AdamW updates applied
+    (AdamW's t, behind `step` once updates were dropped)."""
+
+    step: int = 0
+    adam_step: int = 0
+
+    def entries(self) -> dict[str, Any]:
+        return {"adam_step": self.adam_step, "lr_schedule": {"kind": "warmup_cosine", "step": self.step}}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        self.step = int(state["step"])  # written by the checkpoint store beside these entries
+        self.adam_step = int(state.get("adam_step", self.step))
+
+
+@dataclass
+class DataPosition:
+    """Where the data stream is: samples and tokens consumed, and the windows rollbacks skipped.
+
+    The order itself is rebuilt from (seed, shuffle, position); a category mixture adds its own
+    description (``mixture_state``, informational: the sampler is a function of the position too).
+    """
+
+    seed: int
+    shuffle: bool
+    consumed_samples: int = 0
+    consumed_tokens: int = 0
+    skipped_windows: list[list[int]] = field(default_factory=list)  # [start, end) sample positions
+    mixture_state: Any = None  # callable position -> dict, for a mixture source
+
+    def entries(self) -> dict[str, Any]:
+        order: dict[str, Any] = {"seed": self.seed, "shuffle": self.shuffle, "position": self.consumed_samples}
+        if self.mixture_state is not None:
+            order["mixture"] = self.mixture_state(self.consumed_samples)
+        return {"consumed_samples": self.consumed_samples, "consumed_tokens": self.consumed_tokens,
+                "data_order": order, "skipped_windows": self.skipped_windows}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        self.consumed_samples = int(state["consumed_samples"])
+        self.consumed_tokens = int(state["consumed_tokens"])
+        self.skipped_windows = [list(w) for w in state.get("skipped_windows", [])]
+
+
+@dataclass
+class Evaluations:
+    """The held-out results a run carries along: the untrained model's (for the final summary) and the latest
+    validation loss (for keep_best retention)."""
+
+    initial: dict[str, Any] | None = None
+    val_loss: float | None = None
+
+    def entries(self) -> dict[str, Any]:
+        return {"val_loss": self.val_loss, "initial_eval": self.initial}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        self.initial = state.get("initial_eval")
+        self.val_loss = state.get("val_loss")
+
+
+def save_state(components: list[Component]) -> dict[str, Any]:
+    """Every component's entries in one dict; two components claiming one key is a bug."""
+    out: dict[str, Any] = {}
+    for component in components:
+        entries = component.entries()
+        clash = out.keys() & entries.keys()
+        if clash:
+            raise RuntimeError(f"trainer state keys {sorted(clash)} are claimed by two components")
+        out.update(entries)
+    return out
+
+
+def restore_state(components: list[Component], state: Mapping[str, Any]) -> None:
+    for component in components:
+        component.restore(state)

@@ -1,0 +1,46 @@
+"""README's layout section names exactly the files of the tree (src packages, bench/, configs/, docs/)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SRC = "src/mindfoundry/"
+FILE = re.compile(r"[\w-]+\.(?:py|yaml|md)\b")
+
+
+def readme_layout(text: str) -> dict[str, set[str]]:
+    """Folder (relative to the repository) -> the file names its entry lists; descriptions in parentheses are skipped."""
+    block = text.split("## Layout\n", 1)[1].split("```\n", 2)[1]
+    out: dict[str, set[str]] = {}
+    folder = None
+    for line in block.splitlines():
+        head = re.match(r"^(\s*)(\S+/)\s", line + " ")
+        if head:
+            folder = head.group(2) if not head.group(1) else SRC + head.group(2)
+            line = line[head.end():]
+        while re.search(r"\([^()]*\)", line):
+            line = re.sub(r"\([^()]*\)", "", line)
+        out.setdefault(folder, set()).update(FILE.findall(line))
+    return out
+
+
+def tree_files() -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for path in sorted((REPO / "src" / "mindfoundry").rglob("*.py")):
+        if path.name != "__init__.py":
+            out.setdefault(path.parent.relative_to(REPO).as_posix() + "/", set()).add(path.name)
+    for folder, pattern in (("bench", "*.py"), ("configs", "*.yaml"), ("docs", "*.md")):
+        out[folder + "/"] = {p.name for p in (REPO / folder).glob(pattern)}
+    return out
+
+
+def test_readme_layout_is_the_tree() -> None:
+    assert readme_layout((REPO / "README.md").read_text(encoding="utf-8")) == tree_files()
+
+
+def test_a_missing_file_is_noticed() -> None:
+    text = "## Layout\n\n```\nsrc/mindfoundry/  errors.py (the base, not cli.py)\n  cli/  main.py,\n        args.py\nbench/  a.py\n```\n"
+    assert readme_layout(text) == {"src/mindfoundry/": {"errors.py"}, "src/mindfoundry/cli/": {"main.py", "args.py"},
+                                   "bench/": {"a.py"}}
