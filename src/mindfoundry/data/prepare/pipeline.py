@@ -265,7 +265,15 @@ def wait_for_prepared(cfg: RunConfig, *, timeout_s: float = 24 * 3600, poll_s: f
 
 
 def _build(cfg: RunConfig, tmp: Path, log: Callable[[str], None]) -> dict[str, Any]:
-    """Pre-pass, tokenizer and shards into ``tmp``; return the manifest (without its identity)."""
+    """The three streaming passes into ``tmp``; return the manifest (without its identity).
+
+    1. plan (:func:`~mindfoundry.data.clean.curate.plan_corpus`): boilerplate lines counted and dedup
+       decided over the whole corpus (hashes and ids only);
+    2. tokenizer: the training split of the curated corpus fed to the BPE trainer (skipped for a loaded one);
+    3. shards: every curated document split and tokenized into its source's train/validation shard.
+    Passes 2 and 3 stream the corpus through :func:`~mindfoundry.data.clean.curate.curate` on the worker
+    pool with their own task; the plan of pass 1 is what makes them decide the same way.
+    """
     start = time.perf_counter()
     dtype = dtype_for_vocab(cfg.model.vocab_size)
     totals = {split: {"documents": 0, "tokens": 0, "bytes": 0, "shards": []} for split in SPLITS}
