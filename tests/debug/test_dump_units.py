@@ -105,3 +105,19 @@ def test_debug_steps_are_refused_under_a_multi_process_launch(tmp_path) -> None:
     with pytest.raises(ProbeError, match="run in a single process.*mindfoundry dump CONFIG --steps"):
         StepDebugger(cfg, tmp_path, world_size=2)
     assert not StepDebugger(tiny_config(), tmp_path, world_size=2).single_process  # no dump asked: fine, locator replays
+
+
+def test_dump_choices_from_the_command_line_are_validated(tmp_path) -> None:
+    """`mindfoundry dump --steps` gets the selection's own message (not pydantic's help URL), and no steps is refused."""
+    from mf_testing import tiny_config
+    from mindfoundry.config.load import ConfigError
+    from mindfoundry.workflows.replay import DumpChoice, replay_config
+
+    cfg = tiny_config()
+    with pytest.raises(ConfigError) as bad:
+        replay_config(cfg, DumpChoice(steps="1|x-5"), tmp_path)
+    assert str(bad.value) == "steps '1|x-5': 'x-5' is not a number or a range like '50-100' (write e.g. '1|50-100')"
+    with pytest.raises(ConfigError, match="no steps to dump: pass --steps"):
+        replay_config(cfg, DumpChoice(), tmp_path)
+    replayed = replay_config(cfg, DumpChoice(steps="2", mode="tensor"), tmp_path)
+    assert (replayed.debug.dump.steps, replayed.debug.dump.mode, replayed.run_dir) == ("2", "tensor", str(tmp_path / "replay"))

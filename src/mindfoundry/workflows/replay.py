@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from pydantic import ValidationError
 from rich.console import Console
 
 from mindfoundry.config.load import ConfigError
@@ -38,8 +39,8 @@ def replay_config(cfg: RunConfig, choice: DumpChoice, out: Path) -> RunConfig:
                                 ("directions", choice.directions)) if v}
     try:
         dump = DumpConfig.model_validate({**cfg.debug.dump.model_dump(), **chosen, "dir": str(out)})
-    except ValueError as exc:
-        raise ConfigError(str(exc).splitlines()[-1].strip()) from None
+    except ValidationError as exc:  # the field's own message (str(exc) ends with pydantic's help URL)
+        raise ConfigError("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
     if not dump.steps:
         raise ConfigError("no steps to dump: pass --steps (e.g. --steps '1|50-60') or set debug.dump.steps")
     t = cfg.train
