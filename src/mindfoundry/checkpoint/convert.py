@@ -36,7 +36,7 @@ def _engine_module(suffix: str):
         raise CheckpointError(f"converting {suffix} files needs {exc.name}: pip install 'mindfoundry[{engine}]'") from None
 
 
-def _run_config(ckpt_dir: Path) -> RunConfig:
+def run_config(ckpt_dir: Path) -> RunConfig:
     """The config of the run that wrote `ckpt_dir` (RUN/checkpoints/step_N)."""
     config = ckpt_dir.parent.parent / "config.yaml"
     if not config.is_file():
@@ -54,7 +54,7 @@ def export_checkpoint(ckpt_dir: Path, out: Path) -> Path:
         return out
     module = _engine_module(out.suffix)
     ckpt = load_checkpoint(ckpt_dir, read_shards=read_shard_folder)
-    module.export_native(ckpt.weights, ckpt.optimizer, ckpt.state, out, _run_config(Path(ckpt_dir)))
+    module.export_native(ckpt.weights, ckpt.optimizer, ckpt.state, out, run_config(Path(ckpt_dir)))
     return out
 
 

@@ -110,11 +110,29 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from mindfoundry.checkpoint.convert import WEIGHTS_ONLY, export_checkpoint
+    from mindfoundry.checkpoint.hf_export import export_hf
+
+    src, out = Path(args.checkpoint), Path(args.out)
+    if args.format == "safetensors" and out.suffix != WEIGHTS_ONLY:
+        raise CheckpointError(f"--format safetensors writes one file: give --out a name ending in {WEIGHTS_ONLY}")
+    written = export_hf(src, out) if args.format == "hf" else export_checkpoint(src, out)
+    console.print(f"wrote {written}")
+    return 0
+
+
 def add_ckpt_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("convert", help="checkpoint folder (full or sharded) <-> MindSpore .ckpt / PyTorch .pt; -> weights .safetensors")
     p.add_argument("source", help="RUN/checkpoints/step_N folder (export) or a .ckpt/.pt file (import)")
     p.add_argument("dest", help="output .ckpt/.pt file or .safetensors (weights alone) (export), or a run directory to import into")
     p.set_defaults(func=cmd_convert)
+    p = sub.add_parser("export", help="a checkpoint as a Hugging Face Llama folder (transformers opens it) or merged weights")
+    p.add_argument("checkpoint", help="RUN/checkpoints/step_N folder (full or sharded)")
+    p.add_argument("--format", choices=["hf", "safetensors"], default="hf",
+                   help="hf: config.json + model.safetensors (Llama names) + tokenizer; safetensors: one file, our names")
+    p.add_argument("--out", required=True, help="output folder (hf; must not exist or be empty) or .safetensors file")
+    p.set_defaults(func=cmd_export)
 
     ckpt = sub.add_parser("ckpt", help="list, verify or inspect checkpoints").add_subparsers(dest="ckpt_command", required=True)
     p = ckpt.add_parser("list", help="a run's checkpoints with size, data position, val loss and status")

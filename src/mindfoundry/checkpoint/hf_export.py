@@ -1,0 +1,118 @@
+"""`mindfoundry export CHECKPOINT --format hf --out DIR`: a Hugging Face Llama folder that `transformers` opens.
+
+The model is a Llama already (RMSNorm, rotate-half RoPE, grouped-query attention, SwiGLU), so the
+export is a list of names and a config, no arithmetic: every tensor is written as it is, under
+the Llama name (``layers.3.attn.q_proj.weight`` -> ``model.layers.3.self_attn.q_proj.weight``).
+The folder holds ``config.json`` (``LlamaForCausalLM``), ``model.safetensors``,
+``generation_config.json`` and the run's tokenizer (``tokenizer.json`` + ``tokenizer_config.json``
+for ``PreTrainedTokenizerFast``), so ``AutoModelForCausalLM.from_pretrained(DIR)`` and
+``AutoTokenizer.from_pretrained(DIR)`` work offline. Framework-free: the files are written with
+safetensors and json only; tests/checkpoint/test_hf_export.py opens them with transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from mindfoundry.backends.base import read_shard_folder
+from mindfoundry.checkpoint.convert import run_config
+from mindfoundry.checkpoint.store import CheckpointError, load_checkpoint
+from mindfoundry.data.prepare.tokenizer import EOS, PAD, eos_id, load_tokenizer, pad_id, tokenizer_hash
+from mindfoundry.errors import OutputExistsError
+from mindfoundry.model.spec import ModelSpec, parameter_shapes
+
+#: Our parameter-name pieces -> the Llama ones (the layer index is kept).
+_LAYER_PARTS = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm", "attn.": "self_attn.", "mlp.": "mlp."}
+
+
+def hf_name(name: str) -> str:
+    """The Llama name of one of our parameter names."""
+    if name == "embed.weight":
+        return "model.embed_tokens.weight"
+    if name == "norm.weight":
+        return "model.norm.weight"
+    if name == "lm_head.weight":
+        return name
+    for ours, theirs in _LAYER_PARTS.items():
+        if f".{ours}" in name:
+            return "model." + name.replace(f".{ours}", f".{theirs}", 1)
+    raise KeyError(name)
+
+
+def hf_config(spec: ModelSpec, *, eos_id: int, pad_id: int, init_std: float) -> dict[str, Any]:
+    """config.json of a LlamaForCausalLM with exactly this model's sizes (rope theta under both the
+    transformers 4.x key and 5.x's rope_parameters)."""
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": spec.vocab_size, "hidden_size": spec.d_model, "intermediate_size": spec.ffn_dim,
+        "num_hidden_layers": spec.n_layers, "num_attention_heads": spec.n_heads, "num_key_value_heads": spec.n_kv_heads,
+        "head_dim": spec.head_dim, "hidden_act": "silu", "max_position_embeddings": spec.max_seq_len,
+        "rms_norm_eps": spec.norm_eps, "rope_theta": spec.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": spec.rope_theta},
+        "tie_word_embeddings": spec.tie_embeddings, "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0,
+        "initializer_range": init_std, "bos_token_id": None, "eos_token_id": eos_id, "pad_token_id": pad_id,
+        "dtype": "float32", "torch_dtype": "float32", "use_cache": True,
+    }
+
+
+def hf_weights(spec: ModelSpec, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The checkpoint's weights under Llama names; the names and shapes must be exactly this model's."""
+    expected = parameter_shapes(spec)
+    got = {n: tuple(w.shape) for n, w in weights.items()}
+    if got != expected:
+        missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
+        wrong = sorted(n for n in set(got) & set(expected) if got[n] != expected[n])
+        raise CheckpointError(f"the checkpoint does not hold this run's model (missing {missing[:3]}, unexpected {extra[:3]}, "
+                              f"other shapes {wrong[:3]}): export a checkpoint of this run")
+    return {hf_name(n): np.ascontiguousarray(w, dtype=np.float32) for n, w in weights.items()}
+
+
+def _tokenizer_file(ckpt_dir: Path, data_dir: Path) -> Path:
+    """The run's tokenizer.json: the one the checkpoint's data manifest names (by sha256), from the run's data folder."""
+    manifest = json.loads((ckpt_dir / "data_manifest.json").read_text(encoding="utf-8"))
+    want = manifest["tokenizer"]["sha256"]
+    candidates = [ckpt_dir.parent.parent / "data" / "tokenizer.json", data_dir / "tokenizer.json"]
+    for path in candidates:
+        if path.is_file() and tokenizer_hash(load_tokenizer(path)) == want:
+            return path
+    raise CheckpointError(f"the run's tokenizer (sha256 {want[:12]}...) is in none of {', '.join(map(str, candidates))}: "
+                          "export from the run directory that trained this checkpoint, with its data folder in place")
+
+
+def export_hf(ckpt_dir: str | Path, out: str | Path) -> Path:
+    """Write checkpoint `ckpt_dir` (full or sharded) as a Hugging Face Llama folder `out`; refuses a non-empty `out`."""
+    ckpt_dir, out = Path(ckpt_dir), Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise OutputExistsError(f"{out} already exists and is not an empty folder: choose another --out (nothing was written)")
+    cfg = run_config(ckpt_dir)
+    spec = ModelSpec.from_config(cfg.model)
+    if spec.num_experts:
+        raise CheckpointError("this model has mixture-of-experts blocks (model.moe.num_experts > 0), which the Llama layout "
+                              "cannot hold: export the weights with --format safetensors")
+    tokenizer_path = _tokenizer_file(ckpt_dir, Path(cfg.data.output_dir))
+    tokenizer = load_tokenizer(tokenizer_path)
+    eos, pad = eos_id(tokenizer), pad_id(tokenizer)
+    weights = hf_weights(spec, load_checkpoint(ckpt_dir, read_shards=read_shard_folder).weights)
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    files = {
+        "config.json": hf_config(spec, eos_id=eos, pad_id=pad, init_std=cfg.model.init_std),
+        "generation_config.json": {"eos_token_id": eos, "pad_token_id": pad, "do_sample": False},
+        "tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS, "pad_token": PAD,
+                                  "model_max_length": spec.max_seq_len, "clean_up_tokenization_spaces": False},
+    }
+    for name, content in files.items():
+        (tmp / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+    shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")
+    if out.exists():
+        out.rmdir()  # empty, checked above
+    tmp.rename(out)
+    return out

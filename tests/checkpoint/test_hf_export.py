@@ -1,0 +1,114 @@
+"""`mindfoundry export --format hf`: the folder opens in Hugging Face transformers, which computes our logits."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+transformers = pytest.importorskip("transformers", reason="transformers is installed by `make test` (the dev extra)")
+torch = pytest.importorskip("torch")
+
+from mindfoundry.backends.base import create_backend  # noqa: E402
+from mindfoundry.checkpoint.hf_export import export_hf, hf_name  # noqa: E402
+from mindfoundry.checkpoint.store import CheckpointError, Retention, save_checkpoint  # noqa: E402
+from mindfoundry.cli.main import main  # noqa: E402
+from mindfoundry.config.load import to_yaml  # noqa: E402
+from mindfoundry.data.prepare.tokenizer import eos_id, pad_id  # noqa: E402
+from mindfoundry.errors import OutputExistsError  # noqa: E402
+from mindfoundry.eval.generate import generate  # noqa: E402
+from mindfoundry.model.spec import ModelSpec, init_weights, parameter_shapes  # noqa: E402
+from mindfoundry.parallel.layout import validate_run_config  # noqa: E402
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # local folders only, never the hub
+
+
+def checkpoint_of(cfg, data, **model) -> tuple[Path, dict[str, np.ndarray], object]:
+    """A checkpoint of the tiny run (with `model` overrides) whose every weight, norms included, is random."""
+    cfg = validate_run_config(cfg.model_dump(mode="json") | {"model": cfg.model.model_dump(mode="json") | model})
+    run = Path(cfg.run_dir)
+    (run / "config.yaml").write_text(to_yaml(cfg))  # what training writes (export reads the run's config)
+    rng = np.random.default_rng(3)
+    weights = {n: (w + rng.normal(0, 0.05, w.shape)).astype(np.float32) for n, w in init_weights(ModelSpec.from_config(cfg.model), 1).items()}
+    moments = {f"{k}.{n}": np.zeros_like(w) for n, w in weights.items() for k in ("exp_avg", "exp_avg_sq")}
+    path = save_checkpoint(run, 1, weights, moments, {"adam_step": 1, "consumed_samples": 8, "consumed_tokens": 256},
+                           Retention(), extra_files={"data_manifest.json": data.manifest_bytes})
+    return path, weights, cfg
+
+
+@pytest.mark.parametrize("model", [{}, {"n_kv_heads": 1, "tie_embeddings": False}], ids=["tied-mha", "untied-gqa"])
+def test_transformers_opens_the_export_and_agrees_with_both_engines(tiny_prepared, tmp_path: Path, model: dict) -> None:
+    cfg, data = tiny_prepared
+    ckpt, weights, cfg = checkpoint_of(cfg, data, **model)
+    out = export_hf(ckpt, tmp_path / "hf")
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors",
+                                                      "tokenizer.json", "tokenizer_config.json"]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
+    assert type(hf).__name__ == "LlamaForCausalLM"
+    hf.eval()
+    spec = ModelSpec.from_config(cfg.model)
+    assert len(dict(hf.named_parameters())) == len(parameter_shapes(spec))  # a tied head is one parameter in both
+    ids = np.random.default_rng(0).integers(2, spec.vocab_size, (2, cfg.train.seq_len)).astype(np.int32)
+    with torch.no_grad():
+        theirs = hf(torch.from_numpy(ids.astype(np.int64))).logits.numpy()
+    for engine in ("torch", "mindspore"):
+        pytest.importorskip(engine)
+        backend = create_backend(cfg.model_copy(update={"backend": engine}), spec)
+        backend.load_weights(weights)
+        ours = backend.logits(ids)
+        assert np.abs(ours - theirs).max() < 2e-6, engine  # measured 4.8e-7 / 3.6e-7 (torch), 8.2e-7 / 7.2e-7 (mindspore); logits ~1.7
+
+    tok = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
+    text = "def greet(name):\n    return f'你好, {name}!'\n"
+    assert tok(text, add_special_tokens=False)["input_ids"] == data.tokenizer.encode(text).ids
+    assert tok.decode(data.tokenizer.encode(text).ids) == text
+    assert (tok.eos_token_id, tok.pad_token_id) == (eos_id(data.tokenizer), pad_id(data.tokenizer))
+
+    prompt = data.tokenizer.encode("import json\n").ids
+    backend = create_backend(cfg.model_copy(update={"backend": "torch"}), spec)
+    backend.load_weights(weights)
+    ours = generate(backend, prompt, window=cfg.train.seq_len, max_new_tokens=12, temperature=0, top_k=0,
+                    eos_id=eos_id(data.tokenizer), pad_id=pad_id(data.tokenizer), seed=0)
+    with torch.no_grad():
+        full = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, len(prompt):].tolist()
+    theirs = full[: full.index(eos_id(data.tokenizer))] if eos_id(data.tokenizer) in full else full
+    assert ours == theirs and len(ours) > 0  # greedy decoding, token for token
+
+
+def test_names_and_config(tiny_prepared, tmp_path: Path) -> None:
+    cfg, data = tiny_prepared
+    ckpt, _, cfg = checkpoint_of(cfg, data)
+    assert [hf_name(n) for n in ("embed.weight", "layers.1.attn_norm.weight", "layers.1.attn.k_proj.weight",
+                                 "layers.1.mlp_norm.weight", "layers.1.mlp.down_proj.weight", "norm.weight")] == [
+        "model.embed_tokens.weight", "model.layers.1.input_layernorm.weight", "model.layers.1.self_attn.k_proj.weight",
+        "model.layers.1.post_attention_layernorm.weight", "model.layers.1.mlp.down_proj.weight", "model.norm.weight"]
+    assert main(["export", str(ckpt), "--out", str(tmp_path / "hf")]) == 0
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert {k: config[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                                   "intermediate_size", "vocab_size", "rope_theta", "rms_norm_eps", "tie_word_embeddings")} == {
+        "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
+        "intermediate_size": cfg.model.ffn_dim, "vocab_size": 512, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": True}
+
+
+def test_export_refuses_what_it_cannot_write(tiny_prepared, tmp_path: Path, capsys) -> None:
+    cfg, data = tiny_prepared
+    ckpt, _, _ = checkpoint_of(cfg, data)
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "keep.txt").write_text("mine")
+    with pytest.raises(OutputExistsError, match="not an empty folder"):
+        export_hf(ckpt, taken)
+    assert [p.name for p in taken.iterdir()] == ["keep.txt"]  # nothing written, nothing lost
+    assert main(["export", str(ckpt), "--format", "safetensors", "--out", str(tmp_path / "w.bin")]) == 2
+    assert "give --out a name ending in .safetensors" in capsys.readouterr().err
+    assert main(["export", str(ckpt), "--format", "safetensors", "--out", str(tmp_path / "w.safetensors")]) == 0
+    assert (tmp_path / "w.safetensors").read_bytes() == (ckpt / "model.safetensors").read_bytes()
+    (ckpt.parent.parent / "data" / "tokenizer.json").write_text((ckpt.parent.parent / "data" / "tokenizer.json").read_text()
+                                                                .replace('"<|pad|>"', '"<|pad2|>"'))
+    with pytest.raises(CheckpointError, match="the run's tokenizer .* is in none of"):
+        export_hf(ckpt, tmp_path / "other")
+    assert not (tmp_path / "other").exists()
