@@ -112,3 +112,58 @@ def test_export_refuses_what_it_cannot_write(tiny_prepared, tmp_path: Path, caps
     with pytest.raises(CheckpointError, match="the run's tokenizer .* is in none of"):
         export_hf(ckpt, tmp_path / "other")
     assert not (tmp_path / "other").exists()
+
+
+def test_init_from_an_export_round_trips_byte_for_byte(tiny_prepared, tmp_path: Path) -> None:
+    """export -> checkpoint.init_from -> a new run's initial weights -> export again: the same bytes."""
+    from mindfoundry.checkpoint.hf_import import initial_weights
+    from mindfoundry.train.trainer import Trainer
+
+    cfg, data = tiny_prepared
+    ckpt, weights, cfg = checkpoint_of(cfg, data, n_kv_heads=1, tie_embeddings=False)
+    first = export_hf(ckpt, tmp_path / "first")
+    spec = ModelSpec.from_config(cfg.model)
+    imported = initial_weights(first, spec)
+    assert imported.keys() == weights.keys() and all(np.array_equal(imported[n], weights[n]) for n in weights)
+    assert all(np.array_equal(initial_weights(ckpt, spec)[n], weights[n]) for n in weights)  # a checkpoint folder too
+
+    new_run = cfg.model_copy(update={"run_dir": str(tmp_path / "continued"), "backend": "torch",
+                                     "checkpoint": cfg.checkpoint.model_copy(update={"init_from": str(first)})})
+    trainer = Trainer(new_run, data, tmp_path / "continued")
+    trainer.restore_or_init(resume=False)
+    started = trainer.backend.weights()
+    assert all(np.array_equal(started[n], weights[n]) for n in weights)
+    (tmp_path / "continued").mkdir()
+    (tmp_path / "continued" / "config.yaml").write_text(to_yaml(new_run))
+    again = save_checkpoint(tmp_path / "continued", 1, started, {f"{k}.{n}": np.zeros_like(w) for n, w in started.items()
+                                                                 for k in ("exp_avg", "exp_avg_sq")},
+                            {"adam_step": 0, "consumed_samples": 0, "consumed_tokens": 0},
+                            extra_files={"data_manifest.json": data.manifest_bytes})
+    second = export_hf(again, tmp_path / "second")
+    assert (second / "model.safetensors").read_bytes() == (first / "model.safetensors").read_bytes()
+    assert (second / "config.json").read_bytes() == (first / "config.json").read_bytes()
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"attention_bias": True}, "attention_bias=True is not representable"),
+    ({"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}}, "rope_type='linear' \\(RoPE scaling\\)"),
+    ({"hidden_size": 64}, "hidden_size=64 but this run has model.d_model=32: set model.d_model to match"),
+    ({"num_key_value_heads": 1}, "num_key_value_heads=1 but this run has model.n_kv_heads=2"),
+])
+def test_init_from_refuses_what_the_model_cannot_represent(tiny_prepared, tmp_path: Path, edit: dict, message: str) -> None:
+    from mindfoundry.checkpoint.hf_import import initial_weights
+
+    cfg, data = tiny_prepared
+    ckpt, _, cfg = checkpoint_of(cfg, data)
+    folder = export_hf(ckpt, tmp_path / "hf")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | edit))
+    with pytest.raises(CheckpointError, match=message):
+        initial_weights(folder, ModelSpec.from_config(cfg.model))
+
+
+def test_init_from_must_be_a_folder(make_config) -> None:
+    from mindfoundry.config.load import ConfigError
+
+    with pytest.raises(ConfigError, match="checkpoint.init_from='/no/such' is not a folder"):
+        make_config(checkpoint={"init_from": "/no/such"})

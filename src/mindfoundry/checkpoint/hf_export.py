@@ -61,15 +61,20 @@ def hf_config(spec: ModelSpec, *, eos_id: int, pad_id: int, init_std: float) -> 
     }
 
 
-def hf_weights(spec: ModelSpec, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The checkpoint's weights under Llama names; the names and shapes must be exactly this model's."""
+def check_weights(spec: ModelSpec, weights: Mapping[str, np.ndarray], what: str) -> None:
+    """`weights` must hold exactly this model's parameter names at its shapes (else a CheckpointError naming a few)."""
     expected = parameter_shapes(spec)
     got = {n: tuple(w.shape) for n, w in weights.items()}
     if got != expected:
         missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
         wrong = sorted(n for n in set(got) & set(expected) if got[n] != expected[n])
-        raise CheckpointError(f"the checkpoint does not hold this run's model (missing {missing[:3]}, unexpected {extra[:3]}, "
-                              f"other shapes {wrong[:3]}): export a checkpoint of this run")
+        raise CheckpointError(f"{what} does not hold this run's model (missing {missing[:3]}, unexpected {extra[:3]}, "
+                              f"other shapes {wrong[:3]}): use weights of a model with this config's sizes")
+
+
+def hf_weights(spec: ModelSpec, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The checkpoint's weights under Llama names; the names and shapes must be exactly this model's."""
+    check_weights(spec, weights, "the checkpoint")
     return {hf_name(n): np.ascontiguousarray(w, dtype=np.float32) for n, w in weights.items()}
 
 

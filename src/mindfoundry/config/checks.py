@@ -141,6 +141,10 @@ def _train_problems(cfg: RunConfig) -> list[str]:
     if cfg.backend == "mindspore" and cfg.checkpoint.format == "sharded":
         out.append("checkpoint.format='sharded' is written by the torch backend (torch.distributed.checkpoint); MindSpore's own "
                    "distributed checkpoints are not supported: use checkpoint.format: full, or backend: torch")
+    init = cfg.checkpoint.init_from
+    if init is not None and not Path(init).is_dir():
+        out.append(f"checkpoint.init_from={init!r} is not a folder: point it at a Hugging Face Llama folder or a "
+                   "RUN/checkpoints/step_N folder, or set it to null for random initial weights")
     if cfg.optim.warmup_steps > cfg.train.steps:
         out.append(
             f"optim.warmup_steps={cfg.optim.warmup_steps} exceeds train.steps={cfg.train.steps}: "

@@ -22,6 +22,7 @@ from rich.console import Console
 
 import mindfoundry
 from mindfoundry.backends.base import Backend, create_backend, read_shard_folder, supports_sharded
+from mindfoundry.checkpoint.hf_import import initial_weights
 from mindfoundry.checkpoint.store import (CheckpointError, Retention, find_resumable, is_sharded, load_checkpoint, save_checkpoint,
                                           shard_folders)
 from mindfoundry.config.schema import RunConfig
@@ -108,7 +109,10 @@ class Trainer:
         for note in skipped:
             self.console.print(f"[yellow]skipping checkpoint: {note}[/]")
         if path is None:
-            self.backend.load_weights(init_weights(self.spec, self.cfg.seed))
+            init = self.cfg.checkpoint.init_from
+            self.backend.load_weights(initial_weights(init, self.spec) if init else init_weights(self.spec, self.cfg.seed))
+            if init:
+                self.console.print(f"initial weights from {init}")
             return
         self._load(path)
         self.console.print(f"resumed from {path} (step {self.progress.step}, {self.position.consumed_samples} samples consumed)")
