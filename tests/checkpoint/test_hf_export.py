@@ -167,3 +167,17 @@ def test_init_from_must_be_a_folder(make_config) -> None:
 
     with pytest.raises(ConfigError, match="checkpoint.init_from='/no/such' is not a folder"):
         make_config(checkpoint={"init_from": "/no/such"})
+
+
+def test_a_sharded_checkpoint_exports_the_same_bytes(tiny_prepared, tmp_path: Path) -> None:
+    """checkpoint.format: sharded (torch.distributed.checkpoint shards) exports exactly what the full format does."""
+    cfg, data = tiny_prepared
+    full, weights, cfg = checkpoint_of(cfg, data)
+    backend = create_backend(cfg.model_copy(update={"backend": "torch"}), ModelSpec.from_config(cfg.model))
+    backend.load_weights(weights)
+    sharded = save_checkpoint(Path(cfg.run_dir), 2, None, None, {"adam_step": 0, "consumed_samples": 0, "consumed_tokens": 0},
+                              Retention(keep_last=2), extra_files={"data_manifest.json": data.manifest_bytes},
+                              writer=backend.save_sharded)
+    assert (sharded / "model").is_dir()
+    a, b = export_hf(full, tmp_path / "from-full"), export_hf(sharded, tmp_path / "from-sharded")
+    assert {p.name: p.read_bytes() for p in a.iterdir()} == {p.name: p.read_bytes() for p in b.iterdir()}
