@@ -40,7 +40,7 @@ def checkpoint_of(cfg, data, **model) -> tuple[Path, dict[str, np.ndarray], obje
 
 
 @pytest.mark.parametrize("model", [{}, {"n_kv_heads": 1, "tie_embeddings": False}], ids=["tied-mha", "untied-gqa"])
-def test_transformers_opens_the_export_and_agrees_with_both_engines(tiny_prepared, tmp_path: Path, model: dict) -> None:
+def test_transformers_opens_the_export_and_agrees_with_both_engines(tiny_prepared, tmp_path: Path, model: dict, capsys) -> None:
     cfg, data = tiny_prepared
     ckpt, weights, cfg = checkpoint_of(cfg, data, **model)
     out = export_hf(ckpt, tmp_path / "hf")
@@ -70,12 +70,17 @@ def test_transformers_opens_the_export_and_agrees_with_both_engines(tiny_prepare
     prompt = data.tokenizer.encode("import json\n").ids
     backend = create_backend(cfg.model_copy(update={"backend": "torch"}), spec)
     backend.load_weights(weights)
-    ours = generate(backend, prompt, window=cfg.train.seq_len, max_new_tokens=12, temperature=0, top_k=0,
-                    eos_id=eos_id(data.tokenizer), pad_id=pad_id(data.tokenizer), seed=0)
+    ours = generate(backend, prompt, max_seq_len=cfg.model.max_seq_len, max_new_tokens=12, temperature=0, top_k=0,
+                    eos_id=eos_id(data.tokenizer), seed=0)
     with torch.no_grad():
         full = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, len(prompt):].tolist()
     theirs = full[: full.index(eos_id(data.tokenizer))] if eos_id(data.tokenizer) in full else full
     assert ours == theirs and len(ours) > 0  # greedy decoding, token for token
+    for engine in ("torch", "mindspore"):  # and through the command line, on either engine
+        assert main(["generate", str(ckpt), "--prompt", "import json\n", "--temperature", "0", "--max-new-tokens", "12",
+                     "--json", "--backend", engine]) == 0
+        printed = json.loads(capsys.readouterr().out)
+        assert printed["token_ids"] == theirs and printed["completion"] == data.tokenizer.decode(theirs), engine
 
 
 def test_names_and_config(tiny_prepared, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import importlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Protocol
+from typing import Any, Mapping, Protocol
 
 import numpy as np
 
@@ -99,6 +99,15 @@ class Backend(Protocol):
 
     def logits(self, input_ids: np.ndarray) -> np.ndarray:
         """Logits [B, S, vocab] (float32) for a [B, S] batch, no gradient."""
+        ...
+
+    def new_cache(self, length: int) -> Any:
+        """An empty key/value cache for one sequence of up to `length` tokens (engine-owned; for :meth:`decode`)."""
+        ...
+
+    def decode(self, ids: np.ndarray, start: int, cache: Any) -> np.ndarray:
+        """Logits [T, vocab] (float32) of the T tokens `ids` at positions start..start+T-1, each attending the
+        cached positions before it; afterwards `cache` holds positions < start+T. No gradient."""
         ...
 
 

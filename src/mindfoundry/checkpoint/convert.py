@@ -17,9 +17,7 @@ from pathlib import Path
 
 from mindfoundry.backends.base import read_shard_folder
 from mindfoundry.checkpoint.store import CheckpointError, Retention, load_checkpoint, save_checkpoint, write_safetensors
-from mindfoundry.config.load import read_yaml
-from mindfoundry.parallel.layout import validate_run_config
-from mindfoundry.config.schema import RunConfig
+from mindfoundry.checkpoint.run_files import run_config
 
 NATIVE = {".ckpt": "mindspore", ".pt": "torch"}
 WEIGHTS_ONLY = ".safetensors"
@@ -34,14 +32,6 @@ def _engine_module(suffix: str):
         return importlib.import_module(f"mindfoundry.backends.{engine}.native")
     except ModuleNotFoundError as exc:
         raise CheckpointError(f"converting {suffix} files needs {exc.name}: pip install 'mindfoundry[{engine}]'") from None
-
-
-def run_config(ckpt_dir: Path) -> RunConfig:
-    """The config of the run that wrote `ckpt_dir` (RUN/checkpoints/step_N)."""
-    config = ckpt_dir.parent.parent / "config.yaml"
-    if not config.is_file():
-        raise CheckpointError(f"{config} not found: the checkpoint is not inside a MindFoundry run directory")
-    return validate_run_config(read_yaml(config))
 
 
 def export_checkpoint(ckpt_dir: Path, out: Path) -> Path:

@@ -21,9 +21,9 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from mindfoundry.backends.base import read_shard_folder
-from mindfoundry.checkpoint.convert import run_config
+from mindfoundry.checkpoint.run_files import run_config, run_tokenizer
 from mindfoundry.checkpoint.store import CheckpointError, load_checkpoint
-from mindfoundry.data.prepare.tokenizer import EOS, PAD, eos_id, load_tokenizer, pad_id, tokenizer_hash
+from mindfoundry.data.prepare.tokenizer import EOS, PAD, eos_id, load_tokenizer, pad_id
 from mindfoundry.errors import OutputExistsError
 from mindfoundry.model.spec import ModelSpec, parameter_shapes
 
@@ -78,18 +78,6 @@ def hf_weights(spec: ModelSpec, weights: Mapping[str, np.ndarray]) -> dict[str, 
     return {hf_name(n): np.ascontiguousarray(w, dtype=np.float32) for n, w in weights.items()}
 
 
-def _tokenizer_file(ckpt_dir: Path, data_dir: Path) -> Path:
-    """The run's tokenizer.json: the one the checkpoint's data manifest names (by sha256), from the run's data folder."""
-    manifest = json.loads((ckpt_dir / "data_manifest.json").read_text(encoding="utf-8"))
-    want = manifest["tokenizer"]["sha256"]
-    candidates = [ckpt_dir.parent.parent / "data" / "tokenizer.json", data_dir / "tokenizer.json"]
-    for path in candidates:
-        if path.is_file() and tokenizer_hash(load_tokenizer(path)) == want:
-            return path
-    raise CheckpointError(f"the run's tokenizer (sha256 {want[:12]}...) is in none of {', '.join(map(str, candidates))}: "
-                          "export from the run directory that trained this checkpoint, with its data folder in place")
-
-
 def export_hf(ckpt_dir: str | Path, out: str | Path) -> Path:
     """Write checkpoint `ckpt_dir` (full or sharded) as a Hugging Face Llama folder `out`; refuses a non-empty `out`."""
     ckpt_dir, out = Path(ckpt_dir), Path(out)
@@ -100,7 +88,7 @@ def export_hf(ckpt_dir: str | Path, out: str | Path) -> Path:
     if spec.num_experts:
         raise CheckpointError("this model has mixture-of-experts blocks (model.moe.num_experts > 0), which the Llama layout "
                               "cannot hold: export the weights with --format safetensors")
-    tokenizer_path = _tokenizer_file(ckpt_dir, Path(cfg.data.output_dir))
+    tokenizer_path = run_tokenizer(ckpt_dir, cfg)
     tokenizer = load_tokenizer(tokenizer_path)
     eos, pad = eos_id(tokenizer), pad_id(tokenizer)
     weights = hf_weights(spec, load_checkpoint(ckpt_dir, read_shards=read_shard_folder).weights)

@@ -63,6 +63,26 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_generate(args: argparse.Namespace) -> int:
+    import json
+    import sys
+
+    from mindfoundry.workflows.generate import continue_prompt, load_trained
+
+    model = load_trained(args.checkpoint, args.backend)
+    out = continue_prompt(model, args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                          top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    if out.used_prompt_tokens < out.prompt_tokens:
+        console.print(f"[yellow]the prompt has {out.prompt_tokens} tokens; generating from its last {out.used_prompt_tokens} "
+                      f"(model.max_seq_len {model.cfg.model.max_seq_len} - --max-new-tokens {args.max_new_tokens})[/]")
+    if args.json:
+        sys.stdout.write(json.dumps({"prompt": out.prompt, "completion": out.completion, "token_ids": out.token_ids},
+                                    ensure_ascii=False) + "\n")
+    else:
+        sys.stdout.write(out.prompt + out.completion + "\n")
+    return 0
+
+
 def _print_summary(summary: dict) -> None:
     table = Table(title=f"held-out evaluation ({summary['run_dir']})")
     for col in ("", "loss", "perplexity", "bits/byte"):
@@ -93,6 +113,18 @@ def add_train_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--max-restarts", type=int, default=0, metavar="N",
                        help="restart a crashed run up to N times from its newest valid checkpoint")
         p.set_defaults(func=func)
+    p = sub.add_parser("generate", help="continue a prompt with a trained checkpoint (key/value cache, either engine)")
+    p.add_argument("checkpoint", help="RUN_DIR (its newest valid checkpoint) or RUN_DIR/checkpoints/step_N")
+    p.add_argument("--prompt", required=True, help="text to continue")
+    p.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
+    p.add_argument("--temperature", type=float, default=0.8, metavar="T", help="0 = greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=40, metavar="K", help="sample among the K most likely tokens (0 = all)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus: the most likely tokens holding P (1 = all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--backend", choices=["mindspore", "torch"], default=None, help="engine (default: the run's)")
+    p.add_argument("--json", action="store_true", help="one JSON object: prompt, completion, token_ids of the new tokens")
+    p.set_defaults(func=cmd_generate)
+
     p = sub.add_parser("smoke", help="a few dozen real steps with pass/fail checks before the big run")
     add_config_arguments(p)
     p.add_argument("--steps", type=int, default=30, help="smoke steps (default 30)")

@@ -18,7 +18,7 @@ from rich.console import Console
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.prepared import PreparedData
 from mindfoundry.data.prepare.pipeline import prepare_data, wait_for_prepared
-from mindfoundry.data.prepare.tokenizer import eos_id, pad_id
+from mindfoundry.data.prepare.tokenizer import eos_id
 from mindfoundry.eval.generate import generate
 from mindfoundry.model.spec import ModelSpec, flops_per_token, num_parameters
 from mindfoundry.parallel.layout import Layout, launch_layout, launched_rank
@@ -67,9 +67,9 @@ def samples(cfg: RunConfig, trained: TrainedRun) -> list[dict[str, str]]:
     g, tokenizer = cfg.generate, trained.data.tokenizer
     out = []
     for i, prompt in enumerate(g.prompts):
-        ids = generate(trained.result.backend, tokenizer.encode(prompt).ids, window=cfg.train.seq_len,
+        ids = generate(trained.result.backend, tokenizer.encode(prompt).ids, max_seq_len=cfg.model.max_seq_len,
                        max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_k=g.top_k, eos_id=eos_id(tokenizer),
-                       pad_id=pad_id(tokenizer), seed=cfg.seed + i)
+                       seed=cfg.seed + i)
         out.append({"prompt": prompt, "completion": tokenizer.decode(ids)})
     return out
 

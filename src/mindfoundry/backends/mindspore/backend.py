@@ -19,9 +19,9 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn
 
-from mindfoundry.backends.base import StepOutput, StepScalars, check_state_names
+from mindfoundry.backends.base import BackendUnavailable, StepOutput, StepScalars, check_state_names
 from mindfoundry.backends.mindspore import distributed, probe_hooks
-from mindfoundry.backends.mindspore.model import LossCell, Transformer, token_nll
+from mindfoundry.backends.mindspore.model import CachedDecode, LossCell, Transformer, token_nll
 from mindfoundry.backends.mindspore.train_step import AdamW, TrainStep, scalar
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.debug.probe import Probe
@@ -75,6 +75,7 @@ class MindSporeBackend:
         self.step_cell = TrainStep(LossCell(self.model), self.optimizer, cfg.train.grad_accum, self.clip, p.data_parallel)
         self._eager_step: TrainStep | None = None  # the debug (hooked, PYNATIVE) step, built on first use
         self.forward = _Forward(self.model)  # in GRAPH_MODE, calling a Cell compiles it once per input shape
+        self._decode: CachedDecode | None = None  # cached generation, compiled once per number of new tokens
 
     # -- state -------------------------------------------------------------------------------
     def global_sum(self, value: float) -> float:
@@ -148,6 +149,26 @@ class MindSporeBackend:
 
     def logits(self, input_ids: np.ndarray) -> np.ndarray:
         return self.model(Tensor(input_ids.astype(np.int32))).asnumpy()
+
+    def new_cache(self, length: int) -> dict:
+        """Zero key/value caches of `length` positions (one sequence); the decode Cell is built on first use."""
+        if self.placement.world_size > 1:
+            raise BackendUnavailable("cached decoding runs in one process: generate from a single-process backend")
+        if self._decode is None:
+            self._decode = CachedDecode(self.model)
+        shape = (1, self.spec.n_kv_heads, length, self.spec.head_dim)
+        zeros = tuple(Tensor(np.zeros(shape, np.float32)) for _ in range(self.spec.n_layers))
+        return {"k": zeros, "v": zeros, "length": length}
+
+    def decode(self, ids: np.ndarray, start: int, cache: dict) -> np.ndarray:
+        positions = np.arange(start, start + len(ids))
+        slots = np.arange(cache["length"])
+        write = (slots[None] == positions[:, None]).astype(np.float32)  # (T, L) one-hot: where each new token goes
+        mask = np.where(slots[None] <= positions[:, None], 0.0, -1e9).astype(np.float32)  # causal over the cache
+        # the caches as mutable inputs: a tuple of Tensors would otherwise be a constant, recompiled at every step
+        logits, cache["k"], cache["v"] = self._decode(Tensor(np.asarray(ids, np.int32)[None]), Tensor(positions.astype(np.int32)),
+                                                      Tensor(write), Tensor(mask), ms.mutable(cache["k"]), ms.mutable(cache["v"]))
+        return logits.asnumpy()[0]
 
     def device_memory_mb(self) -> float | None:
         if self.device_name == "cpu":  # ms.runtime.max_memory_allocated() reports 0 on CPU

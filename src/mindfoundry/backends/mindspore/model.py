@@ -121,17 +121,35 @@ class Attention(nn.Cell):
         v = self._heads(self.v_proj(x), self.n_kv_heads)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
+        return self._attend(q, k, v, mask)
+
+    def _attend(self, q, k, v, mask):
+        """softmax(q k^T / sqrt(D) + mask) v over the (B, K, L, D) keys/values, then the output projection."""
+        b, _, s, _ = q.shape
         k, v = self._expand_kv(k), self._expand_kv(v)
         if self.half:  # q pre-scaled so q.k stays far from float16's 65504; softmax statistics in float32
             scores = ops.matmul((q * self.scale).astype(F16), k.transpose(0, 1, 3, 2).astype(F16)).astype(F32) + mask
             probs = ops.softmax(scores, -1)
             out = ops.matmul(probs.astype(F16), v.astype(F16)).astype(F32)
         else:
-            scores = ops.matmul(q, k.transpose(0, 1, 3, 2)) * self.scale + mask  # (B, H, S, S)
+            scores = ops.matmul(q, k.transpose(0, 1, 3, 2)) * self.scale + mask  # (B, H, S, L)
             probs = ops.softmax(scores, -1)
             out = ops.matmul(probs, v)
         out = out.transpose(0, 2, 1, 3).reshape(b, s, self.n_heads * self.head_dim)
         return self.o_proj(out)
+
+    def decode(self, x, cos, sin, mask, write, k_cache, v_cache):
+        """x: (1, T, C) new tokens; `write` (T, L) one-hot puts their keys/values into the (1, K, L, D) caches
+        (functionally: the updated caches are returned), and `mask` (T, L) hides the positions after each token."""
+        q = self._heads(self.q_proj(x), self.n_heads)  # (1, H, T, D)
+        k = self._heads(self.k_proj(x), self.n_kv_heads)  # (1, K, T, D)
+        v = self._heads(self.v_proj(x), self.n_kv_heads)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        keep = (1.0 - write.sum(0)).reshape(1, 1, -1, 1)  # positions not written now keep their cached values
+        k_cache = k_cache * keep + ops.matmul(write.transpose(1, 0), k)  # (L, T) @ (1, K, T, D) -> (1, K, L, D)
+        v_cache = v_cache * keep + ops.matmul(write.transpose(1, 0), v)
+        return self._attend(q, k_cache, v_cache, mask), k_cache, v_cache
 
 
 class MLP(nn.Cell):
@@ -226,6 +244,11 @@ class Block(nn.Cell):
     def construct(self, x, cos, sin, mask):
         x = x + self.attn(self.attn_norm(x), cos, sin, mask)
         return x + self.mlp(self.mlp_norm(x))
+
+    def decode(self, x, cos, sin, mask, write, k_cache, v_cache):
+        h, k_cache, v_cache = self.attn.decode(self.attn_norm(x), cos, sin, mask, write, k_cache, v_cache)
+        x = x + h
+        return x + self.mlp(self.mlp_norm(x)), k_cache, v_cache
 
     def forward_aux(self, x, cos, sin, mask):
         """A MoE block's (output, N * aux)."""
@@ -349,3 +372,23 @@ class LossCell(nn.Cell):
             return (nll.sum() + aux) * scale
         nll, _ = token_nll(self.model(ids), labels)
         return nll.sum() * scale
+
+
+class CachedDecode(nn.Cell):
+    """One cached decoding step, compiled once per number of new tokens T (the cache length L is fixed):
+    (ids (1, T), positions (T,), write (T, L), mask (T, L), key caches, value caches) -> (logits (1, T, V),
+    the updated caches). The host builds `write` and `mask` from the positions, so no shape depends on them."""
+
+    def __init__(self, model: Transformer):
+        super().__init__(auto_prefix=False)
+        self.model = model
+
+    def construct(self, ids, positions, write, mask, k_caches, v_caches):
+        m = self.model
+        cos, sin = ops.gather(m.cos, positions, 0), ops.gather(m.sin, positions, 0)
+        x = m.embed(ids)
+        new_k, new_v = (), ()
+        for i in range(len(m.layers)):
+            x, k, v = m.layers[i].decode(x, cos, sin, mask, write, k_caches[i], v_caches[i])
+            new_k, new_v = new_k + (k,), new_v + (v,)
+        return m.head(x), new_k, new_v

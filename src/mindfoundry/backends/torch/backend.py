@@ -247,6 +247,18 @@ class TorchBackend:
         with self.autocast():
             return self.model(self._tensor(input_ids.astype(np.int64))).float().cpu().numpy()
 
+    def new_cache(self, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        if self.mesh is not None:
+            raise BackendUnavailable("cached decoding runs in one process: generate from a single-process backend")
+        return self.model.new_cache(length)
+
+    @torch.no_grad()
+    def decode(self, ids: np.ndarray, start: int, cache) -> np.ndarray:
+        self.model.eval()
+        positions = torch.arange(start, start + len(ids), device=self.device)
+        with self.autocast():
+            return self.model.decode(self._tensor(np.asarray(ids, np.int64)[None]), positions, cache)[0].float().cpu().numpy()
+
     def device_memory_mb(self) -> float | None:
         if self.device.type == "cpu":
             return None

@@ -81,6 +81,21 @@ class Attention(nn.Module):
             out = self.core(q, k, v, self._expand_kv)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim))
 
+    def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor],
+               positions: torch.Tensor) -> torch.Tensor:
+        """x: (1, T, C) tokens at `positions` (T,); their keys/values are written into `cache` ((1, K, L, D) each,
+        in place) and each query attends the cached positions up to its own (the rest is masked)."""
+        b, s, _ = x.shape
+        q = self._heads(self.q_proj(x), self.n_heads)  # (1, H, T, D)
+        k = self._heads(self.k_proj(x), self.n_kv_heads)  # (1, K, T, D)
+        v = self._heads(self.v_proj(x), self.n_kv_heads)
+        q = q * cos + _rotate_half(q) * sin
+        cache[0][:, :, positions] = k * cos + _rotate_half(k) * sin
+        cache[1][:, :, positions] = v
+        visible = positions[:, None] >= torch.arange(cache[0].shape[2], device=x.device)[None]  # (T, L)
+        out = F.scaled_dot_product_attention(q, self._expand_kv(cache[0]), self._expand_kv(cache[1]), attn_mask=visible)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim))
+
 
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
@@ -214,6 +229,11 @@ class Block(nn.Module):
         x = x + self.attn(self.attn_norm(x), cos, sin)
         return x + self.mlp(self.mlp_norm(x))
 
+    def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor],
+               positions: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn.decode(self.attn_norm(x), cos, sin, cache, positions)
+        return x + self.mlp(self.mlp_norm(x))
+
 
 class Transformer(nn.Module):
     """Token ids (B, S) -> logits (B, S, V)."""
@@ -241,9 +261,24 @@ class Transformer(nn.Module):
         x = self.embed(ids)  # (B, S, C)
         for layer in self.layers:
             x = layer(x, cos, sin)
-        x = self.norm(x)
-        head = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(x, head)
+        return self._head(self.norm(x))
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.embed.weight if self.lm_head is None else self.lm_head.weight)
+
+    def new_cache(self, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """An empty key/value cache of `length` positions for one sequence: (keys, values) per layer, (1, K, L, D) each."""
+        shape = (1, self.spec.n_kv_heads, length, self.spec.head_dim)
+        w = self.embed.weight
+        return [(w.new_zeros(shape), w.new_zeros(shape)) for _ in self.layers]
+
+    def decode(self, ids: torch.Tensor, positions: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """Logits (1, T, V) of tokens ids (1, T) at `positions` (T,), attending what `cache` holds before them."""
+        cos, sin = self.cos[positions], self.sin[positions]
+        x = self.embed(ids)
+        for layer, layer_cache in zip(self.layers, cache):
+            x = layer.decode(x, cos, sin, layer_cache, positions)
+        return self._head(self.norm(x))
 
 
 def aux_loss_sum(model: nn.Module) -> torch.Tensor | None:

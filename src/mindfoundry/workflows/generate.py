@@ -1,0 +1,64 @@
+"""`mindfoundry generate RUN_OR_CHECKPOINT --prompt TEXT`: a trained model's continuation of a prompt.
+
+The checkpoint (a run directory's newest valid one, or the folder given) is loaded into one
+process of the run's engine (or another), with the run's own tokenizer, and continued with the
+engine's key/value cache (:mod:`mindfoundry.eval.generate`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from mindfoundry.backends.base import Backend, create_backend, read_shard_folder
+from mindfoundry.checkpoint.run_files import checkpoint_of, run_config, run_tokenizer
+from mindfoundry.checkpoint.store import load_checkpoint
+from mindfoundry.config.parallel import ParallelConfig
+from mindfoundry.config.schema import RunConfig
+from mindfoundry.data.prepare.tokenizer import eos_id, load_tokenizer
+from mindfoundry.eval.generate import GenerationError, fit_prompt, generate
+from mindfoundry.model.spec import ModelSpec
+
+
+@dataclass
+class TrainedModel:
+    """A checkpoint loaded for inference: its run's config, the engine holding the weights, the tokenizer."""
+
+    checkpoint: Path
+    cfg: RunConfig
+    backend: Backend
+    tokenizer: Tokenizer
+
+
+def load_trained(path: str | Path, engine: str | None = None) -> TrainedModel:
+    """The checkpoint at `path` (or a run's newest) in one process of `engine` (default: the run's)."""
+    ckpt = checkpoint_of(path)
+    cfg = run_config(ckpt)
+    cfg = cfg.model_copy(update={"backend": engine or cfg.backend, "parallel": ParallelConfig()})
+    tokenizer = load_tokenizer(run_tokenizer(ckpt, cfg))
+    backend = create_backend(cfg, ModelSpec.from_config(cfg.model))
+    backend.load_weights(load_checkpoint(ckpt, read_shards=read_shard_folder).weights)
+    return TrainedModel(ckpt, cfg, backend, tokenizer)
+
+
+@dataclass
+class Generation:
+    prompt: str
+    completion: str
+    token_ids: list[int]  # the new tokens
+    prompt_tokens: int  # of the prompt as given
+    used_prompt_tokens: int  # of the prompt generation saw (its last ones when it did not fit)
+
+
+def continue_prompt(model: TrainedModel, prompt: str, *, max_new_tokens: int, temperature: float, top_k: int,
+                    top_p: float, seed: int) -> Generation:
+    if not prompt:
+        raise GenerationError("--prompt is empty: give the text to continue")
+    ids = model.tokenizer.encode(prompt).ids
+    max_seq_len = model.cfg.model.max_seq_len
+    used = fit_prompt(ids, max_new_tokens, max_seq_len)
+    new = generate(model.backend, ids, max_seq_len=max_seq_len, max_new_tokens=max_new_tokens, temperature=temperature,
+                   top_k=top_k, top_p=top_p, eos_id=eos_id(model.tokenizer), seed=seed)
+    return Generation(prompt, model.tokenizer.decode(new), new, len(ids), len(used))
