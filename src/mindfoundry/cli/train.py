@@ -83,6 +83,38 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from mindfoundry.errors import OutputExistsError
+    from mindfoundry.workflows.evaluate import evaluate_model
+    from mindfoundry.workflows.generate import load_trained
+
+    if args.json and Path(args.json).exists():
+        raise OutputExistsError(f"{args.json} already exists: choose another --json file (nothing was written)")
+    result = evaluate_model(load_trained(args.checkpoint, args.backend), data=args.data or (), tasks=args.tasks or ())
+    table = Table(title=f"evaluation of {result['checkpoint']}")
+    for col in ("set", "loss", "perplexity", "bits/byte", "tokens"):
+        table.add_column(col)
+    for group in ("validation", "data"):
+        for name, r in result.get(group, {}).items():
+            table.add_row(f"{group}: {name}", f"{r['loss']:.4f}", f"{r['perplexity']:.2f}", f"{r['bits_per_byte']:.4f}", str(r["tokens"]))
+    out = Console()
+    if table.rows:
+        out.print(table)
+    for task, scores in result.get("tasks", {}).items():
+        rows = Table(title=f"zero-shot multiple choice: {task}")
+        for col in ("subject", "questions", "acc", "acc_norm", "random"):
+            rows.add_column(col)
+        for subject, s in [*scores["subjects"].items(), ("overall", scores["overall"])]:
+            rows.add_row(subject, str(s["questions"]), f"{s['acc']:.3f}", f"{s['acc_norm']:.3f}", f"{s['random']:.3f}")
+        out.print(rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return 0
+
+
 def _print_summary(summary: dict) -> None:
     table = Table(title=f"held-out evaluation ({summary['run_dir']})")
     for col in ("", "loss", "perplexity", "bits/byte"):
@@ -124,6 +156,14 @@ def add_train_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", choices=["mindspore", "torch"], default=None, help="engine (default: the run's)")
     p.add_argument("--json", action="store_true", help="one JSON object: prompt, completion, token_ids of the new tokens")
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("eval", help="held-out loss/perplexity/bits per byte (per category, or on files) and zero-shot multiple choice")
+    p.add_argument("checkpoint", help="RUN_DIR (its newest valid checkpoint) or RUN_DIR/checkpoints/step_N")
+    p.add_argument("--data", nargs="+", metavar="FILE_OR_GLOB", help=".txt/.jsonl files, folders or globs instead of the validation split")
+    p.add_argument("--tasks", nargs="+", metavar="TASK.jsonl", help="multiple-choice tasks: question, choices, answer[, subject] per line")
+    p.add_argument("--json", metavar="OUT", default=None, help="also write every number to this JSON file (must not exist)")
+    p.add_argument("--backend", choices=["mindspore", "torch"], default=None, help="engine (default: the run's)")
+    p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("smoke", help="a few dozen real steps with pass/fail checks before the big run")
     add_config_arguments(p)

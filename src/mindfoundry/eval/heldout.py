@@ -1,4 +1,5 @@
-"""Held-out evaluation: loss, perplexity and bits per byte on the validation split."""
+"""Held-out evaluation: loss, perplexity and bits per byte on the validation split (overall and per
+category), or on any documents (:func:`evaluate_texts`)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,14 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from collections.abc import Iterable
+
+from tokenizers import Tokenizer
+
 from mindfoundry.backends.base import Backend
 from mindfoundry.data.dataset.packing import IGNORE_INDEX, PackedSamples
+from mindfoundry.data.dataset.prepared import PreparedData
+from mindfoundry.data.prepare.tokenizer import encode_batch, pad_id
 
 
 @dataclass(frozen=True)
@@ -44,13 +51,57 @@ def evaluate(backend: Backend, samples: PackedSamples, batch_size: int, max_batc
         nll, count = backend.eval_batch(ids, labels)
         total_nll += nll
         total_tokens += count
-    loss = total_nll / total_tokens
-    return EvalResult(
-        loss=loss,
-        perplexity=math.exp(min(loss, 50.0)),
-        bits_per_byte=loss / math.log(2) / bytes_per_token,
-        tokens=total_tokens,
-    )
+    return _result(total_nll, total_tokens, bytes_per_token)
+
+
+def _result(nll: float, tokens: int, bytes_per_token: float) -> EvalResult:
+    loss = nll / tokens
+    return EvalResult(loss=loss, perplexity=math.exp(min(loss, 50.0)), bits_per_byte=loss / math.log(2) / bytes_per_token,
+                      tokens=tokens)
+
+
+def evaluate_categories(backend: Backend, data: PreparedData, seq_len: int, batch_size: int,
+                        max_batches: int) -> dict[str, EvalResult]:
+    """:func:`evaluate` on the whole validation split ("all") and on each category's sources alone."""
+    out = {"all": evaluate(backend, data.packed("validation", seq_len), batch_size, max_batches, data.bytes_per_token("validation"))}
+    by_category: dict[str, list[int]] = {}
+    for i, source in enumerate(data.manifest["sources"]):  # the validation shards are stored in source order
+        by_category.setdefault(source["category"], []).append(i)
+    for category, indices in by_category.items():
+        counts = [data.manifest["sources"][i]["splits"]["validation"] for i in indices]
+        if sum(c["documents"] for c in counts) == 0:
+            continue
+        samples = PackedSamples([data.shards["validation"][i] for i in indices], seq_len, pad_id(data.tokenizer))
+        bytes_per_token = sum(c["bytes"] for c in counts) / max(sum(c["tokens"] for c in counts), 1)
+        out[category] = evaluate(backend, samples, batch_size, max_batches, bytes_per_token)
+    return out
+
+
+def evaluate_texts(backend: Backend, tokenizer: Tokenizer, texts: Iterable[str], seq_len: int, batch_size: int) -> EvalResult:
+    """Document-level perplexity of `texts`, scored as the validation split is: each document tokenized and ended
+    with EOS, the documents concatenated and cut into consecutive windows of seq_len + 1 tokens overlapping by
+    one (stride seq_len), so every token but the first is scored once, with the earlier tokens of its window as
+    context. Bits per byte divide by the documents' UTF-8 bytes per token (EOS counted as a token)."""
+    texts = [t for t in texts if t]
+    if not texts:
+        raise ValueError("no documents to evaluate")
+    stream = np.concatenate(encode_batch(tokenizer, texts)).astype(np.int64)
+    n_bytes = sum(len(t.encode("utf-8")) for t in texts)
+    windows = -(-(len(stream) - 1) // seq_len)
+    ids = np.zeros((windows, seq_len), np.int32)
+    labels = np.full((windows, seq_len), IGNORE_INDEX, np.int32)
+    for w in range(windows):
+        piece = stream[w * seq_len : w * seq_len + seq_len + 1]
+        ids[w, : len(piece) - 1], labels[w, : len(piece) - 1] = piece[:-1], piece[1:]
+    total_nll, total_tokens = 0.0, 0
+    for start in range(0, windows, batch_size):
+        b_ids, b_labels = ids[start : start + batch_size], labels[start : start + batch_size]
+        if len(b_ids) < batch_size:
+            b_ids, b_labels = _pad_rows(b_ids, b_labels, batch_size)
+        nll, count = backend.eval_batch(b_ids, b_labels)
+        total_nll += nll
+        total_tokens += count
+    return _result(total_nll, total_tokens, n_bytes / len(stream))
 
 
 def _pad_rows(ids: np.ndarray, labels: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:

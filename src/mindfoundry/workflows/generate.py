@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 
 from mindfoundry.backends.base import Backend, create_backend, read_shard_folder
 from mindfoundry.checkpoint.run_files import checkpoint_of, run_config, run_tokenizer
-from mindfoundry.checkpoint.store import load_checkpoint
+from mindfoundry.checkpoint.store import CheckpointError, load_checkpoint
 from mindfoundry.config.parallel import ParallelConfig
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.prepare.tokenizer import eos_id, load_tokenizer
@@ -39,7 +39,10 @@ def load_trained(path: str | Path, engine: str | None = None) -> TrainedModel:
     cfg = cfg.model_copy(update={"backend": engine or cfg.backend, "parallel": ParallelConfig()})
     tokenizer = load_tokenizer(run_tokenizer(ckpt, cfg))
     backend = create_backend(cfg, ModelSpec.from_config(cfg.model))
-    backend.load_weights(load_checkpoint(ckpt, read_shards=read_shard_folder).weights)
+    try:
+        backend.load_weights(load_checkpoint(ckpt, read_shards=read_shard_folder).weights)
+    except ValueError as exc:
+        raise CheckpointError(f"{ckpt}: {exc} (was it written for another model config?)") from None
     return TrainedModel(ckpt, cfg, backend, tokenizer)
 
 

@@ -1,0 +1,38 @@
+"""`mindfoundry eval RUN_OR_CHECKPOINT`: held-out numbers of a trained checkpoint, and zero-shot multiple choice.
+
+Without options: loss, perplexity and bits per byte on the run's whole validation split, overall
+and per category. ``data`` (files, folders or globs of .txt/.jsonl, as data.sources take them): the
+same numbers on those documents (:func:`mindfoundry.eval.heldout.evaluate_texts` states the window
+rule). ``tasks``: multiple-choice accuracy (:mod:`mindfoundry.eval.tasks`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from mindfoundry.checkpoint.run_files import run_tokenizer
+from mindfoundry.data.dataset.prepared import load_prepared
+from mindfoundry.data.ingest.files import SourceStats, read_files
+from mindfoundry.eval.heldout import evaluate_categories, evaluate_texts
+from mindfoundry.eval.tasks import read_tasks, score_tasks
+from mindfoundry.workflows.generate import TrainedModel
+
+
+def evaluate_model(model: TrainedModel, *, data: Sequence[str] = (), tasks: Sequence[str] = ()) -> dict[str, Any]:
+    """{"checkpoint", "validation": {category: metrics}, "data": {pattern: metrics}, "tasks": {file: accuracies}}."""
+    cfg, t = model.cfg, model.cfg.train
+    out: dict[str, Any] = {"checkpoint": str(model.checkpoint)}
+    if not data and not tasks:
+        prepared = load_prepared(run_tokenizer(model.checkpoint, cfg).parent, cfg.model.vocab_size)
+        batches = -(-len(prepared.packed("validation", t.seq_len)) // t.micro_batch_size)  # every validation sample
+        out["validation"] = {name: r.to_dict("") for name, r in evaluate_categories(
+            model.backend, prepared, t.seq_len, t.micro_batch_size, batches).items()}
+    for pattern in data:
+        docs = read_files([pattern], name="eval", category="eval", txt_mode="file", stats=SourceStats())
+        out.setdefault("data", {})[pattern] = evaluate_texts(model.backend, model.tokenizer, (d.text for d in docs), t.seq_len,
+                                                             t.micro_batch_size).to_dict("")
+    for path in tasks:
+        out.setdefault("tasks", {})[Path(path).name] = score_tasks(model.backend, model.tokenizer, read_tasks(path),
+                                                                   cfg.model.max_seq_len)
+    return out
