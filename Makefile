@@ -10,7 +10,7 @@ STAMP := $(VENV)/.mindfoundry-installed
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[mindspore,torch,demo,dev]"
+	$(PY) -m pip install -q -e ".[mindspore,torch,demo,dev,eval]"
 	@touch $(STAMP)
 
 install: $(STAMP)

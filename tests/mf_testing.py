@@ -79,3 +79,21 @@ def markov_batches(vocab: int, steps: int, shape: tuple[int, int, int], seed: in
     for t in range(1, shape[2] + 1):
         out[..., t] = table[out[..., t - 1]]
     return out
+
+
+def random_checkpoint(cfg: RunConfig, data, *, seed: int = 3, **model):
+    """A checkpoint of a tiny run (with `model` overrides) whose every weight, norms included, is random; the run dir gets
+    the config.yaml training writes. Returns (checkpoint folder, weights, config)."""
+    from mindfoundry.checkpoint.store import Retention, save_checkpoint
+    from mindfoundry.config.load import to_yaml
+    from mindfoundry.model.spec import ModelSpec, init_weights
+
+    cfg = validate_run_config(cfg.model_dump(mode="json") | {"model": cfg.model.model_dump(mode="json") | model})
+    run = Path(cfg.run_dir)
+    (run / "config.yaml").write_text(to_yaml(cfg))
+    rng = np.random.default_rng(seed)
+    weights = {n: (w + rng.normal(0, 0.05, w.shape)).astype(np.float32) for n, w in init_weights(ModelSpec.from_config(cfg.model), 1).items()}
+    moments = {f"{k}.{n}": np.zeros_like(w) for n, w in weights.items() for k in ("exp_avg", "exp_avg_sq")}
+    path = save_checkpoint(run, 1, weights, moments, {"adam_step": 1, "consumed_samples": 8, "consumed_tokens": 256},
+                           Retention(), extra_files={"data_manifest.json": data.manifest_bytes})
+    return path, weights, cfg

@@ -1,4 +1,4 @@
-"""README's layout section names exactly the files of the tree (src packages, bench/, configs/, docs/)."""
+"""README's layout section names exactly the files of the tree (src packages, bench/, configs/, docs/, examples/)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SRC = "src/mindfoundry/"
-FILE = re.compile(r"[\w-]+\.(?:py|yaml|md)\b")
+FILE = re.compile(r"[\w-]+\.(?:py|yaml|jsonl|md)\b")
 
 
 def readme_layout(text: str) -> dict[str, set[str]]:
@@ -31,7 +31,7 @@ def tree_files() -> dict[str, set[str]]:
     for path in sorted((REPO / "src" / "mindfoundry").rglob("*.py")):
         if path.name != "__init__.py":
             out.setdefault(path.parent.relative_to(REPO).as_posix() + "/", set()).add(path.name)
-    for folder, pattern in (("bench", "*.py"), ("configs", "*.yaml"), ("docs", "*.md")):
+    for folder, pattern in (("bench", "*.py"), ("configs", "*.yaml"), ("docs", "*.md"), ("examples/lm_eval", "*")):
         out[folder + "/"] = {p.name for p in (REPO / folder).glob(pattern)}
     return out
 

@@ -12,6 +12,7 @@ import pytest
 transformers = pytest.importorskip("transformers", reason="transformers is installed by `make test` (the dev extra)")
 torch = pytest.importorskip("torch")
 
+from mf_testing import random_checkpoint  # noqa: E402
 from mindfoundry.backends.base import create_backend  # noqa: E402
 from mindfoundry.checkpoint.hf_export import export_hf, hf_name  # noqa: E402
 from mindfoundry.checkpoint.store import CheckpointError, Retention, save_checkpoint  # noqa: E402
@@ -20,29 +21,15 @@ from mindfoundry.config.load import to_yaml  # noqa: E402
 from mindfoundry.data.prepare.tokenizer import eos_id, pad_id  # noqa: E402
 from mindfoundry.errors import OutputExistsError  # noqa: E402
 from mindfoundry.eval.generate import generate  # noqa: E402
-from mindfoundry.model.spec import ModelSpec, init_weights, parameter_shapes  # noqa: E402
-from mindfoundry.parallel.layout import validate_run_config  # noqa: E402
+from mindfoundry.model.spec import ModelSpec, parameter_shapes  # noqa: E402
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # local folders only, never the hub
-
-
-def checkpoint_of(cfg, data, **model) -> tuple[Path, dict[str, np.ndarray], object]:
-    """A checkpoint of the tiny run (with `model` overrides) whose every weight, norms included, is random."""
-    cfg = validate_run_config(cfg.model_dump(mode="json") | {"model": cfg.model.model_dump(mode="json") | model})
-    run = Path(cfg.run_dir)
-    (run / "config.yaml").write_text(to_yaml(cfg))  # what training writes (export reads the run's config)
-    rng = np.random.default_rng(3)
-    weights = {n: (w + rng.normal(0, 0.05, w.shape)).astype(np.float32) for n, w in init_weights(ModelSpec.from_config(cfg.model), 1).items()}
-    moments = {f"{k}.{n}": np.zeros_like(w) for n, w in weights.items() for k in ("exp_avg", "exp_avg_sq")}
-    path = save_checkpoint(run, 1, weights, moments, {"adam_step": 1, "consumed_samples": 8, "consumed_tokens": 256},
-                           Retention(), extra_files={"data_manifest.json": data.manifest_bytes})
-    return path, weights, cfg
 
 
 @pytest.mark.parametrize("model", [{}, {"n_kv_heads": 1, "tie_embeddings": False}], ids=["tied-mha", "untied-gqa"])
 def test_transformers_opens_the_export_and_agrees_with_both_engines(tiny_prepared, tmp_path: Path, model: dict, capsys) -> None:
     cfg, data = tiny_prepared
-    ckpt, weights, cfg = checkpoint_of(cfg, data, **model)
+    ckpt, weights, cfg = random_checkpoint(cfg, data, **model)
     out = export_hf(ckpt, tmp_path / "hf")
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors",
                                                       "tokenizer.json", "tokenizer_config.json"]
@@ -85,7 +72,7 @@ def test_transformers_opens_the_export_and_agrees_with_both_engines(tiny_prepare
 
 def test_names_and_config(tiny_prepared, tmp_path: Path) -> None:
     cfg, data = tiny_prepared
-    ckpt, _, cfg = checkpoint_of(cfg, data)
+    ckpt, _, cfg = random_checkpoint(cfg, data)
     assert [hf_name(n) for n in ("embed.weight", "layers.1.attn_norm.weight", "layers.1.attn.k_proj.weight",
                                  "layers.1.mlp_norm.weight", "layers.1.mlp.down_proj.weight", "norm.weight")] == [
         "model.embed_tokens.weight", "model.layers.1.input_layernorm.weight", "model.layers.1.self_attn.k_proj.weight",
@@ -101,7 +88,7 @@ def test_names_and_config(tiny_prepared, tmp_path: Path) -> None:
 
 def test_export_refuses_what_it_cannot_write(tiny_prepared, tmp_path: Path, capsys) -> None:
     cfg, data = tiny_prepared
-    ckpt, _, _ = checkpoint_of(cfg, data)
+    ckpt, _, _ = random_checkpoint(cfg, data)
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "keep.txt").write_text("mine")
@@ -125,7 +112,7 @@ def test_init_from_an_export_round_trips_byte_for_byte(tiny_prepared, tmp_path: 
     from mindfoundry.train.trainer import Trainer
 
     cfg, data = tiny_prepared
-    ckpt, weights, cfg = checkpoint_of(cfg, data, n_kv_heads=1, tie_embeddings=False)
+    ckpt, weights, cfg = random_checkpoint(cfg, data, n_kv_heads=1, tie_embeddings=False)
     first = export_hf(ckpt, tmp_path / "first")
     spec = ModelSpec.from_config(cfg.model)
     imported = initial_weights(first, spec)
@@ -159,7 +146,7 @@ def test_init_from_refuses_what_the_model_cannot_represent(tiny_prepared, tmp_pa
     from mindfoundry.checkpoint.hf_import import initial_weights
 
     cfg, data = tiny_prepared
-    ckpt, _, cfg = checkpoint_of(cfg, data)
+    ckpt, _, cfg = random_checkpoint(cfg, data)
     folder = export_hf(ckpt, tmp_path / "hf")
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(config | edit))
@@ -177,7 +164,7 @@ def test_init_from_must_be_a_folder(make_config) -> None:
 def test_a_sharded_checkpoint_exports_the_same_bytes(tiny_prepared, tmp_path: Path) -> None:
     """checkpoint.format: sharded (torch.distributed.checkpoint shards) exports exactly what the full format does."""
     cfg, data = tiny_prepared
-    full, weights, cfg = checkpoint_of(cfg, data)
+    full, weights, cfg = random_checkpoint(cfg, data)
     backend = create_backend(cfg.model_copy(update={"backend": "torch"}), ModelSpec.from_config(cfg.model))
     backend.load_weights(weights)
     sharded = save_checkpoint(Path(cfg.run_dir), 2, None, None, {"adam_step": 0, "consumed_samples": 0, "consumed_tokens": 0},

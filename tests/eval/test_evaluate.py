@@ -11,31 +11,23 @@ import pytest
 
 pytest.importorskip("torch")
 
+from mf_testing import random_checkpoint  # noqa: E402
 from mindfoundry.backends.base import create_backend  # noqa: E402
-from mindfoundry.checkpoint.store import save_checkpoint  # noqa: E402
 from mindfoundry.cli.main import main  # noqa: E402
-from mindfoundry.config.load import to_yaml  # noqa: E402
 from mindfoundry.data.prepare.tokenizer import encode_batch  # noqa: E402
 from mindfoundry.eval.generate import generate  # noqa: E402
 from mindfoundry.eval.tasks import TaskError, read_tasks  # noqa: E402
-from mindfoundry.model.spec import ModelSpec, init_weights  # noqa: E402
+from mindfoundry.model.spec import ModelSpec  # noqa: E402
 
 
 @pytest.fixture
 def trained(tiny_prepared):
-    """The tiny run with a checkpoint of random weights (norms too), and a torch backend holding them."""
+    """The tiny run (torch engine) with a checkpoint of random weights, and a backend holding them."""
     cfg, data = tiny_prepared
-    cfg = cfg.model_copy(update={"backend": "torch"})
-    run = Path(cfg.run_dir)
-    (run / "config.yaml").write_text(to_yaml(cfg))
-    spec = ModelSpec.from_config(cfg.model)
-    rng = np.random.default_rng(4)
-    weights = {n: (w + rng.normal(0, 0.05, w.shape)).astype(np.float32) for n, w in init_weights(spec, 1).items()}
-    save_checkpoint(run, 1, weights, {f"{k}.{n}": np.zeros_like(w) for n, w in weights.items() for k in ("exp_avg", "exp_avg_sq")},
-                    {"adam_step": 1, "consumed_samples": 0, "consumed_tokens": 0}, extra_files={"data_manifest.json": data.manifest_bytes})
-    backend = create_backend(cfg, spec)
+    _, weights, cfg = random_checkpoint(cfg.model_copy(update={"backend": "torch"}), data, seed=4)
+    backend = create_backend(cfg, ModelSpec.from_config(cfg.model))
     backend.load_weights(weights)
-    return cfg, data, run, backend
+    return cfg, data, Path(cfg.run_dir), backend
 
 
 def test_validation_overall_and_per_category(trained, tmp_path: Path) -> None:

@@ -66,16 +66,12 @@ def test_sampling_rules_and_prompt_fitting() -> None:
 
 def test_generate_command_refuses_bad_input(tiny_prepared, capsys) -> None:
     """An empty prompt and impossible settings: one line, exit 2. A long prompt is cut from the left, and says so."""
-    from mindfoundry.checkpoint.store import save_checkpoint
+    from mf_testing import random_checkpoint
     from mindfoundry.cli.main import main
-    from mindfoundry.config.load import to_yaml
 
-    cfg, data = tiny_prepared
-    run = __import__("pathlib").Path(cfg.run_dir)
-    (run / "config.yaml").write_text(to_yaml(cfg))
-    weights = init_weights(ModelSpec.from_config(cfg.model), 1)
-    save_checkpoint(run, 1, weights, {f"{k}.{n}": np.zeros_like(w) for n, w in weights.items() for k in ("exp_avg", "exp_avg_sq")},
-                    {"adam_step": 1, "consumed_samples": 0, "consumed_tokens": 0}, extra_files={"data_manifest.json": data.manifest_bytes})
+    tiny, data = tiny_prepared
+    _, _, cfg = random_checkpoint(tiny, data)
+    run = cfg.run_dir
     base = ["generate", str(run), "--backend", "torch"]
     assert main([*base, "--prompt", ""]) == 2
     assert "--prompt is empty: give the text to continue" in capsys.readouterr().err

@@ -93,7 +93,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     if args.json and Path(args.json).exists():
         raise OutputExistsError(f"{args.json} already exists: choose another --json file (nothing was written)")
-    result = evaluate_model(load_trained(args.checkpoint, args.backend), data=args.data or (), tasks=args.tasks or ())
+    result = evaluate_model(load_trained(args.checkpoint, args.backend), data=args.data or (), tasks=args.tasks or (),
+                            lm_eval=args.lm_eval or ())
     table = Table(title=f"evaluation of {result['checkpoint']}")
     for col in ("set", "loss", "perplexity", "bits/byte", "tokens"):
         table.add_column(col)
@@ -110,6 +111,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         for subject, s in [*scores["subjects"].items(), ("overall", scores["overall"])]:
             rows.add_row(subject, str(s["questions"]), f"{s['acc']:.3f}", f"{s['acc_norm']:.3f}", f"{s['random']:.3f}")
         out.print(rows)
+    for task, metrics in result.get("lm_eval", {}).items():
+        out.print(f"lm-eval {task}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()), highlight=False)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return 0
@@ -161,6 +164,8 @@ def add_train_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("checkpoint", help="RUN_DIR (its newest valid checkpoint) or RUN_DIR/checkpoints/step_N")
     p.add_argument("--data", nargs="+", metavar="FILE_OR_GLOB", help=".txt/.jsonl files, folders or globs instead of the validation split")
     p.add_argument("--tasks", nargs="+", metavar="TASK.jsonl", help="multiple-choice tasks: question, choices, answer[, subject] per line")
+    p.add_argument("--lm-eval", nargs="+", metavar="TASK.yaml", help="lm-evaluation-harness task files, scored on this engine "
+                   "(e.g. examples/lm_eval/mindfoundry_mc.yaml; needs the eval extra)")
     p.add_argument("--json", metavar="OUT", default=None, help="also write every number to this JSON file (must not exist)")
     p.add_argument("--backend", choices=["mindspore", "torch"], default=None, help="engine (default: the run's)")
     p.set_defaults(func=cmd_eval)

@@ -69,18 +69,20 @@ def read_tasks(path: str | Path) -> list[Question]:
     return out
 
 
+def continuation_logprob(backend: Backend, context: list[int], continuation: list[int], max_seq_len: int) -> tuple[float, bool]:
+    """(summed log-probability of `continuation` after `context`, whether every token of it is the argmax);
+    the context is cut from the left to fit max_seq_len, as lm-evaluation-harness does."""
+    ids = (context + continuation)[-max_seq_len - 1:]
+    logits = backend.logits(np.asarray([ids[:-1]], np.int32))[0][-len(continuation):].astype(np.float64)
+    targets = np.asarray(continuation)
+    logp = logits[np.arange(len(targets)), targets] - np.logaddexp.reduce(logits, axis=-1)
+    return float(logp.sum()), bool((logits.argmax(-1) == targets).all())
+
+
 def choice_loglikelihoods(backend: Backend, tokenizer: Tokenizer, question: Question, max_seq_len: int) -> list[float]:
-    """Summed log-probability of each choice's tokens after the question (the context is cut from the left to fit)."""
-    out = []
-    for choice in question.choices:
-        ctx = tokenizer.encode(question.question).ids
-        cont = tokenizer.encode(choice).ids
-        ids = (ctx + cont)[-max_seq_len - 1:]
-        logits = backend.logits(np.asarray([ids[:-1]], np.int32))[0].astype(np.float64)
-        logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
-        targets = np.asarray(ids[1:])
-        out.append(float(logp[np.arange(len(targets)), targets][-len(cont):].sum()))
-    return out
+    """Summed log-probability of each choice's tokens after the question."""
+    ctx = tokenizer.encode(question.question).ids
+    return [continuation_logprob(backend, ctx, tokenizer.encode(c).ids, max_seq_len)[0] for c in question.choices]
 
 
 def score_tasks(backend: Backend, tokenizer: Tokenizer, questions: list[Question], max_seq_len: int) -> dict:
