@@ -141,6 +141,10 @@ def _train_problems(cfg: RunConfig) -> list[str]:
     if cfg.backend == "mindspore" and cfg.checkpoint.format == "sharded":
         out.append("checkpoint.format='sharded' is written by the torch backend (torch.distributed.checkpoint); MindSpore's own "
                    "distributed checkpoints are not supported: use checkpoint.format: full, or backend: torch")
+    for i, task in enumerate(cfg.eval.tasks):
+        if not Path(task).is_file():
+            out.append(f"eval.tasks[{i}]={task!r} does not exist: give a multiple-choice .jsonl file (docs/evaluation.md) "
+                       "or remove it")
     init = cfg.checkpoint.init_from
     if init is not None and not Path(init).is_dir():
         out.append(f"checkpoint.init_from={init!r} is not a folder: point it at a Hugging Face Llama folder or a "

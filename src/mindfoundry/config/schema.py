@@ -175,6 +175,14 @@ class HealthConfig(Section):
     )
 
 
+class EvalConfig(Section):
+    """Zero-shot tasks scored at every held-out evaluation of training (see docs/evaluation.md)."""
+
+    tasks: list[str] = Field(default_factory=list, description="Multiple-choice task files (.jsonl: question, choices, answer[, "
+                             "subject]) scored with the validation split; acc and acc_norm per task go to metrics.jsonl "
+                             "(task_acc, task_acc_norm), TensorBoard and the report.")
+
+
 class MonitorConfig(Section):
     """What the run shows and records."""
 
@@ -212,6 +220,7 @@ class RunConfig(Section):
     anomaly: AnomalyConfig = Field(default_factory=AnomalyConfig)
     debug: DebugConfig = Field(default_factory=DebugConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     generate: GenerateConfig = Field(default_factory=GenerateConfig)
 

@@ -14,6 +14,8 @@ from mindfoundry.errors import MindFoundryError
 
 #: Per-module dicts of the detail records (one value per module group: embed, layers.i, norm, ...).
 LAYER_KEYS = ("layer_grad_norm", "layer_weight_norm", "layer_update_ratio")
+#: Zero-shot task scores of an evaluation record (eval.tasks): {task: accuracy} each.
+TASK_KEYS = ("task_acc", "task_acc_norm")
 
 Record = dict[str, Any]
 

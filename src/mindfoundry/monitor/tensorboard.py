@@ -16,7 +16,7 @@ from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-from mindfoundry.monitor.records import LAYER_KEYS, realized_shares
+from mindfoundry.monitor.records import LAYER_KEYS, TASK_KEYS, realized_shares
 
 #: metrics.jsonl key -> TensorBoard tag, for the scalars of step and eval records.
 SCALAR_TAGS = {
@@ -44,11 +44,11 @@ def _number(value: Any) -> bool:
 def scalars(record: Mapping[str, Any]) -> dict[str, float]:
     """The (tag, value) pairs of one metrics record; None (a non-finite value) and text are skipped.
 
-    Per-layer dicts become `layer_grad_norm/layers.0` etc.; health findings `health/<rule>` (their
+    Per-layer dicts become `layer_grad_norm/layers.0` etc., zero-shot task scores `task_acc/<task>`; health findings `health/<rule>` (their
     measured value); anomalies `anomaly/<kind>` = 1; a realized data mixture `mixture/<category>`.
     """
     out = {tag: float(record[key]) for key, tag in SCALAR_TAGS.items() if _number(record.get(key))}
-    for key in LAYER_KEYS:
+    for key in (*LAYER_KEYS, *TASK_KEYS):
         out.update({f"{key}/{module}": float(v) for module, v in (record.get(key) or {}).items() if _number(v)})
     if isinstance(record.get("mixture"), Mapping):
         out.update({f"mixture/{category}": share for category, share in realized_shares(record["mixture"]).items()})

@@ -107,12 +107,20 @@ def _overview_rows(run: RunData) -> list[str]:
         f"{_num(first.get('val_loss'), '.4f')} → {_num(last.get('val_loss'), '.4f')}",
         f"{_num(first.get('val_perplexity'), ',.1f')} → {_num(last.get('val_perplexity'), ',.1f')}",
         f"{_num(first.get('val_bits_per_byte'), '.4f')} → {_num(last.get('val_bits_per_byte'), '.4f')}",
-        str(len(run.health)), str(anomalies),
+        _task_trend(first, last), str(len(run.health)), str(anomalies),
     ]
 
 
+def _task_trend(first: dict, last: dict) -> str:
+    """Zero-shot accuracy per eval.tasks task, first -> last evaluation."""
+    tasks = sorted(last.get("task_acc") or {})
+    return "; ".join(f"{t} {_num((first.get('task_acc') or {}).get(t), '.3f')} → {_num(last['task_acc'][t], '.3f')}"
+                     for t in tasks) or "–"
+
+
 OVERVIEW_ROWS = ("backend", "parameters", "FLOPs/token", "steps", "tokens trained", "wall clock, first to last step", "median tokens/s",
-                 "held-out loss (first → last eval)", "held-out perplexity", "held-out bits/byte", "health findings", "anomalies")
+                 "held-out loss (first → last eval)", "held-out perplexity", "held-out bits/byte", "zero-shot accuracy (eval.tasks)",
+                 "health findings", "anomalies")
 
 
 def _overview(runs: Sequence[RunData]) -> str:

@@ -31,6 +31,7 @@ from mindfoundry.data.dataset.mixture import MixtureSampler
 from mindfoundry.data.dataset.packing import IGNORE_INDEX
 from mindfoundry.data.dataset.prepared import PreparedData
 from mindfoundry.eval.heldout import EvalResult, evaluate
+from mindfoundry.eval.tasks import read_tasks, score_tasks
 from mindfoundry.model.spec import ModelSpec, flops_per_token, init_weights, num_parameters, parameter_shapes
 from mindfoundry.monitor.health import HealthMonitor
 from mindfoundry.monitor.mfu import UnknownPeakError, mfu, peak_flops
@@ -96,6 +97,8 @@ class Trainer:
         #: What trainer_state.json holds: each part saves and restores its own entries (train/state.py).
         self.state_parts = [self.progress, self.position, Keyed("loss_scale", self.scaler), Keyed("anomaly", self.anomaly),
                             Keyed("health", self.health), self.evals]
+        #: eval.tasks, read now so that a malformed file stops the run before its first step
+        self.tasks = {Path(path).stem: read_tasks(path) for path in cfg.eval.tasks}
         self._injected: set[tuple[str, int]] = set()
         # `mindfoundry dump --resume auto`: another run's directory to resume from, at a step below resume_before
         self.resume_from: Path | None = None
@@ -185,6 +188,14 @@ class Trainer:
         return evaluate(self.backend, self.val_samples, t.micro_batch_size * self.loader.dp_size, t.eval_batches,
                         self.data.bytes_per_token("validation"))
 
+    def _task_scores(self) -> dict[str, dict[str, float]]:
+        """eval.tasks scored now: {"task_acc": {task: acc}, "task_acc_norm": {...}} (empty without tasks)."""
+        if not self.tasks:
+            return {}
+        scores = {name: score_tasks(self.backend, self.data.tokenizer, questions, self.cfg.model.max_seq_len)["overall"]
+                  for name, questions in self.tasks.items()}
+        return {key: {name: s[metric] for name, s in scores.items()} for key, metric in (("task_acc", "acc"), ("task_acc_norm", "acc_norm"))}
+
     def _on_signal(self, signum: int, _frame) -> None:
         if self._stop_signal is not None:  # second signal: stop now, without a checkpoint
             signal.signal(signum, signal.SIG_DFL)
@@ -209,7 +220,7 @@ class Trainer:
                     "validation_samples": len(self.val_samples)})
         if self.progress.step == 0:
             self.evals.initial = self.evaluate().to_dict()
-            logger.log({"step": 0, **self.evals.initial})
+            logger.log({"step": 0, **self.evals.initial, **self._task_scores()})
         logger.sinks.append(ProgressSink(t.steps, self.progress.step, self.console, cfg.monitor.progress and self.is_main, t.log_every))
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         losses: list[float] = []
@@ -225,7 +236,7 @@ class Trainer:
                 if (t.eval_every and self.progress.step % t.eval_every == 0) or at_end:
                     last_eval = self.evaluate()
                     self.evals.val_loss = last_eval.loss
-                    logger.log({"step": self.progress.step, **last_eval.to_dict()})
+                    logger.log({"step": self.progress.step, **last_eval.to_dict(), **self._task_scores()})
                 every = cfg.checkpoint.every
                 if (every and self.progress.step % every == 0) or at_end or self.progress.step == end or self._stop_signal:
                     self._checkpoint(logger)
