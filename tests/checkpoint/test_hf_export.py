@@ -107,7 +107,7 @@ def test_export_refuses_what_it_cannot_write(tiny_prepared, tmp_path: Path, caps
 
 
 def test_init_from_an_export_round_trips_byte_for_byte(tiny_prepared, tmp_path: Path) -> None:
-    """export -> checkpoint.init_from -> a new run's initial weights -> export again: the same bytes."""
+    """export -> model.init_from -> a new run's initial weights -> export again: the same bytes."""
     from mindfoundry.checkpoint.hf_import import initial_weights
     from mindfoundry.train.trainer import Trainer
 
@@ -120,7 +120,7 @@ def test_init_from_an_export_round_trips_byte_for_byte(tiny_prepared, tmp_path: 
     assert all(np.array_equal(initial_weights(ckpt, spec)[n], weights[n]) for n in weights)  # a checkpoint folder too
 
     new_run = cfg.model_copy(update={"run_dir": str(tmp_path / "continued"), "backend": "torch",
-                                     "checkpoint": cfg.checkpoint.model_copy(update={"init_from": str(first)})})
+                                     "model": cfg.model.model_copy(update={"init_from": str(first)})})
     trainer = Trainer(new_run, data, tmp_path / "continued")
     trainer.restore_or_init(resume=False)
     started = trainer.backend.weights()
@@ -157,8 +157,8 @@ def test_init_from_refuses_what_the_model_cannot_represent(tiny_prepared, tmp_pa
 def test_init_from_must_be_a_folder(make_config) -> None:
     from mindfoundry.config.load import ConfigError
 
-    with pytest.raises(ConfigError, match="checkpoint.init_from='/no/such' is not a folder"):
-        make_config(checkpoint={"init_from": "/no/such"})
+    with pytest.raises(ConfigError, match="model.init_from='/no/such' is not a folder"):
+        make_config(model={"init_from": "/no/such"})
 
 
 def test_a_sharded_checkpoint_exports_the_same_bytes(tiny_prepared, tmp_path: Path) -> None:
@@ -173,3 +173,11 @@ def test_a_sharded_checkpoint_exports_the_same_bytes(tiny_prepared, tmp_path: Pa
     assert (sharded / "model").is_dir()
     a, b = export_hf(full, tmp_path / "from-full"), export_hf(sharded, tmp_path / "from-sharded")
     assert {p.name: p.read_bytes() for p in a.iterdir()} == {p.name: p.read_bytes() for p in b.iterdir()}
+
+
+def test_init_from_is_not_part_of_the_run_identity(make_config, tmp_path: Path) -> None:
+    from mindfoundry.train.rundir import run_identity
+
+    plain = make_config()
+    assert run_identity(make_config(model={"init_from": str(tmp_path)})) == run_identity(plain)
+    assert run_identity(make_config(model={"d_model": 128})) != run_identity(plain)

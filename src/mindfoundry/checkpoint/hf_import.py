@@ -1,4 +1,4 @@
-"""`checkpoint.init_from`: the initial weights of a new run from a Hugging Face Llama folder or a checkpoint folder.
+"""`model.init_from`: the initial weights of a new run from a Hugging Face Llama folder or a checkpoint folder.
 
 A Llama folder is the inverse of :mod:`.hf_export`: its config.json must describe exactly this
 run's model (each size is compared with the model section, and a feature the model lacks, such
@@ -88,7 +88,7 @@ def read_hf_folder(folder: Path, spec: ModelSpec) -> dict[str, np.ndarray]:
 
 
 def initial_weights(path: str | Path, spec: ModelSpec) -> dict[str, np.ndarray]:
-    """The weights `checkpoint.init_from` names: a checkpoint folder (verified) or a Hugging Face Llama folder."""
+    """The weights `model.init_from` names: a checkpoint folder (verified) or a Hugging Face Llama folder."""
     path = Path(path)
     if (path / MANIFEST_FILE).is_file():
         weights = load_checkpoint(path, read_shards=read_shard_folder).weights
@@ -96,5 +96,5 @@ def initial_weights(path: str | Path, spec: ModelSpec) -> dict[str, np.ndarray]:
         return weights
     if (path / "config.json").is_file():
         return read_hf_folder(path, spec)
-    raise CheckpointError(f"checkpoint.init_from={str(path)!r} is neither a checkpoint folder (manifest.json) nor a Hugging Face "
+    raise CheckpointError(f"model.init_from={str(path)!r} is neither a checkpoint folder (manifest.json) nor a Hugging Face "
                           "folder (config.json): point it at RUN/checkpoints/step_N or an exported folder")

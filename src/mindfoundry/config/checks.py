@@ -145,9 +145,9 @@ def _train_problems(cfg: RunConfig) -> list[str]:
         if not Path(task).is_file():
             out.append(f"eval.tasks[{i}]={task!r} does not exist: give a multiple-choice .jsonl file (docs/evaluation.md) "
                        "or remove it")
-    init = cfg.checkpoint.init_from
+    init = cfg.model.init_from
     if init is not None and not Path(init).is_dir():
-        out.append(f"checkpoint.init_from={init!r} is not a folder: point it at a Hugging Face Llama folder or a "
+        out.append(f"model.init_from={init!r} is not a folder: point it at a Hugging Face Llama folder or a "
                    "RUN/checkpoints/step_N folder, or set it to null for random initial weights")
     if cfg.optim.warmup_steps > cfg.train.steps:
         out.append(

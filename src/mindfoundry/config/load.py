@@ -184,6 +184,11 @@ def to_yaml(cfg: RunConfig) -> str:
 
 
 def config_hash(cfg: RunConfig, *, exclude: tuple[str, ...] = ()) -> str:
-    """Stable hash of the resolved config (sections in `exclude` left out)."""
-    data = cfg.model_dump(mode="json", exclude=set(exclude))
+    """Stable hash of the resolved config; `exclude` names sections or dotted keys (``model.init_from``) left out,
+    so a key added to a section later can stay out of the hash of every earlier config."""
+    nested: dict[str, Any] = {}
+    for key in exclude:
+        section, _, field = key.partition(".")
+        nested[section] = True if not field else (nested.get(section) or {}) | {field: True}
+    data = cfg.model_dump(mode="json", exclude=nested)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()

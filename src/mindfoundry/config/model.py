@@ -41,6 +41,11 @@ class ModelConfig(Section):
     tie_embeddings: bool = Field(True, description="Share the token embedding with the output head (no lm_head.weight).")
     init_std: float = Field(0.02, gt=0, description="Std of the normal init; residual projections use init_std/sqrt(2*n_layers).")
     moe: MoEConfig = Field(default_factory=MoEConfig, description="Mixture-of-experts FFN (num_experts: 0 = dense).")
+    init_from: str | None = Field(
+        None, description="Initial weights of a new run (continued pretraining): a Hugging Face Llama folder (config.json + "
+        "model.safetensors, e.g. from `mindfoundry export`) or a checkpoint folder RUN/checkpoints/step_N; its sizes must be "
+        "this model's. Ignored once the run has checkpoints (a resume loads those), so not part of the run identity. null = random init from the seed."
+    )
 
     def resolved_ffn_dim(self) -> int:
         """ffn_dim, or when null 8/3*d_model rounded up to ffn_multiple_of (the one place that derives it)."""

@@ -78,11 +78,6 @@ class CheckpointConfig(Section):
         "engines). sharded (torch engine): every rank writes only its shards (torch.distributed.checkpoint), resumable under "
         "any layout; `mindfoundry convert STEP_DIR out.safetensors` consolidates the weights (docs/checkpoints.md)."
     )
-    init_from: str | None = Field(
-        None, description="Initial weights of a new run (continued pretraining): a Hugging Face Llama folder (config.json + "
-        "model.safetensors, e.g. from `mindfoundry export`) or a checkpoint folder RUN/checkpoints/step_N; its sizes must be "
-        "this model's. Ignored once the run has checkpoints (a resume loads those). null = random init from the seed."
-    )
 
 
 class AnomalyConfig(Section):

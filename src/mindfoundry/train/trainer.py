@@ -112,7 +112,7 @@ class Trainer:
         for note in skipped:
             self.console.print(f"[yellow]skipping checkpoint: {note}[/]")
         if path is None:
-            init = self.cfg.checkpoint.init_from
+            init = self.cfg.model.init_from
             self.backend.load_weights(initial_weights(init, self.spec) if init else init_weights(self.spec, self.cfg.seed))
             if init:
                 self.console.print(f"initial weights from {init}")
