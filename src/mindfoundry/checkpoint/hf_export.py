@@ -20,7 +20,7 @@ from typing import Any, Mapping
 import numpy as np
 from safetensors.numpy import save_file
 
-from mindfoundry.backends.base import read_shard_folder
+from mindfoundry.backends.base import check_state_names, read_shard_folder
 from mindfoundry.checkpoint.run_files import run_config, run_tokenizer
 from mindfoundry.checkpoint.store import CheckpointError, load_checkpoint
 from mindfoundry.data.prepare.tokenizer import EOS, PAD, eos_id, load_tokenizer, pad_id
@@ -62,19 +62,17 @@ def hf_config(spec: ModelSpec, *, eos_id: int, pad_id: int, init_std: float) -> 
 
 
 def check_weights(spec: ModelSpec, weights: Mapping[str, np.ndarray], what: str) -> None:
-    """`weights` must hold exactly this model's parameter names at its shapes (else a CheckpointError naming a few)."""
-    expected = parameter_shapes(spec)
-    got = {n: tuple(w.shape) for n, w in weights.items()}
-    if got != expected:
-        missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
-        wrong = sorted(n for n in set(got) & set(expected) if got[n] != expected[n])
-        raise CheckpointError(f"{what} does not hold this run's model (missing {missing[:3]}, unexpected {extra[:3]}, "
-                              f"other shapes {wrong[:3]}): use weights of a model with this config's sizes")
+    """`weights` must hold exactly this model's parameter names at its shapes (the engines' own check, as a CheckpointError)."""
+    shapes = parameter_shapes(spec)
+    try:
+        check_state_names(shapes, weights, what, shapes)
+    except ValueError as exc:
+        raise CheckpointError(f"{exc}: use weights of a model with this config's sizes") from None
 
 
 def hf_weights(spec: ModelSpec, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The checkpoint's weights under Llama names; the names and shapes must be exactly this model's."""
-    check_weights(spec, weights, "the checkpoint")
+    check_weights(spec, weights, "the checkpoint's weights")
     return {hf_name(n): np.ascontiguousarray(w, dtype=np.float32) for n, w in weights.items()}
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mindfoundry.checkpoint.store import CheckpointError, find_resumable
+from mindfoundry.checkpoint.store import MANIFEST_FILE, CheckpointError, find_resumable
 from mindfoundry.config.load import read_yaml
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.prepare.tokenizer import load_tokenizer, tokenizer_hash
@@ -20,7 +20,7 @@ from mindfoundry.parallel.layout import validate_run_config
 def checkpoint_of(path: str | Path) -> Path:
     """A checkpoint folder as given, or a run directory's newest valid checkpoint."""
     path = Path(path)
-    if (path / "manifest.json").is_file():
+    if (path / MANIFEST_FILE).is_file():
         return path
     found, skipped = find_resumable(path)
     if found is None:

@@ -42,16 +42,22 @@ def evaluate(backend: Backend, samples: PackedSamples, batch_size: int, max_batc
     if n == 0:
         raise ValueError("the validation split has no samples: raise data.validation_fraction or add data")
     chosen = np.linspace(0, len(samples) - 1, n).round().astype(np.int64)
+    batches = (samples.get_batch(chosen[start : start + batch_size]) for start in range(0, n, batch_size))
+    total_nll, total_tokens = _score(backend, batches, batch_size)
+    return _result(total_nll, total_tokens, bytes_per_token)
+
+
+def _score(backend: Backend, batches: Iterable[tuple[np.ndarray, np.ndarray]], batch_size: int) -> tuple[float, int]:
+    """Summed loss and scored tokens over batches; a short last batch is padded with fully ignored rows so that
+    one compiled shape serves every batch."""
     total_nll, total_tokens = 0.0, 0
-    for start in range(0, n, batch_size):
-        idx = chosen[start : start + batch_size]
-        ids, labels = samples.get_batch(idx)
-        if len(idx) < batch_size:  # keep one compiled shape: pad the batch with fully ignored rows
+    for ids, labels in batches:
+        if len(ids) < batch_size:
             ids, labels = _pad_rows(ids, labels, batch_size)
         nll, count = backend.eval_batch(ids, labels)
         total_nll += nll
         total_tokens += count
-    return _result(total_nll, total_tokens, bytes_per_token)
+    return total_nll, total_tokens
 
 
 def _result(nll: float, tokens: int, bytes_per_token: float) -> EvalResult:
@@ -93,14 +99,8 @@ def evaluate_texts(backend: Backend, tokenizer: Tokenizer, texts: Iterable[str],
     for w in range(windows):
         piece = stream[w * seq_len : w * seq_len + seq_len + 1]
         ids[w, : len(piece) - 1], labels[w, : len(piece) - 1] = piece[:-1], piece[1:]
-    total_nll, total_tokens = 0.0, 0
-    for start in range(0, windows, batch_size):
-        b_ids, b_labels = ids[start : start + batch_size], labels[start : start + batch_size]
-        if len(b_ids) < batch_size:
-            b_ids, b_labels = _pad_rows(b_ids, b_labels, batch_size)
-        nll, count = backend.eval_batch(b_ids, b_labels)
-        total_nll += nll
-        total_tokens += count
+    batches = ((ids[start : start + batch_size], labels[start : start + batch_size]) for start in range(0, windows, batch_size))
+    total_nll, total_tokens = _score(backend, batches, batch_size)
     return _result(total_nll, total_tokens, n_bytes / len(stream))
 
 
