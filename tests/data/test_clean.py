@@ -48,6 +48,12 @@ def run(block, *texts: str) -> list[str]:
 # --- base counting ---------------------------------------------------------------------------
 
 
+def judged(block, text: str) -> bool | str:
+    """A filter's verdict on ``text``: True, or the reason of its Drop."""
+    verdict = block.filter(doc(text))
+    return True if verdict is True else verdict.reason
+
+
 def test_filter_counts_seen_kept_and_reasons() -> None:
     block = LengthFilter(min_chars=5, max_chars=60)
     assert run(block, "好", REVIEW, NEWS, "Yes.") == [REVIEW]
@@ -112,14 +118,14 @@ def test_timestamps_leave_prose_numbers_alone() -> None:
     ("Привет, как дела? Это тест кодировки.", "unusual_chars"),
 ])
 def test_mojibake_dropped_with_reason(text: str, reason: str) -> None:
-    assert MojibakeFilter().filter(doc(text)) == (False, reason)
+    assert judged(MojibakeFilter(), text) == reason
 
 
 def test_mojibake_keeps_clean_text_and_checks_can_be_disabled() -> None:
     block = MojibakeFilter()
     texts = [NEWS, REVIEW, HAMLET, "café, naïve, résumé — “quoted” …", "好评★★★★★ 😀"]
     assert run(block, *texts) == texts
-    assert MojibakeFilter(max_unusual_ratio=None).filter(doc("Привет, как дела?")) is True
+    assert judged(MojibakeFilter(max_unusual_ratio=None), "Привет, как дела?") is True
 
 
 # --- symbol runs --------------------------------------------------------------------------------
@@ -140,9 +146,9 @@ def test_punctuation_that_is_not_a_run_is_kept() -> None:
 
 def test_documents_dominated_by_symbol_runs_are_dropped() -> None:
     block = SymbolRunFilter()
-    assert block.filter(doc("★★★★★☆☆☆☆☆★★★★★☆☆☆☆☆好")) == (False, "symbol_runs")
-    assert block.filter(doc("==========\n==========\nok")) == (False, "symbol_runs")
-    assert block.filter(doc("好评！★★★★★☆☆☆☆☆物流很快，包装完好，五星好评")) is True
+    assert judged(block, "★★★★★☆☆☆☆☆★★★★★☆☆☆☆☆好") == "symbol_runs"
+    assert judged(block, "==========\n==========\nok") == "symbol_runs"
+    assert judged(block, "好评！★★★★★☆☆☆☆☆物流很快，包装完好，五星好评") is True
 
 
 # --- boilerplate -------------------------------------------------------------------------------
@@ -188,13 +194,13 @@ def test_ad_lines_removed_and_ad_only_documents_dropped() -> None:
 
 def test_script_ratio_bounds() -> None:
     chinese = ScriptFilter(min_cjk_ratio=0.5)
-    assert [chinese.filter(doc(t)) for t in (NEWS, HAMLET, "1998-12-31")] == [
-        True, (False, "cjk_ratio_below_min"), (False, "no_letters")]
+    assert [judged(chinese, t) for t in (NEWS, HAMLET, "1998-12-31")] == [
+        True, "cjk_ratio_below_min", "no_letters"]
     english = ScriptFilter(max_cjk_ratio=0.1, min_latin_ratio=0.9)
-    assert [english.filter(doc(t)) for t in (HAMLET, REVIEW, "早上Check out速度比较慢")] == [
-        True, (False, "cjk_ratio_above_max"), (False, "cjk_ratio_above_max")]
-    assert ScriptFilter(max_latin_ratio=0.5).filter(doc(HAMLET)) == (False, "latin_ratio_above_max")
-    assert ScriptFilter().filter(doc("12345")) is True  # no bound set: the block lets everything through
+    assert [judged(english, t) for t in (HAMLET, REVIEW, "早上Check out速度比较慢")] == [
+        True, "cjk_ratio_above_max", "cjk_ratio_above_max"]
+    assert judged(ScriptFilter(max_latin_ratio=0.5), HAMLET) == "latin_ratio_above_max"
+    assert judged(ScriptFilter(), "12345") is True  # no bound set: the block lets everything through
 
 
 # --- Gopher repetition ------------------------------------------------------------------------------
@@ -216,13 +222,13 @@ def test_repetition_keeps_real_prose_in_both_languages() -> None:
     ("He said that the slings and arrows of outrageous fortune hurt. " * 3 + HAMLET, "duplicate_5gram_words"),
 ])
 def test_repetition_reasons(text: str, reason: str) -> None:
-    assert RepetitionFilter().filter(doc(text)) == (False, reason)
+    assert judged(RepetitionFilter(), text) == reason
 
 
 def test_repeated_phrase_in_a_short_chinese_text_is_not_a_top_ngram() -> None:
     """PEACE says 和平进程 four times: fine prose, and too short for the (character) top n-gram rule."""
-    assert RepetitionFilter().filter(doc(PEACE)) is True
-    assert RepetitionFilter(top_ngram_min_units=10, cjk_chars_per_word=1).filter(doc(PEACE)) == (False, "top_4gram_chars")
+    assert judged(RepetitionFilter(), PEACE) is True
+    assert judged(RepetitionFilter(top_ngram_min_units=10, cjk_chars_per_word=1), PEACE) == "top_4gram_chars"
 
 
 # --- Gopher quality ------------------------------------------------------------------------------------
@@ -240,7 +246,7 @@ def test_repeated_phrase_in_a_short_chinese_text_is_not_a_top_ngram() -> None:
     ("！？。。", "no_words"),
 ])
 def test_quality_reasons(text: str, reason: str) -> None:
-    assert QualityFilter().filter(doc(text)) == (False, reason)
+    assert judged(QualityFilter(), text) == reason
 
 
 def test_quality_keeps_chinese_english_and_mixed_reviews() -> None:

@@ -13,7 +13,8 @@ import pytest
 
 from mindfoundry.config.load import ConfigError, validate
 from mindfoundry.config.data import DedupConfig
-from mindfoundry.data.clean.dedup import Deduplicator, exact_key, jaccard, shingles
+from mindfoundry.data.clean.dedup_benchmark import make_twin
+from mindfoundry.data.clean.dedup import Deduplicator, char_stream, exact_key, jaccard, shingle_hashes, shingles
 from mindfoundry.data.document import Document
 from mindfoundry.data.prepare.pipeline import prepare_data
 from mindfoundry.data.ingest.builtin import read_builtin
@@ -34,16 +35,27 @@ def doc(text: str, doc_id: str) -> Document:
     return Document(text=text, id=doc_id, source=doc_id.split(":")[0], category="test")
 
 
-def test_shingles_are_char_ngrams_for_chinese_and_word_ngrams_otherwise() -> None:
-    assert {s.decode() for s in shingles("好评！物流很快，包装完好。")} == {
-        "好评物流很", "评物流很快", "物流很快包", "流很快包装", "很快包装完", "快包装完好"}
-    assert {s.decode() for s in shingles("To be, or NOT to be: that is the question.")} == {
-        "to be or not to", "be or not to be", "or not to be that", "not to be that is", "to be that is the",
-        "be that is the question"}
-    assert shingles("好") == {"好".encode()} and shingles("Hi!") == {b"hi"}  # shorter than one n-gram
-    # punctuation and case never change a shingle
-    assert shingles("物流很快，包装完好！") == shingles("物流很快包装完好")
+def test_shingles_are_the_same_kind_for_every_script() -> None:
+    assert shingles("好评！物流很快，包装完好。") == {"好评物流很", "评物流很快", "物流很快包", "流很快包装", "很快包装完", "快包装完好"}
+    # Latin words keep one space between them and none next to a CJK character
+    assert char_stream("用 GPU 训练, To be") == "用gpu训练to be"
+    assert shingles("To be, or NOT") == {"to be", "o be ", " be o", "be or", "e or ", " or n", "or no", "r not"}
+    # a Chinese document and its twin with more English are compared like with like (when the kind of shingle
+    # followed each document's majority script, this pair got char n-grams vs word n-grams: Jaccard 0)
+    zh = "使用说明：安装完成后运行 useradd 命令即可添加新用户，然后用 passwd 设置密码。"
+    assert jaccard(shingles(zh), shingles(zh + " See also: usermod, userdel")) == 36 / 59
+    assert shingles("好") == {"好"} and shingles("Hi!") == {"hi"} and shingles("!!!") == {"!!!"}  # shorter than one n-gram
+    assert shingles("物流很快，包装完好！") == shingles("物流很快包装完好")  # punctuation and case never change a shingle
     assert shingles("THE REST IS SILENCE.") == shingles("the rest, is silence")
+    assert shingles("To be, or not to be", shingle="words", word_ngram=3) == {"to be or", "be or not", "or not to", "not to be"}
+
+
+@pytest.mark.parametrize("shingle", ["chars", "words"])
+def test_shingle_hashes_are_one_per_shingle(shingle: str) -> None:
+    for text in ("好评！物流很快，包装完好。" * 3, "To be, or not to be: that is the question. " * 4, "好", "?!"):
+        assert len(shingle_hashes(text, shingle=shingle)) == len(shingles(text, shingle=shingle))
+    a, b = "Now is the winter of our discontent", "Now is the winter of our content"
+    assert jaccard(shingle_hashes(a), shingle_hashes(b)) == jaccard(shingles(a), shingles(b))
 
 
 def test_exact_duplicates_keep_the_first_copy() -> None:
@@ -55,78 +67,6 @@ def test_exact_duplicates_keep_the_first_copy() -> None:
     assert result.report["exact"] == {"removed": 3, "clusters": 2, "cluster_sizes": {"2": 1, "3": 1},
                                       "examples": [["s:0", "s:2", "s:4"], ["s:1", "s:3"]]}
     assert exact_key("A  b\n") == exact_key("a b")
-
-
-def edit(text: str, rng: random.Random, rate: float) -> str:
-    """A near-twin: substitute, delete or insert about ``rate`` of the characters (Chinese) or words."""
-    chinese = shingles(text) != shingles(text, char_ngram=4)  # char shingles depend on char_ngram
-    tokens = list(text) if chinese else text.split(" ")
-    fillers = list("的了是在我有和人这中") if chinese else ["the", "and", "of", "very", "new"]
-    for _ in range(max(1, round(rate * len(tokens)))):
-        i, op = rng.randrange(len(tokens)), rng.random()
-        if op < 0.4:
-            tokens[i] = rng.choice(fillers)
-        elif op < 0.7 and len(tokens) > 1:
-            del tokens[i]
-        else:
-            tokens.insert(i, rng.choice(fillers))
-    return ("" if chinese else " ").join(tokens)
-
-
-def real_documents() -> list[Document]:
-    """Reviews and People's Daily (Chinese), Shakespeare scenes and stdlib modules (English, code),
-    without the ones that are already near-duplicates of an earlier one (the corpus has some)."""
-    picked: list[Document] = []
-    for name, count, min_chars in (("reviews", 120, 30), ("peoples_daily", 120, 60), ("shakespeare", 30, 500),
-                                   ("python_stdlib", 40, 500)):
-        docs = [d for d in read_builtin(name, stats=SourceStats(), max_documents=count * 2)
-                if len(d.text) >= min_chars and "encodings/" not in d.id]
-        picked += docs[:count]
-    sets = [shingles(d.text) for d in picked]
-    distinct = [i for i in range(len(picked)) if all(jaccard(sets[i], sets[j]) < THRESHOLD for j in range(i))]
-    return [picked[i] for i in distinct]
-
-
-def near_twin_corpus(seed: int = 0) -> tuple[list[Document], set[str]]:
-    """Real documents plus an edited twin of every other one, shuffled; and the ids dedup should drop
-    (the later copy of every pair whose exact Jaccard reaches the threshold)."""
-    rng = random.Random(seed)
-    originals = real_documents()
-    twins = [doc(edit(d.text, rng, rate=0.02), f"{d.id}#twin") for d in originals[::2]]
-    corpus = originals + twins
-    rng.shuffle(corpus)
-    position = {d.id: i for i, d in enumerate(corpus)}
-    texts = {d.id: d.text for d in corpus}
-    expected = set()
-    for twin in twins:
-        original = twin.id.removesuffix("#twin")
-        if jaccard(shingles(texts[original]), shingles(twin.text)) >= THRESHOLD:
-            expected.add(max(original, twin.id, key=position.__getitem__))
-    return corpus, expected
-
-
-def precision_recall(dropped: set[str], expected: set[str]) -> tuple[float, float]:
-    hits = len(dropped & expected)
-    return hits / max(len(dropped), 1), hits / max(len(expected), 1)
-
-
-@needs_demo_text
-@pytest.mark.parametrize(("verify", "min_precision", "min_recall"), [("signature", 0.95, 0.9), ("exact", 1.0, 0.95)])
-def test_near_twins_found_with_precision_and_recall(verify: str, min_precision: float, min_recall: float) -> None:
-    corpus, expected = near_twin_corpus()
-    assert len(corpus) > 400 and len(expected) > 0.9 * 150  # most edited twins stay above the threshold
-    dedup = Deduplicator(verify=verify)  # the config defaults: 5-grams, 20 bands x 5 rows, threshold 0.7
-    dedup.add_all(corpus)
-    result = dedup.finish(reread=lambda: corpus)
-    dropped = {i for i, kind in result.dropped.items() if kind == "near"}
-    precision, recall = precision_recall(dropped, expected)
-    # measured on 465 documents, 148 twins at J >= 0.7: signature 0.986 / 0.953, exact 1.000 / 0.993
-    assert precision >= min_precision and recall >= min_recall, (precision, recall)
-    report = result.report["near"]
-    assert report["removed"] == len(dropped) and report["clusters"] == len(dropped)  # one twin per original
-    assert report["cluster_sizes"] == {"2": len(dropped)}
-    assert all(len(example) == 2 and example[1].removesuffix("#twin") == example[0].removesuffix("#twin")
-               for example in report["examples"])
 
 
 def test_first_document_of_a_chain_wins_and_its_matches_go() -> None:
@@ -175,7 +115,7 @@ def _stdlib_near_twins(tmp_path: Path) -> tuple[Path, list[tuple[str, str]]]:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     files = sorted((stdlib / "email").glob("*.py")) + sorted((stdlib / "json").glob("*.py"))
     texts = [f.read_text(encoding="utf-8") for f in files if f.stat().st_size > 2000]
-    pairs = [(t, edit(t, rng, rate=0.01)) for t in texts]
+    pairs = [(t, make_twin(t, "ad_lines", "en", rng)) for t in texts]
     path = tmp_path / "twins.jsonl"
     path.write_text("".join(json.dumps({"text": t}) + "\n" for pair in pairs for t in pair), encoding="utf-8")
     return path, pairs

@@ -1,6 +1,6 @@
-"""`mindfoundry data validate|inspect|mindrecord CONFIG`: look at, check and export prepared data.
+"""`mindfoundry data validate|inspect|drops|mindrecord CONFIG`: look at, check and export prepared data.
 
-All three work on the folder `mindfoundry prepare CONFIG` wrote (``data.output_dir``). Problems
+All of them work on the folder `mindfoundry prepare CONFIG` wrote (``data.output_dir``). Problems
 with the data are user errors: one clear line each and exit status 2, never a traceback.
 """
 
@@ -58,6 +58,38 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_drops(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from mindfoundry.data.clean.droplog import DROPS_FILE, read_drops, summarise
+
+    cfg = config_from_args(args)
+    path = Path(cfg.data.output_dir) / DROPS_FILE
+    summary = summarise(read_drops(path), block=args.block, reason=args.reason, source=args.source, examples=args.examples)
+    out = _stdout()
+    wanted = ", ".join(f"{k}={v}" for k, v in (("block", args.block), ("reason", args.reason), ("source", args.source)) if v)
+    if not summary.total:
+        out.print(f"{path}: no line matches{' ' + wanted if wanted else ''}")
+        return 0
+    out.print(f"{path}: {summary.total} documents dropped or edited{' (' + wanted + ')' if wanted else ''}",
+              soft_wrap=True, highlight=False)
+    table = Table()
+    for column in ("block", "reason", "action", "documents"):
+        table.add_column(column, justify="right" if column == "documents" else "left")
+    for (block, reason, action), n in summary.counts.most_common():
+        table.add_row(block, reason, action, f"{n:,}")
+    out.print(table)
+    out.print("by source: " + ", ".join(f"{name} {n:,}" for name, n in summary.by_source.most_common()), soft_wrap=True)
+    for (block, reason, action), lines in summary.examples.items():
+        out.print(f"\n[bold]{block} / {reason} ({action})[/]")
+        for line in lines:
+            measured = "" if line["value"] is None else f" value {line['value']} (threshold {line['threshold']})"
+            kept = f" -> kept {line['kept']['source']}:{line['kept']['path']}#{line['kept']['record']}" if "kept" in line else ""
+            out.print(f"  {line['source']}:{line['path']}#{line['record']}{measured}{kept}", highlight=False, soft_wrap=True)
+            out.print(f"    {line['excerpt'][:args.chars]!r}", highlight=False, markup=False, soft_wrap=True)
+    return 0
+
+
 def cmd_mindrecord(args: argparse.Namespace) -> int:
     from mindfoundry.backends.base import BackendUnavailable
 
@@ -73,7 +105,7 @@ def cmd_mindrecord(args: argparse.Namespace) -> int:
 
 
 def add_data_commands(subparsers: argparse._SubParsersAction) -> None:
-    """Register `data validate|inspect|mindrecord` on the main parser's subcommands."""
+    """Register `data validate|inspect|drops|mindrecord` on the main parser's subcommands."""
     data = subparsers.add_parser("data", help="validate, inspect or export prepared data (after `prepare`)")
     sub = data.add_subparsers(dest="data_command", required=True)
 
@@ -87,6 +119,15 @@ def add_data_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--samples", type=_positive_int, default=3, metavar="N", help="documents shown per category")
     p.add_argument("--chars", type=_positive_int, default=160, metavar="N", help="characters shown per document")
     p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("drops", help="what cleaning and dedup dropped or edited, and why, with examples (drops.jsonl.gz)")
+    add_config_arguments(p)
+    p.add_argument("--block", default=None, help="only this block (e.g. repetition, boilerplate, dedup)")
+    p.add_argument("--reason", default=None, help="only this reason (e.g. duplicate_15gram_chars, near)")
+    p.add_argument("--source", default=None, help="only this source")
+    p.add_argument("--examples", type=_positive_int, default=3, metavar="N", help="examples shown per block and reason")
+    p.add_argument("--chars", type=_positive_int, default=160, metavar="N", help="characters shown per example")
+    p.set_defaults(func=cmd_drops)
 
     p = sub.add_parser("mindrecord", help="export the prepared documents to MindRecord files (MindDataset)")
     add_config_arguments(p)

@@ -28,8 +28,11 @@ class DedupConfig(Section):
     num_perm: int = Field(128, ge=8, description="MinHash permutations (signature length).")
     bands: int = Field(20, ge=1, description="LSH bands; bands*rows <= num_perm. More bands find pairs of lower similarity.")
     rows: int = Field(5, ge=1, description="Signature rows per LSH band. More rows propose fewer dissimilar pairs.")
-    char_ngram: int = Field(5, ge=1, description="Shingle size in characters, for Chinese-dominant documents.")
-    word_ngram: int = Field(5, ge=1, description="Shingle size in words, for other documents (English, code).")
+    shingle: Literal["chars", "words"] = Field(
+        "chars", description="Shingles of every document, whatever its script: character n-grams of its letters and digits "
+                             "(survive scattered typos) or n-grams of words and CJK characters.")
+    char_ngram: int = Field(5, ge=1, description="Shingle size in characters (shingle: chars).")
+    word_ngram: int = Field(5, ge=1, description="Shingle size in words, a CJK character counting as one (shingle: words).")
     verify: Literal["none", "signature", "exact"] = Field(
         "signature", description="How an LSH candidate pair is confirmed: Jaccard estimated from the signatures, computed exactly "
                                  "(one more read of the candidate documents), or not at all.")

@@ -13,10 +13,18 @@ class Document:
     ``"mysource:sub/file.jsonl:17"``: source name, path relative to the source root, line or
     record number), so manifests, dedup reports and split decisions can point back to the exact
     origin of every document. ``category`` (``news``, ``code``, ...) lets mixtures and evaluation
-    reports group sources by kind.
+    reports group sources by kind. ``path`` (relative to the source's root) and ``record`` (0-based
+    index of the document in that file: its line for .jsonl and line-mode .txt, its row for
+    .parquet, 0 for a whole-file document) say where to find it again, for the drop log.
     """
 
     text: str
     id: str
     source: str
     category: str
+    path: str = ""
+    record: int = 0
+
+    def origin(self) -> dict[str, str | int]:
+        """Where the document came from, as the drop log and dedup reports write it."""
+        return {"source": self.source, "path": self.path, "record": self.record}

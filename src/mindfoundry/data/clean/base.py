@@ -4,13 +4,15 @@ A block turns a stream of documents into a stream of documents (``run(docs)`` is
 so blocks chain lazily and a whole corpus flows through in bounded memory. Subclasses write one
 method and the base class does the bookkeeping, so every block reports the same way:
 
-- a :class:`Filter` answers ``filter(doc)`` with ``True`` (keep) or ``(False, reason)`` (drop);
+- a :class:`Filter` answers ``filter(doc)`` with ``True`` (keep) or a :class:`Drop` naming the
+  reason, the measured value and the limit it broke;
 - a :class:`Transform` answers ``transform(doc)`` with the edited document, or ``None`` to drop
   it; it may call :meth:`Block.count` to record what kind of edit it made.
 
 The base class counts documents seen, kept, dropped per reason, changed, and characters removed,
-so a manifest can say exactly what each block removed and why. Blocks never read files and never
-import a training framework.
+so a manifest can say exactly what each block removed and why. With ``log_events`` on, a block also
+keeps one :class:`Event` per document it dropped or edited (the drop log, ``drops.jsonl.gz``).
+Blocks never read files and never import a training framework.
 
 A block's parameters and their defaults are its ``data.clean`` section's fields
 (:mod:`mindfoundry.config.clean`), the one place they are written: ``LengthFilter(min_chars=5)``
@@ -23,15 +25,51 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, NamedTuple
 
 from mindfoundry.config.clean import BlockSection
 from mindfoundry.data.document import Document
 
-Verdict = Literal[True] | tuple[Literal[False], str]
-
 #: Drop reason of a transform that left nothing but whitespace.
 EMPTY = "empty_after_cleaning"
+#: Characters of a document (or of what an edit removed) quoted in a drop-log event.
+EXCERPT_CHARS = 200
+
+
+class Drop(NamedTuple):
+    """A filter's reason to drop a document, with the measured ``value`` and the ``limit`` it broke
+    (both ``None`` where the rule is not a number, e.g. "no letters at all")."""
+
+    reason: str
+    value: float | None = None
+    limit: float | None = None
+
+
+Verdict = Literal[True] | Drop
+
+
+def event(doc: Document, block: str, action: Literal["drop", "edit"], reason: str, value: float | None,
+          threshold: float | None, excerpt: str, **extra: Any) -> dict[str, Any]:
+    """One line of the drop log: which document (source, path, record), which block, why, and a quote."""
+    rounded = round(value, 4) if isinstance(value, float) else value
+    return {**doc.origin(), "block": block, "reason": reason, "action": action, "value": rounded,
+            "threshold": threshold, "excerpt": excerpt[:EXCERPT_CHARS], **extra}
+
+
+def changed_span(before: str, after: str) -> str:
+    """The part of ``before`` an edit touched: what lies between the common prefix and the common suffix
+    (found by bisection on slice equality, which compares in C, so long documents cost little)."""
+    limit = min(len(before), len(after))
+    low, high = 0, limit
+    while low < high:  # longest common prefix
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if before[:mid] == after[:mid] else (low, mid - 1)
+    prefix = low
+    low, high = 0, limit - prefix
+    while low < high:  # longest common suffix not overlapping the prefix
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if before[len(before) - mid:] == after[len(after) - mid:] else (low, mid - 1)
+    return before[prefix:len(before) - low]
 
 
 @dataclass
@@ -82,6 +120,9 @@ class Block(ABC):
     def __init__(self, **settings: Any) -> None:
         self.settings = self.section(**settings)  # ValidationError names an unknown or out-of-range parameter
         self.stats = BlockStats()
+        #: Whether to keep an :func:`event` per dropped or edited document in ``events`` (the drop log).
+        self.log_events = False
+        self.events: list[dict[str, Any]] = []
 
     @classmethod
     def build(cls, settings: dict[str, Any], frequent_lines: frozenset[int]) -> Block:
@@ -109,12 +150,14 @@ class Filter(Block):
             if verdict is True:
                 self.stats.kept += 1
                 yield doc
-            else:
-                self.stats.dropped[verdict[1]] += 1
+                continue
+            self.stats.dropped[verdict.reason] += 1
+            if self.log_events:
+                self.events.append(event(doc, self.name, "drop", verdict.reason, verdict.value, verdict.limit, doc.text))
 
     @abstractmethod
     def filter(self, doc: Document) -> Verdict:
-        """``True`` to keep ``doc``, ``(False, reason)`` to drop it."""
+        """``True`` to keep ``doc``, a :class:`Drop` to drop it."""
 
 
 class Transform(Block):
@@ -123,15 +166,22 @@ class Transform(Block):
     def run(self, docs: Iterable[Document]) -> Iterator[Document]:
         for doc in docs:
             self.stats.seen += 1
-            before = len(doc.text)
             original = doc.text
+            edits_before = Counter(self.stats.edits) if self.log_events else None
             result = self.transform(doc)
             if result is None or not result.text.strip():
                 self.stats.dropped[EMPTY] += 1
+                if self.log_events:
+                    self.events.append(event(doc, self.name, "drop", EMPTY, len(original), None, original))
                 continue
             if result.text != original:
+                removed = max(len(original) - len(result.text), 0)
                 self.stats.changed += 1
-                self.stats.chars_removed += max(before - len(result.text), 0)
+                self.stats.chars_removed += removed
+                if edits_before is not None:
+                    kinds = "+".join(sorted(self.stats.edits - edits_before)) or self.name
+                    self.events.append(event(doc, self.name, "edit", kinds, removed, None,
+                                             changed_span(original, result.text)))
             self.stats.kept += 1
             yield result
 

@@ -29,14 +29,14 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Generic, TypeVar
 
-from datasketch import LeanMinHash
+import numpy as np
 
 from mindfoundry.config.clean import CLEAN_BLOCKS
 from mindfoundry.config.data import DataConfig, DedupConfig, SourceConfig
-from mindfoundry.data.clean.base import BlockStats
+from mindfoundry.data.clean.base import BlockStats, event
 from mindfoundry.data.clean.boilerplate import LineCounter
 from mindfoundry.data.clean.pipeline import CleaningPipeline, active_sections, build_pipeline, resolve_profile
-from mindfoundry.data.clean.dedup import DedupResult, Deduplicator, exact_key, minhash_signatures, shingles
+from mindfoundry.data.clean.dedup import DedupResult, Deduplicator, Signer, exact_key
 from mindfoundry.data.document import Document
 from mindfoundry.data.workers import DocumentProgress, PassProgress, WorkerPool, resolve_workers
 from mindfoundry.data.ingest.builtin import read_builtin
@@ -131,6 +131,7 @@ class ChunkResult(Generic[R]):
     value: R
     block_stats: list[BlockStats]
     read: int
+    events: list[dict[str, Any]] = field(default_factory=list)  # drop-log lines, when the curation logs them
 
 
 @dataclass(frozen=True)
@@ -141,11 +142,15 @@ class Curation:
     data: DataConfig
     plan: CorpusPlan
     until: str | None = None
+    log_events: bool = False  # collect a drop-log line per dropped or edited document (the shard pass)
 
     def pipeline(self, src: SourceConfig) -> CleaningPipeline:
         """The blocks of ``src``'s profile, with the corpus-wide boilerplate lines."""
-        return build_pipeline(clean_settings(self.data, src), clean_profile(self.data, src),
-                              frequent_lines=self.plan.frequent_lines, until=self.until)
+        pipeline = build_pipeline(clean_settings(self.data, src), clean_profile(self.data, src),
+                                  frequent_lines=self.plan.frequent_lines, until=self.until)
+        for block in pipeline.blocks:
+            block.log_events = self.log_events
+        return pipeline
 
     def apply(self, chunk: Chunk, then: Callable[[list[Document]], R]) -> ChunkResult[R]:
         """Clean ``chunk`` with its source's blocks, drop what dedup dropped, and give the rest to ``then``.
@@ -155,8 +160,21 @@ class Curation:
         """
         pipeline = self.pipeline(self.data.sources[chunk.source])
         dedup = self.plan.dedup
-        kept = [doc for doc in pipeline.run(chunk.documents) if dedup is None or dedup.keeps(doc)]
-        return ChunkResult(chunk.source, then(kept), [block.stats for block in pipeline.blocks], len(chunk.documents))
+        cleaned = list(pipeline.run(chunk.documents))
+        kept = [doc for doc in cleaned if dedup is None or dedup.keeps(doc)]
+        events = [e for block in pipeline.blocks for e in block.events]
+        if self.log_events and dedup is not None and len(kept) < len(cleaned):
+            events += [dedup_event(doc, dedup, self.data.dedup.threshold) for doc in cleaned if not dedup.keeps(doc)]
+        order = {(doc.path, doc.record): i for i, doc in enumerate(chunk.documents)}
+        events.sort(key=lambda e: order.get((e["path"], e["record"]), 0))
+        return ChunkResult(chunk.source, then(kept), [block.stats for block in pipeline.blocks], len(chunk.documents), events)
+
+
+def dedup_event(doc: Document, dedup: DedupResult, threshold: float) -> dict[str, Any]:
+    """The drop-log line of a document dedup dropped: the twin that stays and their Jaccard similarity."""
+    twin = dedup.twins[doc.id]
+    return event(doc, "dedup", "drop", twin.kind, twin.jaccard, 1.0 if twin.kind == "exact" else threshold, doc.text,
+                 kept=twin.kept, jaccard=None if twin.jaccard is None else round(twin.jaccard, 4))
 
 
 def cleaned_documents(curation: Curation, chunk: Chunk) -> ChunkResult[list[Document]]:
@@ -215,16 +233,20 @@ class CuratedSource:
 
 
 def curate(sources: Sequence[CuratedSource], pool: WorkerPool[Any], task: Callable[[Any, Chunk], ChunkResult[R]],
-           progress: PassProgress, *, window: int | None = None) -> Iterator[tuple[CuratedSource, R]]:
+           progress: PassProgress, *, window: int | None = None,
+           drop_log: Callable[[list[dict[str, Any]]], None] | None = None) -> Iterator[tuple[CuratedSource, R]]:
     """``task`` over every chunk of ``sources`` on ``pool``: each chunk's value with its source, in corpus order.
 
-    One stream over all the sources keeps the workers busy across source boundaries.
+    One stream over all the sources keeps the workers busy across source boundaries. ``drop_log``
+    receives each chunk's drop-log lines, in corpus order.
     """
     by_index = {source.index: source for source in sources}
     chunks = (chunk for source in sources for chunk in source.chunks())
     for result in pool.map(task, chunks, window=window):
         source = by_index[result.source]
         source.add(result)
+        if drop_log is not None:
+            drop_log(result.events)
         progress.advance(source.src.name, result.read)
         yield source, result.value
 
@@ -281,7 +303,7 @@ def _deduplicate(data: DataConfig, plan: CorpusPlan, workers: int, progress: Doc
         with progress.stage("dedup", names) as stage:
             for _, signatures in curate(curated_sources(curation), pool, signed_documents, stage):
                 for i, doc in enumerate(signatures.documents):  # chunk signing time counted once
-                    deduplicator.add_signed(doc.id, doc.source, doc.exact_key, doc.signature, signatures.seconds if i == 0 else 0.0)
+                    deduplicator.add_signed(doc.id, doc.origin, doc.exact_key, doc.signature, signatures.seconds if i == 0 else 0.0)
         return deduplicator.finish(reread=cleaned_corpus)
 
 
@@ -290,9 +312,9 @@ class SignedDocument:
     """What dedup needs of one cleaned document, computed in a worker (never its text)."""
 
     id: str
-    source: str
+    origin: dict[str, str | int]
     exact_key: int | None  # None when exact dedup is off
-    signature: LeanMinHash | None  # None when near dedup is off
+    signature: np.ndarray | None  # None when near dedup is off
 
 
 @dataclass
@@ -306,12 +328,10 @@ class Signatures:
 def sign_documents(settings: DedupConfig, docs: list[Document]) -> Signatures:
     """The exact key and MinHash signature of each document, computed as :class:`Deduplicator` does."""
     start = time.perf_counter()
-    keys = [exact_key(doc.text) if settings.exact else None for doc in docs]
-    signatures: list[LeanMinHash | None] = [None] * len(docs)
-    if settings.near and docs:
-        sets = [shingles(doc.text, char_ngram=settings.char_ngram, word_ngram=settings.word_ngram) for doc in docs]
-        signatures = [LeanMinHash(m) for m in minhash_signatures(sets, settings.num_perm, settings.seed)]
-    signed = [SignedDocument(doc.id, doc.source, key, sig) for doc, key, sig in zip(docs, keys, signatures, strict=True)]
+    signer = Signer(shingle=settings.shingle, char_ngram=settings.char_ngram, word_ngram=settings.word_ngram,
+                    num_perm=settings.num_perm, seed=settings.seed)
+    signed = [SignedDocument(doc.id, doc.origin(), exact_key(doc.text) if settings.exact else None,
+                             signer.sign(doc.text) if settings.near else None) for doc in docs]
     return Signatures(signed, time.perf_counter() - start)
 
 

@@ -6,10 +6,15 @@ document (a split by content hash only keeps *identical* texts together).
 
 - **Exact**: a 64-bit BLAKE2b hash of the canonical text (whitespace collapsed, case-folded); a
   document whose hash was seen before is dropped.
-- **Near**: each document becomes a set of shingles, character n-grams for Chinese-dominant
-  documents (no spaces between words) and word n-grams otherwise (English, code), decided per
-  document by script. ``datasketch`` computes MinHash signatures (``MinHash.bulk``) and an LSH
-  index with ``bands`` x ``rows`` proposes candidate pairs. A pair counts when its Jaccard
+- **Near**: each document becomes a set of shingles made the same way for every script, so a
+  document and its edited twin are always compared like with like (deciding per document by
+  script would give a Chinese page and its English-heavier twin different kinds and a Jaccard of
+  0): by default character ``char_ngram``-grams of the document's letters and digits (case
+  folded, punctuation and spacing reduced to one space between Latin words and none around CJK
+  characters), which survive the scattered character edits that break word n-grams; or, with
+  ``shingle: words``, ``word_ngram``-grams of units (a word or a CJK character). Shingles are
+  hashed and min-hashed in numpy (:func:`signature`), an LSH index with ``bands`` x ``rows``
+  (``datasketch.MinHashLSH``) proposes candidate pairs, and a pair counts when its Jaccard
   similarity reaches ``threshold``: estimated from the full signatures (``verify="signature"``),
   computed exactly from the shingles (``verify="exact"``, one more read of the corpus for the
   documents in candidate pairs only), or taken on the LSH's word (``verify="none"``).
@@ -23,43 +28,81 @@ and the LSH tables, never texts.
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 import zlib
+from array import array
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
-from datasketch import MinHash, MinHashLSH
+from datasketch import LeanMinHash, MinHashLSH
 
-from mindfoundry.data.clean.text import canonical, is_cjk_text, units
+from mindfoundry.data.clean.text import CJK_RANGES, canonical, units
 from mindfoundry.data.document import Document
 
 Verify = Literal["none", "signature", "exact"]
-_BATCH = 512
+Shingle = Literal["chars", "words"]
+_NON_UNIT = re.compile(r"[\W_]+")
+_SPACE_BY_CJK = re.compile(f"(?<=[{CJK_RANGES}]) | (?=[{CJK_RANGES}])")
+_ROLL = np.uint64(0x100000001B3)  # FNV-64 prime: the base of the rolling n-gram hash
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+_CHUNK = 8192  # shingles min-hashed at once (bounds the shingles x num_perm matrix of a long document)
 
 
-def shingles(text: str, *, char_ngram: int = 5, word_ngram: int = 5) -> set[bytes]:
-    """The shingle set of a document: char n-grams if Chinese-dominant, else word n-grams.
+def char_stream(text: str) -> str:
+    """What character shingles are cut from: letters and digits case-folded, every run of punctuation
+    and spacing one space between Latin words and none next to a CJK character."""
+    return _SPACE_BY_CJK.sub("", _NON_UNIT.sub(" ", text.casefold())).strip()
 
-    Units (see :func:`~mindfoundry.data.clean.text.units`) drop punctuation and case, so an
-    edit of punctuation or capitalization changes no shingle. A document shorter than one
-    n-gram is a single shingle.
+
+def shingles(text: str, *, shingle: Shingle = "chars", char_ngram: int = 5, word_ngram: int = 5) -> set[str]:
+    """The shingle set of a document, as text (for reading and tests; dedup uses :func:`shingle_hashes`).
+
+    Punctuation, spacing and case never change a shingle. A document shorter than one n-gram is
+    a single shingle (its whole stream, or its canonical text when it has no letter or digit).
     """
-    tokens = units(text)
-    if not tokens:
-        return {canonical(text).encode("utf-8")}
-    if is_cjk_text(text):
-        chars = "".join(tokens)
-        grams = {chars[i:i + char_ngram] for i in range(max(len(chars) - char_ngram + 1, 1))}
+    if shingle == "words":
+        tokens = units(text)
+        if not tokens:
+            return {canonical(text)}
+        return {" ".join(tokens[i:i + word_ngram]) for i in range(max(len(tokens) - word_ngram + 1, 1))}
+    stream = char_stream(text) or canonical(text)
+    return {stream[i:i + char_ngram] for i in range(max(len(stream) - char_ngram + 1, 1))}
+
+
+def shingle_hashes(text: str, *, shingle: Shingle = "chars", char_ngram: int = 5, word_ngram: int = 5) -> np.ndarray:
+    """The distinct 64-bit hashes of :func:`shingles` (one per shingle), computed in numpy.
+
+    Each character (or word, hashed with crc32) is a number; an n-gram's hash is the polynomial
+    ``sum(x[i+k] * B**(n-1-k))`` over 64-bit wraparound, built with one vector operation per k.
+    """
+    if shingle == "words":
+        tokens = units(text) or (canonical(text),)
+        values = np.fromiter((zlib.crc32(t.encode("utf-8")) for t in tokens), dtype=np.uint64, count=len(tokens))
+        n = word_ngram
     else:
-        grams = {" ".join(tokens[i:i + word_ngram]) for i in range(max(len(tokens) - word_ngram + 1, 1))}
-    return {gram.encode("utf-8") for gram in grams}
+        stream = char_stream(text) or canonical(text)
+        values = np.frombuffer(stream.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
+        n = char_ngram
+    n = min(n, len(values)) or 1
+    if not len(values):
+        return np.zeros(1, dtype=np.uint64)
+    windows = len(values) - n + 1
+    keys = values[:windows].copy()
+    for k in range(1, n):
+        keys = keys * _ROLL + values[k:k + windows]
+    return np.unique(keys * _MIX)
 
 
-def jaccard(a: set[bytes], b: set[bytes]) -> float:
-    """|a ∩ b| / |a ∪ b| (1.0 for two empty sets)."""
+def jaccard(a: set[str] | np.ndarray, b: set[str] | np.ndarray) -> float:
+    """|a ∩ b| / |a ∪ b| of two shingle sets or two arrays of distinct hashes (1.0 for two empty ones)."""
+    if isinstance(a, np.ndarray):
+        common = len(np.intersect1d(a, b, assume_unique=True))
+        union = len(a) + len(b) - common
+        return common / union if union else 1.0
     union = len(a | b)
     return len(a & b) / union if union else 1.0
 
@@ -69,26 +112,68 @@ def exact_key(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(canonical(text).encode("utf-8"), digest_size=8).digest(), "little")
 
 
-def _crc32(data: bytes) -> int:
-    """32-bit shingle hash for MinHash: twice as fast as datasketch's SHA-1 default; the random
-    permutations MinHash applies on top supply the min-wise independence."""
-    return zlib.crc32(data)
+def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``num_perm`` hash permutations ``h -> a*h + b`` (mod 2**64, ``a`` odd: a bijection) of a seed."""
+    rng = np.random.RandomState(seed)
+    a = rng.randint(0, 2**63, size=num_perm, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+    b = rng.randint(0, 2**63, size=num_perm, dtype=np.uint64)
+    return a, b
+
+
+def signature(hashes: np.ndarray, perms: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """The MinHash signature of a set of shingle hashes: for each permutation the smallest permuted
+    hash, kept to its high 32 bits (the well-mixed ones of an affine map mod 2**64)."""
+    a, b = perms
+    lowest = np.full(len(a), np.iinfo(np.uint64).max, dtype=np.uint64)
+    for start in range(0, len(hashes), _CHUNK):
+        block = hashes[start:start + _CHUNK, None] * a + b
+        np.minimum(lowest, block.min(axis=0), out=lowest)
+    return lowest >> np.uint64(32)
+
+
+@dataclass(frozen=True)
+class Twin:
+    """Why a document was dropped by dedup: the kept document it copies (source, path, record) and
+    the Jaccard similarity of their shingles (1.0 for an exact copy; estimated from the signatures or
+    computed exactly as ``verify`` says; ``None`` with ``verify="none"``)."""
+
+    kind: Literal["exact", "near"]
+    kept: dict[str, str | int]
+    jaccard: float | None
 
 
 @dataclass
 class DedupResult:
-    """Which documents to drop, and the report for the manifest."""
+    """Which documents to drop, why (``twins``), and the report for the manifest."""
 
     dropped: dict[str, Literal["exact", "near"]]
     report: dict[str, Any] = field(default_factory=dict)
+    twins: dict[str, Twin] = field(default_factory=dict)
 
     def keeps(self, doc: Document) -> bool:
         return doc.id not in self.dropped
 
 
-def minhash_signatures(sets: list[set[bytes]], num_perm: int, seed: int) -> list[MinHash]:
-    """MinHash signatures of shingle sets, with the fast crc32 hash every dedup path must share."""
-    return MinHash.bulk(sets, num_perm=num_perm, seed=seed, hashfunc=_crc32)
+class Signer:
+    """Shingles a document and min-hashes them: what dedup (and a worker signing for it) computes per document."""
+
+    def __init__(self, *, shingle: Shingle = "chars", char_ngram: int = 5, word_ngram: int = 5,
+                 num_perm: int = 128, seed: int = 1) -> None:
+        self.shingling = {"shingle": shingle, "char_ngram": char_ngram, "word_ngram": word_ngram}
+        self.perms = permutations(num_perm, seed)
+
+    def hashes(self, text: str) -> np.ndarray:
+        """The document's distinct shingle hashes (for exact Jaccard)."""
+        return shingle_hashes(text, **self.shingling)
+
+    def sign(self, text: str) -> np.ndarray:
+        """The document's MinHash signature."""
+        return signature(self.hashes(text), self.perms)
+
+
+def lean_minhash(hashvalues: np.ndarray, seed: int) -> LeanMinHash:
+    """A signature in the form ``datasketch.MinHashLSH`` indexes."""
+    return LeanMinHash(seed=seed, hashvalues=hashvalues, scheme="legacy")  # only the values matter to the LSH
 
 
 class Deduplicator:
@@ -103,6 +188,7 @@ class Deduplicator:
         num_perm: int = 128,
         bands: int = 20,
         rows: int = 5,
+        shingle: Shingle = "chars",
         char_ngram: int = 5,
         word_ngram: int = 5,
         verify: Verify = "signature",
@@ -117,15 +203,16 @@ class Deduplicator:
             raise ValueError(f"verify must be 'none', 'signature' or 'exact', got {verify!r}")
         self.exact, self.near, self.threshold, self.verify = exact, near, threshold, verify
         self.num_perm, self.seed, self.max_examples = num_perm, seed, max_examples
-        self.ngrams = {"char_ngram": char_ngram, "word_ngram": word_ngram}
+        self.signer = Signer(shingle=shingle, char_ngram=char_ngram, word_ngram=word_ngram, num_perm=num_perm, seed=seed)
         self._lsh = MinHashLSH(num_perm=num_perm, params=(bands, rows))
         self._ids: list[str] = []
         self._sources: list[str] = []
+        self._paths: list[str] = []
+        self._records = array("q")
         self._first_by_key: dict[int, int] = {}
         self._exact_of: dict[int, int] = {}  # dropped index -> kept index with the same text
-        self._pending: list[tuple[int, set[bytes]]] = []
         self._signatures: dict[int, np.ndarray] = {}
-        self._pairs: list[tuple[int, int]] = []
+        self._pairs: list[tuple[int, int, float | None]] = []  # (earlier, later, Jaccard estimate)
         self._candidates = 0
         self._seconds = 0.0
 
@@ -136,18 +223,9 @@ class Deduplicator:
         self._seconds += time.perf_counter() - start
 
     def _add(self, doc: Document) -> None:
-        index = len(self._ids)
-        self._ids.append(doc.id)
-        self._sources.append(doc.source)
-        if self.exact:
-            first = self._first_by_key.setdefault(exact_key(doc.text), index)
-            if first != index:
-                self._exact_of[index] = first
-                return
-        if self.near:
-            self._pending.append((index, shingles(doc.text, **self.ngrams)))
-            if len(self._pending) >= _BATCH:
-                self._flush()
+        key = exact_key(doc.text) if self.exact else None
+        hashes = self.signer.sign(doc.text) if self.near else None
+        self._register(doc.id, doc.origin(), key, hashes)
 
     def add_all(self, docs: Iterable[Document]) -> None:
         for doc in docs:
@@ -156,7 +234,6 @@ class Deduplicator:
     def finish(self, reread: Callable[[], Iterable[Document]] | None = None) -> DedupResult:
         """Decide what to drop. ``verify="exact"`` needs ``reread``: the same documents again."""
         start = time.perf_counter()
-        self._flush()
         pairs = self._pairs
         if self.near and self.verify == "exact":
             if reread is None:
@@ -166,66 +243,72 @@ class Deduplicator:
         self._seconds += time.perf_counter() - start
         dropped: dict[str, Literal["exact", "near"]] = {self._ids[i]: "exact" for i in self._exact_of}
         dropped.update({self._ids[i]: "near" for i in near_of})
-        return DedupResult(dropped, self._report(near_of, verified_pairs=len(pairs)))
+        twins = {self._ids[i]: Twin("exact", self._origin(kept), 1.0) for i, kept in self._exact_of.items()}
+        twins.update({self._ids[i]: Twin("near", self._origin(kept), score) for i, (kept, score) in near_of.items()})
+        return DedupResult(dropped, self._report({i: kept for i, (kept, _) in near_of.items()}, verified_pairs=len(pairs)), twins)
 
-    def _flush(self) -> None:
-        """MinHash the pending batch, then query-and-insert each document in order."""
-        if not self._pending:
-            return
-        indices, sets = zip(*self._pending, strict=True)
-        self._pending = []
-        for index, signature in zip(indices, minhash_signatures(sets, self.num_perm, self.seed), strict=True):
-            self._match_and_insert(index, signature)
+    def _origin(self, index: int) -> dict[str, str | int]:
+        return {"source": self._sources[index], "path": self._paths[index], "record": self._records[index]}
 
-    def _match_and_insert(self, index: int, signature: MinHash) -> None:
+    def _match_and_insert(self, index: int, hashes: np.ndarray) -> None:
         """Record the pairs a signature forms with earlier documents, then index it."""
-        candidates = self._lsh.query(signature)
-        self._lsh.insert(index, signature, check_duplication=False)
+        lean = lean_minhash(hashes, self.seed)
+        candidates = self._lsh.query(lean)
+        self._lsh.insert(index, lean, check_duplication=False)
         self._candidates += len(candidates)
-        hashes = signature.hashvalues.astype(np.uint32)
         if self.verify == "signature":
             self._signatures[index] = hashes
-            candidates = [c for c in candidates if np.mean(self._signatures[c] == hashes) >= self.threshold]
-        self._pairs.extend((c, index) for c in candidates)
+            scored = ((c, float(np.mean(self._signatures[c] == hashes))) for c in candidates)
+            self._pairs.extend((c, index, score) for c, score in scored if score >= self.threshold)
+        else:
+            self._pairs.extend((c, index, None) for c in candidates)
 
-    def add_signed(self, doc_id: str, source: str, key: int | None, signature: MinHash | None, seconds: float = 0.0) -> None:
+    def add_signed(self, doc_id: str, origin: dict[str, Any], key: int | None, hashes: np.ndarray | None,
+                   seconds: float = 0.0) -> None:
         """Register the next document from its precomputed exact key and signature (computed elsewhere,
-        e.g. in a worker process, with :func:`exact_key` and :func:`minhash_signatures`); `seconds` is
-        the time that computation took, so the reported dedup time stays comparable."""
+        e.g. in a worker process, with :func:`exact_key` and :meth:`Signer.sign`); ``origin`` is its
+        :meth:`Document.origin`; ``seconds`` is the time that computation took, so the reported
+        dedup time stays comparable."""
         start = time.perf_counter()
+        self._register(doc_id, origin, key, hashes)
+        self._seconds += seconds + time.perf_counter() - start
+
+    def _register(self, doc_id: str, origin: dict[str, Any], key: int | None, hashes: np.ndarray | None) -> None:
         index = len(self._ids)
         self._ids.append(doc_id)
-        self._sources.append(source)
+        self._sources.append(origin["source"])
+        self._paths.append(origin["path"])
+        self._records.append(origin["record"])
         first = index if key is None else self._first_by_key.setdefault(key, index)
         if first != index:
             self._exact_of[index] = first
-        elif signature is not None:
-            self._match_and_insert(index, signature)
-        self._seconds += seconds + time.perf_counter() - start
+        elif hashes is not None:
+            self._match_and_insert(index, hashes)
 
-    def _exact_pairs(self, docs: Iterable[Document]) -> list[tuple[int, int]]:
+    def _exact_pairs(self, docs: Iterable[Document]) -> list[tuple[int, int, float | None]]:
         """Candidate pairs whose exact shingle Jaccard reaches the threshold (reads only their documents)."""
-        needed = {self._ids[i]: i for pair in self._pairs for i in pair}
-        sets: dict[int, set[bytes]] = {}
+        needed = {self._ids[i]: i for pair in self._pairs for i in pair[:2]}
+        sets: dict[int, np.ndarray] = {}
         for doc in docs:
             if doc.id in needed:
-                sets[needed[doc.id]] = shingles(doc.text, **self.ngrams)
+                sets[needed[doc.id]] = self.signer.hashes(doc.text)
         missing = len(needed) - len(sets)
         if missing:
             raise ValueError(f"reread yielded {missing} fewer of the candidate documents than the first read: "
                              "it must yield the same documents")
-        return [(a, b) for a, b in self._pairs if jaccard(sets[a], sets[b]) >= self.threshold]
+        scored = ((a, b, jaccard(sets[a], sets[b])) for a, b, _ in self._pairs)
+        return [(a, b, score) for a, b, score in scored if score >= self.threshold]
 
-    def _greedy(self, pairs: list[tuple[int, int]]) -> dict[int, int]:
-        """``{dropped index: kept index}``: in stream order, drop a document matching a kept one."""
-        earlier: dict[int, list[int]] = defaultdict(list)
-        for a, b in pairs:
-            earlier[max(a, b)].append(min(a, b))
-        near_of: dict[int, int] = {}
+    def _greedy(self, pairs: list[tuple[int, int, float | None]]) -> dict[int, tuple[int, float | None]]:
+        """``{dropped index: (kept index, Jaccard)}``: in stream order, drop a document matching a kept one."""
+        earlier: dict[int, list[tuple[int, float | None]]] = defaultdict(list)
+        for a, b, score in pairs:
+            earlier[max(a, b)].append((min(a, b), score))
+        near_of: dict[int, tuple[int, float | None]] = {}
         for later in sorted(earlier):
-            kept = [i for i in earlier[later] if i not in near_of]
+            kept = [match for match in earlier[later] if match[0] not in near_of]
             if kept:
-                near_of[later] = min(kept)
+                near_of[later] = min(kept, key=lambda match: match[0])
         return near_of
 
     def _report(self, near_of: dict[int, int], *, verified_pairs: int) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from mindfoundry.config.clean import MojibakeConfig, SymbolRunsConfig
-from mindfoundry.data.clean.base import Filter, Transform, Verdict
+from mindfoundry.data.clean.base import Drop, Filter, Transform, Verdict
 from mindfoundry.data.clean.text import CJK_RANGES, count, non_space_chars, remove_matches
 from mindfoundry.data.document import Document
 
@@ -71,8 +71,8 @@ class MojibakeFilter(Filter):
             return True  # the common case: nothing to measure
         total = max(non_space_chars(doc.text), 1)
         for reason, limit, measure in self.checks:
-            if limit is not None and measure(doc.text) / total > limit:
-                return False, reason
+            if limit is not None and (ratio := measure(doc.text) / total) > limit:
+                return Drop(reason, ratio, limit)
         return True
 
 
@@ -117,7 +117,8 @@ class SymbolRunFilter(Filter):
         if self.max_fraction is None:
             return True
         in_runs = sum(len(match.group()) for match in self.runs.finditer(doc.text))
-        return True if in_runs / max(non_space_chars(doc.text), 1) <= self.max_fraction else (False, "symbol_runs")
+        fraction = in_runs / max(non_space_chars(doc.text), 1)
+        return True if fraction <= self.max_fraction else Drop("symbol_runs", fraction, self.max_fraction)
 
 
 class SymbolRunRemover(Transform):

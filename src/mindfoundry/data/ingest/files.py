@@ -212,7 +212,8 @@ def _read_resolved(
     """Read resolved files one at a time, dispatching on the suffix."""
     for path in files:
         stats.record_file(path)
-        prefix = f"{name}:{path.relative_to(root).as_posix()}"
+        relative = path.relative_to(root).as_posix()
+        prefix = f"{name}:{relative}"
         records: Iterator[tuple[int | None, str]]
         if path.name.endswith(".parquet"):
             records = _parquet_records(path, text_field, stats)
@@ -226,7 +227,8 @@ def _read_resolved(
             doc_id = prefix if number is None else f"{prefix}:{number}"
             if is_blank(text, stats):
                 continue
-            yield Document(text=text, id=doc_id, source=name, category=category)
+            yield Document(text=text, id=doc_id, source=name, category=category, path=relative,
+                           record=0 if number is None else number - 1)
 
 
 def _whole_file_record(path: Path, stats: SourceStats) -> Iterator[tuple[None, str]]:

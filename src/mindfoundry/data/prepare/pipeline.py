@@ -28,8 +28,10 @@ import numpy as np
 from tokenizers import Tokenizer
 
 import mindfoundry
+from mindfoundry.config.load import identity_view
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.clean.curate import Chunk, ChunkResult, CorpusPlan, Curation, CuratedSource, CurationReport, cleaned_documents, curate, curated_sources, plan_corpus
+from mindfoundry.data.clean.droplog import DROPS_FILE, DropLog
 from mindfoundry.data.document import Document
 from mindfoundry.data.dataset.indexed import IndexedDatasetWriter, dtype_for_vocab
 from mindfoundry.data.workers import IN_FLIGHT_PER_WORKER, DocumentProgress, PassProgress, WorkerPool, resolve_workers
@@ -44,7 +46,7 @@ def data_identity(cfg: RunConfig) -> str:
     The mixture only changes the order in which training draws samples, not the shards, so it is
     left out: changing the weights must not force a re-prepare.
     """
-    key = {"data": _data_section(cfg), "seed": cfg.seed, "vocab_size": cfg.model.vocab_size}
+    key = {"data": identity_view(_data_section(cfg), "data."), "seed": cfg.seed, "vocab_size": cfg.model.vocab_size}
     return _sha256_json(key)
 
 
@@ -165,18 +167,19 @@ class _SourceShards:
 
 def _write_shards(cfg: RunConfig, plan: CorpusPlan, tokenizer_path: Path, dtype: np.dtype, out: Path, totals: dict,
                   cleaning: CurationReport, progress: DocumentProgress) -> list[dict]:
-    """Tokenize every curated source into its train/validation shards; return their manifest entries.
+    """Tokenize every curated source into its train/validation shards, logging every document dropped or
+    edited on the way (:data:`~mindfoundry.data.clean.droplog.DROPS_FILE`); return their manifest entries.
 
     Results arrive in corpus order, so each source's shards are finalized as soon as the stream
     moves past it: only one source's files are open at a time.
     """
-    work = ShardWork(Curation(cfg.data, plan), str(tokenizer_path), cfg.seed, cfg.data.validation_fraction)
+    work = ShardWork(Curation(cfg.data, plan, log_events=True), str(tokenizer_path), cfg.seed, cfg.data.validation_fraction)
     sources = curated_sources(work.curation)
     entries: list[dict] = []
     shards = _SourceShards(sources[0], out, dtype)
-    with (WorkerPool(resolve_workers(cfg.data.workers), work) as pool,
+    with (WorkerPool(resolve_workers(cfg.data.workers), work) as pool, DropLog(out / DROPS_FILE) as drop_log,
           progress.stage("shards", [src.name for src in cfg.data.sources]) as stage):
-        for curated, encoded in curate(sources, pool, encoded_documents, stage):
+        for curated, encoded in curate(sources, pool, encoded_documents, stage, drop_log=drop_log):
             while shards.curated is not curated:  # the stream moved on: the sources before are complete
                 entries.append(shards.finish(totals, cleaning))
                 shards = _SourceShards(sources[len(entries)], out, dtype)

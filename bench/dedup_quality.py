@@ -1,0 +1,150 @@
+"""Near-duplicate precision/recall on the labelled benchmark of real text, ours next to datatrove's MinHash defaults.
+
+    .venv/bin/python bench/dedup_quality.py [--pairs 60] [--distractors 200] [--seed 0]
+
+Builds :mod:`mindfoundry.data.clean.dedup_benchmark` (``--pairs`` groups per edit kind and
+language: 2-4% character edits, inserted ad lines, inserted timestamp lines, truncation to
+85-95% from the head or the tail; plus ``--distractors`` unrelated documents per language), then
+scores:
+
+- ours with the data.dedup defaults (character 5-grams for every script, 128 permutations,
+  20 bands x 5 rows, threshold 0.7, signature verification), with exact verification, and with
+  word shingles (``shingle: words``);
+- datatrove 0.3.0's MinHash pipeline (signature, buckets, cluster, filter stages on local
+  folders) with its defaults: word 5-grams, 14 buckets x 8 hashes, its text normalization, run
+  per language as datatrove does. Its English tokenizer needs NLTK punkt data (a download), so
+  NLTK's Treebank word tokenizer (the word step of the same ``word_tokenize``, no data needed)
+  stands in; for Chinese, spaCy's default per-character segmentation stands in for jieba (not
+  installed). A removed document counts as dropped for the kept member of its cluster.
+
+datatrove is a bench-only peer (``pip install 'datatrove==0.3.0' 'xxhash<4' orjson``); without it
+only our rows print. Prints a table per run and one final JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from mindfoundry.data.clean.dedup_benchmark import KINDS, LANGUAGES, Case, Score, build, kept_ids, run_ours, score
+
+
+def datatrove_kept_for(cases: list[Case], workdir: Path) -> Callable[[str], str | None] | None:
+    """``kept_for`` from datatrove's MinHash pipeline with its defaults, or None when it is not installed."""
+    try:
+        import nltk
+        from datatrove.executor.local import LocalPipelineExecutor
+        from datatrove.pipeline.dedup.minhash import (MinhashConfig, MinhashDedupBuckets, MinhashDedupCluster,
+                                                      MinhashDedupFilter, MinhashDedupSignature)
+        from datatrove.pipeline.readers import JsonlReader
+        from datatrove.pipeline.writers import JsonlWriter
+        from datatrove.utils import word_tokenizers
+        from loguru import logger
+    except ImportError:
+        return None
+    logger.remove()  # datatrove logs every stage of every task
+
+    class OfflineTokenizer(word_tokenizers.WordTokenizer):
+        """Words without NLTK's punkt download (English) or per character (Chinese, spaCy's default)."""
+
+        def __init__(self, language: str) -> None:
+            self.language = language
+            self.treebank = nltk.tokenize.NLTKWordTokenizer()
+
+        def word_tokenize(self, text: str) -> list[str]:
+            return list(text.replace(" ", "")) if self.language == "zh" else self.treebank.tokenize(text)
+
+        def sent_tokenize(self, text: str) -> list[str]:
+            return text.split("\n")
+
+        def span_tokenize(self, text: str) -> list[tuple[int, int]]:
+            raise NotImplementedError
+
+    cluster_of: dict[str, int] = {}
+    removed: set[str] = set()
+    for language in LANGUAGES:
+        word_tokenizers.WORD_TOKENIZER_CACHE[language] = OfflineTokenizer(language)
+        root = workdir / language
+        (root / "input").mkdir(parents=True)
+        with (root / "input" / "docs.jsonl").open("w", encoding="utf-8") as fh:
+            for case in cases:
+                if case.language == language:
+                    fh.write(json.dumps({"id": case.doc.id, "text": case.doc.text}, ensure_ascii=False) + "\n")
+        config = MinhashConfig()  # datatrove's defaults
+        stages = [
+            [JsonlReader(str(root / "input")), MinhashDedupSignature(str(root / "sigs"), config=config, language=language)],
+            [MinhashDedupBuckets(str(root / "sigs"), str(root / "buckets"), config=config)],
+            [MinhashDedupCluster(str(root / "buckets"), str(root / "remove"), config=config, save_cluster_id=True)],
+            [JsonlReader(str(root / "input")),
+             MinhashDedupFilter(str(root / "remove"), exclusion_writer=JsonlWriter(str(root / "removed")), load_cluster_ids=True),
+             JsonlWriter(str(root / "kept"))],
+        ]
+        for i, pipeline in enumerate(stages):
+            tasks = config.num_buckets if i == 1 else 1
+            LocalPipelineExecutor(pipeline, tasks=tasks, workers=1, logging_dir=str(root / f"logs{i}")).run()
+        for folder, is_removed in (("kept", False), ("removed", True)):
+            for path in (root / folder).glob("*.jsonl*"):
+                with gzip.open(path, "rt", encoding="utf-8") as fh:
+                    for line in fh:
+                        record = json.loads(line)
+                        cluster = record.get("metadata", {}).get("minhash_cluster")
+                        if cluster is not None:
+                            cluster_of[record["id"]] = (language, cluster)
+                        if is_removed:
+                            removed.add(record["id"])
+    kept_in: dict[tuple[str, int], str] = {cluster_of[i]: i for i in cluster_of if i not in removed}
+    return lambda doc_id: kept_in.get(cluster_of.get(doc_id)) if doc_id in removed else None
+
+
+def table(title: str, scores: dict[str, Score], console: Console) -> None:
+    out = Table(title=title)
+    for column in ("slice", "groups", "recall", "dropped", "precision", "F1"):
+        out.add_column(column, justify="left" if column == "slice" else "right")
+    for name in ("all", *LANGUAGES, *KINDS):
+        s = scores.get(name)
+        if s is not None:
+            out.add_row(name, str(s.groups), f"{s.recall:.3f}", str(s.dropped), f"{s.precision:.3f}", f"{s.f1:.3f}")
+    console.print(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pairs", type=int, default=60, help="groups per edit kind and language")
+    parser.add_argument("--distractors", type=int, default=200, help="unrelated documents per language")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    console = Console()
+    cases = build(args.pairs, args.distractors, seed=args.seed)
+    console.print(f"{len(cases)} documents: {args.pairs} groups per edit kind and language, {args.distractors} distractors per language")
+    results: dict[str, dict] = {}
+    runs: list[tuple[str, Callable[[], Callable[[str], str | None] | None]]] = [
+        ("ours (defaults: chars 5-gram, signature)", lambda: kept_ids(run_ours(cases))),
+        ("ours (verify: exact)", lambda: kept_ids(run_ours(cases, verify="exact"))),
+        ("ours (shingle: words)", lambda: kept_ids(run_ours(cases, shingle="words"))),
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        runs.append(("datatrove 0.3.0 defaults (word 5-gram, 14x8)", lambda: datatrove_kept_for(cases, Path(tmp))))
+        for name, run in runs:
+            start = time.perf_counter()
+            kept_for = run()
+            seconds = time.perf_counter() - start
+            if kept_for is None:
+                console.print(f"{name}: not installed, skipped")
+                continue
+            scores = score(cases, kept_for)
+            table(f"{name} - {seconds:.1f} s", scores, console)
+            results[name] = {k: {"precision": round(v.precision, 4), "recall": round(v.recall, 4), "f1": round(v.f1, 4)}
+                             for k, v in scores.items()}
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

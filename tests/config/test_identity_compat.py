@@ -1,0 +1,28 @@
+"""Keys added after release 0.1.0 stay out of identity hashes at their defaults, and count once changed."""
+
+from __future__ import annotations
+
+from mindfoundry.config.load import ADDED_KEYS, config_hash, identity_view
+from mindfoundry.data.prepare.pipeline import data_identity
+
+from mf_testing import tiny_config
+
+
+def test_added_keys_at_their_default_leave_the_hashes_unchanged() -> None:
+    cfg = tiny_config()
+    dumped = cfg.model_dump(mode="json")
+    view = identity_view(dumped)
+    for key in ADDED_KEYS:
+        section, *rest = key.split(".")
+        if "*" not in rest:
+            node = view[section]
+            for part in rest[:-1]:
+                node = node[part]
+            assert rest[-1] not in node, key
+    assert dumped["data"]["dedup"]["shingle"] == "chars"  # the dump itself (config show, stored runs) keeps them
+
+
+def test_an_added_key_set_away_from_its_default_changes_both_identities() -> None:
+    base, changed = tiny_config(), tiny_config(data={"sources": [{"name": "c", "paths": ["x"]}], "dedup": {"shingle": "words"}})
+    assert config_hash(base) != config_hash(changed)
+    assert data_identity(base) != data_identity(changed)
