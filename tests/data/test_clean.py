@@ -164,21 +164,28 @@ def boilerplate_corpus() -> list[str]:
 
 def test_lines_in_many_documents_are_boilerplate() -> None:
     corpus = boilerplate_corpus()
-    counter = LineCounter(min_line_chars=20)
-    counter.add_all(corpus)
-    frequent = counter.frequent(min_documents=10)
-    assert len(frequent) == 2  # the two footers; "Exeunt." is too short, the bodies too rare
+    counter = LineCounter(min_line_chars=20, edge_lines=6)
+    for text in corpus:
+        counter.add(text, "src")
+    frequent = counter.frequent(min_documents=10, min_source_share=0.9)
+    assert len(frequent.body) == 2  # the two footers; "Exeunt." is too short for a body line, the bodies too rare
+    assert len(frequent.edges) == 1  # "Exeunt." closes every document; each footer only half of them
     block = BoilerplateRemover(frequent, min_line_chars=20, ad_patterns=[])
     out = run(block, *corpus)
+    # "Exeunt." stands alone at the edge (no block of boilerplate lines around it): content
     assert out[:2] == [f"{NEWS}\nExeunt.", f"{PEACE}\nExeunt."]
     assert block.stats.edits == {"repeated_line": 28}
-    assert counter.frequent(min_documents=15) == frozenset()  # each footer is in 14 documents
+    assert not counter.frequent(min_documents=15, min_source_share=0.5).body  # each footer is in 14 documents
+    # at a 50% share each footer is an edge line too, and with "Exeunt." it makes a two-line footer block
+    block = BoilerplateRemover(counter.frequent(min_documents=10, min_source_share=0.5), ad_patterns=[])
+    assert run(block, *corpus)[:2] == [NEWS, PEACE] and block.stats.edits == {"edge_line": 56}
 
 
 def test_single_line_documents_are_left_to_dedup() -> None:
-    counter = LineCounter(min_line_chars=5)
-    counter.add_all([REVIEW] * 30)
-    assert counter.frequent(min_documents=2) == frozenset()
+    counter = LineCounter(min_line_chars=5, edge_lines=6)
+    for text in [REVIEW] * 30:
+        counter.add(text, "s")
+    assert not counter.frequent(min_documents=2, min_source_share=0.5)
 
 
 def test_ad_lines_removed_and_ad_only_documents_dropped() -> None:

@@ -72,7 +72,11 @@ class BoilerplateConfig(BlockSection):
     """Delete lines repeated across many documents (counted corpus-wide in a pre-pass) and ad lines."""
 
     min_documents: int = Field(20, ge=2, description="A line found in at least this many documents is boilerplate. Corpus-wide: set it here, not per source.")
-    min_line_chars: int = Field(20, ge=1, description="Shorter lines are never boilerplate (speaker names, 'Exeunt.', closing braces).")
+    min_line_chars: int = Field(20, ge=1, description="Shorter body lines are never boilerplate (speaker names, 'Exeunt.', closing braces); edge lines count at any length.")
+    edge_lines: int = Field(6, ge=0, description="The first and last this many non-blank lines of a document are its edges (headers, breadcrumbs, footers), counted per source at any length. Corpus-wide: set it here.")
+    edge_block_lines: int = Field(2, ge=1, description="An edge line is deleted only inside a run of at least this many consecutive boilerplate edge lines (a header is a block; a lone 'Exeunt.' ending most scenes is content).")
+    min_source_share: Ratio = Field(0.5, description="An edge line is boilerplate when it opens or closes at least this share of its source's documents (and min_documents of them).")
+    body_lines: bool = Field(True, description="Also delete frequent lines of min_line_chars or more anywhere in a document; the docs profile sets false (in manuals a shared line is content).")
     ad_patterns: list[str] = Field(list(DEFAULT_AD_PATTERNS), description="Case-insensitive regular expressions; a line containing a match is deleted.")
 
     @field_validator("ad_patterns")
@@ -120,7 +124,8 @@ class RepetitionConfig(BlockSection):
     top_ngrams: NgramLimits | None = Field(dict(GOPHER_TOP_NGRAMS), description="n -> largest share of characters covered by the most frequent repeated n-gram (Gopher).")
     duplicate_ngrams: NgramLimits | None = Field(dict(GOPHER_DUPLICATE_NGRAMS), description="n -> largest share of characters inside repeated n-grams (Gopher).")
     top_ngram_min_units: int = Field(50, ge=1, description="The top n-gram rule applies to documents of at least this many units (one phrase said twice dominates a shorter text).")
-    cjk_chars_per_word: int = Field(3, ge=1, description="For Chinese-dominant documents, n-gram sizes and top_ngram_min_units are multiplied by this and counted in characters.")
+    cjk_chars_per_word: int = Field(3, ge=1, description="For Chinese-dominant documents, n-gram sizes, top_ngram_min_units and window_units are multiplied by this and counted in characters.")
+    window_units: int | None = Field(1000, ge=50, description="N-gram shares are measured in windows of this many units and averaged (Gopher's limits fit a web page; over a book every phrase repeats); null = the whole document.")
 
 
 class QualityConfig(BlockSection):
@@ -161,8 +166,8 @@ SourceCleanConfig = create_model(
     "SourceCleanConfig",
     __base__=Section,
     __doc__="How one source is cleaned: a profile picking the blocks, and per-block overrides of data.clean.",
-    profile=(Literal["auto", "prose", "code", "none"], Field(
-        "auto", description="Which blocks apply: prose (all), code (mojibake, control_chars, length), none; auto = code for category 'code', else prose.")),
+    profile=(Literal["auto", "prose", "docs", "code", "none"], Field(
+        "auto", description="Which blocks apply: prose (all), docs (all; boilerplate only at a document's edges), code (mojibake, control_chars, length), none; auto = code for category 'code', docs for category 'docs', else prose.")),
     **{
         name: (CleanConfig.model_fields[name].annotation | None, Field(
             None, description=f"Overrides data.clean.{name} for this source: fields given here win, the others come from data.clean.{name}."))

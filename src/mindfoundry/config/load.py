@@ -190,6 +190,11 @@ def to_yaml(cfg: RunConfig) -> str:
 #: by 0.1.0 keeps its identity and resumes (tests/checkpoint/test_legacy_resume.py); set to anything else, it counts.
 ADDED_KEYS: dict[str, Any] = {
     "data.dedup.shingle": "chars",
+    "data.clean.repetition.window_units": 1000,
+    "data.sources.*.clean.repetition.window_units": 1000,
+    **{f"{section}.boilerplate.{key}": default for section in ("data.clean", "data.sources.*.clean")
+       for key, default in (("edge_lines", 6), ("edge_block_lines", 2), ("min_source_share", 0.5),
+                                              ("body_lines", True))},
 }
 
 

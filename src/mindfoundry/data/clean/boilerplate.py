@@ -3,12 +3,22 @@
 Navigation bars, copyright footers and "share this" widgets repeat verbatim across the pages of
 a site, so a line's *document frequency* exposes them. :class:`LineCounter` is the pre-pass: it
 counts, for every normalized line, how many documents contain it, keeping only 8-byte hashes
-(never the lines). :class:`BoilerplateRemover` then deletes the frequent lines, and any line
-matching an advertising pattern, from each document.
+(never the lines). Two kinds of line count:
 
-Documents of a single line are not counted and lose no frequent line: a one-line document that
-many documents repeat is a duplicate document, which dedup reduces to one copy rather than
-deleting every copy. Advertising patterns apply to every document.
+- *edge lines*, the first and last ``edge_lines`` non-blank lines of a document, whatever their
+  length, counted per source: headers, breadcrumbs and nav items are short ("首页", "上一页"), and
+  they are boilerplate when they open or close at least ``min_source_share`` of that source's
+  documents (and ``min_documents`` of them) and stand in a block of at least ``edge_block_lines``
+  such lines (a header is a block; a lone "Exeunt." closing most scenes of a play is content);
+- *body lines* of at least ``min_line_chars`` characters anywhere, counted corpus-wide, found in
+  ``min_documents`` documents. In the ``docs`` profile (manuals, API references) body lines are
+  never removed: "Traceback (most recent call last):" or a shared example line is content there.
+
+:class:`BoilerplateRemover` deletes the frequent lines, and any line matching an advertising
+pattern, from each document. Table rule lines are never boilerplate. Documents of a single line
+are not counted and lose no frequent line: a one-line document that many documents repeat is a
+duplicate document, which dedup reduces to one copy rather than deleting every copy.
+Advertising patterns apply to every document.
 """
 
 from __future__ import annotations
@@ -16,12 +26,12 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import Counter
-from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from mindfoundry.config.clean import BoilerplateConfig
 from mindfoundry.data.clean.base import Transform
+from mindfoundry.data.clean.garbled import is_table_rule
 from mindfoundry.data.clean.text import canonical
 from mindfoundry.data.document import Document
 
@@ -32,77 +42,140 @@ def line_key(line: str) -> int:
     return int.from_bytes(digest, "little")
 
 
-def _candidate_lines(text: str, min_line_chars: int) -> list[tuple[str, str]]:
-    """``(raw line, normalized line)`` pairs; empty for single-line documents."""
-    lines = text.split("\n")
-    if sum(1 for line in lines if line.strip()) < 2:
-        return []
-    pairs = [(line, canonical(line)) for line in lines]
-    return [(raw, norm) for raw, norm in pairs if len(norm) >= min_line_chars]
+@dataclass(frozen=True)
+class FrequentLines:
+    """The pre-pass's verdict: keys of boilerplate body lines (corpus-wide) and of edge lines (per source)."""
+
+    body: frozenset[int] = frozenset()
+    edges: frozenset[int] = frozenset()
+
+    def __bool__(self) -> bool:
+        return bool(self.body or self.edges)
+
+    def __len__(self) -> int:
+        return len(self.body) + len(self.edges)
+
+
+def edge_key(source: str, norm: str) -> int:
+    """Key of an edge line of ``source`` (edge lines are counted per source)."""
+    return line_key(f"{source}\x00{norm}")
+
+
+Line = tuple[str, str]  # (raw, normalized)
+
+
+def _lines(text: str, min_line_chars: int, edge_lines: int) -> tuple[list[Line], list[Line], list[Line]]:
+    """A document's head and tail edge lines and its long body lines, as ``(raw, normalized)`` pairs (none
+    for one-line documents); table rules are never candidates."""
+    lines = [line for line in text.split("\n") if line.strip()]
+    if len(lines) < 2:
+        return [], [], []
+    pairs = [(line, canonical(line)) for line in lines if not is_table_rule(line)]
+    head = pairs[:edge_lines]
+    tail = pairs[max(edge_lines, len(pairs) - edge_lines):] if edge_lines else []
+    return head, tail, [(raw, norm) for raw, norm in pairs if len(norm) >= min_line_chars]
+
+
+def _runs(flags: list[bool], least: int) -> list[bool]:
+    """``flags`` with every run of consecutive trues shorter than ``least`` set false."""
+    out = [False] * len(flags)
+    start = 0
+    for i in range(len(flags) + 1):
+        if i == len(flags) or not flags[i]:
+            if i - start >= least:
+                out[start:i] = [True] * (i - start)
+            start = i + 1
+    return out
 
 
 class LineCounter:
     """Document frequency of normalized lines, for finding boilerplate (the pre-pass).
 
     Memory is one dict entry per distinct line (about 100 bytes), whatever the line's length.
+    Counters of chunks counted apart :meth:`merge` into one.
     """
 
-    def __init__(self, min_line_chars: int) -> None:
-        self.min_line_chars = min_line_chars
-        self.documents: Counter[int] = Counter()
+    def __init__(self, min_line_chars: int, edge_lines: int) -> None:
+        self.min_line_chars, self.edge_lines = min_line_chars, edge_lines
+        self.body: Counter[int] = Counter()
+        self.edges: Counter[int] = Counter()
+        self.edge_source: dict[int, str] = {}
+        self.source_documents: Counter[str] = Counter()
 
-    def add(self, text: str) -> None:
-        """Count each distinct qualifying line of one document once."""
-        self.documents.update({line_key(norm) for _, norm in _candidate_lines(text, self.min_line_chars)})
+    def add(self, text: str, source: str) -> None:
+        """Count each distinct qualifying line of one document of ``source`` once."""
+        head, tail, body = _lines(text, self.min_line_chars, self.edge_lines)
+        if not head:
+            return
+        self.source_documents[source] += 1
+        self.body.update({line_key(norm) for _, norm in body})
+        keys = {edge_key(source, norm) for _, norm in head + tail}
+        self.edges.update(keys)
+        self.edge_source.update(dict.fromkeys(keys, source))
 
-    def add_all(self, texts: Iterable[str]) -> None:
-        for text in texts:
-            self.add(text)
+    def merge(self, other: LineCounter) -> None:
+        self.body.update(other.body)
+        self.edges.update(other.edges)
+        self.edge_source.update(other.edge_source)
+        self.source_documents.update(other.source_documents)
 
-    def frequent(self, min_documents: int) -> frozenset[int]:
-        """Keys of the lines found in at least ``min_documents`` documents."""
-        return frozenset(key for key, n in self.documents.items() if n >= min_documents)
+    def frequent(self, min_documents: int, min_source_share: float) -> FrequentLines:
+        """Body lines found in at least ``min_documents`` documents; edge lines found in at least that many
+        and in at least ``min_source_share`` of their source's documents."""
+        def enough(key: int, n: int) -> bool:
+            return n >= min_documents and n >= min_source_share * self.source_documents[self.edge_source[key]]
+
+        return FrequentLines(frozenset(key for key, n in self.body.items() if n >= min_documents),
+                             frozenset(key for key, n in self.edges.items() if enough(key, n)))
 
 
 class BoilerplateRemover(Transform):
     """Delete frequent lines (keys from :class:`LineCounter`) and lines matching ad patterns.
 
     ``ad_patterns`` are case-insensitive regular expressions searched within each line. Edits:
-    ``repeated_line`` and ``ad_line`` (lines deleted). A document left empty is dropped.
+    ``repeated_line`` (a frequent body line), ``edge_line`` (a frequent header/footer line) and
+    ``ad_line``. A document left empty is dropped.
     """
 
     name = "boilerplate"
     section = BoilerplateConfig
 
-    def __init__(self, frequent_lines: frozenset[int] = frozenset(), **settings: Any) -> None:
+    def __init__(self, frequent_lines: FrequentLines = FrequentLines(), **settings: Any) -> None:
         super().__init__(**settings)
         self.frequent_lines = frequent_lines
-        self.min_line_chars = self.settings.min_line_chars
+        self.min_line_chars, self.edge_lines = self.settings.min_line_chars, self.settings.edge_lines
+        self.body_lines, self.edge_block_lines = self.settings.body_lines, self.settings.edge_block_lines
         patterns = self.settings.ad_patterns
         self.ads = re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE) if patterns else None
 
     @classmethod
-    def build(cls, settings: dict[str, Any], frequent_lines: frozenset[int]) -> BoilerplateRemover:
+    def build(cls, settings: dict[str, Any], frequent_lines: FrequentLines) -> BoilerplateRemover:
         return cls(frequent_lines, **settings)
 
     def transform(self, doc: Document) -> Document:
-        repeated = self._repeated_lines(doc.text)
+        repeated = self._repeated_lines(doc)
         if not repeated and (self.ads is None or self.ads.search(doc.text) is None):
             return doc
         kept = []
         for line in doc.text.split("\n"):
             if line in repeated:
-                self.count("repeated_line")
+                self.count(repeated[line])
             elif self.ads is not None and self.ads.search(line):
                 self.count("ad_line")
             else:
                 kept.append(line)
         return replace(doc, text="\n".join(kept))
 
-    def _repeated_lines(self, text: str) -> set[str]:
+    def _repeated_lines(self, doc: Document) -> dict[str, str]:
+        """``{raw line: edit kind}`` of the document's frequent lines."""
         if not self.frequent_lines:
-            return set()
-        return {
-            raw for raw, norm in _candidate_lines(text, self.min_line_chars)
-            if line_key(norm) in self.frequent_lines
-        }
+            return {}
+        head, tail, body = _lines(doc.text, self.min_line_chars, self.edge_lines)
+        found = {}
+        for edge in (head, tail):
+            frequent = [edge_key(doc.source, norm) in self.frequent_lines.edges for _, norm in edge]
+            found.update({raw: "edge_line" for (raw, _), keep in zip(edge, _runs(frequent, self.edge_block_lines), strict=True) if keep})
+        if self.body_lines:
+            found.update({raw: "repeated_line" for raw, norm in body
+                          if raw not in found and line_key(norm) in self.frequent_lines.body})
+        return found

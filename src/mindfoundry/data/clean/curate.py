@@ -34,8 +34,8 @@ import numpy as np
 from mindfoundry.config.clean import CLEAN_BLOCKS
 from mindfoundry.config.data import DataConfig, DedupConfig, SourceConfig
 from mindfoundry.data.clean.base import BlockStats, event
-from mindfoundry.data.clean.boilerplate import LineCounter
-from mindfoundry.data.clean.pipeline import CleaningPipeline, active_sections, build_pipeline, resolve_profile
+from mindfoundry.data.clean.boilerplate import FrequentLines, LineCounter
+from mindfoundry.data.clean.pipeline import CleaningPipeline, active_sections, build_pipeline, resolve_profile, with_profile
 from mindfoundry.data.clean.dedup import DedupResult, Deduplicator, Signer, exact_key
 from mindfoundry.data.document import Document
 from mindfoundry.data.workers import DocumentProgress, PassProgress, WorkerPool, resolve_workers
@@ -82,8 +82,14 @@ def clean_profile(data: DataConfig, src: SourceConfig) -> str:
 
 
 def clean_settings(data: DataConfig, src: SourceConfig) -> dict[str, dict[str, Any]]:
-    """Each block's settings for this source: its own override section, else ``data.clean``'s."""
-    return {name: (getattr(src.clean, name) or getattr(data.clean, name)).model_dump() for name in CLEAN_BLOCKS}
+    """Each block's settings for this source: its own override section (already completed from ``data.clean``),
+    else ``data.clean``'s with what the source's profile sets (:func:`with_profile`)."""
+    profile = clean_profile(data, src)
+    settings = {}
+    for name in CLEAN_BLOCKS:
+        own = getattr(src.clean, name)
+        settings[name] = own.model_dump() if own is not None else with_profile(getattr(data.clean, name).model_dump(), name, profile)
+    return settings
 
 
 def runs_block(data: DataConfig, src: SourceConfig, block: str) -> bool:
@@ -95,7 +101,7 @@ def runs_block(data: DataConfig, src: SourceConfig, block: str) -> bool:
 class CorpusPlan:
     """What the pre-pass decided about the whole corpus (hashes and ids only, no text)."""
 
-    frequent_lines: frozenset[int] = frozenset()
+    frequent_lines: FrequentLines = FrequentLines()
     dedup: DedupResult | None = None
     seconds: float = 0.0
 
@@ -182,13 +188,15 @@ def cleaned_documents(curation: Curation, chunk: Chunk) -> ChunkResult[list[Docu
     return curation.apply(chunk, list)
 
 
-def line_counts(curation: Curation, chunk: Chunk) -> ChunkResult[Counter[int]]:
+def line_counts(curation: Curation, chunk: Chunk) -> ChunkResult[LineCounter]:
     """Task: document frequency of the chunk's boilerplate-candidate lines (keys only)."""
 
-    def count(docs: list[Document]) -> Counter[int]:
-        counter = LineCounter(curation.data.clean.boilerplate.min_line_chars)
-        counter.add_all(doc.text for doc in docs)
-        return counter.documents
+    def count(docs: list[Document]) -> LineCounter:
+        settings = curation.data.clean.boilerplate
+        counter = LineCounter(settings.min_line_chars, settings.edge_lines)
+        for doc in docs:
+            counter.add(doc.text, doc.source)
+        return counter
 
     return curation.apply(chunk, count)
 
@@ -262,7 +270,9 @@ def plan_corpus(data: DataConfig, log: Callable[[str], None], progress: Document
     workers = resolve_workers(data.workers)
     plan = CorpusPlan(frequent_lines=_frequent_lines(data, workers, progress))
     if plan.frequent_lines:
-        log(f"boilerplate: {len(plan.frequent_lines)} lines occur in >= {data.clean.boilerplate.min_documents} documents")
+        settings = data.clean.boilerplate
+        log(f"boilerplate: {len(plan.frequent_lines.body)} lines occur in >= {settings.min_documents} documents, "
+            f"{len(plan.frequent_lines.edges)} header/footer lines open or close >= {settings.min_source_share:.0%} of their source's")
     if data.dedup.enabled:
         plan.dedup = _deduplicate(data, plan, workers, progress)
         report = plan.dedup.report
@@ -273,18 +283,18 @@ def plan_corpus(data: DataConfig, log: Callable[[str], None], progress: Document
     return plan
 
 
-def _frequent_lines(data: DataConfig, workers: int, progress: DocumentProgress) -> frozenset[int]:
+def _frequent_lines(data: DataConfig, workers: int, progress: DocumentProgress) -> FrequentLines:
     """Keys of boilerplate lines, counted over the sources that run the boilerplate block."""
     curation = Curation(data, CorpusPlan(), until="boilerplate")
     sources = curated_sources(curation, [i for i, src in enumerate(data.sources) if runs_block(data, src, "boilerplate")])
     if not sources:
-        return frozenset()
+        return FrequentLines()
     settings = data.clean.boilerplate
-    counter = LineCounter(settings.min_line_chars)
+    counter = LineCounter(settings.min_line_chars, settings.edge_lines)
     with WorkerPool(workers, curation) as pool, progress.stage("boilerplate lines", [s.src.name for s in sources]) as stage:
         for _, counts in curate(sources, pool, line_counts, stage):
-            counter.documents.update(counts)
-    return counter.frequent(settings.min_documents)
+            counter.merge(counts)
+    return counter.frequent(settings.min_documents, settings.min_source_share)
 
 
 def _deduplicate(data: DataConfig, plan: CorpusPlan, workers: int, progress: DocumentProgress) -> DedupResult:

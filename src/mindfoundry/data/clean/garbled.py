@@ -84,7 +84,15 @@ def _unusual_chars(text: str) -> int:
     return count(_UNUSUAL, text)
 
 
-_SYMBOL = r"(?:[^\w\s]|_)"  # not a letter, digit or space; "_" counts (fill-in "______" lines)
+# Not a letter, digit or space; "_" counts (fill-in "______" lines); box-drawing characters do not (tables).
+_SYMBOL = r"(?:[^\w\s\u2500-\u257f]|_)"
+# A rule line of an ASCII table ("+------+------+", "|=====|") or of a box-drawn one: kept whole.
+_TABLE_RULE = re.compile(r"^[ \t]*[+|\u2500-\u257f][-=+|:. \t\u2500-\u257f]*[+|\u2500-\u257f][ \t]*$")
+
+
+def is_table_rule(line: str) -> bool:
+    """Whether a line is a table border or separator (its dashes are structure, not decoration)."""
+    return _TABLE_RULE.match(line) is not None
 
 
 def symbol_run_pattern(min_run: int) -> re.Pattern[str]:
@@ -102,6 +110,9 @@ def symbol_run_pattern(min_run: int) -> re.Pattern[str]:
 class SymbolRunFilter(Filter):
     """Drop documents in which symbol runs cover more than ``max_fraction`` of the non-space characters.
 
+    Box-drawing characters are never symbols here, and table rule lines (``+----+----+``) are skipped:
+    a table's borders are its structure.
+
     Reason: ``symbol_runs``. Runs in the documents kept are deleted by :class:`SymbolRunRemover`.
     """
 
@@ -116,13 +127,14 @@ class SymbolRunFilter(Filter):
     def filter(self, doc: Document) -> Verdict:
         if self.max_fraction is None:
             return True
-        in_runs = sum(len(match.group()) for match in self.runs.finditer(doc.text))
+        in_runs = sum(len(match.group()) for line in doc.text.split("\n") if not is_table_rule(line)
+                      for match in self.runs.finditer(line))
         fraction = in_runs / max(non_space_chars(doc.text), 1)
         return True if fraction <= self.max_fraction else Drop("symbol_runs", fraction, self.max_fraction)
 
 
 class SymbolRunRemover(Transform):
-    """Delete symbol runs (a line left blank goes too). Edit: ``symbol_run`` (runs deleted)."""
+    """Delete symbol runs (a line left blank goes too), except in table rule lines. Edit: ``symbol_run`` (runs deleted)."""
 
     name = "symbol_runs"
     section = SymbolRunsConfig
@@ -132,6 +144,6 @@ class SymbolRunRemover(Transform):
         self.runs = symbol_run_pattern(self.settings.min_run)
 
     def transform(self, doc: Document) -> Document:
-        text, hits = remove_matches(self.runs, doc.text)
+        text, hits = remove_matches(self.runs, doc.text, keep_line=is_table_rule)
         self.count("symbol_run", hits)
         return replace(doc, text=text) if hits else doc

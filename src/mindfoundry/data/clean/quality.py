@@ -17,14 +17,18 @@ import numpy as np
 
 from mindfoundry.config.clean import LengthConfig, QualityConfig, RepetitionConfig, ScriptConfig
 from mindfoundry.data.clean.base import Drop, Filter, Verdict
-from mindfoundry.data.clean.text import CJK_RANGES, is_cjk_text, script_counts, units
+from mindfoundry.data.clean.garbled import is_table_rule
+from mindfoundry.data.clean.text import WORD, count, is_cjk_text, non_space_chars, script_counts, units
 from mindfoundry.data.document import Document
 
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
 _ELLIPSIS = re.compile(r"\.{3,}|…+")
 _BULLET = ("•", "●", "○", "◦", "▪", "▫", "■", "□", "◆", "◇", "-", "*", "–", "·")
-# A non-CJK unit (see blocks.text) that contains at least one letter: a word.
-_WORD = re.compile(f"[^\\W_{CJK_RANGES}]*[^\\W\\d_{CJK_RANGES}][^\\W_{CJK_RANGES}]*")
+# Lines whose repetition is syntax, not spam: interpreter and shell prompts, and lines dense in symbols
+# (code, markup, tables). Repetition rules measure the other lines.
+_PROMPT = re.compile(r"^\s*(?:>>>|\.\.\.|\$|#|//|/\*|\*|--)(?:\s|$)")
+_CODE_SYMBOL = re.compile(r"[{}()\[\]<>=;|\\/*&^%$@~_`+\u2500-\u257f]")
+CODE_SYMBOL_SHARE = 0.08
 
 
 class LengthFilter(Filter):
@@ -152,15 +156,39 @@ class _UnitSequence:
         return int(self.lengths[covered].sum()) / self.chars
 
 
-class RepetitionFilter(Filter):
-    """Gopher repetition rules over lines, paragraphs and n-grams of units.
+def is_syntax_line(line: str) -> bool:
+    """Whether a line is code, markup or a table rule rather than prose: a prompt or comment leader
+    (``>>>``, ``$``, ``#``, ``//``...), a table rule (``+-----+``) or at least :data:`CODE_SYMBOL_SHARE` of its characters in
+    code symbols (brackets, ``=``, ``;``, ``_``, ``|``, box drawing...). Full-width Chinese
+    punctuation is not a code symbol."""
+    stripped = line.strip()
+    if not stripped:
+        return False
+    if _PROMPT.match(stripped) or is_table_rule(stripped):
+        return True
+    return count(_CODE_SYMBOL, stripped) >= CODE_SYMBOL_SHARE * non_space_chars(stripped)
 
-    N-gram limits map a size in words to the largest share of characters allowed; ``None`` or
-    ``{}`` disables them. For a Chinese-dominant document every size is multiplied by
-    ``cjk_chars_per_word`` and measured in characters: Chinese news and law repeat long names
-    ("县级以上地方各级人民政府" is one), which word-sized character n-grams would flag. The
-    top n-gram rule needs ``top_ngram_min_units`` units (times the same factor for Chinese):
-    in a short text one phrase said twice already covers a large share. Reasons:
+
+def prose_part(text: str) -> str:
+    """``text`` without its syntax lines (what repetition is measured on)."""
+    lines = text.split("\n")
+    kept = [line for line in lines if not is_syntax_line(line)]
+    return text if len(kept) == len(lines) else "\n".join(kept)
+
+
+class RepetitionFilter(Filter):
+    """Gopher repetition rules over lines, paragraphs and n-grams of units, measured on the prose lines.
+
+    Code, markup and table lines (:func:`is_syntax_line`) are left out: there the repetition is the
+    syntax (``self.assertEqual(``, ``+------+``). N-gram limits map a size in words to the largest
+    share of characters allowed; ``None`` or ``{}`` disables them. For a Chinese-dominant document
+    every size is multiplied by ``cjk_chars_per_word`` and measured in characters: Chinese news and
+    law repeat long names ("县级以上地方各级人民政府" is one), which word-sized character n-grams
+    would flag. N-gram shares are measured in windows of ``window_units`` units (times the same
+    factor) and averaged by characters: Gopher's limits were set on web pages of about that length,
+    and over a whole book any phrase repeats, so without windows a long clean chapter or API page
+    fails. The top n-gram rule needs ``top_ngram_min_units`` units (times the same factor for
+    Chinese): in a short text one phrase said twice already covers a large share. Reasons:
     ``duplicate_lines``, ``duplicate_line_chars``, ``duplicate_paragraphs``,
     ``duplicate_paragraph_chars``, ``top_{n}gram_{words|chars}``, ``duplicate_{n}gram_{words|chars}``.
     """
@@ -176,17 +204,28 @@ class RepetitionFilter(Filter):
         self.top_ngrams, self.duplicate_ngrams = dict(s.top_ngrams or {}), dict(s.duplicate_ngrams or {})
         self.top_ngram_min_units = s.top_ngram_min_units
         self.cjk_chars_per_word = s.cjk_chars_per_word
+        self.window_units = s.window_units
 
     def filter(self, doc: Document) -> Verdict:
-        lines = [line.strip() for line in doc.text.split("\n") if line.strip()]
-        paragraphs = [p.strip() for p in _PARAGRAPH_BREAK.split(doc.text) if p.strip()]
+        text = prose_part(doc.text)
+        lines = [line.strip() for line in text.split("\n") if line.strip()]
+        paragraphs = [p.strip() for p in _PARAGRAPH_BREAK.split(text) if p.strip()]
         for kind, parts, limits in (("line", lines, self.line_limits), ("paragraph", paragraphs, self.paragraph_limits)):
             fraction, char_fraction = _duplicate_fractions(parts)
             if limits[0] is not None and fraction > limits[0]:
                 return Drop(f"duplicate_{kind}s", fraction, limits[0])
             if limits[1] is not None and char_fraction > limits[1]:
                 return Drop(f"duplicate_{kind}_chars", char_fraction, limits[1])
-        return self._ngram_verdict(doc.text)
+        return self._ngram_verdict(text)
+
+    def _windows(self, tokens: tuple[str, ...], scale: int) -> list[_UnitSequence]:
+        """The units cut into windows of ``window_units * scale`` (a short last window joins the one before)."""
+        size = self.window_units * scale if self.window_units else len(tokens)
+        starts = list(range(0, len(tokens), max(size, 1)))
+        if len(starts) > 1 and len(tokens) - starts[-1] < size // 2:
+            starts.pop()
+        ends = starts[1:] + [len(tokens)]
+        return [_UnitSequence(tokens[a:b]) for a, b in zip(starts, ends, strict=True)]
 
     def _ngram_verdict(self, text: str) -> Verdict:
         tokens = units(text)
@@ -195,12 +234,12 @@ class RepetitionFilter(Filter):
         checks = [(n * scale, limit, "duplicate") for n, limit in self.duplicate_ngrams.items()]
         if len(tokens) >= self.top_ngram_min_units * scale:
             checks += [(n * scale, limit, "top") for n, limit in self.top_ngrams.items()]
-        if not checks:
+        if not checks or not tokens:
             return True
-        sequence = _UnitSequence(tokens)
-        coverage = {"top": sequence.top_coverage, "duplicate": sequence.duplicate_coverage}
+        windows = self._windows(tokens, scale)
+        chars = sum(w.chars for w in windows)
         for n, limit, rule in sorted(checks):
-            share = coverage[rule](n)
+            share = sum((w.top_coverage(n) if rule == "top" else w.duplicate_coverage(n)) * w.chars for w in windows) / chars
             if share > limit:
                 return Drop(f"{rule}_{n}gram_{kind}", share, limit)
             if share == 0.0:
@@ -237,7 +276,7 @@ class QualityFilter(Filter):
         tokens = units(doc.text)
         if not tokens:
             return Drop("no_words")
-        words = _WORD.findall(doc.text)
+        words = WORD.findall(doc.text)
         alpha_units = len(words) + script_counts(doc.text).cjk
         if self.min_alpha_unit_ratio is not None and (ratio := alpha_units / len(tokens)) < self.min_alpha_unit_ratio:
             return Drop("too_few_alpha_units", ratio, self.min_alpha_unit_ratio)

@@ -5,6 +5,8 @@ one giant word and English-tuned heuristics (word counts, word n-grams, mean wor
 meaning anything. Here a *unit* is one CJK character or one run of other letters and digits
 (``"GDP增长7.8%"`` -> ``GDP``, ``增``, ``长``, ``7``, ``8``); repetition statistics are computed over
 units, and n-gram sizes are picked per document by its dominant script (see :func:`is_cjk_text`).
+Scripts are weighed in the units a reader counts, a CJK character against a *word*: counting
+Latin letters instead makes "使用 useradd 命令" look mostly English.
 
 Counting is done with compiled regular expressions (``len(text) - len(pattern.sub("", text))``),
 which runs in C and is several times faster than a Python loop over characters. Consecutive
@@ -15,6 +17,7 @@ blocks (and dedup) ask the same questions about the same document, so :func:`scr
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -25,9 +28,11 @@ CJK_RANGES = (
     "\uac00-\ud7af\uf900-\ufaff\U00020000-\U0003134f"
 )
 _CJK = re.compile(f"[{CJK_RANGES}]")
-_LATIN = re.compile("[A-Za-z\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f]")
 _LETTER = re.compile(r"[^\W\d_]")
 _UNIT = re.compile(f"[{CJK_RANGES}]|[^\\W_{CJK_RANGES}]+")
+#: A non-CJK unit that holds at least one letter: a word ("GDP", "x86"; not "1998").
+WORD = re.compile(f"[^\\W_{CJK_RANGES}]*[^\\W\\d_{CJK_RANGES}][^\\W_{CJK_RANGES}]*")
+_LATIN_WORD = re.compile("[A-Za-z\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f]+")
 _SPACE_RUN = re.compile(r"\s+")
 
 
@@ -43,35 +48,42 @@ def non_space_chars(text: str) -> int:
 
 @dataclass(frozen=True)
 class ScriptCounts:
-    """Letters of a text by script; ratios are shares of all letters (0.0 when there are none)."""
+    """A text's letters and reader units by script. Ratios are shares of the reader units (a CJK character
+    or a word of any other script; 0.0 when there are none)."""
 
     letters: int
     cjk: int
-    latin: int
+    words: int
+    latin_words: int
+
+    @property
+    def reader_units(self) -> int:
+        return self.cjk + self.words
 
     @property
     def cjk_ratio(self) -> float:
-        return self.cjk / self.letters if self.letters else 0.0
+        return self.cjk / self.reader_units if self.reader_units else 0.0
 
     @property
     def latin_ratio(self) -> float:
-        return self.latin / self.letters if self.letters else 0.0
+        return self.latin_words / self.reader_units if self.reader_units else 0.0
 
 
 @lru_cache(maxsize=8)
 def script_counts(text: str) -> ScriptCounts:
-    """Count letters, CJK characters and Latin letters (digits and punctuation are not letters)."""
-    return ScriptCounts(letters=count(_LETTER, text), cjk=count(_CJK, text), latin=count(_LATIN, text))
+    """Count letters, CJK characters, words and Latin-script words (digits and punctuation are not letters)."""
+    return ScriptCounts(letters=count(_LETTER, text), cjk=count(_CJK, text), words=len(WORD.findall(text)),
+                        latin_words=len(_LATIN_WORD.findall(text)))
 
 
 def is_cjk_text(text: str) -> bool:
-    """Whether CJK characters are at least as many as Latin letters (and there is at least one).
+    """Whether CJK characters make at least half of the reader units (so Chinese with English terms is Chinese).
 
-    Decides per document whether repetition n-grams and dedup shingles are made of characters
-    (Chinese) or of words (English, code).
+    Decides per document whether repetition n-grams are made of characters (Chinese) or of words
+    (English, code), and whether the English word-length rule applies.
     """
     counts = script_counts(text)
-    return counts.cjk > 0 and counts.cjk >= counts.latin
+    return counts.cjk > 0 and counts.cjk >= counts.words
 
 
 @lru_cache(maxsize=8)
@@ -86,17 +98,22 @@ def canonical(text: str) -> str:
     return _SPACE_RUN.sub(" ", text).strip().casefold()
 
 
-def remove_matches(pattern: re.Pattern[str], text: str) -> tuple[str, int]:
+def remove_matches(pattern: re.Pattern[str], text: str,
+                   keep_line: Callable[[str], bool] | None = None) -> tuple[str, int]:
     """Delete every match of ``pattern`` line by line; return the new text and the match count.
 
     A line that had content and holds only whitespace after the deletion is removed as a whole,
-    so deleting a ``=====`` rule or a date line leaves no blank gap behind. Patterns must not
-    span lines (use ``[ \\t]`` rather than ``\\s``).
+    so deleting a ``=====`` rule or a date line leaves no blank gap behind. Lines for which
+    ``keep_line`` is true are left as they are. Patterns must not span lines (use ``[ \\t]``
+    rather than ``\\s``).
     """
     if pattern.search(text) is None:
         return text, 0
     kept, total = [], 0
     for line in text.split("\n"):
+        if keep_line is not None and keep_line(line):
+            kept.append(line)
+            continue
         new, hits = pattern.subn("", line)
         total += hits
         if not hits:
