@@ -122,3 +122,27 @@ def test_data_drops_without_a_log_says_what_to_do(tmp_path: Path, corpus_dir: Pa
     (tmp_path / "run" / "data" / DROPS_FILE).write_bytes(b"not gzip")
     assert main(["data", "drops", str(config)]) == 2
     assert "is not a readable gzip file" in capsys.readouterr().err
+
+
+def test_prepare_preview_prints_what_each_block_would_do_and_writes_nothing(prepared, tmp_path: Path, corpus_dir: Path,
+                                                                          capsys) -> None:
+    _, records, data = prepared
+    with gzip.open(Path(data.root) / DROPS_FILE, "rt", encoding="utf-8") as fh:
+        edits = sum(json.loads(line)["action"] == "edit" for line in fh)
+    (tmp_path / "news.jsonl").write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in records),
+                                         encoding="utf-8")
+    tree = tiny_run_tree(corpus_dir, tmp_path / "run")
+    tree["data"]["sources"] = [{"name": "news", "paths": [str(tmp_path / "news.jsonl")]},
+                               {"name": "code", "paths": [str(corpus_dir / "code.jsonl")]}]
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(tree, allow_unicode=True), encoding="utf-8")
+    assert main(["prepare", str(config), "--preview", str(len(records))]) == 0
+    out = capsys.readouterr().out
+    # what prepare did, but dedup: spam, mojibake and the one-character line dropped; the same edits (NFKC, ad lines)
+    assert f"news (prose): read {len(records)}, kept {len(records) - 3}, dropped 3, edited {edits}" in out
+    assert "repetition" in out and "cjk_mojibake" in out and "too_short" in out and "nfkc" in out
+    assert "code (code): read 28, kept 28; nothing dropped or changed" in out
+    assert "dedup needs the whole corpus and is not previewed" in out
+    assert not (tmp_path / "run").exists()
+    assert main(["prepare", str(config), "--preview", "0"]) == 2
+    assert "--preview needs at least 1 document per source, got 0" in capsys.readouterr().err

@@ -12,6 +12,7 @@ from pathlib import Path
 from rich.console import Console
 
 from mindfoundry.cli.args import add_config_arguments, config_from_args
+from mindfoundry.data.clean.droplog import DropSummary
 
 EXIT_INVALID_DATA = 2
 # Rich assumes 80 columns when stdout is not a terminal, which would crop the tables in a pipe or log.
@@ -19,7 +20,8 @@ _PIPE_WIDTH = 160
 
 
 
-def _stdout() -> Console:
+def stdout() -> Console:
+    """The console for tables: a wide one when stdout is a pipe or a log."""
     console = Console()
     return console if console.is_terminal else Console(width=_PIPE_WIDTH)
 
@@ -36,7 +38,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     report = validate_prepared(cfg.data.output_dir, vocab_size=cfg.model.vocab_size, seq_len=cfg.train.seq_len)
-    _stdout().print(render_validation(report))
+    stdout().print(render_validation(report))
     err = Console(stderr=True, soft_wrap=True)
     for shard in report.shards:
         for warning in shard.warnings:
@@ -54,25 +56,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     report = inspect_prepared(cfg.data.output_dir, per_category=args.samples, max_chars=args.chars, seed=cfg.seed)
-    render_inspect(report, _stdout())
+    render_inspect(report, stdout())
     return 0
 
 
-def cmd_drops(args: argparse.Namespace) -> int:
+def print_drops(out: Console, summary: DropSummary, title: str, chars: int) -> None:
+    """A drop-log summary: a table of block / reason / action counts, then examples of each."""
     from rich.table import Table
 
-    from mindfoundry.data.clean.droplog import DROPS_FILE, read_drops, summarise
-
-    cfg = config_from_args(args)
-    path = Path(cfg.data.output_dir) / DROPS_FILE
-    summary = summarise(read_drops(path), block=args.block, reason=args.reason, source=args.source, examples=args.examples)
-    out = _stdout()
-    wanted = ", ".join(f"{k}={v}" for k, v in (("block", args.block), ("reason", args.reason), ("source", args.source)) if v)
-    if not summary.total:
-        out.print(f"{path}: no line matches{' ' + wanted if wanted else ''}")
-        return 0
-    out.print(f"{path}: {summary.total} documents dropped or edited{' (' + wanted + ')' if wanted else ''}",
-              soft_wrap=True, highlight=False)
+    out.print(title, soft_wrap=True, highlight=False)
     table = Table()
     for column in ("block", "reason", "action", "documents"):
         table.add_column(column, justify="right" if column == "documents" else "left")
@@ -83,10 +75,28 @@ def cmd_drops(args: argparse.Namespace) -> int:
     for (block, reason, action), lines in summary.examples.items():
         out.print(f"\n[bold]{block} / {reason} ({action})[/]")
         for line in lines:
-            measured = "" if line["value"] is None else f" value {line['value']} (threshold {line['threshold']})"
+            if line["action"] == "edit":
+                measured = f" {line['value']} characters removed"
+            else:
+                measured = "" if line["value"] is None else f" value {line['value']} (threshold {line['threshold']})"
             kept = f" -> kept {line['kept']['source']}:{line['kept']['path']}#{line['kept']['record']}" if "kept" in line else ""
             out.print(f"  {line['source']}:{line['path']}#{line['record']}{measured}{kept}", highlight=False, soft_wrap=True)
-            out.print(f"    {line['excerpt'][:args.chars]!r}", highlight=False, markup=False, soft_wrap=True)
+            out.print(f"    {line['excerpt'][:chars]!r}", highlight=False, markup=False, soft_wrap=True)
+
+
+def cmd_drops(args: argparse.Namespace) -> int:
+    from mindfoundry.data.clean.droplog import DROPS_FILE, read_drops, summarise
+
+    cfg = config_from_args(args)
+    path = Path(cfg.data.output_dir) / DROPS_FILE
+    summary = summarise(read_drops(path), block=args.block, reason=args.reason, source=args.source, examples=args.examples)
+    out = stdout()
+    wanted = ", ".join(f"{k}={v}" for k, v in (("block", args.block), ("reason", args.reason), ("source", args.source)) if v)
+    if not summary.total:
+        out.print(f"{path}: no line matches{' ' + wanted if wanted else ''}")
+        return 0
+    print_drops(out, summary, f"{path}: {summary.total} documents dropped or edited{' (' + wanted + ')' if wanted else ''}",
+                args.chars)
     return 0
 
 

@@ -18,7 +18,30 @@ from mindfoundry.cli.args import add_config_arguments, config_from_args, console
 def cmd_prepare(args: argparse.Namespace) -> int:
     from mindfoundry.workflows.run import prepare
 
-    prepare(config_from_args(args), overwrite=args.overwrite, log=console.print)
+    cfg = config_from_args(args)
+    if args.preview is not None:
+        return _preview(cfg, args.preview, args.chars)
+    prepare(cfg, overwrite=args.overwrite, log=console.print)
+    return 0
+
+
+def _preview(cfg, n: int, chars: int) -> int:
+    """Print what cleaning would drop or change in the first ``n`` documents of each source; write nothing."""
+    from mindfoundry.cli.data import print_drops, stdout
+    from mindfoundry.data.clean.droplog import summarise
+    from mindfoundry.data.clean.preview import preview_cleaning
+
+    previews, min_documents = preview_cleaning(cfg.data, n)
+    out = stdout()
+    for source in previews:
+        line = f"{source.name} ({source.profile}): read {source.read}, kept {source.kept}"
+        if not source.events:
+            out.print(f"{line}; nothing dropped or changed", highlight=False)
+            continue
+        drops = sum(e["action"] == "drop" for e in source.events)
+        print_drops(out, summarise(iter(source.events)), f"{line}, dropped {drops}, edited {len(source.events) - drops}", chars)
+    out.print(f"preview only: nothing written; boilerplate counted over the previewed documents (a line in >= {min_documents} "
+              "of them); dedup needs the whole corpus and is not previewed", highlight=False, soft_wrap=True)
     return 0
 
 
@@ -136,6 +159,9 @@ def add_train_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("prepare", help="raw text -> tokenizer -> Megatron shards")
     add_config_arguments(p)
     p.add_argument("--overwrite", action="store_true", help="rebuild prepared data (old folder moved aside)")
+    p.add_argument("--preview", type=int, default=None, metavar="N",
+                   help="clean the first N documents of each source and print what each block would drop or change; write nothing")
+    p.add_argument("--chars", type=int, default=160, metavar="N", help="characters shown per --preview example")
     p.set_defaults(func=cmd_prepare)
 
     for name, func, text in (("train", cmd_train, "train (prepares data first if needed)"),

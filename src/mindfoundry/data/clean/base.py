@@ -59,9 +59,10 @@ def event(doc: Document, block: str, action: Literal["drop", "edit"], reason: st
             "threshold": threshold, "excerpt": excerpt[:EXCERPT_CHARS], **extra}
 
 
-def changed_span(before: str, after: str) -> str:
-    """The part of ``before`` an edit touched: what lies between the common prefix and the common suffix
-    (found by bisection on slice equality, which compares in C, so long documents cost little)."""
+def changed_span(before: str, after: str, context: int = 20) -> str:
+    """The part of ``before`` an edit touched, with ``context`` characters either side: what lies between the
+    common prefix and the common suffix (found by bisection on slice equality, which compares in C, so long
+    documents cost little)."""
     limit = min(len(before), len(after))
     low, high = 0, limit
     while low < high:  # longest common prefix
@@ -72,7 +73,7 @@ def changed_span(before: str, after: str) -> str:
     while low < high:  # longest common suffix not overlapping the prefix
         mid = (low + high + 1) // 2
         low, high = (mid, high) if before[len(before) - mid:] == after[len(after) - mid:] else (low, mid - 1)
-    return before[prefix:len(before) - low]
+    return before[max(prefix - context, 0):len(before) - max(low - context, 0)]
 
 
 @dataclass

@@ -1,0 +1,60 @@
+"""`prepare --preview N`: what cleaning would do to the first N documents of each source, without writing anything.
+
+Each source's first ``n`` documents are read and cleaned by its profile's blocks, exactly as
+``prepare`` would clean them, with one difference a preview cannot avoid: the boilerplate
+pre-pass counts lines over the previewed documents only, so a line counts as boilerplate when it
+is frequent *among them* (``min_documents`` is capped at half of the previewed documents of the
+sources that run the block). Dedup needs the whole corpus and is not previewed. The result is the
+drop-log lines (:mod:`~mindfoundry.data.clean.droplog`) of every dropped or edited document.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from mindfoundry.config.data import DataConfig
+from mindfoundry.data.clean.boilerplate import LineCounter
+from mindfoundry.data.clean.curate import Chunk, CorpusPlan, Curation, clean_profile, read_source, runs_block
+from mindfoundry.data.ingest.files import SourceStats
+from mindfoundry.errors import MindFoundryError
+
+
+class PreviewError(MindFoundryError, ValueError):
+    """A preview that cannot run as asked."""
+
+
+@dataclass
+class SourcePreview:
+    """One source's previewed documents: how many were read and kept, and what happened to the others."""
+
+    name: str
+    profile: str
+    read: int = 0
+    kept: int = 0
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+def preview_cleaning(data: DataConfig, n: int) -> tuple[list[SourcePreview], int]:
+    """Clean the first ``n`` documents of every source; return each source's preview and the boilerplate
+    ``min_documents`` used over the previewed documents."""
+    if n < 1:
+        raise PreviewError(f"--preview needs at least 1 document per source, got {n}")
+    docs = [list(itertools.islice(read_source(src, SourceStats()), n)) for src in data.sources]
+    settings = data.clean.boilerplate
+    counted = [i for i, src in enumerate(data.sources) if runs_block(data, src, "boilerplate")]
+    min_documents = max(2, min(settings.min_documents, sum(len(docs[i]) for i in counted) // 2))
+    counter = LineCounter(settings.min_line_chars, settings.edge_lines)
+    before_boilerplate = Curation(data, CorpusPlan(), until="boilerplate")
+    for i in counted:
+        for doc in before_boilerplate.apply(Chunk(i, docs[i]), list).value:
+            counter.add(doc.text, doc.source)
+    plan = CorpusPlan(frequent_lines=counter.frequent(min_documents, settings.min_source_share))
+    curation = Curation(data, plan, log_events=True)
+    previews = []
+    for i, src in enumerate(data.sources):
+        result = curation.apply(Chunk(i, docs[i]), len)
+        previews.append(SourcePreview(src.name, clean_profile(data, src), read=len(docs[i]), kept=result.value,
+                                      events=result.events))
+    return previews, min_documents
