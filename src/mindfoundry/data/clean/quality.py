@@ -11,6 +11,7 @@ text (People's Daily, product reviews, Shakespeare) so that they remove spam, no
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -26,8 +27,9 @@ _ELLIPSIS = re.compile(r"\.{3,}|…+")
 _BULLET = ("•", "●", "○", "◦", "▪", "▫", "■", "□", "◆", "◇", "-", "*", "–", "·")
 # Lines whose repetition is syntax, not spam: interpreter and shell prompts, and lines dense in symbols
 # (code, markup, tables). Repetition rules measure the other lines.
-_PROMPT = re.compile(r"^\s*(?:>>>|\.\.\.|\$|#|//|/\*|\*|--)(?:\s|$)")
+_PROMPT = re.compile(r"^\s*(?:>>>|\.\.\.|\$|#|//|/\*|--)(?:\s|$)")
 _CODE_SYMBOL = re.compile(r"[{}()\[\]<>=;|\\/*&^%$@~_`+\u2500-\u257f]")
+_PROMPT_LINE = re.compile(_PROMPT.pattern, re.MULTILINE)
 CODE_SYMBOL_SHARE = 0.08
 
 
@@ -169,8 +171,12 @@ def is_syntax_line(line: str) -> bool:
     return count(_CODE_SYMBOL, stripped) >= CODE_SYMBOL_SHARE * non_space_chars(stripped)
 
 
+@lru_cache(maxsize=8)
 def prose_part(text: str) -> str:
-    """``text`` without its syntax lines (what repetition is measured on)."""
+    """``text`` without its syntax lines (what repetition and quality are measured on); remembered for the
+    next block, which asks about the same document."""
+    if _CODE_SYMBOL.search(text) is None and _PROMPT_LINE.search(text) is None:
+        return text  # the common case: no line can be a syntax line (table rules hold '+', '|' or box drawing)
     lines = text.split("\n")
     kept = [line for line in lines if not is_syntax_line(line)]
     return text if len(kept) == len(lines) else "\n".join(kept)
@@ -248,7 +254,8 @@ class RepetitionFilter(Filter):
 
 
 class QualityFilter(Filter):
-    """Gopher quality rules, measured in units so they apply to Chinese too.
+    """Gopher quality rules, measured in units so they apply to Chinese too, on the prose lines
+    (:func:`prose_part`; a document that is all code or tables passes).
 
     Ratio rules need evidence. The symbol ratio needs ``symbol_ratio_min_units`` units and the
     line-share rules (bullets, trailing ellipses) ``line_ratio_min_lines`` lines: they target
@@ -273,21 +280,24 @@ class QualityFilter(Filter):
         self.line_ratio_min_lines = s.line_ratio_min_lines
 
     def filter(self, doc: Document) -> Verdict:
-        tokens = units(doc.text)
-        if not tokens:
+        if not units(doc.text):
             return Drop("no_words")
-        words = WORD.findall(doc.text)
-        alpha_units = len(words) + script_counts(doc.text).cjk
+        text = prose_part(doc.text)  # a code block's identifiers and '#' comments say nothing about the prose
+        tokens = units(text)
+        if not tokens:
+            return True  # all code, markup or tables: nothing here for prose rules to judge
+        words = WORD.findall(text)
+        alpha_units = len(words) + script_counts(text).cjk
         if self.min_alpha_unit_ratio is not None and (ratio := alpha_units / len(tokens)) < self.min_alpha_unit_ratio:
             return Drop("too_few_alpha_units", ratio, self.min_alpha_unit_ratio)
-        verdict = self._word_length_verdict(doc.text, words)
+        verdict = self._word_length_verdict(text, words)
         if verdict is not True:
             return verdict
         if self.max_symbol_ratio is not None and len(tokens) >= self.symbol_ratio_min_units:
-            symbols = doc.text.count("#") + len(_ELLIPSIS.findall(doc.text))
+            symbols = text.count("#") + len(_ELLIPSIS.findall(text))
             if (ratio := symbols / len(tokens)) > self.max_symbol_ratio:
                 return Drop("symbol_ratio", ratio, self.max_symbol_ratio)
-        return self._line_verdict(doc.text)
+        return self._line_verdict(text)
 
     def _word_length_verdict(self, text: str, words: list[str]) -> Verdict:
         low, high = self.word_length
