@@ -102,6 +102,7 @@ def test_dedup_argument_errors() -> None:
     ({"bands": 40}, "data.dedup.bands*rows = 40*5 = 200 exceeds data.dedup.num_perm=128"),
     ({"threshold": 0.4}, "data.dedup.bands=20 x rows=5 finds a pair at data.dedup.threshold=0.4 with probability 0.19"),
     ({"verify": "maybe"}, "data.dedup.verify='maybe': Input should be 'none', 'signature' or 'exact'"),
+    ({"shingle": "bytes"}, "data.dedup.shingle='bytes': Input should be 'chars' or 'words'"),
 ])
 def test_bad_dedup_config_names_key_and_fix(dedup: dict, message: str) -> None:
     with pytest.raises(ConfigError) as info:

@@ -100,13 +100,14 @@ def _clean_problems(cfg: RunConfig) -> list[str]:
         if script is not None and (script.min_cjk_ratio or 0) + (script.min_latin_ratio or 0) > 1:
             out.append(f"{prefix}.script.min_cjk_ratio={script.min_cjk_ratio} plus min_latin_ratio={script.min_latin_ratio} "
                        "exceeds 1: no document can have both shares; lower one of them")
-    global_min = cfg.data.clean.boilerplate.min_documents
+    corpus_wide = cfg.data.clean.boilerplate
     for i, src in enumerate(cfg.data.sources):
         own = src.clean.boilerplate
-        if own is not None and own.min_documents != global_min:
-            out.append(f"data.sources[{i}].clean.boilerplate.min_documents={own.min_documents} differs from "
-                       f"data.clean.boilerplate.min_documents={global_min}: lines are counted over the whole corpus, "
-                       "so set min_documents in data.clean.boilerplate only")
+        for key in ("min_documents", "min_line_chars", "edge_lines", "min_source_share"):  # what the pre-pass counts with
+            if own is not None and getattr(own, key) != getattr(corpus_wide, key):
+                out.append(f"data.sources[{i}].clean.boilerplate.{key}={getattr(own, key)} differs from "
+                           f"data.clean.boilerplate.{key}={getattr(corpus_wide, key)}: lines are counted over the whole "
+                           f"corpus in one pre-pass, so set {key} in data.clean.boilerplate only")
     return out
 
 

@@ -72,10 +72,10 @@ class BoilerplateConfig(BlockSection):
     """Delete lines repeated across many documents (counted corpus-wide in a pre-pass) and ad lines."""
 
     min_documents: int = Field(20, ge=2, description="A line found in at least this many documents is boilerplate. Corpus-wide: set it here, not per source.")
-    min_line_chars: int = Field(20, ge=1, description="Shorter body lines are never boilerplate (speaker names, 'Exeunt.', closing braces); edge lines count at any length.")
+    min_line_chars: int = Field(20, ge=1, description="Shorter body lines are never boilerplate (speaker names, 'Exeunt.', closing braces); edge lines count at any length. Corpus-wide: set it here.")
     edge_lines: int = Field(6, ge=0, description="The first and last this many non-blank lines of a document are its edges (headers, breadcrumbs, footers), counted per source at any length. Corpus-wide: set it here.")
     edge_block_lines: int = Field(2, ge=1, description="An edge line is deleted only inside a run of at least this many consecutive boilerplate edge lines (a header is a block; a lone 'Exeunt.' ending most scenes is content).")
-    min_source_share: Ratio = Field(0.5, description="An edge line is boilerplate when it opens or closes at least this share of its source's documents (and min_documents of them).")
+    min_source_share: Ratio = Field(0.5, description="An edge line is boilerplate when it opens or closes at least this share of its source's documents (and min_documents of them). Corpus-wide: set it here.")
     body_lines: bool = Field(True, description="Also delete frequent lines of min_line_chars or more anywhere in a document; the docs profile sets false (in manuals a shared line is content).")
     ad_patterns: list[str] = Field(list(DEFAULT_AD_PATTERNS), description="Case-insensitive regular expressions; a line containing a match is deleted.")
 
