@@ -97,3 +97,17 @@ def random_checkpoint(cfg: RunConfig, data, *, seed: int = 3, **model):
     path = save_checkpoint(run, 1, weights, moments, {"adam_step": 1, "consumed_samples": 8, "consumed_tokens": 256},
                            Retention(), extra_files={"data_manifest.json": data.manifest_bytes})
     return path, weights, cfg
+
+
+def decoded_documents(data) -> list[str]:
+    """Every document of a prepared folder's shards (train, then validation), decoded; each must end with EOS."""
+    from mindfoundry.data.prepare.tokenizer import eos_id
+
+    out = []
+    for split in ("train", "validation"):
+        for shard in data.shards[split]:
+            for i in range(len(shard)):
+                ids = shard[i].tolist()
+                assert ids[-1] == eos_id(data.tokenizer)
+                out.append(data.tokenizer.decode(ids[:-1], skip_special_tokens=False))
+    return out

