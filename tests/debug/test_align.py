@@ -49,7 +49,9 @@ def test_changed_rmsnorm_epsilon_is_the_first_divergence(tmp_path) -> None:
 
     cmp = _aligned(tmp_path, perturb)
     first = cmp.first_divergence()
-    assert (first.name, first.verdict) == ("layers.1.attn_norm.forward.0.output.0", "warning")
+    # the direction barely changes, the magnitude does: an error at the norm itself
+    assert (first.name, first.verdict) == ("layers.1.attn_norm.forward.0.output.0", "error")
+    assert first.cosine > 0.99 and first.rel_rmse > 0.05 and "the magnitudes differ" in first.reason
     assert all(r.verdict == "pass" for r in cmp.rows if r.seq < first.seq)  # nothing before it differs
     top = [m["module"] for m in cmp.worst_modules(5)]
     assert top[0] == "layers.1.attn_norm"
@@ -68,6 +70,40 @@ def test_transposed_weight_is_found(tmp_path) -> None:
     forward = next(r for r in cmp.rows if r.verdict != "pass" and r.kind == "forward_output")
     assert forward.name == "layers.1.attn.o_proj.forward.0.output.0"  # the first activation it spoils
     assert "layers.1.attn.o_proj" in [m["module"] for m in cmp.worst_modules(5)]
+
+
+def _tamper(dump_root: Path, name: str, change) -> None:
+    """Replace one tensor of a tensor-mode dump by ``change(array)`` (the index keeps its old statistics)."""
+    [index] = dump_root.glob("step*/rank*/index.jsonl")
+    record = next(r for r in map(json.loads, index.read_text().splitlines()) if r["name"] == name)
+    path = index.parent / record["file"]
+    np.save(path, change(np.load(path)))
+
+
+def test_scrambled_gradient_is_an_error_and_the_first_divergence(tmp_path) -> None:
+    """The reviewer's case: one gradient replaced by a shuffled, sign-flipped copy (same norm, cosine ~0)."""
+    _aligned(tmp_path)
+    name = "grad.layers.0.attn.q_proj.weight"
+    rng = np.random.default_rng(1)
+    _tamper(tmp_path / "mindspore", name, lambda g: -rng.permutation(g.ravel()).reshape(g.shape))
+    [cmp] = compare_trees(tmp_path / "mindspore", tmp_path / "torch")
+    first = cmp.first_divergence()
+    assert (first.name, first.verdict) == (name, "error") and abs(first.cosine) < 0.1
+    assert first.max_abs < 1e-3  # small values: the old absolute floor passed this tensor
+    assert not cmp.passed() and cmp.counts()["error"] == 1
+
+
+def test_one_weight_off_by_a_thousandth_is_found_in_its_module(tmp_path) -> None:
+    def perturb(name, _backend, weights):
+        if name == "mindspore":
+            w = weights["layers.1.mlp.up_proj.weight"]
+            weights["layers.1.mlp.up_proj.weight"] = (w * (1 + 1e-3 * np.random.default_rng(2).standard_normal(w.shape))).astype(w.dtype)
+
+    cmp = _aligned(tmp_path, perturb)
+    first = cmp.first_divergence()
+    assert (first.name, first.verdict) == ("param.layers.1.mlp.up_proj.weight", "warning")
+    assert first.rel_rmse == pytest.approx(1e-3, rel=0.05)
+    assert cmp.worst_modules(1)[0]["module"] == "layers.1.mlp.up_proj"
 
 
 def test_statistics_mode_finds_the_same_layer(tmp_path) -> None:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from mindfoundry.cli.args import add_config_arguments, config_from_args, console
 from mindfoundry.config.load import ConfigError
+from mindfoundry.debug.compare import Thresholds
+from mindfoundry.workflows.align import AlignThresholds
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
@@ -46,10 +48,10 @@ def cmd_locate(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from mindfoundry.debug.compare import Thresholds, compare_trees
+    from mindfoundry.debug.compare import compare_trees
     from mindfoundry.report.compare import summary_lines, write_csv, write_html
 
-    comparisons = compare_trees(Path(args.dump_a), Path(args.dump_b), Thresholds(cosine_error=args.cosine, abs_error=args.max_abs))
+    comparisons = compare_trees(Path(args.dump_a), Path(args.dump_b), Thresholds(cosine_error=args.cosine, rel_error=args.rel_error))
     out = Path(args.out) if args.out else Path(args.dump_a).parent / f"compare-{Path(args.dump_a).name}-vs-{Path(args.dump_b).name}"
     out.mkdir(parents=True, exist_ok=True)
     for cmp in comparisons:
@@ -63,7 +65,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_align(args: argparse.Namespace) -> int:
     from mindfoundry.report.compare import summary_lines
-    from mindfoundry.workflows.align import AlignThresholds, Side, align
+    from mindfoundry.workflows.align import Side, align
 
     cfg = config_from_args(args)
     try:
@@ -109,8 +111,10 @@ def add_debug_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("dump_a", help="dump folder (a step{N}/rank{R} folder or a dump root)")
     p.add_argument("dump_b", help="the reference dump (e.g. the PyTorch baseline)")
     p.add_argument("--out", help="report folder (default: next to DUMP_A)")
-    p.add_argument("--cosine", type=float, default=0.99, help="error when cosine is below this and max abs above --max-abs (0.99)")
-    p.add_argument("--max-abs", type=float, default=1e-3, help="absolute errors up to this always pass (0.001)")
+    p.add_argument("--cosine", type=float, default=Thresholds.cosine_error,
+                   help=f"error when a tensor's cosine is below this ({Thresholds.cosine_error})")
+    p.add_argument("--rel-error", type=float, default=Thresholds.rel_error,
+                   help=f"error when RMSE / RMS(reference) is above this ({Thresholds.rel_error})")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("align", help="same weights and batches through two engines or precisions; dump, compare, pass/fail")
@@ -122,5 +126,6 @@ def add_debug_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="output folder (default RUN_DIR/align/A-vs-B)")
     p.add_argument("--loss-abs", type=float, default=0.005, help="first-step loss passes when the abs error is below this ...")
     p.add_argument("--loss-rel", type=float, default=0.005, help="... or the relative error below this (0.5%%)")
-    p.add_argument("--grad-norm-rel", type=float, default=0.10, help="grad norm relative error allowed (10%%)")
+    p.add_argument("--grad-norm-rel", type=float, default=AlignThresholds.grad_norm_rel,
+                   help=f"grad norm relative error allowed per step ({AlignThresholds.grad_norm_rel:.0%})".replace("%", "%%"))
     p.set_defaults(func=cmd_align)

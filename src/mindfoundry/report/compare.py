@@ -62,8 +62,8 @@ def _side(meta: dict[str, Any]) -> str:
 def describe(row: TensorComparison) -> str:
     """One tensor's key numbers, for the summary."""
     if row.cosine is not None:
-        return (f"cosine {row.cosine:.6g}, max abs {row.max_abs:.4g}, max rel {row.max_rel:.4g}, "
-                f"rmse {row.rmse:.4g}, rel>0.5% {row.rel_over_5e3:.2%}")
+        return (f"cosine {row.cosine:.6g}, relative RMS error {row.rel_rmse:.4g}, max abs {row.max_abs:.4g}, "
+                f"max rel {row.max_rel:.4g}, rel>0.5% {row.rel_over_5e3:.2%}")
     return f"mean {_num(row.mean_a)} vs {_num(row.mean_b)}, norm {_num(row.norm_a)} vs {_num(row.norm_b)}"
 
 
@@ -103,7 +103,8 @@ Column = tuple[str, Callable[[TensorComparison], Any], str]  # header, getter, f
 _COMMON: list[Column] = [("#", lambda r: r.seq, "d"), ("name", lambda r: r.name, ""), ("kind", lambda r: r.kind, ""),
                          ("shape A", lambda r: _cell(r.shape_a), ""), ("shape B", lambda r: _cell(r.shape_b), ""),
                          ("dtype A / B", lambda r: f"{r.dtype_a} / {r.dtype_b}", "")]
-_TENSOR: list[Column] = [("cosine", lambda r: r.cosine, ".6g"), ("max abs", lambda r: r.max_abs, ".4g"),
+_TENSOR: list[Column] = [("cosine", lambda r: r.cosine, ".6g"), ("rel RMS err", lambda r: r.rel_rmse, ".4g"),
+                         ("max abs", lambda r: r.max_abs, ".4g"),
                          ("max rel", lambda r: r.max_rel, ".4g"), ("rmse", lambda r: r.rmse, ".4g"),
                          ("rel>0.1%", lambda r: r.rel_over_1e3, ".2%"), ("rel>0.5%", lambda r: r.rel_over_5e3, ".2%")]
 _STATS: list[Column] = [(f"{s} {side}", (lambda r, k=f"{s}_{side.lower()}": getattr(r, k)), ".6g")
@@ -138,7 +139,7 @@ def _modules_table(cmp: Comparison) -> str:
 
 
 def _plot(cmp: Comparison) -> str | None:
-    """Cosine and max abs error (log) against execution order, points coloured by verdict, the first
+    """Cosine and relative RMS error (log) against execution order, points coloured by verdict, the first
     divergence marked; in statistics mode the relative differences of norm and mean instead."""
     rows = cmp.rows
     if not rows:
@@ -146,7 +147,7 @@ def _plot(cmp: Comparison) -> str | None:
     t = cmp.thresholds
     if cmp.mode == "tensor":
         panels = [("cosine similarity", [r.cosine for r in rows], False, (t.cosine_error, t.cosine_warning)),
-                  ("max abs error", [r.max_abs for r in rows], True, (t.abs_error,))]
+                  ("relative RMS error", [r.rel_rmse for r in rows], True, (t.rel_warning, t.rel_error))]
     else:
         panels = [("norm relative difference", [r.norm_rel_diff for r in rows], True, (t.stats_rel_warning, t.stats_rel_error)),
                   ("mean relative difference", [r.mean_rel_diff for r in rows], True, (t.stats_rel_warning, t.stats_rel_error))]
