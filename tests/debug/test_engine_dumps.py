@@ -130,3 +130,29 @@ def test_hookable_modules_are_the_spec_names(engines) -> None:
     spec = engines["torch"][2]
     assert list(pt_modules(engines["torch"][0].model)) == module_names(spec)
     assert list(ms_modules(engines["mindspore"][0].model)) == module_names(spec)
+
+
+def test_overflow_error_stop_ends_training_at_the_first_overflow_naming_the_module(tiny_run, tmp_path, capsys) -> None:
+    from mindfoundry.cli.main import main
+
+    cfg = tiny_run(debug__overflow={"error_stop": True},
+                   debug__inject_inf={"step": 2, "module": "layers.0.mlp.up_proj", "direction": "backward"})
+    assert main(["train", str(cfg), "--set", "train.steps=4", "--set", "checkpoint.every=1"]) == 2
+    err = capsys.readouterr().err
+    assert "step 2: loss" in err and "overflow located: layers.0.mlp.up_proj" in err and "debug.overflow.error_stop is on" in err
+    run = tmp_path / "run"
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [e["module"] for e in events if e.get("event") == "overflow"] == ["layers.0.mlp.up_proj"]
+    assert max(e["step"] for e in events if "loss" in e and "event" not in e) == 1  # stopped before step 2's record
+    assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step_")) == ["step_00000001"]
+
+
+def test_dump_step_zero_is_refused_and_the_old_locate_key_still_loads(tmp_path) -> None:
+    from mindfoundry.config.load import ConfigError, validate
+
+    tree = {"data": {"sources": [{"name": "c", "paths": ["x"]}]}}
+    with pytest.raises(ConfigError, match="debug.dump.steps='0|5': step 0 is not a training step: dump steps count optimizer steps from 1"):
+        validate({**tree, "debug": {"dump": {"steps": "0|5"}}})
+    old = validate({**tree, "debug": {"locate_overflow": False}})  # a run's config.yaml written before debug.overflow
+    assert old.debug.overflow.enable is False and old.debug.overflow.error_stop is False
+    assert validate({**tree, "debug": {"locate_overflow": False, "overflow": {"enable": True}}}).debug.overflow.enable is True

@@ -135,13 +135,41 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return tree
 
 
+#: Keys that moved, old dotted path -> new one: a config written before the move (a stored run's config.yaml
+#: included) still loads, its value carried to the new key unless that key is given too.
+MOVED_KEYS: dict[str, str] = {"debug.locate_overflow": "debug.overflow.enable"}
+
+
+def _moved(tree: dict[str, Any]) -> dict[str, Any]:
+    """``tree`` with every :data:`MOVED_KEYS` old key carried to its new place (a copy when any moved)."""
+    out = tree
+    for old, new in MOVED_KEYS.items():
+        *old_parents, old_key = old.split(".")
+        node = tree
+        for part in old_parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or old_key not in node:
+            continue
+        out = copy.deepcopy(out) if out is tree else out
+        source = out
+        for part in old_parents:
+            source = source[part]
+        value = source.pop(old_key)
+        target = out
+        *new_parents, new_key = new.split(".")
+        for part in new_parents:
+            target = target.setdefault(part, {}) if isinstance(target.get(part, {}), dict) else target
+        target.setdefault(new_key, value)
+    return out
+
+
 def validate(tree: dict[str, Any], rules: Sequence[Rule] = ()) -> RunConfig:
     """Validate a config tree and resolve derived values; raise ConfigError listing every problem.
 
     ``rules`` are further whole-config rules from the layers above (the parallel layout rules:
     :func:`mindfoundry.parallel.layout.validate_run_config`); their messages follow this layer's."""
     try:
-        cfg = RunConfig.model_validate(tree)
+        cfg = RunConfig.model_validate(_moved(tree))
     except ValidationError as exc:
         lines = [_describe(e) for e in exc.errors()]
         raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None

@@ -96,7 +96,7 @@ class AnomalyConfig(Section):
 class DumpConfig(Section):
     """Tensor dumps through module hooks on chosen steps (see docs/precision-debugging.md)."""
 
-    steps: str = Field("", description="Steps to dump, e.g. '1|50-100' (1-based optimizer steps, as in metrics.jsonl); empty = no dumps.")
+    steps: str = Field("", description="Steps to dump, e.g. '1|50-100' (1-based optimizer steps, as in metrics.jsonl; step 1 dumps the initial weights with directions 'params'); empty = no dumps.")
     ranks: str = Field("", description="Data-parallel ranks to dump, same syntax; empty = all.")
     modules: list[str] = Field(default_factory=lambda: ["*"], min_length=1,
                                description="Module-name patterns (* and ?), e.g. 'layers.1.*'; 'model' is the whole model (its output is the logits).")
@@ -109,8 +109,11 @@ class DumpConfig(Section):
 
     @field_validator("steps", "ranks")
     @classmethod
-    def _selection(cls, v: str) -> str:
-        parse_selection(v)  # raises ValueError with the offending part and an example
+    def _selection(cls, v: str, info) -> str:
+        selection = parse_selection(v)  # raises ValueError with the offending part and an example
+        if info.field_name == "steps" and 0 in selection:
+            raise ValueError("step 0 is not a training step: dump steps count optimizer steps from 1, as metrics.jsonl "
+                             "does; the initial weights are step 1's 'params' direction")
         return v
 
 
@@ -123,11 +126,18 @@ class InjectConfig(Section):
     value: Literal["inf", "nan"] = "inf"
 
 
+class OverflowConfig(Section):
+    """A step whose loss or gradient is not finite (an fp16 loss-scale overflow aside, which only backs off the scale)."""
+
+    enable: bool = Field(True, description="Re-run the step with hooks and report the first non-finite module (logged as an 'overflow' event).")
+    error_stop: bool = Field(False, description="Stop training at the first such step, naming the module (the last checkpoint is the one to resume or debug from); false = record it and continue, the anomaly policy deciding the update.")
+
+
 class DebugConfig(Section):
     """Drills for the failure paths (used by tests and by users rehearsing a run's recovery), and precision debugging."""
 
     dump: DumpConfig = Field(default_factory=DumpConfig)
-    locate_overflow: bool = Field(True, description="On a non-finite loss or gradient, re-run the step with hooks and report the first non-finite module.")
+    overflow: OverflowConfig = Field(default_factory=OverflowConfig)
     inject_inf: InjectConfig | None = Field(None, description="Drill for the overflow locator: a non-finite value in one module at one step.")
 
     inject_nan_at: list[int] = Field(default_factory=list, description="Steps whose loss and gradients are made NaN (once each).")

@@ -21,6 +21,7 @@ import psutil
 from rich.console import Console
 
 import mindfoundry
+from mindfoundry.errors import MindFoundryError
 from mindfoundry.backends.base import Backend, create_backend, read_shard_folder, supports_sharded
 from mindfoundry.checkpoint.hf_import import initial_weights
 from mindfoundry.checkpoint.store import (CheckpointError, Retention, find_resumable, is_sharded, load_checkpoint, save_checkpoint,
@@ -44,6 +45,10 @@ from mindfoundry.train.metrics import JsonlSink, MetricsLogger, ProgressSink
 from mindfoundry.train.rundir import METRICS_FILE, run_identity
 from mindfoundry.train.schedule import step_scalars
 from mindfoundry.train.state import DataPosition, Evaluations, Keyed, Progress, restore_state, save_state
+
+
+class OverflowStop(MindFoundryError, RuntimeError):
+    """A non-finite step with ``debug.overflow.error_stop`` on: training stops there, naming the module."""
 
 
 class Preempted(RuntimeError):
@@ -308,8 +313,12 @@ class Trainer:
         # backing off the scale is the normal answer, not an anomaly to locate (unless the scale is at its floor)
         overflow = (self.scaler.enabled and not out.applied and math.isfinite(out.loss) and not math.isfinite(out.grad_norm)
                     and not self.scaler.at_floor and injection is None)
-        if self.cfg.debug.locate_overflow and not overflow and not (math.isfinite(out.loss) and math.isfinite(out.grad_norm)):
-            self._locate_overflow(logger, ids, labels, scalars, injection)
+        if not overflow and not (math.isfinite(out.loss) and math.isfinite(out.grad_norm)):
+            located = self._locate_overflow(logger, ids, labels, scalars, injection) if self.cfg.debug.overflow.enable else None
+            if self.cfg.debug.overflow.error_stop:
+                raise OverflowStop(f"step {self.progress.step + 1}: loss {out.loss}, grad norm {out.grad_norm}"
+                                   f"{'; ' + located if located else ''}. debug.overflow.error_stop is on: training stopped "
+                                   f"before this step's update; the newest checkpoint is the state to debug or resume from")
         elapsed = time.perf_counter() - t0
         self.progress.step += 1
         self.progress.adam_step += int(out.applied)
@@ -344,20 +353,22 @@ class Trainer:
             self._handle_anomaly(verdict, out.applied, logger, scalars.lr)
         return out.loss
 
-    def _locate_overflow(self, logger: MetricsLogger, ids: np.ndarray, labels: np.ndarray, scalars, injection) -> None:
+    def _locate_overflow(self, logger: MetricsLogger, ids: np.ndarray, labels: np.ndarray, scalars, injection) -> str:
+        """Log (and print) where the step's first non-finite value appears; return that as one line."""
         step = self.progress.step + 1
         if not self.debugger.single_process:  # hooks run in one process: say how to replay the step instead
             message = (f"not located in a multi-process run: replay it in one process with "
                        f"`mindfoundry dump CONFIG --steps {step} --resume auto` and `mindfoundry locate`")
             logger.log({"step": step, "event": "overflow", "module": None, "message": message})
             self.console.print(f"[yellow]step {step}: non-finite; {message}[/]", highlight=False)
-            return
+            return message
         found, path = self.debugger.locate(step, self.backend, ids, labels, scalars, injection)
         message = found.message() if found else "the re-run step was finite: the fault did not reproduce"
         logger.log({"step": step, "event": "overflow", "module": found.module if found else None,
                     "direction": found.direction if found else None, "tensor": found.record["name"] if found else None,
                     "message": message, "dump": str(path)})
         self.console.print(f"[yellow]step {step}: overflow located: {message} (dump: {path})[/]", highlight=False)
+        return f"overflow located: {message} (dump: {path})"
 
     def _log_detail(self, logger: MetricsLogger, before: dict[str, np.ndarray], grad_sq: np.ndarray | None) -> None:
         after = self.backend.weights()
