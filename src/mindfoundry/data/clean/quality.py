@@ -4,8 +4,10 @@ The Gopher rules (Rae et al. 2021, as implemented in datatrove) were tuned on En
 measured in space-separated words; applied as they are, they remove most Chinese (one "word"
 per sentence) and most code. Here they are measured in *units* (a CJK character, or a run of
 other letters/digits, see :mod:`~mindfoundry.data.clean.text`), n-grams are character n-grams
-for Chinese-dominant documents and word n-grams otherwise, and the defaults were checked on real
-text (People's Daily, product reviews, Shakespeare) so that they remove spam, not prose.
+for Chinese-dominant documents (CJK characters at least as many as words) and word n-grams
+otherwise, only the prose lines are judged (code, markup and table lines repeat by syntax), and
+the defaults were checked on real text (People's Daily, product reviews, Shakespeare, man pages,
+the Python reference manual) so that they remove spam, not prose.
 """
 
 from __future__ import annotations
