@@ -140,27 +140,30 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 MOVED_KEYS: dict[str, str] = {"debug.locate_overflow": "debug.overflow.enable"}
 
 
+def _holder(tree: dict[str, Any], dotted: str, *, create: bool = False) -> tuple[dict[str, Any] | None, str]:
+    """The mapping that holds the last part of ``dotted`` (made on the way with ``create``), and that part;
+    ``None`` when a part on the way is missing or not a mapping."""
+    *parents, key = dotted.split(".")
+    node: Any = tree
+    for part in parents:
+        node = node.setdefault(part, {}) if create and isinstance(node, dict) else node.get(part) if isinstance(node, dict) else None
+    return (node if isinstance(node, dict) else None), key
+
+
 def _moved(tree: dict[str, Any]) -> dict[str, Any]:
-    """``tree`` with every :data:`MOVED_KEYS` old key carried to its new place (a copy when any moved)."""
-    out = tree
+    """``tree`` with every :data:`MOVED_KEYS` old key carried to its new place (a copy when any moved). Where
+    the new place cannot hold it (a parent that is not a mapping), validation names that parent."""
     for old, new in MOVED_KEYS.items():
-        *old_parents, old_key = old.split(".")
-        node = tree
-        for part in old_parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        if not isinstance(node, dict) or old_key not in node:
+        holder, key = _holder(tree, old)
+        if holder is None or key not in holder:
             continue
-        out = copy.deepcopy(out) if out is tree else out
-        source = out
-        for part in old_parents:
-            source = source[part]
-        value = source.pop(old_key)
-        target = out
-        *new_parents, new_key = new.split(".")
-        for part in new_parents:
-            target = target.setdefault(part, {}) if isinstance(target.get(part, {}), dict) else target
-        target.setdefault(new_key, value)
-    return out
+        tree = copy.deepcopy(tree)
+        holder, key = _holder(tree, old)
+        value = holder.pop(key)
+        target, new_key = _holder(tree, new, create=True)
+        if target is not None:
+            target.setdefault(new_key, value)
+    return tree
 
 
 def validate(tree: dict[str, Any], rules: Sequence[Rule] = ()) -> RunConfig:

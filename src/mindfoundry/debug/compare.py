@@ -298,12 +298,12 @@ def _judge_stats(row: TensorComparison, integral: bool, t: Thresholds) -> tuple[
     norm; the mean relative to B's RMS (a mean near zero would make any change look huge); min and max
     relative to B's largest magnitude. Norm or mean decide errors, any of them warnings. Statistics
     cannot see a shuffled tensor (same norm, same extremes): use tensor mode for a verdict on direction."""
-    if row.norm_a is not None and row.norm_b is not None:
-        count = math.sqrt(math.prod(row.shape_b) or 1)
-        if row.norm_a / count <= t.zero_rms and row.norm_b / count <= t.zero_rms:
-            return "pass", "numerically zero on both sides"
-    scales = {"norm": row.norm_b, "mean": None if row.norm_b is None else row.norm_b / math.sqrt(math.prod(row.shape_b) or 1),
-              "min": _largest(row.min_b, row.max_b), "max": _largest(row.min_b, row.max_b)}
+    root_count = math.sqrt(math.prod(row.shape_b) or 1)
+    if row.norm_a is not None and row.norm_b is not None and max(row.norm_a, row.norm_b) / root_count <= t.zero_rms:
+        return "pass", "numerically zero on both sides"
+    extremes = [abs(v) for v in (row.min_b, row.max_b) if v is not None]
+    largest = max(extremes) if extremes else None
+    scales = {"norm": row.norm_b, "mean": None if row.norm_b is None else row.norm_b / root_count, "min": largest, "max": largest}
     diffs = []
     for stat in ("mean", "norm", "min", "max"):
         x, y = getattr(row, f"{stat}_a"), getattr(row, f"{stat}_b")
@@ -324,11 +324,6 @@ def _judge_stats(row: TensorComparison, integral: bool, t: Thresholds) -> tuple[
 
 
 _SCALE = {"norm": "norm", "mean": "RMS", "min": "largest magnitude", "max": "largest magnitude"}
-
-
-def _largest(low: float | None, high: float | None) -> float | None:
-    present = [abs(v) for v in (low, high) if v is not None]
-    return max(present) if present else None
 
 
 def _compare_pair(da: Dump, ra: dict[str, Any], db: Dump, rb: dict[str, Any], mode: str, t: Thresholds) -> TensorComparison:

@@ -52,9 +52,6 @@ class FrequentLines:
     def __bool__(self) -> bool:
         return bool(self.body or self.edges)
 
-    def __len__(self) -> int:
-        return len(self.body) + len(self.edges)
-
 
 def edge_key(source: str, norm: str) -> int:
     """Key of an edge line of ``source`` (edge lines are counted per source)."""

@@ -23,7 +23,6 @@ process, and the output does not depend on the number of workers.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial

@@ -202,7 +202,7 @@ class Deduplicator:
         if verify not in ("none", "signature", "exact"):
             raise ValueError(f"verify must be 'none', 'signature' or 'exact', got {verify!r}")
         self.exact, self.near, self.threshold, self.verify = exact, near, threshold, verify
-        self.num_perm, self.seed, self.max_examples = num_perm, seed, max_examples
+        self.seed, self.max_examples = seed, max_examples
         self.signer = Signer(shingle=shingle, char_ngram=char_ngram, word_ngram=word_ngram, num_perm=num_perm, seed=seed)
         self._lsh = MinHashLSH(num_perm=num_perm, params=(bands, rows))
         self._ids: list[str] = []
