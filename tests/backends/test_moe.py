@@ -12,7 +12,7 @@ import numpy_reference as ref  # noqa: E402  (tests/backends is the rootdir of t
 from mf_testing import tiny_config  # noqa: E402
 from mindfoundry.backends.base import create_backend  # noqa: E402
 from mindfoundry.data.dataset.packing import IGNORE_INDEX  # noqa: E402
-from mindfoundry.model.spec import ModelSpec, init_weights, module_names  # noqa: E402
+from mindfoundry.model.spec import ModelSpec, init_weights, module_classes, module_names  # noqa: E402
 from mindfoundry.train.schedule import step_scalars  # noqa: E402
 
 MOE = {"moe": {"num_experts": 4, "top_k": 2}}
@@ -134,14 +134,16 @@ def test_hookable_modules_are_the_spec_names() -> None:
     from mindfoundry.backends.torch.probe_hooks import hookable_modules as pt_modules
 
     spec = ModelSpec.from_config(tiny_config(model={"n_layers": 4, "moe": {"num_experts": 3, "top_k": 1, "every": 2}}).model)
-    assert list(pt_modules(PtTransformer(spec))) == module_names(spec)
-    assert list(ms_modules(MsTransformer(spec))) == module_names(spec)
+    for modules in (pt_modules(PtTransformer(spec)), ms_modules(MsTransformer(spec))):
+        assert list(modules) == module_names(spec)
+        assert {name: type(m).__name__ for name, m in modules.items()} == module_classes(spec)
 
 
 def test_both_engines_dump_a_moe_step(engines, tmp_path) -> None:
     """The hooked debug step of a MoE model: every module fires on both engines, the same names, the same
     numbers except inside mlp.experts (torch runs experts on routed rows, MindSpore on every token)."""
-    from mindfoundry.debug.dump import DumpWriter, read_dump
+    from mindfoundry.debug.dump import DumpWriter
+    from mindfoundry.debug.dump_folders import read_dump
     from mindfoundry.debug.probe import Probe
 
     ids, labels = batches()

@@ -150,7 +150,7 @@ def test_dump_command_replays_without_touching_the_run(tiny_run, tmp_path) -> No
     assert main(["dump", str(cfg), "--set", "train.steps=5", "--steps", "4|5", "--resume", "auto", "--out", str(out),
                  "--directions", "forward", "params"]) == 0
     assert sorted(p.relative_to(run) for p in run.rglob("*") if p.is_file()) == before  # the run is untouched
-    from mindfoundry.debug.dump import read_dump
+    from mindfoundry.debug.dump_folders import read_dump
 
     d4 = read_dump(out / "step4" / "rank0")
     assert {r["kind"] for r in d4.records} == {"forward_input", "forward_output", "loss", "param"}

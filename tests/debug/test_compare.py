@@ -252,9 +252,12 @@ def test_reports(tmp_path: Path):
 def test_statistics_report_and_empty_comparison(tmp_path: Path):
     write(tmp_path / "a", [fwd("x", np.ones(4) * 2)], mode="statistics")
     write(tmp_path / "b", [fwd("x", np.ones(4))], mode="statistics")
-    write(tmp_path / "c", [fwd("y", np.ones(4))], mode="statistics")
+    write(tmp_path / "c", [], mode="statistics")  # a dump whose selection matched nothing
+    write(tmp_path / "d", [fwd("y", np.ones(4))], mode="statistics")
     stats = compare_dumps(tmp_path / "a", tmp_path / "b")
     empty = compare_dumps(tmp_path / "a", tmp_path / "c")
+    with pytest.raises(DumpError, match=r"no tensor name in common.*A holds e.g. \['x.forward.0.output.0'\], B e.g. \['y.forward"):
+        compare_dumps(tmp_path / "a", tmp_path / "d")  # different models: said so, with names from each side
     page = write_html([stats, empty], tmp_path / "two.html").read_text(encoding="utf-8")
     assert page.count("<img") == 1 and "No matched tensors to plot." in page and "<nav>" in page
     assert "norm differs up to 100.00%" in "\n".join(summary_lines(stats))

@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from mindfoundry.debug.dump import DumpError, DumpWriter, dump_leaves, read_dump
+from mindfoundry.debug.dump import DumpError, DumpWriter
+from mindfoundry.debug.dump_folders import dump_leaves, read_dump
 from mindfoundry.debug.locate import locate_overflow
 from mindfoundry.debug.probe import Injection, Probe
 from mindfoundry.debug.stats import tensor_stats

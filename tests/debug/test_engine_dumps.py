@@ -11,7 +11,8 @@ pytest.importorskip("mindspore")
 pytest.importorskip("torch")
 
 from mindfoundry.backends.base import create_backend  # noqa: E402
-from mindfoundry.debug.dump import DumpWriter, read_dump  # noqa: E402
+from mindfoundry.debug.dump import DumpWriter  # noqa: E402
+from mindfoundry.debug.dump_folders import read_dump  # noqa: E402
 from mindfoundry.debug.locate import locate_overflow  # noqa: E402
 from mindfoundry.debug.probe import Injection, Probe  # noqa: E402
 from mindfoundry.debug.stats import tensor_stats  # noqa: E402
@@ -125,11 +126,12 @@ def test_trainer_dumps_chosen_steps_and_locates_an_injected_fault(tiny_run, tmp_
 def test_hookable_modules_are_the_spec_names(engines) -> None:
     from mindfoundry.backends.mindspore.probe_hooks import hookable_modules as ms_modules
     from mindfoundry.backends.torch.probe_hooks import hookable_modules as pt_modules
-    from mindfoundry.model.spec import module_names
+    from mindfoundry.model.spec import module_classes, module_names
 
     spec = engines["torch"][2]
-    assert list(pt_modules(engines["torch"][0].model)) == module_names(spec)
-    assert list(ms_modules(engines["mindspore"][0].model)) == module_names(spec)
+    for modules in (pt_modules(engines["torch"][0].model), ms_modules(engines["mindspore"][0].model)):
+        assert list(modules) == module_names(spec)
+        assert {name: type(m).__name__ for name, m in modules.items()} == module_classes(spec)  # msprobe entry names
 
 
 def test_overflow_error_stop_ends_training_at_the_first_overflow_naming_the_module(tiny_run, tmp_path, capsys) -> None:

@@ -73,6 +73,6 @@ def test_fsdp_launch_equals_one_process_and_resumes_in_one(tiny_run, tmp_path) -
     # a step of the FSDP(2) layout replayed and dumped in one process, from the run's step-3 checkpoint
     assert main(["dump", str(fsdp), *sets, "--set", "parallel.dp_shard=2", "--steps", "4", "--resume", "auto",
                  "--out", str(tmp_path / "dump")]) == 0
-    from mindfoundry.debug.dump import read_dump
+    from mindfoundry.debug.dump_folders import read_dump
 
     assert read_dump(tmp_path / "dump" / "step4" / "rank0").meta["loss"] == pytest.approx(single[3], rel=1e-5)

@@ -16,6 +16,7 @@ from pathlib import Path
 from mindfoundry.cli.args import add_config_arguments, config_from_args, console
 from mindfoundry.config.load import ConfigError
 from mindfoundry.debug.compare import Thresholds
+from mindfoundry.debug.dump_folders import FORMATS
 from mindfoundry.workflows.align import AlignThresholds
 
 
@@ -24,7 +25,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     out = Path(args.out) if args.out else Path(cfg.run_dir) / "dump"
-    choice = DumpChoice(steps=args.steps, mode=args.mode, modules=args.modules, directions=args.directions)
+    choice = DumpChoice(steps=args.steps, mode=args.mode, modules=args.modules, directions=args.directions, format=args.format)
     steps, reached = replay_dump(cfg, choice, out, resume=args.resume == "auto", console=console)
     console.print(f"dumped steps {steps} (reached step {reached}) into {out}", highlight=False)
     return 0
@@ -32,7 +33,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
 
 def cmd_locate(args: argparse.Namespace) -> int:
     """The first non-finite tensor of each (step, rank) of a dump: the overflow locator on request."""
-    from mindfoundry.debug.dump import iter_dumps
+    from mindfoundry.debug.dump_folders import iter_dumps
     from mindfoundry.debug.locate import locate_overflow
 
     clean = True
@@ -96,6 +97,8 @@ def add_debug_commands(sub: argparse._SubParsersAction) -> None:
     add_config_arguments(p)
     p.add_argument("--steps", help="steps to dump, e.g. '1|50-60' (default: debug.dump.steps)")
     p.add_argument("--mode", choices=["statistics", "tensor"], help="statistics (default) or full tensors")
+    p.add_argument("--format", choices=list(FORMATS),
+                   help="mindfoundry (default: debug.dump.format) or msprobe: MindStudio Probe's layout, for `msprobe compare`")
     p.add_argument("--modules", nargs="+", metavar="PATTERN", help="module-name patterns, e.g. 'layers.1.*' (default: all)")
     p.add_argument("--directions", nargs="+", choices=["forward", "backward", "params", "grads", "optimizer"])
     p.add_argument("--out", help="dump folder (default RUN_DIR/dump)")

@@ -105,6 +105,9 @@ class DumpConfig(Section):
         description="forward: module inputs/outputs; backward: gradients at module outputs/inputs; params: weights before the step; "
                     "grads: accumulated parameter gradients; optimizer: AdamW moments after the step.")
     mode: Literal["statistics", "tensor"] = Field("statistics", description="statistics: shape, dtype, min, max, mean, L2 norm, NaN/Inf counts; tensor: full arrays (.npy) too.")
+    format: Literal["mindfoundry", "msprobe"] = Field(
+        "mindfoundry", description="mindfoundry: our index.jsonl/meta.json; msprobe: MindStudio Probe's dump.json/stack.json/"
+                                   "construct.json (dump_tensor_data/*.pt for torch, *.npy for MindSpore), for `msprobe compare`.")
     dir: str | None = Field(None, description="Dump folder (default RUN_DIR/dump).")
 
     @field_validator("steps", "ranks")

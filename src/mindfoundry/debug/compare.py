@@ -36,12 +36,13 @@ from typing import Any
 
 import numpy as np
 
-from mindfoundry.debug.dump import Dump, DumpError, dump_leaves, read_dump
+from mindfoundry.debug.dump import Dump, DumpError
+from mindfoundry.debug.dump_folders import dump_leaves, read_dump
 
 TINY = 1e-7          # floor of |b| in relative errors, so exact zeros in B do not divide by zero
 CHUNK = 1 << 20      # elements per streamed chunk (8 MiB per float64 operand)
 VERDICTS = ("pass", "warning", "error")
-_ACTIVATION = re.compile(r"\.(forward|backward)\.\d+\.(input|output|grad_output|grad_input)\.\d+$")
+_ACTIVATION = re.compile(r"\.(forward|backward)\.(\d+)\.(input|output|grad_output|grad_input)\.[\w.]+$")
 _INTEGRAL = re.compile(r"int|bool", re.IGNORECASE)  # int64, Int32, torch.uint8, bool, Bool
 
 
@@ -137,8 +138,12 @@ class Comparison:
         return out
 
     def unmatched_activations(self) -> list[str]:
-        """Unmatched forward/backward tensors: the two runs executed different modules or calls."""
-        return [n for n in self.only_a + self.only_b if _ACTIVATION.search(n)]
+        """Forward/backward tensors of a module call that the other dump lacks entirely: the two runs
+        executed different modules or calls. A call both dumps hold may differ in how many of its
+        arguments were recorded (msprobe's PrecisionDebugger records every positional argument, our
+        hooks the first): such extras are listed in only_a/only_b but do not fail the comparison."""
+        calls = {_call(r.name) for r in self.rows}
+        return [n for n in self.only_a + self.only_b if _ACTIVATION.search(n) and _call(n) not in calls]
 
     def passed(self) -> bool:
         """No error row and no unmatched activation. Unmatched parameters, gradients and optimizer
@@ -179,6 +184,11 @@ class Comparison:
         } for module, rows in groups.items()]
         out.sort(key=lambda m: (-m["introduced"], -m["errors"], 1.0 if m["min_cosine"] is None else m["min_cosine"]))
         return out[:k]
+
+
+def _call(name: str) -> str:
+    """'layers.0.attn.forward.1' of 'layers.0.attn.forward.1.input.0'."""
+    return _ACTIVATION.sub(lambda m: f".{m[1]}.{m[2]}", name)
 
 
 _AGGREGATES = ("model", "loss")
@@ -353,6 +363,10 @@ def _compare(da: Dump, db: Dump, t: Thresholds) -> Comparison:
     by_b = db.by_name()
     names_a = {r["name"] for r in da.records}
     rows = [_compare_pair(da, ra, db, by_b[ra["name"]], mode, t) for ra in da.records if ra["name"] in by_b]
+    if not rows and da.records and db.records:
+        raise DumpError(f"{da.path} and {db.path} have no tensor name in common, so they dump different models (or "
+                        f"one was renamed): A holds e.g. {[r['name'] for r in da.records[:3]]}, B e.g. "
+                        f"{[r['name'] for r in db.records[:3]]}; dump the same model on both sides")
     return Comparison(
         a=da.path, b=db.path, meta_a=da.meta, meta_b=db.meta, mode=mode, rows=rows,
         only_a=[r["name"] for r in da.records if r["name"] not in by_b],
@@ -375,10 +389,13 @@ def compare_dumps(a: Path, b: Path, thresholds: Thresholds = Thresholds()) -> Co
 
 
 def compare_trees(a: Path, b: Path, thresholds: Thresholds = Thresholds()) -> list[Comparison]:
-    """Compare every step{N}/rank{R} of two dump roots, paired by relative path; both must hold the same leaves."""
+    """Compare every step{N}/rank{R} of two dump roots, paired by relative path; both must hold the same leaves
+    (two roots of one leaf each are paired whatever the leaves' folder names)."""
     a, b = Path(a), Path(b)
     rel_a = {p.relative_to(a): p for p in dump_leaves(a)}
     rel_b = {p.relative_to(b): p for p in dump_leaves(b)}
+    if len(rel_a) == len(rel_b) == 1:  # one dump each: paired whatever their folders (msprobe's step0/proc123 vs step1/rank0)
+        return [_compare(read_dump(*rel_a.values()), read_dump(*rel_b.values()), thresholds)]
     missing = [f"{rel} (only in {a})" for rel in rel_a if rel not in rel_b] + \
               [f"{rel} (only in {b})" for rel in rel_b if rel not in rel_a]
     if missing:

@@ -26,11 +26,12 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
 from mindfoundry.debug.stats import tensor_stats
+from mindfoundry.debug.torch_files import TorchFileError, read_pt
 from mindfoundry.errors import MindFoundryError, OutputExistsError
 
 INDEX_FILE = "index.jsonl"
@@ -99,30 +100,22 @@ class Dump:
         return {r["name"]: r for r in self.records}
 
     def array(self, record: dict[str, Any]) -> np.ndarray | None:
-        """The stored tensor (memory-mapped), or None in statistics mode."""
+        """The stored tensor (.npy memory-mapped; .pt, msprobe's PyTorch files, read without torch), or None in statistics mode."""
         if "file" not in record:
             return None
         path = self.path / record["file"]
         if not path.is_file():
-            raise DumpError(f"{path} is listed in {self.path / INDEX_FILE} but missing: the dump is incomplete")
+            raise DumpError(f"{path} is listed in the dump's index but missing: the dump is incomplete")
+        if path.suffix == ".pt":
+            try:
+                return read_pt(path)
+            except TorchFileError as e:
+                raise DumpError(f"{e}: the dump is damaged") from None
         return np.load(path, mmap_mode="r")
 
 
-def dump_leaves(root: Path) -> list[Path]:
-    """Every (step, rank) folder under `root` (or `root` itself when it is one), sorted; `read_dump` refuses an interrupted one."""
-    root = Path(root)
-    if not root.exists():
-        raise DumpError(f"{root} does not exist: give a dump folder written by `mindfoundry dump` or debug.dump")
-    if (root / INDEX_FILE).is_file():
-        return [root]
-    leaves = sorted({p.parent for p in root.rglob(INDEX_FILE)}, key=lambda p: p.relative_to(root).parts)
-    if not leaves:
-        raise DumpError(f"{root} holds no dump ({INDEX_FILE} not found below it)")
-    return leaves
-
-
-def read_dump(path: Path) -> Dump:
-    """Read one leaf folder; a missing meta.json means the writer was interrupted."""
+def read_native_dump(path: Path) -> Dump:
+    """Read one leaf folder of our format; a missing meta.json means the writer was interrupted."""
     path = Path(path)
     index, meta_file = path / INDEX_FILE, path / META_FILE
     if not index.is_file():
@@ -141,7 +134,3 @@ def read_dump(path: Path) -> Dump:
         raise DumpError(f"{index} lists {len(records)} tensors but {META_FILE} says {meta['tensors']}: the dump is damaged")
     return Dump(path, meta, records)
 
-
-def iter_dumps(root: Path) -> Iterator[Dump]:
-    for leaf in dump_leaves(root):
-        yield read_dump(leaf)

@@ -12,15 +12,22 @@ import fnmatch
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Protocol
 
 import numpy as np
 
-from mindfoundry.debug.dump import DumpWriter
 from mindfoundry.errors import MindFoundryError
 
 DIRECTIONS = ("forward", "backward", "params", "grads", "optimizer")
 ROOT = "model"  # the whole model's module name (its output is the logits)
+
+
+class TensorSink(Protocol):
+    """Where a probe streams tensors: a dump writer of either format (debug/dump.py, debug/msprobe.py)."""
+
+    def record(self, name: str, module: str, kind: str, array: np.ndarray, dtype: str | None = None) -> dict[str, Any]: ...
+
+    def close(self, **extra: Any) -> Any: ...
 
 
 class ProbeError(MindFoundryError, ValueError):
@@ -54,7 +61,7 @@ def check_injection(module: str, names: list[str]) -> None:
 class Probe:
     """Selection (module patterns, directions), call counting and naming for one step's dump."""
 
-    def __init__(self, writer: DumpWriter | None, modules: Iterable[str] = ("*",),
+    def __init__(self, writer: TensorSink | None, modules: Iterable[str] = ("*",),
                  directions: Iterable[str] = ("forward", "backward"), inject: Injection | None = None,
                  grad_unscale: float = 1.0):
         self.writer = writer

@@ -172,6 +172,36 @@ def module_names(spec: ModelSpec) -> list[str]:
     return names + ["norm"] + ([] if spec.tie_embeddings else ["lm_head"])
 
 
+def module_classes(spec: ModelSpec) -> dict[str, str]:
+    """Each :func:`module_names` entry's class name, the same in both engines (a contract test holds them to it).
+
+    MindStudio Probe names a module's dump entry ``Module|Cell.<name>.<Class>.forward.<call>``, so
+    writing its format needs the class without an engine; sharing class names also lets msprobe's
+    cell mapping (Cell -> Module) pair a MindSpore dump with a PyTorch one without a mapping file.
+    """
+    out = {}
+    for name in module_names(spec):
+        last = name.rsplit(".", 1)[-1]
+        layer = int(name.split(".")[1]) if name.startswith("layers.") else None
+        if name == "model":
+            out[name] = "Transformer"
+        elif name == "embed":
+            out[name] = "Embedding"
+        elif last.isdigit():
+            out[name] = "Block"
+        elif last.endswith("norm"):
+            out[name] = "RMSNorm"
+        elif last == "attn":
+            out[name] = "Attention"
+        elif last == "mlp":
+            out[name] = "MoE" if is_moe_layer(spec, layer) else "MLP"
+        elif last == "experts":
+            out[name] = "Experts"
+        else:  # *_proj, router, lm_head
+            out[name] = "GroupedLinear" if ".experts." in name else "Linear"
+    return out
+
+
 def decays(name: str, shape: tuple[int, ...]) -> bool:
     """Weight decay applies to matrices only, never to norm weights or biases (1-D)."""
     return len(shape) >= 2

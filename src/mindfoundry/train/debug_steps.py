@@ -17,11 +17,12 @@ import numpy as np
 from mindfoundry.backends.base import Backend, StepOutput, StepScalars
 from mindfoundry.config.load import config_hash
 from mindfoundry.config.schema import RunConfig
-from mindfoundry.debug.dump import INDEX_FILE, DumpWriter, leaf_dir, read_dump
+from mindfoundry.debug.dump import INDEX_FILE, DumpWriter, leaf_dir, read_native_dump
+from mindfoundry.debug.dump_folders import holds_dump, open_writer
 from mindfoundry.debug.locate import Overflow, locate_overflow
 from mindfoundry.debug.probe import Injection, Probe, ProbeError, check_injection, select_modules
 from mindfoundry.config.selection import parse_selection
-from mindfoundry.model.spec import ModelSpec, module_names
+from mindfoundry.model.spec import ModelSpec, module_classes, module_names
 
 OVERFLOW_DIR = "overflow"
 
@@ -44,7 +45,9 @@ class StepDebugger:
         self.root = Path(d.dump.dir) if d.dump.dir else Path(run_dir) / "dump"
         self.overflow_root = Path(run_dir) / OVERFLOW_DIR
         self._injected: set[int] = set()
-        self._check(module_names(ModelSpec.from_config(cfg.model)))
+        spec = ModelSpec.from_config(cfg.model)
+        self.classes = module_classes(spec)  # msprobe's entry names carry the class
+        self._check(module_names(spec))
 
     def _check(self, names: list[str]) -> None:
         """Fail before training, not at the dumped step: patterns must match, the injected module must exist."""
@@ -70,11 +73,13 @@ class StepDebugger:
         """A probe for this step: dumping when selected (and not already dumped), and/or injecting."""
         writer = None
         if step in self.steps and self.dump_rank:
-            if (leaf_dir(self.root, step, self.rank) / INDEX_FILE).exists():
+            d = self.cfg.debug.dump
+            if holds_dump(self.root, step, self.rank):
                 self.log(f"step {step}: {leaf_dir(self.root, step, self.rank)} exists (a resumed run repeats this step); not dumped again")
             else:
-                writer = DumpWriter(self.root, step, self.rank, self.cfg.debug.dump.mode,
-                                    {**self._meta(backend, "dump"), "loss_scale": 1.0 / grad_unscale})
+                writer = open_writer(d.format, self.root, step, self.rank, d.mode,
+                                     {**self._meta(backend, "dump"), "loss_scale": 1.0 / grad_unscale}, backend.name, self.classes,
+                                     self.cfg.train.grad_accum)  # a debug step runs in one process: its micro-batches
         if writer is None and injection is None:
             return None
         d = self.cfg.debug.dump
@@ -92,13 +97,13 @@ class StepDebugger:
         statistics dump of every module, forward and backward, and find the first non-finite tensor."""
         leaf = leaf_dir(self.overflow_root, step, self.rank)
         if (leaf / INDEX_FILE).exists():  # a repeated step (resume, rollback): keep the first report
-            return locate_overflow(read_dump(leaf)), leaf
+            return locate_overflow(read_native_dump(leaf)), leaf
         writer = DumpWriter(self.overflow_root, step, self.rank, "statistics",
                             {**self._meta(backend, "overflow"), "loss_scale": 1.0 / scalars.grad_unscale})
         probe = Probe(writer, ("*",), ("forward", "backward", "params", "grads"), injection, scalars.grad_unscale)
         out = backend.train_step(ids, labels, scalars, probe)
         writer.close(loss=out.loss, grad_norm=out.grad_norm, applied=out.applied)
-        found = locate_overflow(read_dump(leaf))
+        found = locate_overflow(read_native_dump(leaf))
         report = found.to_dict() if found else {"message": "the re-run step was finite: the fault did not reproduce"}
         (leaf / "overflow.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         return found, leaf

@@ -31,12 +31,13 @@ class DumpChoice:
     mode: str | None = None
     modules: Sequence[str] | None = None
     directions: Sequence[str] | None = None
+    format: str | None = None
 
 
 def replay_config(cfg: RunConfig, choice: DumpChoice, out: Path) -> RunConfig:
     """The run's config with the chosen dumps, checkpoints off, in a scratch run dir, in one process."""
     chosen = {k: v for k, v in (("steps", choice.steps), ("mode", choice.mode), ("modules", choice.modules),
-                                ("directions", choice.directions)) if v}
+                                ("directions", choice.directions), ("format", choice.format)) if v}
     try:
         dump = DumpConfig.model_validate({**cfg.debug.dump.model_dump(), **chosen, "dir": str(out)})
     except ValidationError as exc:  # the field's own message (str(exc) ends with pydantic's help URL)
