@@ -32,12 +32,13 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from mindfoundry.debug.dump import Dump, DumpError
 from mindfoundry.debug.dump_folders import dump_leaves, read_dump
+from mindfoundry.debug.msprobe import representable
 
 TINY = 1e-7          # floor of |b| in relative errors, so exact zeros in B do not divide by zero
 CHUNK = 1 << 20      # elements per streamed chunk (8 MiB per float64 operand)
@@ -362,6 +363,7 @@ def _compare(da: Dump, db: Dump, t: Thresholds) -> Comparison:
     mode = "tensor" if da.meta.get("mode") == db.meta.get("mode") == "tensor" else "statistics"
     by_b = db.by_name()
     names_a = {r["name"] for r in da.records}
+    comparable_a, comparable_b = _holdable_by(db), _holdable_by(da)
     rows = [_compare_pair(da, ra, db, by_b[ra["name"]], mode, t) for ra in da.records if ra["name"] in by_b]
     if not rows and da.records and db.records:
         raise DumpError(f"{da.path} and {db.path} have no tensor name in common, so they dump different models (or "
@@ -369,8 +371,16 @@ def _compare(da: Dump, db: Dump, t: Thresholds) -> Comparison:
                         f"{[r['name'] for r in db.records[:3]]}; dump the same model on both sides")
     return Comparison(
         a=da.path, b=db.path, meta_a=da.meta, meta_b=db.meta, mode=mode, rows=rows,
-        only_a=[r["name"] for r in da.records if r["name"] not in by_b],
-        only_b=[r["name"] for r in db.records if r["name"] not in names_a], thresholds=t)
+        only_a=[r["name"] for r in da.records if r["name"] not in by_b and comparable_a(r)],
+        only_b=[r["name"] for r in db.records if r["name"] not in names_a and comparable_b(r)], thresholds=t)
+
+
+def _holdable_by(other: Dump) -> Callable[[dict[str, Any]], bool]:
+    """Whether the other dump could hold a record: against an msprobe dump, what its layout has no place for
+    (the whole model, the loss, AdamW's moments) is not missing, and not listed as unmatched."""
+    if other.meta.get("format") != "msprobe":
+        return lambda record: True
+    return lambda record: representable(record["module"], record["kind"])
 
 
 def _single_leaf(root: Path) -> Path:

@@ -42,7 +42,7 @@ class Overflow:
 
     def message(self) -> str:
         r = self.record
-        what = f"{r['name']} ({r['nan']} NaN, {r['inf']} Inf of {r['count']})"
+        what = f"{r['name']} ({_counts(r)} of {r['count']})"
         if r["kind"] == "param":
             return f"{what}: the weights were already non-finite before this step (restore an earlier checkpoint)"
         if r["kind"] == "forward_input":
@@ -52,9 +52,16 @@ class Overflow:
         if self.given is None:
             return f"{what}: first non-finite tensor of the step"
         side = "input" if self.direction == "forward" else "gradient at its output"
-        state = "finite" if nonfinite(self.given) == 0 else f"already non-finite ({self.given['nan']} NaN, {self.given['inf']} Inf)"
+        state = "finite" if nonfinite(self.given) == 0 else f"already non-finite ({_counts(self.given)})"
         return (f"{what}: first non-finite tensor of the step; its {side} was {state} "
                 f"(min {_g(self.given.get('min'))}, max {_g(self.given.get('max'))}, norm {_g(self.given.get('norm'))})")
+
+
+def _counts(record: dict[str, Any]) -> str:
+    """'2 NaN, 0 Inf'; a record read from msprobe only knows that there are some (its statistics do not count them)."""
+    if record.get("nonfinite_counted", True):
+        return f"{record['nan']} NaN, {record['inf']} Inf"
+    return "NaN" if record["nan"] else "Inf"
 
 
 def _g(value: Any) -> str:

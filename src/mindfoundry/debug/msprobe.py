@@ -54,6 +54,11 @@ _MS_DTYPES = {"float16": "Float16", "float32": "Float32", "float64": "Float64", 
 _ENTRY = re.compile(r"^(Module|Cell)\.(?P<path>.+)\.(?P<cls>[^.]+)\.(?P<dir>forward|backward|parameters_grad)\.(?P<call>\d+)$")
 
 
+def representable(module: str, kind: str) -> bool:
+    """Whether msprobe's L0 layout has a place for a tensor: not the whole model's output, the loss or AdamW's moments."""
+    return module not in (ROOT, "loss") and kind not in ("loss", "exp_avg", "exp_avg_sq")
+
+
 @dataclass(frozen=True)
 class Flavor:
     """How msprobe writes one framework's dumps."""
@@ -113,7 +118,7 @@ class MsprobeWriter:
 
     def _places(self, name: str, module: str, kind: str) -> list[tuple[str, str, str | None]]:
         """(entry, slot, parameter name) where one of our tensors goes; none for what msprobe has no place for."""
-        if module in (ROOT, "loss") or kind in ("loss", "exp_avg", "exp_avg_sq"):
+        if not representable(module, kind):
             return []
         if kind == "param":
             return [(self._entry(module, "forward", call), "parameters", name.rsplit(".", 1)[1]) for call in range(self.micro_batches)]
@@ -282,7 +287,7 @@ def _record(seq: int, name: str, module: str, kind: str, info: dict[str, Any], t
         rec[ours], is_nan, is_inf = _finite_or_none(info.get(theirs))
         nan, inf = nan or is_nan, inf or is_inf
     # msprobe does not count NaN/Inf: a non-finite statistic flags that there is at least one
-    rec["nan"], rec["inf"] = int(nan), int(inf and not nan)
+    rec["nan"], rec["inf"], rec["nonfinite_counted"] = int(nan), int(inf and not nan), False
     if tensor_mode and info.get("data_name"):
         rec["file"] = f"{TENSOR_DATA}/{info['data_name']}"
     return rec
@@ -312,7 +317,8 @@ def read_msprobe_dump(path: Path) -> Dump:
                 records.append(_record(len(records), name, module, kind, info, task == "tensor"))
     ours = raw.get(META_KEY) or {}
     step, rank = re.fullmatch(r"step(\d+)", path.parent.name), re.fullmatch(r"rank(\d+)", path.name)
-    meta = {"step": int(step[1]) if step else None, "rank": int(rank[1]) if rank else None, **ours,
+    # outside a process group msprobe names the folder proc<PID>: the only rank
+    meta = {"step": int(step[1]) if step else None, "rank": int(rank[1]) if rank else 0, **ours,
             "mode": task, "format": "msprobe", "framework": raw.get("framework"), "level": raw.get("level"),
             "tensors": len(records)}
     return Dump(path, meta, records)
