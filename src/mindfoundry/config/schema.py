@@ -16,7 +16,7 @@ from pydantic import Field, field_validator
 from mindfoundry.config.data import DataConfig
 from mindfoundry.config.model import ModelConfig
 from mindfoundry.config.parallel import ParallelConfig
-from mindfoundry.config.section import Section
+from mindfoundry.config.section import Section, checked_path
 from mindfoundry.config.selection import parse_selection
 
 
@@ -24,9 +24,9 @@ class TrainConfig(Section):
     """Loop sizes. Global batch = micro_batch_size * grad_accum * parallel.dp sequences (dp = dp_replicate * dp_shard)."""
 
     steps: int = Field(300, ge=1, description="Optimizer steps for the whole run.")
-    micro_batch_size: int = Field(16, ge=1, description="Sequences per micro-batch per data-parallel rank.")
-    grad_accum: int = Field(1, ge=1, description="Micro-batches accumulated per optimizer step (with parallel.pp > 1: the pipeline's micro-batches).")
-    seq_len: int = Field(128, ge=2, description="Tokens per training sequence.")
+    micro_batch_size: int = Field(16, ge=1, le=2**20, description="Sequences per micro-batch per data-parallel rank.")
+    grad_accum: int = Field(1, ge=1, le=2**20, description="Micro-batches accumulated per optimizer step (with parallel.pp > 1: the pipeline's micro-batches).")
+    seq_len: int = Field(128, ge=2, le=2**20, description="Tokens per training sequence.")
     eval_every: int = Field(100, ge=0, description="Held-out evaluation period in steps (0 = only at the end).")
     eval_batches: int = Field(20, ge=1, description="Validation micro-batches per evaluation (capped by the validation set size).")
     log_every: int = Field(1, ge=1, description="Console refresh period in steps (metrics.jsonl gets every step).")
@@ -47,7 +47,7 @@ class TrainConfig(Section):
 class OptimConfig(Section):
     """AdamW with linear warmup and cosine decay."""
 
-    lr: float = Field(3e-3, gt=0, description="Peak learning rate (not capped: `mindfoundry smoke` tells a diverging one).")
+    lr: float = Field(3e-3, gt=0, le=10, description="Peak learning rate (not capped: `mindfoundry smoke` tells a diverging one).")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Final LR as a fraction of the peak.")
     warmup_steps: int = Field(30, ge=0, description="Linear warmup steps.")
     weight_decay: float = Field(0.1, ge=0, lt=1, description="Decoupled (AdamW) weight decay on matrices; never applied to 1-D parameters (norm weights, biases).")
@@ -213,9 +213,9 @@ class GenerateConfig(Section):
 class RunConfig(Section):
     """A whole run."""
 
-    name: str = Field("run", min_length=1, pattern=r"^[A-Za-z0-9._-]+$", description="Run name; default run_dir is runs/NAME.")
+    name: str = Field("run", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._-]+$", description="Run name; default run_dir is runs/NAME.")
     run_dir: str | None = Field(None, description="Where everything of this run is written. null = runs/NAME.")
-    seed: int = Field(1234, ge=0, description="Seed for the split, init, data order and sampling.")
+    seed: int = Field(1234, ge=0, lt=2**32, description="Seed for the split, init, data order and sampling (below 2**32, what every RNG in use accepts).")
     backend: Literal["mindspore", "torch"] = Field("mindspore", description="Training engine.")
     device: Literal["auto", "cpu", "gpu", "cuda", "ascend", "npu"] = Field(
         "cpu", description="Device: cpu, gpu/cuda, ascend/npu, or auto (the first accelerator the backend finds, else CPU)."
@@ -231,6 +231,11 @@ class RunConfig(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     generate: GenerateConfig = Field(default_factory=GenerateConfig)
+
+    @field_validator("run_dir")
+    @classmethod
+    def _run_dir(cls, v: str | None) -> str | None:
+        return checked_path(v)
 
     def global_batch(self, world_size: int | None = None) -> int:
         """Sequences per optimizer step: micro_batch_size * grad_accum * dp (the one place that derives it).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Callable
 
 from mindfoundry.checkpoint.store import list_checkpoints
 from mindfoundry.config.load import config_hash, to_yaml
@@ -11,6 +12,7 @@ from mindfoundry.config.parallel import ParallelConfig
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.parallel.layout import launched_world_size
 from mindfoundry.errors import MindFoundryError
+from mindfoundry.train.run_lock import LOCK_FILE, acquire, release
 
 CONFIG_FILE = "config.yaml"
 HASH_FILE = "config.sha256"
@@ -42,18 +44,29 @@ def _has_trained(run_dir: Path) -> bool:
     return bool(list_checkpoints(run_dir)) or (run_dir / METRICS_FILE).exists()
 
 
-def prepare_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool) -> Path:
-    """Create or adopt RUN_DIR; refuse a folder holding a different (or any, without --resume) run.
+def _holds_anything(run_dir: Path) -> bool:
+    """Whether RUN_DIR holds more than its lock file."""
+    return run_dir.is_dir() and any(p.name != LOCK_FILE for p in run_dir.iterdir())
+
+
+def prepare_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool, log: Callable[[str], None] = print) -> Path:
+    """Lock RUN_DIR for this process, then create or adopt it; refuse a folder holding a different (or any,
+    without --resume) run, and one another live process writes (before anything is moved or written).
 
     --overwrite moves the old run aside to RUN_DIR.old-TIMESTAMP instead of deleting it, so nothing
     already written is lost.
     """
     run_dir = Path(cfg.run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"run_dir '{run_dir}' is a file, not a folder: choose a folder path")
+    acquire(run_dir, log)
     stored = run_dir / HASH_FILE
-    if run_dir.exists() and any(run_dir.iterdir()):
+    if _holds_anything(run_dir):
         if overwrite:
             aside = run_dir.with_name(f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
-            run_dir.rename(aside)
+            run_dir.rename(aside)  # still locked: nobody writes the old run while it moves
+            release(run_dir)
+            acquire(run_dir, log)
         elif not stored.is_file():
             raise RunDirError(
                 f"run directory '{run_dir}' is not empty and is not a MindFoundry run: choose an empty or new run_dir"
@@ -69,7 +82,6 @@ def prepare_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool) -> Path:
                     f"run directory '{run_dir}' already holds a run of this config: pass --resume auto to continue it, "
                     "or --overwrite to start over (the old run is moved aside)"
                 )
-    run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / CONFIG_FILE).write_text(to_yaml(cfg), encoding="utf-8")
     stored.write_text(run_identity(cfg) + "\n", encoding="utf-8")
     return run_dir

@@ -36,7 +36,7 @@ def check_launch(cfg: RunConfig) -> Layout:
 
 def prepare(cfg: RunConfig, *, overwrite: bool = False, log: Callable[[str], None] = print) -> PreparedData:
     """Claim RUN_DIR for this config (refusing another run's) and prepare its data (reused when unchanged)."""
-    prepare_run_dir(cfg, resume=True, overwrite=False)
+    prepare_run_dir(cfg, resume=True, overwrite=False, log=log)
     return prepare_data(cfg, overwrite=overwrite, log=log)
 
 
@@ -51,7 +51,7 @@ def train(cfg: RunConfig, *, resume: bool, overwrite: bool, stop_at_step: int | 
     """Check the launch, claim the run dir and prepare the data (rank 0), then train to the end or `stop_at_step`."""
     check_launch(cfg)
     if launched_rank() == 0:  # under torchrun/msrun one process claims the run dir and prepares the data
-        run_dir = prepare_run_dir(cfg, resume=resume, overwrite=overwrite)
+        run_dir = prepare_run_dir(cfg, resume=resume, overwrite=overwrite, log=console.print)
         data = prepare_data(cfg, log=console.print)
     else:  # the others wait for its atomic prepare and then only read
         run_dir, data = Path(cfg.run_dir), wait_for_prepared(cfg)
