@@ -46,8 +46,12 @@ def _preview(cfg, n: int, chars: int) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from mindfoundry.workflows.run import train
+    from mindfoundry.workflows.run import dry_start, train
 
+    if args.dry_run:
+        for line in dry_start(config_from_args(args)):
+            console.print(line, highlight=False)
+        return 0
     result = train(config_from_args(args), resume=args.resume == "auto", overwrite=args.overwrite,
                    stop_at_step=args.stop_at_step, console=console).result
     if result.final_eval:
@@ -173,6 +177,9 @@ def add_train_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--stop-at-step", type=int, default=None, metavar="N", help="checkpoint and stop after step N (continue later with --resume auto)")
         p.add_argument("--max-restarts", type=int, default=0, metavar="N",
                        help="restart a crashed run up to N times from its newest valid checkpoint")
+        if name == "train":
+            p.add_argument("--dry-run", action="store_true",
+                           help="check the config, the launch and the memory it needs, write nothing, exit 0 if it would start")
         p.set_defaults(func=func)
     p = sub.add_parser("generate", help="continue a prompt with a trained checkpoint (key/value cache, either engine)")
     p.add_argument("checkpoint", help="RUN_DIR (its newest valid checkpoint) or RUN_DIR/checkpoints/step_N")

@@ -23,10 +23,12 @@ micro-batch's activations are alive together.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from mindfoundry.errors import MindFoundryError
 from mindfoundry.model.spec import ModelSpec
 from mindfoundry.parallel.layout import Batch, Layout, feasible_layouts
 
@@ -339,6 +341,36 @@ def plan(spec: ModelSpec, devices: int, device_memory: int, seq: int, global_bat
         rows.append(PlanRow(lay, micro_batch, m, mem[False], mem[True], comm[False], comm[True], device_memory,
                             pipeline_bubble(lay, m)))
     return sorted(rows, key=PlanRow.sort_key)
+
+
+#: Fixed overhead of a CPU process (Python, the framework's runtime, allocator slack).
+CPU_FIXED_OVERHEAD = 512 * 1024**2
+
+
+class MemoryFitError(MindFoundryError, MemoryError):
+    """A run that cannot fit the memory it would run in."""
+
+
+def host_memory() -> int:
+    """This machine's physical memory in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_host_fit(spec: ModelSpec, layout: Layout, micro_batch: int, seq: int, precision: Precision, processes: int,
+                   available: int | None = None) -> MemoryEstimate:
+    """Refuse a CPU run whose estimated peak (all ``processes`` on this machine) exceeds its memory, before
+    anything is allocated: a model of 2**40 parameters would otherwise end in a MemoryError traceback
+    (or the OOM killer) after minutes of work."""
+    est = estimate(spec, layout, micro_batch, seq, precision, False, fixed_overhead_bytes=CPU_FIXED_OVERHEAD)
+    available = host_memory() if available is None else available
+    need = est.total * processes
+    if need > available:
+        raise MemoryFitError(
+            f"this run needs about {format_bytes(need)} ({processes} process(es) x {format_bytes(est.total)}: weights "
+            f"{format_bytes(est.weights)}, gradients {format_bytes(est.gradients)}, AdamW {format_bytes(est.optimizer)}, "
+            f"activations {format_bytes(est.activations)}) and this machine has {format_bytes(available)}: use a smaller "
+            f"model (model.d_model, model.n_layers) or micro-batch, or see `mindfoundry plan` for a layout over more devices")
+    return est
 
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4,

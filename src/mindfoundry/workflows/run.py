@@ -21,17 +21,36 @@ from mindfoundry.data.prepare.pipeline import prepare_data, wait_for_prepared
 from mindfoundry.data.prepare.tokenizer import eos_id
 from mindfoundry.eval.generate import generate
 from mindfoundry.model.spec import ModelSpec, flops_per_token, num_parameters
-from mindfoundry.parallel.layout import Layout, launch_layout, launched_rank
+from mindfoundry.parallel.layout import Layout, launch_layout, launched_rank, launched_world_size
+from mindfoundry.parallel.planner import check_host_fit
 from mindfoundry.train.rundir import prepare_run_dir
 from mindfoundry.train.trainer import Trainer, TrainResult
 
 
 def check_launch(cfg: RunConfig) -> Layout:
-    """The layout under this launch (one process without a launcher); LayoutError before anything is written.
+    """The layout under this launch (one process without a launcher); LayoutError before anything is written,
+    and on CPU MemoryFitError when the estimated peak exceeds this machine's memory.
 
     A tp=2 config started as one process is refused here instead of silently training on one device;
     whether the engine implements the layout is its own check, when the backend is created."""
-    return launch_layout(cfg.parallel, cfg.model, cfg.train, num_experts=cfg.model.moe.num_experts)
+    layout = launch_layout(cfg.parallel, cfg.model, cfg.train, num_experts=cfg.model.moe.num_experts)
+    if cfg.device == "cpu":
+        check_host_fit(ModelSpec.from_config(cfg.model), layout, cfg.train.micro_batch_size, cfg.train.seq_len,
+                       cfg.train.precision, processes=launched_world_size() or 1)
+    return layout
+
+
+def dry_start(cfg: RunConfig) -> list[str]:
+    """What `train --dry-run` checks and reports: the launch layout and the memory it needs (errors as for a
+    real start), the model's size, and what the run directory holds; nothing is written."""
+    layout = check_launch(cfg)
+    spec = ModelSpec.from_config(cfg.model)
+    run_dir = Path(cfg.run_dir)
+    state = "holds a run" if (run_dir / "config.sha256").is_file() else "is new" if not run_dir.exists() else "exists"
+    return [f"model: {num_parameters(spec):,} parameters, {flops_per_token(spec, cfg.train.seq_len):,} FLOPs/token; backend {cfg.backend}",
+            f"layout: {layout}; global batch {cfg.global_batch(launched_world_size() or 1)} sequences of {cfg.train.seq_len}",
+            f"run dir {run_dir} {state}; data {cfg.data.output_dir}",
+            "dry run: the config, the launch and the memory check pass; nothing was written"]
 
 
 def prepare(cfg: RunConfig, *, overwrite: bool = False, log: Callable[[str], None] = print) -> PreparedData:
