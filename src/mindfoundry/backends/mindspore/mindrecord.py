@@ -32,7 +32,8 @@ import numpy as np
 from mindspore.mindrecord import FileWriter
 
 from mindfoundry.data.dataset.prepared import SPLITS
-from mindfoundry.data.dataset.validate import open_shard, read_manifest
+from mindfoundry.data.dataset.prepared import read_manifest
+from mindfoundry.data.dataset.validate import open_shard
 from mindfoundry.errors import OutputExistsError
 
 __all__ = ["EXPORT_MANIFEST", "SCHEMA", "export_mindrecord", "mindrecord_files"]
@@ -62,7 +63,7 @@ def export_mindrecord(prepared_data_dir: str | Path, out_dir: str | Path, shards
     root, out = Path(prepared_data_dir), Path(out_dir)
     if out.exists():
         raise OutputExistsError(f"'{out}' already exists: choose another output folder or delete it first")
-    manifest = read_manifest(root)
+    manifest, _ = read_manifest(root)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -39,7 +39,7 @@ from mindfoundry.data.clean.dedup import DedupResult, Deduplicator, Signer, exac
 from mindfoundry.data.document import Document
 from mindfoundry.data.workers import DocumentProgress, PassProgress, WorkerPool, resolve_workers
 from mindfoundry.data.ingest.builtin import read_builtin
-from mindfoundry.data.ingest.files import SourceStats, read_files
+from mindfoundry.data.ingest.files import FileLedger, SourceStats, read_files
 
 R = TypeVar("R")
 
@@ -103,6 +103,7 @@ class CorpusPlan:
     frequent_lines: FrequentLines = FrequentLines()
     dedup: DedupResult | None = None
     seconds: float = 0.0
+    files: FileLedger = field(default_factory=FileLedger)  # what every pass must find the source files to be
 
 
 def chunked(docs: Iterable[Document]) -> Iterator[list[Document]]:
@@ -213,7 +214,7 @@ class CuratedSource:
         self.index = index
         self.src = curation.data.sources[index]
         self.plan = curation.plan
-        self.stats = SourceStats()
+        self.stats = SourceStats(ledger=curation.plan.files)
         self.profile = clean_profile(curation.data, self.src)
         self.pipeline = curation.pipeline(self.src)  # counters only: documents go through the tasks' pipelines
 
@@ -267,7 +268,8 @@ def plan_corpus(data: DataConfig, log: Callable[[str], None], progress: Document
     """The pre-pass: boilerplate line counts, then dedup decisions over the cleaned corpus."""
     start = time.perf_counter()
     workers = resolve_workers(data.workers)
-    plan = CorpusPlan(frequent_lines=_frequent_lines(data, workers, progress))
+    files = FileLedger()
+    plan = CorpusPlan(frequent_lines=_frequent_lines(data, workers, progress, files), files=files)
     if plan.frequent_lines:
         settings = data.clean.boilerplate
         log(f"boilerplate: {len(plan.frequent_lines.body)} lines occur in >= {settings.min_documents} documents, "
@@ -282,9 +284,9 @@ def plan_corpus(data: DataConfig, log: Callable[[str], None], progress: Document
     return plan
 
 
-def _frequent_lines(data: DataConfig, workers: int, progress: DocumentProgress) -> FrequentLines:
+def _frequent_lines(data: DataConfig, workers: int, progress: DocumentProgress, files: FileLedger) -> FrequentLines:
     """Keys of boilerplate lines, counted over the sources that run the boilerplate block."""
-    curation = Curation(data, CorpusPlan(), until="boilerplate")
+    curation = Curation(data, CorpusPlan(files=files), until="boilerplate")
     sources = curated_sources(curation, [i for i, src in enumerate(data.sources) if runs_block(data, src, "boilerplate")])
     if not sources:
         return FrequentLines()

@@ -22,7 +22,8 @@ from rich.text import Text
 
 from mindfoundry.data.dataset.prepared import SPLITS, TOKENIZER
 from mindfoundry.data.prepare.tokenizer import load_tokenizer
-from mindfoundry.data.dataset.validate import open_shard, read_manifest
+from mindfoundry.data.dataset.prepared import read_manifest
+from mindfoundry.data.dataset.validate import open_shard
 
 __all__ = ["InspectReport", "inspect_prepared", "length_histogram", "render_inspect"]
 
@@ -43,7 +44,7 @@ class InspectReport:
 def inspect_prepared(root: str | Path, *, per_category: int = 3, max_chars: int = 160, seed: int = 0) -> InspectReport:
     """Gather the report; ``per_category`` documents per category are drawn with ``seed``."""
     root = Path(root)
-    manifest = read_manifest(root)
+    manifest, _ = read_manifest(root)
     tok = load_tokenizer(root / TOKENIZER)
     rng = np.random.RandomState(seed)
     samples: dict[str, list[str]] = {}

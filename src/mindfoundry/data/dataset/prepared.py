@@ -49,14 +49,58 @@ class PreparedData:
         return s["bytes"] / max(s["tokens"], 1)
 
 
-def load_prepared(root: str | Path, vocab_size: int) -> PreparedData:
-    """Open DATA for training with a model of `vocab_size`; every inconsistency is a DataError."""
-    root = Path(root)
-    mpath = root / MANIFEST
-    if not mpath.is_file():
+_HASH_CHUNK = 1 << 22
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def shard_hash_problems(ds: IndexedDataset, info: dict[str, Any]) -> list[str]:
+    """sha256 of a shard's two files against the manifest: catches bytes changed since `prepare` (bit rot,
+    edits: a flipped token bit, a removed EOS), which every other check can miss."""
+    return [f"{path.name} changed since it was prepared (sha256 differs from the manifest): re-run `mindfoundry prepare --overwrite`"
+            for path, key in ((ds.bin_path, "bin_sha256"), (ds.idx_path, "idx_sha256")) if file_sha256(path) != info.get(key)]
+
+
+def read_manifest(root: Path) -> tuple[dict[str, Any], bytes]:
+    """The folder's manifest (and its bytes), checked for what training reads; DataError saying how to fix it."""
+    path = root / MANIFEST
+    if not path.is_file():
         raise DataError(f"no prepared data at '{root}' ({MANIFEST} missing): run `mindfoundry prepare CONFIG` first")
-    raw = mpath.read_bytes()
-    manifest = json.loads(raw)
+    raw = path.read_bytes()
+    redo = "re-run `mindfoundry prepare --overwrite`"
+    try:
+        manifest = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path} is not valid JSON ({exc}): it is damaged; {redo}") from None
+    splits = manifest.get("splits") if isinstance(manifest, dict) else None
+    if not isinstance(splits, dict) or any(not isinstance(splits.get(s), dict) or not isinstance(splits[s].get("shards"), list)
+                                           for s in SPLITS):
+        raise DataError(f"{path} has no 'splits' with train and validation shard lists: not a complete manifest; {redo}")
+    if not isinstance(manifest.get("tokenizer"), dict) or "sha256" not in manifest["tokenizer"]:
+        raise DataError(f"{path} has no tokenizer hash: not a complete manifest; {redo}")
+    for split in SPLITS:
+        for info in splits[split]["shards"]:
+            rel = info.get("path") if isinstance(info, dict) else None
+            if not isinstance(rel, str) or Path(rel).is_absolute() or ".." in Path(rel).parts or not rel.startswith(f"{split}/"):
+                raise DataError(f"{path} lists a {split} shard at {rel!r}: shards live inside the data folder, "
+                                f"under {split}/; the manifest is damaged or was edited; {redo}")
+    return manifest, raw
+
+
+def load_prepared(root: str | Path, vocab_size: int) -> PreparedData:
+    """Open DATA for training with a model of `vocab_size`; every inconsistency is a DataError.
+
+    The cheap checks of `data validate` run here, at every start: the manifest's structure, each
+    shard's counts, its files' sha256 and its token range (a shard `data validate` rejects is not
+    trained on)."""
+    root = Path(root)
+    manifest, raw = read_manifest(root)
     tokenizer = load_tokenizer(root / TOKENIZER)
     if tokenizer_hash(tokenizer) != manifest["tokenizer"]["sha256"]:
         raise DataError(f"{root / TOKENIZER} does not match the manifest's tokenizer hash: re-run `mindfoundry prepare --overwrite`")
@@ -73,9 +117,12 @@ def load_prepared(root: str | Path, vocab_size: int) -> PreparedData:
                 ds = IndexedDataset(root / info["path"])
             except ShardError as exc:
                 raise DataError(str(exc)) from None
-            if ds.num_tokens != info["num_tokens"] or len(ds) != info["num_documents"]:
+            if ds.num_tokens != info.get("num_tokens") or len(ds) != info.get("num_documents"):
                 raise DataError(f"shard '{root / info['path']}' has {ds.num_tokens} tokens / {len(ds)} documents, "
-                                f"the manifest says {info['num_tokens']} / {info['num_documents']}: re-run `mindfoundry prepare --overwrite`")
+                                f"the manifest says {info.get('num_tokens')} / {info.get('num_documents')}: re-run `mindfoundry prepare --overwrite`")
+            problems = shard_hash_problems(ds, info)
+            if problems:
+                raise DataError(f"shard '{root / info['path']}': {problems[0]}")
             try:
                 verify_tokens(ds, vocab_size)
             except ShardError as exc:

@@ -13,7 +13,6 @@ Framework-free on purpose.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,15 +23,13 @@ from rich import box
 from rich.table import Table
 
 from mindfoundry.data.dataset.indexed import IndexedDataset, ShardError
-from mindfoundry.data.dataset.prepared import MANIFEST, SPLITS, TOKENIZER, DataError
+from mindfoundry.data.dataset.prepared import SPLITS, TOKENIZER, DataError, read_manifest, shard_hash_problems
 from mindfoundry.data.prepare.tokenizer import eos_id, load_tokenizer, tokenizer_hash
 
-__all__ = ["ShardReport", "ValidationReport", "open_shard", "read_manifest", "render_validation", "validate_prepared"]
+__all__ = ["ShardReport", "ValidationReport", "open_shard", "render_validation", "validate_prepared"]
 
 # Tokens scanned per step, so that a shard of any size is checked in bounded memory.
 _SCAN_CHUNK = 1 << 24
-# Read size when hashing shard files.
-_HASH_CHUNK = 1 << 22
 
 
 @dataclass
@@ -75,17 +72,6 @@ class ValidationReport:
         return out
 
 
-def read_manifest(root: Path) -> dict[str, Any]:
-    """The folder's manifest, or a DataError saying how to create it."""
-    path = root / MANIFEST
-    if not path.is_file():
-        raise DataError(f"no prepared data at '{root}' ({MANIFEST} missing): run `mindfoundry prepare CONFIG` first")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise DataError(f"{path} is not valid JSON ({exc}): re-run `mindfoundry prepare --overwrite`") from None
-
-
 def open_shard(prefix: Path) -> IndexedDataset:
     """Open one shard for reading, turning a broken shard into a DataError that says how to diagnose it."""
     try:
@@ -97,7 +83,7 @@ def open_shard(prefix: Path) -> IndexedDataset:
 def validate_prepared(root: str | Path, *, vocab_size: int | None = None, seq_len: int | None = None) -> ValidationReport:
     """Check a prepared folder; ``vocab_size`` is the model's, ``seq_len`` the training sample length."""
     root = Path(root)
-    manifest = read_manifest(root)
+    manifest, _ = read_manifest(root)
     report = ValidationReport(root, [])
     try:
         tok = load_tokenizer(root / TOKENIZER)
@@ -143,7 +129,7 @@ def _check_shard(folder: _Folder, info: dict[str, Any], source_counts: dict[str,
         return
     shard.documents, shard.tokens = len(ds), ds.num_tokens
     shard.problems += _count_problems(ds, info, source_counts)
-    shard.problems += _hash_problems(ds, info)
+    shard.problems += shard_hash_problems(ds, info)
     shard.problems += _dtype_problems(ds, folder.manifest["dtype"], folder.vocab)
     shard.problems += _token_problems(ds, folder.vocab, folder.eos)
     _length_stats(ds, shard, folder.seq_len)
@@ -160,19 +146,6 @@ def _count_problems(ds: IndexedDataset, info: dict[str, Any], source_counts: dic
                               ("source entry", source_counts["documents"], source_counts["tokens"])):
         if (len(ds), ds.num_tokens) != (docs, toks):
             out.append(f"holds {len(ds)} documents / {ds.num_tokens} tokens but the manifest's {where} says {docs} / {toks}")
-    return out
-
-
-def _hash_problems(ds: IndexedDataset, info: dict[str, Any]) -> list[str]:
-    """sha256 of both files against the manifest: catches bytes changed since `prepare` (bit rot, edits)."""
-    out = []
-    for path, key in ((ds.bin_path, "bin_sha256"), (ds.idx_path, "idx_sha256")):
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            while chunk := f.read(_HASH_CHUNK):
-                digest.update(chunk)
-        if digest.hexdigest() != info[key]:
-            out.append(f"{path.name} changed since it was prepared (sha256 differs from the manifest): re-run `mindfoundry prepare --overwrite`")
     return out
 
 

@@ -58,6 +58,38 @@ class DataSourceError(MindFoundryError, ValueError):
 
 
 @dataclass
+class FileLedger:
+    """Each source file's size, modification time and sha256 as the first pass of a `prepare` found it.
+
+    `prepare` reads every file several times (boilerplate counts, dedup, tokenizer, shards); a file
+    rewritten, truncated or appended to between or during those passes used to be accepted with the
+    passes disagreeing (28, 0 and 30 documents of one file). Every later opening, and the end of
+    every reading, is checked against the first: a change is an error naming the file.
+    """
+
+    seen: dict[str, tuple[int, int, str]] = field(default_factory=dict)
+
+    def check(self, path: Path, size: int, mtime_ns: int, sha256: str) -> None:
+        first = self.seen.setdefault(str(path), (size, mtime_ns, sha256))
+        if first != (size, mtime_ns, sha256):
+            raise _changed(path, first, (size, mtime_ns, sha256), "between two passes of prepare")
+
+    def check_unchanged(self, path: Path) -> None:
+        """After a file was read to its end: its size and modification time are still those it was opened with."""
+        first = self.seen[str(path)]
+        st = path.stat()
+        if (st.st_size, st.st_mtime_ns) != first[:2]:
+            raise _changed(path, first, (st.st_size, st.st_mtime_ns, "?"), "while prepare was reading it")
+
+
+def _changed(path: Path, first: tuple[int, int, str], now: tuple[int, int, str], when: str) -> MindFoundryError:
+    what = (f"{first[0]:,} -> {now[0]:,} bytes" if first[0] != now[0] else "modified" if first[1] != now[1]
+            else "same size and time, different content")
+    return DataSourceError(f"source file '{path}' changed {when} ({what}): prepare again once nothing writes it "
+                           f"(nothing of this prepare was kept)")
+
+
+@dataclass
 class SourceStats:
     """What a source read and what it skipped, for the data-preparation report.
 
@@ -76,6 +108,7 @@ class SourceStats:
     skipped_missing_text: int = 0
     files: list[dict[str, str | int]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    ledger: FileLedger | None = None  # shared by the passes of one prepare
 
     def counters(self) -> dict[str, int]:
         """The numeric counters (what a report shows per source)."""
@@ -86,10 +119,18 @@ class SourceStats:
         digest = hashlib.sha256()
         size = 0
         with path.open("rb") as fh:
+            mtime_ns = os.fstat(fh.fileno()).st_mtime_ns
             while chunk := fh.read(_HASH_CHUNK):
                 digest.update(chunk)
                 size += len(chunk)
+        if self.ledger is not None:
+            self.ledger.check(path, size, mtime_ns, digest.hexdigest())
         self.files.append({"path": str(path), "sha256": digest.hexdigest(), "bytes": size})
+
+    def file_read(self, path: Path) -> None:
+        """``path`` was read to its end (see :meth:`FileLedger.check_unchanged`)."""
+        if self.ledger is not None:
+            self.ledger.check_unchanged(path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -229,6 +270,7 @@ def _read_resolved(
                 continue
             yield Document(text=text, id=doc_id, source=name, category=category, path=relative,
                            record=0 if number is None else number - 1)
+        stats.file_read(path)
 
 
 def _whole_file_record(path: Path, stats: SourceStats) -> Iterator[tuple[None, str]]:

@@ -35,7 +35,7 @@ from mindfoundry.data.clean.droplog import DROPS_FILE, DropLog
 from mindfoundry.data.document import Document
 from mindfoundry.data.dataset.indexed import IndexedDatasetWriter, dtype_for_vocab
 from mindfoundry.data.workers import IN_FLIGHT_PER_WORKER, DocumentProgress, PassProgress, WorkerPool, resolve_workers
-from mindfoundry.data.dataset.prepared import MANIFEST, SPLITS, TOKENIZER, DataError, PreparedData, load_prepared
+from mindfoundry.data.dataset.prepared import MANIFEST, SPLITS, TOKENIZER, DataError, PreparedData, load_prepared, read_manifest
 from mindfoundry.data.prepare.split import Split, split_documents
 from mindfoundry.data.prepare.tokenizer import encode_batch, load_tokenizer, tokenizer_hash, train_tokenizer
 
@@ -224,7 +224,7 @@ def prepare_data(cfg: RunConfig, *, overwrite: bool = False, log: Callable[[str]
     out = Path(cfg.data.output_dir)
     identity = data_identity(cfg)
     if (out / MANIFEST).is_file() and not overwrite:
-        existing = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+        existing, _ = read_manifest(out)
         if existing.get("identity") != identity:
             raise DataError(f"'{out}' holds data prepared from a different data config: "
                             "pass --overwrite to rebuild it (the old folder is moved aside) or set data.output_dir")
@@ -260,7 +260,7 @@ def wait_for_prepared(cfg: RunConfig, *, timeout_s: float = 24 * 3600, poll_s: f
         if time.monotonic() > deadline:
             raise DataError(f"'{out}' was not prepared within {timeout_s:.0f} s by rank 0: check rank 0's log")
         time.sleep(poll_s)
-    existing = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+    existing, _ = read_manifest(out)
     if existing.get("identity") != data_identity(cfg):
         raise DataError(f"'{out}' holds data prepared from a different data config than this rank's: "
                         "all ranks must run the same config")

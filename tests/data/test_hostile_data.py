@@ -1,0 +1,97 @@
+"""Inputs that change under `prepare`, and prepared folders damaged after it: errors naming the file, nothing kept."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mindfoundry.cli.main import main
+from mindfoundry.config.load import load_config
+from mindfoundry.data.dataset.prepared import MANIFEST, DataError, load_prepared
+from mindfoundry.data.ingest.files import DataSourceError, FileLedger
+from mf_testing import tiny_run_tree
+
+
+@pytest.mark.parametrize("change", ["rewrite", "truncate", "append"])
+def test_a_source_file_changed_between_passes_fails_prepare_and_keeps_nothing(corpus_dir, tmp_path, monkeypatch, change) -> None:
+    import mindfoundry.data.prepare.pipeline as pipeline
+
+    corpus = tmp_path / "corpus"
+    shutil.copytree(corpus_dir, corpus)
+    victim = corpus / "code.jsonl"
+    cfg_path = tmp_path / "run.yaml"
+    cfg_path.write_text(yaml.safe_dump(tiny_run_tree(corpus, tmp_path / "run")))
+    cfg = load_config(cfg_path)
+    real_plan = pipeline.plan_corpus
+
+    def plan_then_change(*args, **kwargs):  # the real first pass; then someone writes the file
+        plan = real_plan(*args, **kwargs)
+        text = victim.read_text()
+        if change == "rewrite":  # same size, other content
+            victim.write_text(text.replace("import", "IMPORT", 1))
+        elif change == "truncate":
+            victim.write_text("")
+        else:
+            victim.write_text(text + json.dumps({"text": "one more document " * 20}) + "\n")
+        return plan
+
+    monkeypatch.setattr(pipeline, "plan_corpus", plan_then_change)
+    with pytest.raises(DataSourceError, match=rf"source file '{victim}' changed between two passes of prepare .*nothing of this prepare was kept"):
+        pipeline.prepare_data(cfg, log=lambda _: None)
+    data = Path(cfg.data.output_dir)
+    assert not data.exists() and not list(data.parent.glob(f".{data.name}.tmp-*"))  # no half-written dataset
+
+
+def test_a_file_written_while_it_is_read_is_caught(tmp_path) -> None:
+    path = tmp_path / "a.txt"
+    path.write_text("first version\n")
+    ledger = FileLedger()
+    st = path.stat()
+    ledger.check(path, st.st_size, st.st_mtime_ns, "h")
+    path.write_text("first version, and more written during the read\n")
+    with pytest.raises(DataSourceError, match=r"changed while prepare was reading it \(14 -> 48 bytes\)"):
+        ledger.check_unchanged(path)
+
+
+def test_damaged_prepared_data_is_refused_at_train_start(tiny_prepared, tmp_path, capsys) -> None:
+    cfg, data = tiny_prepared
+    root = tmp_path / "prepared"  # outside the (unclaimed) run dir, so that `train` gets as far as the data
+    shutil.move(cfg.data.output_dir, root)
+    config = [str(tmp_path / "run.yaml"), "--set", f"data.output_dir={root}"]
+    manifest = (root / MANIFEST).read_text()
+
+    shard = next((root / "train").glob("*.bin"))
+    raw = bytearray(shard.read_bytes())
+    raw[10] ^= 0x01  # one flipped bit in a token id: still in range, counts unchanged
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(DataError, match=rf"{shard.name} changed since it was prepared \(sha256 differs"):
+        load_prepared(root, cfg.model.vocab_size)
+    assert main(["train", *config]) == 2  # what `data validate` rejects, train refuses
+    err = capsys.readouterr().err
+    assert "changed since it was prepared" in err and "Traceback" not in err
+    assert main(["data", "validate", *config]) == 2
+    raw[10] ^= 0x01
+    shard.write_bytes(bytes(raw))
+    load_prepared(root, cfg.model.vocab_size)  # restored: accepted again
+
+    tree = json.loads(manifest)
+    bad_path = json.loads(manifest)
+    bad_path["splits"]["train"]["shards"][0]["path"] = "../../../../etc/passwd"
+    for content, expect in [
+        (manifest[: len(manifest) // 2], "is not valid JSON"),
+        ("[]", "has no 'splits'"),
+        (json.dumps({k: v for k, v in tree.items() if k != "splits"}), "has no 'splits'"),
+        (json.dumps(bad_path), "lists a train shard at '../../../../etc/passwd': shards live inside the data folder"),
+    ]:
+        (root / MANIFEST).write_text(content)
+        with pytest.raises(DataError, match=expect):
+            load_prepared(root, cfg.model.vocab_size)
+        assert main(["train", *config]) == 2
+        err = capsys.readouterr().err
+        assert expect.split(":")[0] in err and "Traceback" not in err, err
+    (root / MANIFEST).write_text(manifest)
+    assert len(load_prepared(root, cfg.model.vocab_size).shards["train"]) == len(data.shards["train"])
