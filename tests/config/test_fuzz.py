@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from mindfoundry.cli.main import main
 from mindfoundry.errors import MindFoundryError

@@ -17,8 +17,6 @@ from mindfoundry.data.clean.dedup_benchmark import make_twin
 from mindfoundry.data.clean.dedup import Deduplicator, char_stream, exact_key, jaccard, shingle_hashes, shingles
 from mindfoundry.data.document import Document
 from mindfoundry.data.prepare.pipeline import prepare_data
-from mindfoundry.data.ingest.builtin import read_builtin
-from mindfoundry.data.ingest.files import SourceStats
 from mindfoundry.data.prepare.split import is_validation
 from mindfoundry.data.prepare.tokenizer import eos_id
 
