@@ -25,6 +25,7 @@ crash mid-write never leaves a folder that looks complete. No pickle anywhere.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -49,6 +50,7 @@ LATEST_FILE = "latest"
 MODEL_DIR = "model"  # sharded format: the weights' shard files (one per writing rank) ...
 OPTIMIZER_DIR = "optimizer"  # ... and the AdamW moments' (exp_avg.NAME / exp_avg_sq.NAME)
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
+DELETING = ".deleting-"  # prefix of a checkpoint folder retention is deleting
 
 
 class CheckpointError(MindFoundryError, RuntimeError):
@@ -105,8 +107,17 @@ def _write_json(path: Path, data: Mapping[str, Any]) -> None:
 
 
 def write_safetensors(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
-    """One safetensors file as the checkpoints hold it (also `mindfoundry convert STEP out.safetensors`)."""
-    save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(path), metadata={"format": "mindfoundry"})
+    """One safetensors file as the checkpoints hold it (also `mindfoundry convert STEP out.safetensors`).
+
+    safetensors reports a failed write as SafetensorError; an OS error inside it is raised as the
+    OSError it is, so that a full disk is told as one (see :class:`DiskFullError`)."""
+    try:
+        save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(path), metadata={"format": "mindfoundry"})
+    except SafetensorError as exc:
+        code = re.search(r"os error (\d+)", str(exc))
+        if code:
+            raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(path)) from None
+        raise
 
 
 def _payload_files(tmp: Path) -> list[Path]:
@@ -166,9 +177,15 @@ def save_checkpoint(
     final = root / step_dir_name(step)
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
     try:
+        tmp.mkdir()
         _write_payload(tmp, step, write_tensors, state, extra_files or {})
+    except OSError as exc:
+        written = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file()) if tmp.is_dir() else 0
+        shutil.rmtree(tmp, ignore_errors=True)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise _disk_full(root, step, weights, optimizer, written) from None
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -184,6 +201,27 @@ def save_checkpoint(
     _point_latest(root, final.name)
     apply_retention(run_dir, retention)
     return final
+
+
+class DiskFullError(CheckpointError):
+    """The checkpoint did not fit on its disk; the ones written before are intact."""
+
+
+def _disk_full(root: Path, step: int, weights, optimizer, written: int) -> DiskFullError:
+    """One line: how much the checkpoint needs, how much is free, what to do."""
+    if weights is not None:
+        need = sum(a.nbytes for arrays in (weights, optimizer) for a in arrays.values())
+    else:  # sharded: the engine writes; the last committed checkpoint's size is the best estimate
+        last = list_checkpoints(root.parent)
+        need = sum(f.stat().st_size for f in last[-1].rglob("*") if f.is_file()) if last else written
+    free = shutil.disk_usage(root).free
+    return DiskFullError(f"no space left on the disk of {root} for checkpoint step {step}: it needs about "
+                         f"{_mib(need)} and {_mib(free)} is free (the write stopped after {_mib(written)}, removed); "
+                         f"free space or lower checkpoint.keep_last; the checkpoints written before are intact")
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:,.1f} MiB"
 
 
 def _point_latest(root: Path, name: str) -> None:
@@ -220,8 +258,23 @@ def apply_retention(run_dir: str | Path, retention: Retention) -> list[Path]:
             keep.add(min(scored, key=lambda t: t[0])[1])
     deleted = [p for p in found if p not in keep]
     for path in deleted:
-        shutil.rmtree(path, ignore_errors=True)
+        doomed = path.with_name(f"{DELETING}{path.name}-{os.getpid()}")
+        os.replace(path, doomed)  # atomic: a kill during the delete leaves a hidden folder, never half a step_N
+        shutil.rmtree(doomed, ignore_errors=True)
     return deleted
+
+
+def clean_interrupted(run_dir: str | Path) -> list[Path]:
+    """Remove the leftovers of killed writers: temporary (``.tmp-``), replaced (``.old-``) and half-deleted
+    (``.deleting-``) checkpoint folders; return them. Run at start-up under the run lock, so no live
+    writer owns them; none was ever counted as a checkpoint."""
+    root = checkpoints_dir(run_dir)
+    if not root.is_dir():
+        return []
+    leftovers = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith((".tmp-step_", ".old-step_", DELETING)))
+    for path in leftovers:
+        shutil.rmtree(path, ignore_errors=True)
+    return leftovers
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
@@ -251,8 +304,12 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
         files = manifest["files"]
     except (json.JSONDecodeError, KeyError, UnicodeDecodeError, TypeError) as exc:
         raise CheckpointError(f"{manifest_path}: unreadable manifest ({exc})") from None
+    inside = path.resolve()
     for name, meta in files.items():
         f = path / name
+        if Path(name).is_absolute() or ".." in Path(name).parts or f.is_symlink() or not f.resolve().is_relative_to(inside):
+            raise CheckpointError(f"{f}: not a regular file inside the checkpoint folder (a symlink, or a path out of it): "
+                                  f"checkpoint files are never links; the checkpoint was tampered with")
         if not f.is_file():
             raise CheckpointError(f"{f}: file listed in the manifest is missing")
         size = f.stat().st_size
@@ -260,7 +317,24 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
             raise CheckpointError(f"{f}: size {size} bytes, manifest says {meta['bytes']} (truncated or replaced)")
         if sha256_file(f) != meta["sha256"]:
             raise CheckpointError(f"{f}: sha256 does not match the manifest (corrupted)")
+    _check_steps(path, manifest)
     return manifest
+
+
+def _check_steps(path: Path, manifest: Mapping[str, Any]) -> None:
+    """The folder's name, its manifest and its trainer state name one step: a folder holding another step's
+    files (copied or renamed by hand) would resume from the wrong place without a word."""
+    state_step = None
+    try:
+        state_step = json.loads((path / STATE_FILE).read_text(encoding="utf-8")).get("step")
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        pass
+    named = _STEP_DIR.match(path.name)
+    steps = {"folder": int(named.group(1)) if named else manifest.get("step"), "manifest": manifest.get("step"), "trainer_state": state_step}
+    if len(set(steps.values())) != 1:
+        listed = ", ".join(f"{k} {v}" for k, v in steps.items())
+        raise CheckpointError(f"{path}: its steps disagree ({listed}): files of another checkpoint were put here; "
+                              f"resume from another checkpoint or restore this one's files")
 
 
 def shard_folders(path: str | Path) -> tuple[Path, Path]:

@@ -24,8 +24,8 @@ import mindfoundry
 from mindfoundry.errors import MindFoundryError
 from mindfoundry.backends.base import Backend, create_backend, read_shard_folder, supports_sharded
 from mindfoundry.checkpoint.hf_import import initial_weights
-from mindfoundry.checkpoint.store import (CheckpointError, Retention, find_resumable, is_sharded, load_checkpoint, save_checkpoint,
-                                          shard_folders)
+from mindfoundry.checkpoint.store import (CheckpointError, Retention, clean_interrupted, find_resumable, is_sharded, load_checkpoint,
+                                          save_checkpoint, shard_folders)
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.loader import Batch, BatchIterator, TrainLoader, training_source
 from mindfoundry.data.dataset.mixture import MixtureSampler
@@ -113,6 +113,9 @@ class Trainer:
 
     # -- state -------------------------------------------------------------------------------
     def restore_or_init(self, resume: bool) -> None:
+        if self.is_main:
+            for leftover in clean_interrupted(self.run_dir):
+                self.console.print(f"removed {leftover.name}: what an interrupted checkpoint write or deletion left behind")
         path, skipped = find_resumable(self.resume_from or self.run_dir, self.resume_before) if resume else (None, [])
         for note in skipped:
             self.console.print(f"[yellow]skipping checkpoint: {note}[/]")
@@ -131,6 +134,9 @@ class Trainer:
         sharded = is_sharded(path) and supports_sharded(self.backend)
         ckpt = load_checkpoint(path, verify=False, tensors=not sharded, read_shards=read_shard_folder)  # every caller found `path` through find_resumable, which verified it
         if ckpt.state.get("run_identity") != run_identity(self.cfg):
+            if self.resume_from is None:  # in the run's own folder: files of another run were put there
+                raise CheckpointError(f"{path} was written by a different run (its run identity differs from this config's): "
+                                      f"move it out of {self.run_dir}, or start from its weights with model.init_from")
             self.console.print(f"[yellow]warning: {path} was written under a different config; continuing with this one[/]")
         st = ckpt.state
         try:
@@ -231,7 +237,7 @@ class Trainer:
         losses: list[float] = []
         last_eval: EvalResult | None = None
         end = min(t.steps, stop_at_step) if stop_at_step else t.steps
-        saved_step, in_step = -1, False
+        saved_step, in_step, saving = -1, False, False
         try:
             while self.progress.step < end:
                 in_step = True
@@ -244,8 +250,9 @@ class Trainer:
                     logger.log({"step": self.progress.step, **last_eval.to_dict(), **self._task_scores()})
                 every = cfg.checkpoint.every
                 if (every and self.progress.step % every == 0) or at_end or self.progress.step == end or self._stop_signal:
+                    saving = True
                     self._checkpoint(logger)
-                    saved_step = self.progress.step
+                    saving, saved_step = False, self.progress.step
                 if self._stop_signal:
                     raise Preempted(f"stopped by {signal.Signals(self._stop_signal).name} at step {self.progress.step}; "
                                     f"checkpoint written; continue with --resume auto")
@@ -253,7 +260,8 @@ class Trainer:
             raise
         except Exception as exc:
             # several processes: a rank alone cannot gather the sharded state (the launcher stops the others)
-            if not in_step and saved_step != self.progress.step and self.progress.step > 0 and self.backend.world_size == 1:
+            # the write that just failed (a full disk) is not tried again
+            if not in_step and not saving and saved_step != self.progress.step and self.progress.step > 0 and self.backend.world_size == 1:
                 self.console.print(f"[red]{type(exc).__name__} at step {self.progress.step}: writing a last-gasp checkpoint[/]")
                 self._checkpoint(logger)
             raise

@@ -1,0 +1,109 @@
+"""Checkpoint folders tampered with, left half-written, or written onto a full disk: named, skipped, cleaned."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from mindfoundry.checkpoint.store import (CheckpointError, MODEL_FILE, STATE_FILE, find_resumable, list_checkpoints,
+                                          verify_checkpoint)
+from mindfoundry.cli.main import main
+
+
+@pytest.fixture
+def trained(tiny_run, tmp_path):
+    """A tiny run trained 6 steps with checkpoints at 3 and 6 (its config, run dir)."""
+    cfg = tiny_run(train__steps=6)
+    assert main(["train", str(cfg)]) == 0
+    run = tmp_path / "run"
+    assert [p.name for p in list_checkpoints(run)] == ["step_00000003", "step_00000006"]
+    return cfg, run
+
+
+def test_tampered_checkpoints_are_named_and_skipped(trained, tmp_path, capsys) -> None:
+    cfg, run = trained
+    step3, step6 = list_checkpoints(run)
+
+    # step 6's folder holding step 3's files: verifies file by file, but its steps disagree
+    saved6 = tmp_path / "saved6"
+    shutil.copytree(step6, saved6)
+    shutil.rmtree(step6)
+    shutil.copytree(step3, step6)
+    with pytest.raises(CheckpointError, match="its steps disagree \\(folder 6, manifest 3, trainer_state 3\\)"):
+        verify_checkpoint(step6)
+    path, skipped = find_resumable(run)
+    assert path == step3 and "steps disagree" in skipped[0]
+    assert main(["ckpt", "verify", str(run)]) == 2
+    shutil.rmtree(step6)
+    shutil.copytree(saved6, step6)
+
+    # a weights file replaced by a symlink to an identical copy outside the run: same bytes, refused
+    outside = tmp_path / "outside.safetensors"
+    shutil.copy(step6 / MODEL_FILE, outside)
+    (step6 / MODEL_FILE).unlink()
+    (step6 / MODEL_FILE).symlink_to(outside)
+    with pytest.raises(CheckpointError, match="not a regular file inside the checkpoint folder"):
+        verify_checkpoint(step6)
+    (step6 / MODEL_FILE).unlink()
+    shutil.copy(outside, step6 / MODEL_FILE)
+    verify_checkpoint(step6)
+
+    # another run's checkpoint copied into this run's folder: refused on resume, not trained on
+    state = json.loads((step6 / STATE_FILE).read_text())
+    state["run_identity"] = "0" * 64
+    capsys.readouterr()
+    (step6 / STATE_FILE).write_text(json.dumps(state))
+    manifest = json.loads((step6 / "manifest.json").read_text())
+    data = (step6 / STATE_FILE).read_bytes()
+    manifest["files"][STATE_FILE] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    (step6 / "manifest.json").write_text(json.dumps(manifest))
+    (step6 / "manifest.sha256").write_text(hashlib.sha256((step6 / "manifest.json").read_bytes()).hexdigest() + "\n")
+    verify_checkpoint(step6)  # a consistent folder ...
+    assert main(["train", str(cfg), "--resume", "auto"]) == 2  # ... of another run
+    assert "was written by a different run" in capsys.readouterr().err
+
+
+def test_leftovers_of_killed_writers_are_removed_at_start(trained, capsys) -> None:
+    cfg, run = trained
+    root = run / "checkpoints"
+    for name in (".tmp-step_00000009-4242", ".old-step_00000006-4242", ".deleting-step_00000001-4242"):
+        (root / name).mkdir()
+        (root / name / MODEL_FILE).write_bytes(b"half")
+    assert main(["ckpt", "verify", str(run)]) == 0  # leftovers are never checkpoints
+    capsys.readouterr()
+    assert main(["train", str(cfg), "--resume", "auto"]) == 0
+    out = capsys.readouterr()
+    for name in (".deleting-step_00000001-4242", ".old-step_00000006-4242", ".tmp-step_00000009-4242"):
+        assert f"removed {name}: what an interrupted checkpoint write or deletion left behind" in out.out + out.err
+        assert not (root / name).exists()
+    assert [p.name for p in list_checkpoints(run)] == ["step_00000003", "step_00000006"]
+
+
+def test_a_full_disk_ends_in_one_line_and_keeps_the_earlier_checkpoints(corpus_dir, tmp_path, capsys) -> None:
+    import yaml
+    from mf_testing import tiny_run_tree
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1400k", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root): the full-disk case is not exercised")
+    try:
+        cfg = tmp_path / "run.yaml"
+        cfg.write_text(yaml.safe_dump(tiny_run_tree(corpus_dir, disk / "run", data__output_dir=str(tmp_path / "data"),
+                                                    checkpoint__every=1, checkpoint__keep_last=10)))
+        capsys.readouterr()
+        assert main(["train", str(cfg)]) == 2
+        err = capsys.readouterr().err
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert lines[-1].startswith("error: no space left on the disk of") and "for checkpoint step" in lines[-1]
+        assert "it needs about" in lines[-1] and "is free" in lines[-1] and "the checkpoints written before are intact" in lines[-1]
+        assert "Traceback" not in err and "last-gasp" not in err  # no retry of the write that failed
+        kept = list_checkpoints(disk / "run")
+        assert kept and all(verify_checkpoint(p) for p in kept)
+        assert not list((disk / "run" / "checkpoints").glob(".tmp-*"))  # the failed write removed its folder
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
