@@ -66,6 +66,15 @@ def test_tampered_checkpoints_are_named_and_skipped(trained, tmp_path, capsys) -
     assert main(["train", str(cfg), "--resume", "auto"]) == 2  # ... of another run
     assert "was written by a different run" in capsys.readouterr().err
 
+    # garbage where `convert` expects an engine's native file: named, nothing imported
+    for suffix in (".pt", ".ckpt"):
+        garbage = tmp_path / f"garbage{suffix}"
+        garbage.write_bytes(bytes(range(256)) * 20)
+        assert main(["convert", str(garbage), str(run)]) == 2
+        err = capsys.readouterr().err
+        assert f"is not a {suffix} file that `mindfoundry convert` wrote" in err and "Traceback" not in err, err
+    assert [p.name for p in list_checkpoints(run)] == ["step_00000003", "step_00000006"]
+
 
 def test_leftovers_of_killed_writers_are_removed_at_start(trained, capsys) -> None:
     cfg, run = trained

@@ -16,8 +16,13 @@ from mindfoundry.data.ingest.files import DataSourceError, FileLedger
 from mf_testing import tiny_run_tree
 
 
-@pytest.mark.parametrize("change", ["rewrite", "truncate", "append"])
-def test_a_source_file_changed_between_passes_fails_prepare_and_keeps_nothing(corpus_dir, tmp_path, monkeypatch, change) -> None:
+@pytest.mark.parametrize("change,expect", [
+    ("rewrite", "changed between two passes of prepare .*nothing of this prepare was kept"),
+    ("truncate", "changed between two passes of prepare"),
+    ("append", "changed between two passes of prepare"),
+    ("delete", "does not exist"),
+])
+def test_a_source_file_changed_between_passes_fails_prepare_and_keeps_nothing(corpus_dir, tmp_path, monkeypatch, change, expect) -> None:
     import mindfoundry.data.prepare.pipeline as pipeline
 
     corpus = tmp_path / "corpus"
@@ -35,15 +40,24 @@ def test_a_source_file_changed_between_passes_fails_prepare_and_keeps_nothing(co
             victim.write_text(text.replace("import", "IMPORT", 1))
         elif change == "truncate":
             victim.write_text("")
+        elif change == "delete":
+            victim.unlink()
         else:
             victim.write_text(text + json.dumps({"text": "one more document " * 20}) + "\n")
         return plan
 
     monkeypatch.setattr(pipeline, "plan_corpus", plan_then_change)
-    with pytest.raises(DataSourceError, match=rf"source file '{victim}' changed between two passes of prepare .*nothing of this prepare was kept"):
+    with pytest.raises(DataSourceError, match=rf"'{victim}' {expect}"):
         pipeline.prepare_data(cfg, log=lambda _: None)
     data = Path(cfg.data.output_dir)
     assert not data.exists() and not list(data.parent.glob(f".{data.name}.tmp-*"))  # no half-written dataset
+
+
+def test_an_unreadable_source_file_is_named(tmp_path) -> None:
+    from mindfoundry.data.ingest.files import SourceStats
+
+    with pytest.raises(DataSourceError, match=rf"cannot read source file '{tmp_path}' \(Is a directory\): fix it or remove it"):
+        SourceStats().record_file(tmp_path)  # as unreadable as a file without read permission (which root can read)
 
 
 def test_a_file_written_while_it_is_read_is_caught(tmp_path) -> None:

@@ -16,6 +16,7 @@ import importlib
 from pathlib import Path
 
 from mindfoundry.backends.base import read_shard_folder
+from mindfoundry.errors import MindFoundryError
 from mindfoundry.checkpoint.store import CheckpointError, Retention, load_checkpoint, save_checkpoint, write_safetensors
 from mindfoundry.checkpoint.run_files import run_config
 
@@ -55,7 +56,15 @@ def import_checkpoint(native: Path, run_dir: Path, retention: Retention = Retent
     if not (run_dir / "config.yaml").is_file():
         raise CheckpointError(f"'{run_dir}' is not a run directory: create it with `mindfoundry prepare CONFIG` "
                               "(the config the run will continue with), then import into it")
-    weights, optimizer, counters = _engine_module(native.suffix).import_native(native)
+    engine = _engine_module(native.suffix)
+    try:
+        weights, optimizer, counters = engine.import_native(native)
+    except MindFoundryError:
+        raise
+    except Exception as exc:  # each engine's loader has its own zoo of errors for a file it cannot parse
+        first = str(exc).strip().split(". ")[0].splitlines()[0][:200] if str(exc).strip() else "unreadable"  # the loader's first sentence
+        raise CheckpointError(f"{native} is not a {native.suffix} file that `mindfoundry convert` wrote "
+                              f"({type(exc).__name__}: {first}): convert a checkpoint folder with `mindfoundry convert STEP_DIR FILE`") from None
     if "step" not in counters:
         raise CheckpointError(f"{native} carries no 'step' counter: it was not written by `mindfoundry convert`")
     step = counters.pop("step")

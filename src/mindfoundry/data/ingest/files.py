@@ -118,11 +118,15 @@ class SourceStats:
         """Hash ``path`` in chunks (bounded memory) and append it to :attr:`files`."""
         digest = hashlib.sha256()
         size = 0
-        with path.open("rb") as fh:
-            mtime_ns = os.fstat(fh.fileno()).st_mtime_ns
-            while chunk := fh.read(_HASH_CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
+        try:
+            with path.open("rb") as fh:
+                mtime_ns = os.fstat(fh.fileno()).st_mtime_ns
+                while chunk := fh.read(_HASH_CHUNK):
+                    digest.update(chunk)
+                    size += len(chunk)
+        except OSError as exc:  # unreadable: permissions, a dangling link, a folder named like a file, an I/O error
+            raise DataSourceError(f"cannot read source file '{path}' ({exc.strerror or exc}): fix it or remove it "
+                                  f"from the source's paths") from None
         if self.ledger is not None:
             self.ledger.check(path, size, mtime_ns, digest.hexdigest())
         self.files.append({"path": str(path), "sha256": digest.hexdigest(), "bytes": size})
