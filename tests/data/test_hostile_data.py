@@ -89,6 +89,12 @@ def test_damaged_prepared_data_is_refused_at_train_start(tiny_prepared, tmp_path
     assert "changed since it was prepared" in err and "Traceback" not in err
     assert main(["data", "validate", *config]) == 2
     raw[10] ^= 0x01
+    eos = bytes(raw[-2:])
+    raw[-2:] = b"\x05\x00"  # the last document's EOS (uint16 ids for this vocabulary) replaced by a word
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(DataError, match=rf"{shard.name} changed since it was prepared"):
+        load_prepared(root, cfg.model.vocab_size)
+    raw[-2:] = eos
     shard.write_bytes(bytes(raw))
     load_prepared(root, cfg.model.vocab_size)  # restored: accepted again
 
