@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
-from mindfoundry.debug.dump import Dump, DumpError, leaf_dir
+from mindfoundry.debug.dump import MODES, Dump, DumpError, leaf_dir
 from mindfoundry.debug.stats import tensor_stats
 from mindfoundry.debug.torch_files import write_pt
 from mindfoundry.errors import OutputExistsError
@@ -97,8 +97,8 @@ class MsprobeWriter:
 
     def __init__(self, root: Path, step: int, rank: int, mode: str, meta: dict[str, Any], backend: str,
                  classes: Mapping[str, str], micro_batches: int = 1):
-        if mode not in ("statistics", "tensor"):
-            raise ValueError(f"dump mode '{mode}': choose statistics or tensor")
+        if mode not in MODES:
+            raise ValueError(f"dump mode '{mode}': choose one of {', '.join(MODES)}")
         if backend not in FLAVORS:
             raise ValueError(f"no msprobe flavor for backend '{backend}': choose one of {', '.join(FLAVORS)}")
         self.dir = leaf_dir(root, step, rank)
