@@ -368,7 +368,7 @@ def test_prepare_records_what_each_block_removed_per_source(corpus_dir: Path, tm
     manifest = data.manifest
     zh, code = manifest["sources"]
     assert zh["stats"] == {"documents": 13, "bytes": zh["stats"]["bytes"], "skipped_non_utf8": 1, "skipped_empty": 1,
-                           "skipped_bad_json": 1, "skipped_missing_text": 1}
+                           "skipped_too_long": 0, "skipped_bad_json": 1, "skipped_missing_text": 1}
     assert zh["removed"] == {reason: 1 for reason in BAD_ZH.values()}
     assert zh["kept"] == len(GOOD_ZH) == sum(zh["splits"][s]["documents"] for s in ("train", "validation"))
     assert code["removed"] == {} and code["kept"] == code["stats"]["documents"] == 28

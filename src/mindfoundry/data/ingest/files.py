@@ -104,6 +104,7 @@ class SourceStats:
     bytes: int = 0
     skipped_non_utf8: int = 0
     skipped_empty: int = 0
+    skipped_too_long: int = 0
     skipped_bad_json: int = 0
     skipped_missing_text: int = 0
     files: list[dict[str, str | int]] = field(default_factory=list)
@@ -270,7 +271,7 @@ def _read_resolved(
             records = _whole_file_record(path, stats)
         for number, text in records:
             doc_id = prefix if number is None else f"{prefix}:{number}"
-            if is_blank(text, stats):
+            if is_blank(text, stats) or is_too_long(text, path, number, stats):
                 continue
             yield Document(text=text, id=doc_id, source=name, category=category, path=relative,
                            record=0 if number is None else number - 1)
@@ -460,6 +461,22 @@ def is_blank(text: str, stats: SourceStats) -> bool:
     if text.strip():
         return False
     stats.skipped_empty += 1
+    return True
+
+
+#: Longest document read, in characters (~4M tokens). A longer "document" is a dump, a minified file or a
+#: file without line breaks, not text to pretrain on; skipping it at read time keeps one 200 MB line from
+#: costing minutes of cleaning and gigabytes before a source turns out to be unusable.
+MAX_DOCUMENT_CHARS = 16_000_000
+
+
+def is_too_long(text: str, path: Path, number: int | None, stats: SourceStats) -> bool:
+    if len(text) <= MAX_DOCUMENT_CHARS:
+        return False
+    stats.skipped_too_long += 1
+    where = f"{path}" if number is None else f"{path}:{number}"
+    stats.notes.append(f"{where}: a {len(text):,}-character document skipped (more than {MAX_DOCUMENT_CHARS:,}; "
+                       f"use txt_mode: line for one document per line)")
     return True
 
 

@@ -196,7 +196,8 @@ def _check_source(curated: CuratedSource, kept: int) -> None:
     if stats.documents == 0:
         notes = "; ".join(stats.notes)
         raise DataError(f"source '{name}' produced no documents (read {len(stats.files)} files, skipped {stats.skipped_empty} empty, "
-                        f"{stats.skipped_non_utf8} non-UTF-8, {stats.skipped_missing_text} without the text field"
+                        f"{stats.skipped_too_long} too long, {stats.skipped_non_utf8} non-UTF-8, "
+                        f"{stats.skipped_missing_text} without the text field"
                         f"{'; ' + notes if notes else ''}): check its paths and format")
     if kept == 0:
         reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(curated.removed().items(), key=lambda kv: -kv[1])[:3])
