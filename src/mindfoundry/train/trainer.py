@@ -133,8 +133,9 @@ class Trainer:
         # reads its pieces); any other consolidates it into full arrays (load_checkpoint)
         sharded = is_sharded(path) and supports_sharded(self.backend)
         ckpt = load_checkpoint(path, verify=False, tensors=not sharded, read_shards=read_shard_folder)  # every caller found `path` through find_resumable, which verified it
-        if ckpt.state.get("run_identity") != run_identity(self.cfg):
-            if self.resume_from is None:  # in the run's own folder: files of another run were put there
+        written_by = ckpt.state.get("run_identity")  # None: imported by `mindfoundry convert FILE RUN_DIR` (shapes decide)
+        if written_by != run_identity(self.cfg):
+            if written_by is not None and self.resume_from is None:  # in the run's own folder: another run's checkpoint
                 raise CheckpointError(f"{path} was written by a different run (its run identity differs from this config's): "
                                       f"move it out of {self.run_dir}, or start from its weights with model.init_from")
             self.console.print(f"[yellow]warning: {path} was written under a different config; continuing with this one[/]")
