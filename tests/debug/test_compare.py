@@ -208,7 +208,7 @@ def test_statistics_mode_detects_changed_mean(tmp_path: Path):
     same, shifted, nudged = cmp.rows
     assert same.verdict == "pass" and same.cosine is None and same.mean_rel_diff == 0.0
     assert shifted.mean_a == pytest.approx(x.mean() + 0.5) and shifted.mean_b == pytest.approx(x.mean())
-    assert shifted.mean_rel_diff == pytest.approx(0.5 / abs(x.mean()))
+    assert shifted.mean_rel_diff == pytest.approx(0.5 / np.sqrt(np.mean(x * x)))  # on B's RMS, as the verdict judges it
     assert shifted.verdict == "error" and shifted.reason.startswith("mean differs by")
     assert nudged.norm_rel_diff == pytest.approx(0.01) and nudged.verdict == "warning"
     assert cmp.first_divergence() is shifted and cmp.worst_modules(1)[0]["module"] == "shifted"

@@ -88,10 +88,10 @@ class TensorComparison:
     min_b: float | None = None
     max_a: float | None = None
     max_b: float | None = None
-    mean_rel_diff: float | None = None
-    norm_rel_diff: float | None = None
-    min_rel_diff: float | None = None
-    max_rel_diff: float | None = None
+    mean_rel_diff: float | None = None  # |mean_a - mean_b| / RMS(B)
+    norm_rel_diff: float | None = None  # |norm_a - norm_b| / norm_b
+    min_rel_diff: float | None = None   # |min_a - min_b| / B's largest magnitude
+    max_rel_diff: float | None = None   # |max_a - max_b| / B's largest magnitude
     nonfinite_a: int = 0
     nonfinite_b: int = 0
     verdict: str = "pass"
@@ -257,8 +257,15 @@ def _tensor_metrics(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
             "rel_over_5e3": over5 / n if n else 0.0, "mismatch": mismatch}
 
 
-def _rel_diff(x: float | None, y: float | None) -> float | None:
-    return None if x is None or y is None else abs(x - y) / max(abs(y), TINY)
+def _stat_scales(rb: dict[str, Any]) -> dict[str, float | None]:
+    """What each statistic's difference is measured against, all from the reference B: the norm against B's
+    norm, the mean against B's RMS (a mean near zero would make any change look huge), min and max against
+    B's largest magnitude. The table, the plots and the statistics verdict all use these."""
+    norm = rb.get("norm")
+    extremes = [abs(v) for v in (rb.get("min"), rb.get("max")) if v is not None]
+    largest = max(extremes) if extremes else None
+    rms = None if norm is None else norm / math.sqrt(math.prod(rb["shape"]) or 1)
+    return {"norm": norm, "mean": rms, "min": largest, "max": largest}
 
 
 def _nonfinite(record: dict[str, Any]) -> tuple[int, int]:
@@ -271,10 +278,12 @@ def _row(ra: dict[str, Any], rb: dict[str, Any]) -> TensorComparison:
         name=ra["name"], module=ra["module"], kind=ra["kind"], seq=ra["seq"],
         shape_a=tuple(ra["shape"]), shape_b=tuple(rb["shape"]), dtype_a=ra["dtype"], dtype_b=rb["dtype"],
         nonfinite_a=sum(_nonfinite(ra)), nonfinite_b=sum(_nonfinite(rb)))
+    scales = _stat_scales(rb)
     for stat in ("mean", "norm", "min", "max"):
-        setattr(row, f"{stat}_a", ra.get(stat))
-        setattr(row, f"{stat}_b", rb.get(stat))
-        setattr(row, f"{stat}_rel_diff", _rel_diff(ra.get(stat), rb.get(stat)))
+        x, y = ra.get(stat), rb.get(stat)
+        setattr(row, f"{stat}_a", x)
+        setattr(row, f"{stat}_b", y)
+        setattr(row, f"{stat}_rel_diff", None if x is None or y is None else abs(x - y) / max(abs(scales[stat] or 0.0), TINY))
     return row
 
 
@@ -305,16 +314,12 @@ def _judge_tensor(row: TensorComparison, m: dict[str, Any], integral: bool, t: T
 
 
 def _judge_stats(row: TensorComparison, integral: bool, t: Thresholds) -> tuple[str, str]:
-    """Statistics mode: each statistic's difference on the reference's scale — the norm relative to B's
-    norm; the mean relative to B's RMS (a mean near zero would make any change look huge); min and max
-    relative to B's largest magnitude. Norm or mean decide errors, any of them warnings. Statistics
-    cannot see a shuffled tensor (same norm, same extremes): use tensor mode for a verdict on direction."""
+    """Statistics mode: each statistic's difference on the reference's scale (:func:`_stat_scales`, the
+    row's ``*_rel_diff``). Norm or mean decide errors, any of them warnings. Statistics cannot see a
+    shuffled tensor (same norm, same extremes): use tensor mode for a verdict on direction."""
     root_count = math.sqrt(math.prod(row.shape_b) or 1)
     if row.norm_a is not None and row.norm_b is not None and max(row.norm_a, row.norm_b) / root_count <= t.zero_rms:
         return "pass", "numerically zero on both sides"
-    extremes = [abs(v) for v in (row.min_b, row.max_b) if v is not None]
-    largest = max(extremes) if extremes else None
-    scales = {"norm": row.norm_b, "mean": None if row.norm_b is None else row.norm_b / root_count, "min": largest, "max": largest}
     diffs = []
     for stat in ("mean", "norm", "min", "max"):
         x, y = getattr(row, f"{stat}_a"), getattr(row, f"{stat}_b")
@@ -324,7 +329,7 @@ def _judge_stats(row: TensorComparison, integral: bool, t: Thresholds) -> tuple[
             return "error", f"{stat} is {x} in A but {y} in B"
         if integral and x != y:
             return "error", f"integer tensor: {stat} {x:.6g} in A vs {y:.6g} in B"
-        diffs.append((stat, x, y, abs(x - y) / max(abs(scales[stat] or 0.0), TINY)))
+        diffs.append((stat, x, y, getattr(row, f"{stat}_rel_diff")))
     for stat, x, y, rel in diffs:
         if stat in ("mean", "norm") and rel > t.stats_rel_error:
             return "error", f"{stat} differs by {rel:.2%} of the reference's {_SCALE[stat]} ({x:.6g} vs {y:.6g}) > {t.stats_rel_error:.1%}"

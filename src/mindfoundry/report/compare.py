@@ -150,7 +150,7 @@ def _plot(cmp: Comparison) -> str | None:
                   ("relative RMS error", [r.rel_rmse for r in rows], True, (t.rel_warning, t.rel_error))]
     else:
         panels = [("norm relative difference", [r.norm_rel_diff for r in rows], True, (t.stats_rel_warning, t.stats_rel_error)),
-                  ("mean relative difference", [r.mean_rel_diff for r in rows], True, (t.stats_rel_warning, t.stats_rel_error))]
+                  ("mean difference / RMS(B)", [r.mean_rel_diff for r in rows], True, (t.stats_rel_warning, t.stats_rel_error))]
     x = np.array([r.seq for r in rows])
     colors = [VERDICT_COLORS[r.verdict] for r in rows]
     first = cmp.first_divergence()
