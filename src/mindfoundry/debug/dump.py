@@ -48,17 +48,24 @@ def leaf_dir(root: Path, step: int, rank: int) -> Path:
     return Path(root) / f"step{step}" / f"rank{rank}"
 
 
+def claim_leaf(root: Path, step: int, rank: int, mode: str, marker: str, tensor_dir: str) -> Path:
+    """The step{N}/rank{R} folder a writer of either format fills, created (with its tensor folder in tensor
+    mode); refused when ``marker``, the format's index file, shows a dump is already there."""
+    if mode not in MODES:
+        raise ValueError(f"dump mode '{mode}': choose one of {', '.join(MODES)}")
+    leaf = leaf_dir(root, step, rank)
+    if (leaf / marker).exists():
+        raise OutputExistsError(f"{leaf} already holds a dump: choose another dump folder or remove it")
+    (leaf / tensor_dir if mode == "tensor" else leaf).mkdir(parents=True, exist_ok=True)
+    return leaf
+
+
 class DumpWriter:
     """Streams one step's tensors of one rank: each `record` computes statistics, writes the index
     line (flushed) and, in tensor mode, the array; nothing is kept in memory between calls."""
 
     def __init__(self, root: Path, step: int, rank: int, mode: str, meta: dict[str, Any]):
-        if mode not in MODES:
-            raise ValueError(f"dump mode '{mode}': choose one of {', '.join(MODES)}")
-        self.dir = leaf_dir(root, step, rank)
-        if (self.dir / INDEX_FILE).exists():
-            raise OutputExistsError(f"{self.dir} already holds a dump: choose another dump folder or remove it")
-        (self.dir / TENSOR_DIR if mode == "tensor" else self.dir).mkdir(parents=True, exist_ok=True)
+        self.dir = claim_leaf(root, step, rank, mode, INDEX_FILE, TENSOR_DIR)
         self.mode, self.step, self.rank = mode, step, rank
         self.meta = {"step": step, "rank": rank, "mode": mode, **meta}
         self.count = 0

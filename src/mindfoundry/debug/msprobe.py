@@ -38,10 +38,9 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
-from mindfoundry.debug.dump import MODES, Dump, DumpError, leaf_dir
+from mindfoundry.debug.dump import Dump, DumpError, claim_leaf
 from mindfoundry.debug.stats import tensor_stats
 from mindfoundry.debug.torch_files import write_pt
-from mindfoundry.errors import OutputExistsError
 
 DUMP_JSON = "dump.json"
 STACK_JSON = "stack.json"
@@ -97,14 +96,9 @@ class MsprobeWriter:
 
     def __init__(self, root: Path, step: int, rank: int, mode: str, meta: dict[str, Any], backend: str,
                  classes: Mapping[str, str], micro_batches: int = 1):
-        if mode not in MODES:
-            raise ValueError(f"dump mode '{mode}': choose one of {', '.join(MODES)}")
         if backend not in FLAVORS:
             raise ValueError(f"no msprobe flavor for backend '{backend}': choose one of {', '.join(FLAVORS)}")
-        self.dir = leaf_dir(root, step, rank)
-        if (self.dir / DUMP_JSON).exists():
-            raise OutputExistsError(f"{self.dir} already holds a dump: choose another dump folder or remove it")
-        (self.dir / TENSOR_DATA if mode == "tensor" else self.dir).mkdir(parents=True, exist_ok=True)
+        self.dir = claim_leaf(root, step, rank, mode, DUMP_JSON, TENSOR_DATA)
         self.flavor, self.classes, self.mode = FLAVORS[backend], dict(classes), mode
         # msprobe repeats the parameters in every forward call's entry and records the running gradient
         # sum after each backward (parameters_grad.0 ... .{A-1}); we hold the step's sum, the last of them
