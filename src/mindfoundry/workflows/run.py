@@ -23,7 +23,7 @@ from mindfoundry.eval.generate import generate
 from mindfoundry.model.spec import ModelSpec, flops_per_token, num_parameters
 from mindfoundry.parallel.layout import Layout, launch_layout, launched_rank, launched_world_size
 from mindfoundry.parallel.planner import check_host_fit
-from mindfoundry.train.rundir import prepare_run_dir
+from mindfoundry.train.rundir import HASH_FILE, prepare_run_dir
 from mindfoundry.train.trainer import Trainer, TrainResult
 
 
@@ -46,7 +46,7 @@ def dry_start(cfg: RunConfig) -> list[str]:
     layout = check_launch(cfg)
     spec = ModelSpec.from_config(cfg.model)
     run_dir = Path(cfg.run_dir)
-    state = "holds a run" if (run_dir / "config.sha256").is_file() else "is new" if not run_dir.exists() else "exists"
+    state = "holds a run" if (run_dir / HASH_FILE).is_file() else "is new" if not run_dir.exists() else "exists"
     return [f"model: {num_parameters(spec):,} parameters, {flops_per_token(spec, cfg.train.seq_len):,} FLOPs/token; backend {cfg.backend}",
             f"layout: {layout}; global batch {cfg.global_batch(launched_world_size() or 1)} sequences of {cfg.train.seq_len}",
             f"run dir {run_dir} {state}; data {cfg.data.output_dir}",
