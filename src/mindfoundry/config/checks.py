@@ -200,6 +200,33 @@ def _parallel_problems(cfg: RunConfig) -> list[str]:
     return out
 
 
+def _memory_problems(cfg: RunConfig) -> list[str]:
+    """Recompute on blocks the model has, chunks no longer than a sequence, offload only where it moves something."""
+    mem = cfg.memory
+    out = []
+    try:
+        mem.recomputed_layers(cfg.model.n_layers)
+    except ValueError as err:
+        out.append(str(err))
+    if mem.recompute == "none" and mem.recompute_layers != "all":
+        out.append(f"memory.recompute_layers={mem.recompute_layers} has no effect with memory.recompute: none: "
+                   "set memory.recompute: full or selective, or remove recompute_layers")
+    if mem.loss_chunk > cfg.train.seq_len:
+        out.append(f"memory.loss_chunk={mem.loss_chunk} exceeds train.seq_len={cfg.train.seq_len}: a chunk holds at most one "
+                   f"sequence's positions; use loss_chunk <= {cfg.train.seq_len} (e.g. {max(1, cfg.train.seq_len // 4)}), "
+                   "or 0 for the whole-vocabulary loss in one piece")
+    if mem.offload_activations and cfg.device == "cpu":
+        out.append("memory.offload_activations=true with device: cpu: offloading moves activations from an accelerator to "
+                   "host memory, and on a CPU they already are there; use memory.recompute: full (or selective) to save "
+                   "memory on CPU, or device: cuda/npu")
+    elif mem.offload_activations and cfg.backend == "mindspore":
+        out.append("memory.offload_activations=true on the mindspore backend: MindSpore's Cell.offload needs lazy-inline "
+                   "blocks on Ascend, which this engine does not build yet; use memory.recompute: full (or selective), or "
+                   "backend: torch on a CUDA/NPU device")
+    return out
+
+
 def cross_field_problems(cfg: RunConfig) -> list[str]:
     """All violated multi-field rules, in section order."""
-    return _model_problems(cfg) + _data_problems(cfg) + _mixture_problems(cfg) + _train_problems(cfg) + _parallel_problems(cfg)
+    return (_model_problems(cfg) + _data_problems(cfg) + _mixture_problems(cfg) + _train_problems(cfg) + _parallel_problems(cfg)
+            + _memory_problems(cfg))

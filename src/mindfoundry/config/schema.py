@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from mindfoundry.config.data import DataConfig
+from mindfoundry.config.memory import MemoryConfig
 from mindfoundry.config.model import ModelConfig
 from mindfoundry.config.parallel import ParallelConfig
 from mindfoundry.config.section import Section, checked_path
@@ -230,6 +231,7 @@ class RunConfig(Section):
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
     generate: GenerateConfig = Field(default_factory=GenerateConfig)
 
     @field_validator("run_dir")

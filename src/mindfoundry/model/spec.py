@@ -116,6 +116,14 @@ def moe_layers(spec: ModelSpec) -> list[int]:
     return [i for i in range(spec.n_layers) if is_moe_layer(spec, i)]
 
 
+def chunk_bounds(seq: int, chunk: int) -> list[tuple[int, int]]:
+    """[start, end) position ranges of ``chunk`` positions covering ``seq`` (the last may be shorter):
+    the pieces both engines compute the output head and the loss in under ``memory.loss_chunk``."""
+    if chunk < 1:
+        raise ValueError(f"chunk of {chunk} positions: give at least 1")
+    return [(a, min(a + chunk, seq)) for a in range(0, seq, chunk)]
+
+
 def parameter_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     """Every parameter name and shape, in a fixed canonical order."""
     d, hd, f = spec.d_model, spec.head_dim, spec.ffn_dim

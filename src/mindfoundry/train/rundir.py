@@ -18,7 +18,7 @@ CONFIG_FILE = "config.yaml"
 HASH_FILE = "config.sha256"
 #: What may change between a run and its continuation without making it another run (a checkpoint
 #: continues on either engine: the formats are shared).
-RESUME_MUTABLE = ("monitor", "generate", "checkpoint", "backend", "device", "debug", "run_dir", "eval",
+RESUME_MUTABLE = ("monitor", "generate", "checkpoint", "backend", "device", "debug", "run_dir", "eval", "memory",
                   "model.init_from")  # the initial weights' origin matters only before the first checkpoint  # may change between resumes
 METRICS_FILE = "metrics.jsonl"
 

@@ -20,7 +20,7 @@ import numpy as np
 from mindspore import Tensor, nn
 
 from mindfoundry.backends.base import BackendUnavailable, StepOutput, StepScalars, check_state_names
-from mindfoundry.backends.mindspore import distributed, probe_hooks
+from mindfoundry.backends.mindspore import distributed, memory, probe_hooks
 from mindfoundry.backends.mindspore.model import CachedDecode, LossCell, Transformer, token_nll
 from mindfoundry.backends.mindspore.train_step import AdamW, TrainStep, scalar
 from mindfoundry.config.schema import RunConfig
@@ -72,7 +72,9 @@ class MindSporeBackend:
         o = cfg.optim
         self.clip = None if o.clip_norm is None else float(o.clip_norm)
         self.optimizer = AdamW(ordered, o.beta1, o.beta2, o.eps, o.weight_decay)
-        self.step_cell = TrainStep(LossCell(self.model), self.optimizer, cfg.train.grad_accum, self.clip, p.data_parallel)
+        loss_cell = LossCell(self.model, cfg.memory.loss_chunk, cfg.train.seq_len)
+        memory.apply_memory(self.model, loss_cell, cfg.memory)  # recompute marks, before anything compiles
+        self.step_cell = TrainStep(loss_cell, self.optimizer, cfg.train.grad_accum, self.clip, p.data_parallel)
         self._eager_step: TrainStep | None = None  # the debug (hooked, PYNATIVE) step, built on first use
         self.forward = _Forward(self.model)  # in GRAPH_MODE, calling a Cell compiles it once per input shape
         self._decode: CachedDecode | None = None  # cached generation, compiled once per number of new tokens
@@ -124,7 +126,7 @@ class MindSporeBackend:
             if self._eager_step is None:  # built in PYNATIVE: a grad function made under GRAPH_MODE stays compiled
                 self._eager_step = TrainStep(LossCell(self.model), self.optimizer, self.step_cell.accum, self.clip)
             step = self._eager_step
-            with probe_hooks.installed(self.model, step.loss_cell, probe):
+            with memory.suspended(self.model), probe_hooks.installed(self.model, step.loss_cell, probe):
                 probe.state("params", ((n, self.params[n]) for n in self.order), probe_hooks.to_numpy)
                 loss, grads = step.accumulate(*args)
             probe.state("grads", zip(self.order, grads), probe_hooks.to_numpy)

@@ -25,6 +25,12 @@ compiled graph on the side): :meth:`Transformer.forward_aux` returns (logits, au
 :class:`LossCell` adds it. In PYNATIVE (the hooked debug step) the model is called as a Cell, so
 every hook fires, and each MoE Cell records its term as an attribute for the LossCell to collect.
 An Ascend routed dispatch (grouped matmul, AlltoAll for expert parallelism) is not written yet.
+
+Memory options (:mod:`.memory` applies them; the arithmetic never changes): the attention core
+(scores, mask, softmax) and the SwiGLU activation run through primitive instances of their own,
+which selective recompute marks; full recompute is ``Cell.recompute()`` on the chosen blocks; with
+``loss_chunk`` the :class:`LossCell` computes the head and the loss in chunks of positions
+(:class:`ChunkNLL`, recomputed in the backward).
 """
 
 from __future__ import annotations
@@ -32,9 +38,10 @@ from __future__ import annotations
 import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
+from mindspore.ops import auto_generate as prims
 
 from mindfoundry.data.dataset.packing import IGNORE_INDEX
-from mindfoundry.model.spec import ModelSpec, is_moe_layer, rope_tables
+from mindfoundry.model.spec import ModelSpec, chunk_bounds, is_moe_layer, rope_tables
 
 
 F16, F32 = ms.float16, ms.float32
@@ -101,6 +108,9 @@ class Attention(nn.Cell):
         self.o_proj = Linear(spec.n_heads * spec.head_dim, spec.d_model, half)
         self.scale = 1.0 / float(np.sqrt(spec.head_dim))
         self.half = half
+        # The attention core's primitives (the ops.matmul / softmax kernels), as instances selective recompute can mark
+        self.scores_matmul, self.scale_mul, self.mask_add = prims.MatMulExt(), prims.Mul(), prims.Add()
+        self.scores_cast, self.softmax = prims.Cast(), prims.Softmax(axis=(-1,))
 
     def _heads(self, x, n):
         b, s, _ = x.shape
@@ -128,12 +138,13 @@ class Attention(nn.Cell):
         b, _, s, _ = q.shape
         k, v = self._expand_kv(k), self._expand_kv(v)
         if self.half:  # q pre-scaled so q.k stays far from float16's 65504; softmax statistics in float32
-            scores = ops.matmul((q * self.scale).astype(F16), k.transpose(0, 1, 3, 2).astype(F16)).astype(F32) + mask
-            probs = ops.softmax(scores, -1)
+            scores = self.scores_matmul((q * self.scale).astype(F16), k.transpose(0, 1, 3, 2).astype(F16))
+            scores = self.mask_add(self.scores_cast(scores, F32), mask)
+            probs = self.softmax(scores)
             out = ops.matmul(probs.astype(F16), v.astype(F16)).astype(F32)
         else:
-            scores = ops.matmul(q, k.transpose(0, 1, 3, 2)) * self.scale + mask  # (B, H, S, L)
-            probs = ops.softmax(scores, -1)
+            scores = self.mask_add(self.scale_mul(self.scores_matmul(q, k.transpose(0, 1, 3, 2)), self.scale), mask)  # (B, H, S, L)
+            probs = self.softmax(scores)
             out = ops.matmul(probs, v)
         out = out.transpose(0, 2, 1, 3).reshape(b, s, self.n_heads * self.head_dim)
         return self.o_proj(out)
@@ -160,9 +171,10 @@ class MLP(nn.Cell):
         self.gate_proj = Linear(spec.d_model, spec.ffn_dim, half)
         self.up_proj = Linear(spec.d_model, spec.ffn_dim, half)
         self.down_proj = Linear(spec.ffn_dim, spec.d_model, half)
+        self.silu = prims.SiLU()  # an instance selective recompute can mark
 
     def construct(self, x):
-        return self.down_proj(ops.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class GroupedLinear(nn.Cell):
@@ -190,11 +202,12 @@ class Experts(nn.Cell):
         self.gate_proj = GroupedLinear(e, c, f, half)
         self.up_proj = GroupedLinear(e, c, f, half)
         self.down_proj = GroupedLinear(e, f, c, half)
+        self.silu = prims.SiLU()  # an instance selective recompute can mark
 
     def construct(self, x):
         n, c = x.shape
         xe = ops.broadcast_to(x.reshape(1, n, c), (self.num_experts, n, c))
-        return self.down_proj(ops.silu(self.gate_proj(xe)) * self.up_proj(xe))
+        return self.down_proj(self.silu(self.gate_proj(xe)) * self.up_proj(xe))
 
 
 class MoE(nn.Cell):
@@ -295,6 +308,11 @@ class Transformer(nn.Cell):
         Called as a method, so the hooks of the root and of the MoE blocks and their ``mlp`` would not
         fire on this path: the hooked (PYNATIVE) debug step uses :meth:`forward_recording_aux`.
         """
+        x, aux = self.body(ids)
+        return self.head(x), aux
+
+    def body(self, ids):
+        """(hidden states before the final norm [B, S, C], the MoE term of forward_aux; 0.0 for a dense model)."""
         s = ids.shape[1]
         cos, sin, mask = self.cos[:s], self.sin[:s], self.causal_mask[:s, :s]
         x = self.embed(ids)
@@ -305,7 +323,11 @@ class Transformer(nn.Cell):
                 aux = aux + part
             else:
                 x = layer(x, cos, sin, mask)
-        return self.head(x), aux * self.aux_scale
+        return x, aux * self.aux_scale
+
+    def head_weight(self):
+        """The output head's [V, C] matrix: the embedding when tied."""
+        return self.embed.weight if self.lm_head is None else self.lm_head.weight
 
     def forward_recording_aux(self, ids):
         """What forward_aux returns, computed by calling the model as a Cell so that every hook fires.
@@ -353,16 +375,48 @@ def token_nll(logits, labels):
     return (lse - picked) * valid, valid
 
 
-class LossCell(nn.Cell):
-    """Model + masked next-token loss: sum over valid tokens times `scale` (1/valid tokens of the global batch)."""
+class ChunkNLL(nn.Cell):
+    """The summed token loss of one chunk of positions: its logits (x W^T, as the model's head computes them) and
+    token_nll. One instance serves every chunk; with recompute set its logits are recomputed in the backward."""
 
-    def __init__(self, model: Transformer):
+    def __init__(self, half: bool):
+        super().__init__()
+        self.matmul = ops.MatMul(transpose_b=True)
+        self.half = half
+
+    def construct(self, x, weight, labels):
+        flat = x.reshape(-1, x.shape[-1])
+        if self.half:
+            logits = self.matmul(flat.astype(F16), weight.astype(F16)).astype(F32)
+        else:
+            logits = self.matmul(flat, weight)
+        nll, _ = token_nll(logits, labels)
+        return nll.sum()
+
+
+class LossCell(nn.Cell):
+    """Model + masked next-token loss: sum over valid tokens times `scale` (1/valid tokens of the global batch).
+
+    With ``loss_chunk`` > 0 (training sequences of ``seq_len`` positions) the final norm's output goes through
+    the head and the loss in chunks of that many positions (:func:`mindfoundry.model.spec.chunk_bounds`).
+    """
+
+    def __init__(self, model: Transformer, loss_chunk: int = 0, seq_len: int = 0):
         super().__init__(auto_prefix=False)
         self.model = model
         self.moe = model.moe
         self.eager = ms.get_context("mode") == ms.PYNATIVE_MODE  # the debug step's LossCell is built in PYNATIVE
+        self.bounds = tuple(chunk_bounds(seq_len, loss_chunk)) if loss_chunk else ()
+        self.chunk_nll = ChunkNLL(model.half)
 
     def construct(self, ids, labels, scale):
+        if self.bounds:
+            x, aux = self.model.body(ids)
+            x, weight = self.model.norm(x), self.model.head_weight()
+            total = 0.0
+            for a, b in self.bounds:
+                total = total + self.chunk_nll(x[:, a:b], weight, labels[:, a:b])
+            return (total + aux) * scale
         if self.moe:  # the load-balancing term joins the token sum (see model/spec.py)
             if self.eager:
                 logits, aux = self.model.forward_recording_aux(ids)

@@ -33,10 +33,11 @@ import torch
 from torch.distributed.tensor import DTensor, Shard
 
 from mindfoundry.backends.base import BackendUnavailable, StepOutput, StepScalars, check_state_names
-from mindfoundry.backends.torch import probe_hooks
+from mindfoundry.backends.torch import memory, probe_hooks
 from mindfoundry.backends.torch.distributed import (
     Layout, all_reduce_sum, build_mesh, full_value, init_process_group, shard_like, wants_processes,
 )
+from mindfoundry.backends.torch.memory import apply_memory
 from mindfoundry.backends.torch.model import Transformer, token_nll
 from mindfoundry.backends.torch.train_step import TrainStep, autocast_for, build_adamw
 from mindfoundry.config.schema import RunConfig
@@ -77,6 +78,8 @@ class TorchBackend:
         self.device_name = "cpu" if self.device.type == "cpu" else getattr(torch, self.device.type).get_device_name()
         self.spec = spec
         self.model = Transformer(spec).to(self.device)
+        apply_memory(self.model, cfg.memory)  # recompute flags and the loss chunk, before TP/FSDP wrap the blocks
+        saved_tensors = memory.saved_tensors(cfg.memory, self.device)
         self.autocast = autocast_for(self.device, cfg.train.precision)
         self.pipeline = self.cp = None  # this rank's pipeline stages (pp > 1); the sequence split (cp > 1)
         if self.mesh is not None:  # before the optimizer: TP and FSDP2 replace the parameters (same names)
@@ -110,9 +113,9 @@ class TorchBackend:
         if self.pipeline is not None:
             from mindfoundry.backends.torch.pipeline import PipelineTrainStep
 
-            self.step_fn = PipelineTrainStep(self.pipeline, self.optimizer, clip)
+            self.step_fn = PipelineTrainStep(self.pipeline, self.optimizer, clip, saved_tensors)
         else:
-            self.step_fn = TrainStep(self.model, step_model, self.optimizer, clip, self.autocast)
+            self.step_fn = TrainStep(self.model, step_model, self.optimizer, clip, self.autocast, saved_tensors)
 
     def _tensor(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
@@ -207,7 +210,7 @@ class TorchBackend:
         elif probe is None:
             loss, norm, applied, grad_sq = self.step_fn(ids, labels_t, scalars)
         else:  # a debug step: eager model (never the compiled one), hooks on, state streamed to the dump
-            with probe_hooks.installed(self.model, probe):
+            with probe_hooks.installed(self.model, probe), memory.suspended(self.model):
                 probe.state("params", self.params.items(), probe_hooks.to_numpy)
                 total = self.step_fn.accumulate(ids, labels_t, scalars, self.model, probe)
             probe.state("grads", ((n, p.grad) for n, p in self.params.items()), probe_hooks.to_numpy)

@@ -12,19 +12,40 @@ one matmul chain over its rows. Dispatch goes through :meth:`MoE.dispatch`, whic
 parallelism (:mod:`.expert_parallel`) replaces by an all-to-all exchange. The load-balancing term
 of the last training forward is read with :func:`aux_loss_sum`.
 
+Memory options (:mod:`.memory` sets them; the arithmetic never changes): a block with
+``recompute == "full"`` keeps only its input and runs its forward again in the backward; with
+``"selective"`` its attention core and SwiGLU activation run under ``torch.utils.checkpoint`` (their
+inputs and outputs kept, what is inside recomputed); ``loss_chunk`` > 0 makes a forward given labels
+compute the head and the loss over chunks of that many positions, each recomputed in the backward,
+so one chunk's logits exist at a time.
+
 Shapes in comments: B batch, S sequence, H query heads, K kv heads, D head dim, C d_model, V vocab,
 N tokens (B*S), E experts, k top_k.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
+from torch.utils.checkpoint import checkpoint
 
 from mindfoundry.data.dataset.packing import IGNORE_INDEX
-from mindfoundry.model.spec import ModelSpec, is_moe_layer, rope_tables
+from mindfoundry.model.spec import ModelSpec, chunk_bounds, is_moe_layer, rope_tables
+
+
+def _run(fn: Callable[..., torch.Tensor], recompute: bool, *args: torch.Tensor) -> torch.Tensor:
+    """fn(*args), recomputed in the backward instead of keeping its intermediates when `recompute` and training."""
+    if recompute and torch.is_grad_enabled():
+        return checkpoint(fn, *args, use_reentrant=False)
+    return fn(*args)
+
+
+def _swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
 
 
 class RMSNorm(nn.Module):
@@ -55,6 +76,7 @@ class Attention(nn.Module):
         # None: causal SDPA over the local sequence. Context parallelism swaps in its own
         # core(q, k, v, expand_kv) -> (B, H, S, D) (k, v with the K kv heads; see context_parallel.py).
         self.core = None
+        self.recompute_core = False  # selective recompute (memory.recompute: selective)
 
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
         b, s, _ = x.shape
@@ -75,11 +97,13 @@ class Attention(nn.Module):
         v = self._heads(self.v_proj(x), self.n_kv_heads)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        if self.core is None:
-            out = F.scaled_dot_product_attention(q, self._expand_kv(k), self._expand_kv(v), is_causal=True)  # (B, H, S, D)
-        else:
-            out = self.core(q, k, v, self._expand_kv)
+        out = _run(self._core, self.recompute_core, q, k, v)  # (B, H, S, D)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim))
+
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.core is None:
+            return F.scaled_dot_product_attention(q, self._expand_kv(k), self._expand_kv(v), is_causal=True)
+        return self.core(q, k, v, self._expand_kv)
 
     def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor],
                positions: torch.Tensor) -> torch.Tensor:
@@ -105,9 +129,10 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(spec.d_model, spec.ffn_dim, bias=False)
         self.up_proj = nn.Linear(spec.d_model, spec.ffn_dim, bias=False)
         self.down_proj = nn.Linear(spec.ffn_dim, spec.d_model, bias=False)
+        self.recompute_act = False  # selective recompute: silu(gate) * up
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(_run(_swiglu, self.recompute_act, self.gate_proj(x), self.up_proj(x)))
 
 
 class _SumGradient(torch.autograd.Function):
@@ -156,9 +181,10 @@ class Experts(nn.Module):
         self.gate_proj = GroupedLinear(e, c, f)
         self.up_proj = GroupedLinear(e, c, f)
         self.down_proj = GroupedLinear(e, f, c)
+        self.recompute_act = False  # selective recompute: silu(gate) * up
 
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x, counts)) * self.up_proj(x, counts), counts)
+        return self.down_proj(_run(_swiglu, self.recompute_act, self.gate_proj(x, counts), self.up_proj(x, counts)), counts)
 
 
 class MoE(nn.Module):
@@ -224,8 +250,12 @@ class Block(nn.Module):
         self.attn = Attention(spec)
         self.mlp_norm = RMSNorm(spec.d_model, spec.norm_eps)
         self.mlp = MoE(spec) if moe else MLP(spec)
+        self.recompute_all = False  # full recompute: only the block's input is kept
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return _run(self._forward, self.recompute_all, x, cos, sin)
+
+    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), cos, sin)
         return x + self.mlp(self.mlp_norm(x))
 
@@ -251,8 +281,12 @@ class Transformer(nn.Module):
         # Global positions (S,) of the local tokens when context parallelism holds a slice of each
         # sequence (RoPE by position in the whole sequence); None = positions 0..S-1.
         self.positions: torch.Tensor | None = None
+        self.loss_chunk = 0  # memory.loss_chunk: positions per chunk of the head and loss when labels are given
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Logits (B, S, V); given labels, the summed token loss and its token count (token_nll) without
+        materialising more than one chunk of logits (``loss_chunk``), inside the forward so that the
+        FSDP root and TP hooks see the head's use of the weights."""
         s = ids.shape[1]
         if self.positions is None:
             cos, sin = self.cos[:s], self.sin[:s]
@@ -261,7 +295,17 @@ class Transformer(nn.Module):
         x = self.embed(ids)  # (B, S, C)
         for layer in self.layers:
             x = layer(x, cos, sin)
-        return self._head(self.norm(x))
+        if labels is None:
+            return self._head(self.norm(x))
+        x = self.norm(x)
+        if not self.loss_chunk:
+            return token_nll(_whole(self._head(x)), labels)
+        parts = [checkpoint(self._chunk_nll, x[:, a:b], labels[:, a:b], use_reentrant=False)
+                 for a, b in chunk_bounds(x.shape[1], self.loss_chunk)]
+        return torch.stack([p[0] for p in parts]).sum(), torch.stack([p[1] for p in parts]).sum()
+
+    def _chunk_nll(self, x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return token_nll(_whole(self._head(x)), labels)
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.embed.weight if self.lm_head is None else self.lm_head.weight)
@@ -279,6 +323,11 @@ class Transformer(nn.Module):
         for layer, layer_cache in zip(self.layers, cache):
             x = layer.decode(x, cos, sin, layer_cache, positions)
         return self._head(self.norm(x))
+
+
+def _whole(logits: torch.Tensor) -> torch.Tensor:
+    """Vocab-sharded logits (a DTensor under tensor parallelism) as full logits; plain logits unchanged."""
+    return logits.full_tensor() if isinstance(logits, DTensor) else logits
 
 
 def aux_loss_sum(model: nn.Module) -> torch.Tensor | None:

@@ -64,6 +64,10 @@ def refuse_unsupported(model: Transformer, layout: Layout) -> None:
     check_moe_layout(model, layout)  # ep needs a MoE model; MoE runs with dp and ep only (expert_parallel.py)
     mixed = [f"{a}={getattr(layout, a)} with {b}={getattr(layout, b)}" for a, b in (("pp", "tp"), ("pp", "cp"), ("cp", "tp"))
              if getattr(layout, a) > 1 and getattr(layout, b) > 1]
+    if layout.pp > 1 and model.loss_chunk:
+        raise NotImplementedError(f"memory.loss_chunk={model.loss_chunk} with parallel.pp={layout.pp}: the pipeline's last "
+                                  "stage computes the loss over the whole logits in this version; set memory.loss_chunk: 0 "
+                                  "(or recompute the blocks: memory.recompute)")
     if mixed:
         raise NotImplementedError(f"parallel {'; '.join(mixed)}: the torch engine combines pp and cp with data parallelism "
                                   "(dp_replicate, dp_shard) only in this version; set one of them to 1")

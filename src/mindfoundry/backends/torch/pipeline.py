@@ -311,16 +311,19 @@ class PipelineTrainStep:
 
     step_model = None  # the schedule runs the stages; there is no whole model to call
 
-    def __init__(self, pipeline: Pipeline, optimizer: torch.optim.AdamW, clip_norm: float | None):
+    def __init__(self, pipeline: Pipeline, optimizer: torch.optim.AdamW, clip_norm: float | None,
+                 saved_tensors: Callable[[], ContextManager]):
         self.pipeline, self.optimizer, self.clip_norm = pipeline, optimizer, clip_norm
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
+        self.saved_tensors = saved_tensors  # activation offload around the schedule's forwards (memory.offload_activations)
 
     def accumulate(self, ids: torch.Tensor, labels: torch.Tensor, scalars: StepScalars, _model: object = None,
                    probe: object = None) -> torch.Tensor:
         if probe is not None:
             raise NotImplementedError("debug dumps (probe steps) run in a single process")
         self.optimizer.zero_grad(set_to_none=True)
-        return self.pipeline.run_schedule(ids, labels, scalars.loss_scale)
+        with self.saved_tensors():
+            return self.pipeline.run_schedule(ids, labels, scalars.loss_scale)
 
     def update(self, total: torch.Tensor, scalars: StepScalars) -> tuple[float, float, bool, torch.Tensor]:
         for group in self.optimizer.param_groups:

@@ -69,10 +69,12 @@ class TrainStep:
     """
 
     def __init__(self, model: nn.Module, step_model: nn.Module, optimizer: torch.optim.AdamW,
-                 clip_norm: float | None, autocast: Callable[[], ContextManager]):
+                 clip_norm: float | None, autocast: Callable[[], ContextManager],
+                 saved_tensors: Callable[[], ContextManager] = contextlib.nullcontext):
         self.model, self.step_model, self.optimizer = model, step_model, optimizer
         self.clip_norm = clip_norm
         self.autocast = autocast
+        self.saved_tensors = saved_tensors  # activation offload (memory.offload_activations), else a no-op
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.model_order = list(model.parameters())  # parameter_shapes order, for per-parameter statistics
 
@@ -85,10 +87,13 @@ class TrainStep:
         """Forward and backward over the micro-batches; gradients left summed in `.grad`. Returns the loss."""
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=ids.device)
+        chunked = probe is None and self.model.loss_chunk > 0  # a dump records the whole logits as the model's output
         for i in range(ids.shape[0]):
-            with self.autocast():
-                logits = model(ids[i])
-            nll, _ = token_nll(logits, labels[i])
+            with self.autocast(), self.saved_tensors():
+                if chunked:
+                    nll, _ = model(ids[i], labels[i])
+                else:
+                    nll, _ = token_nll(model(ids[i]), labels[i])
             aux = aux_loss_sum(self.model)  # MoE load balancing (None for a dense model): part of the loss
             loss = nll * scalars.loss_scale if aux is None else (nll + aux) * scalars.loss_scale
             if probe is not None:
