@@ -100,7 +100,7 @@ def estimate(layout: str, overhead: int) -> int:
     cfg = load_run_config("configs/demo.yaml", MODEL)
     degrees = {} if layout == "single" else {k: int(v) for k, v in (kv.split("=") for kv in layout.split(","))}
     est = planner_estimate(ModelSpec.from_config(cfg.model), Layout(**degrees), cfg.train.micro_batch_size, cfg.train.seq_len,
-                           "fp32", False, fixed_overhead_bytes=overhead, flash_attention=True, fused_norm=False,
+                           "fp32", fixed_overhead_bytes=overhead, flash_attention=True, fused_norm=False,
                            vocab_parallel_loss=False)  # the torch engine gathers full-vocab logits before the loss
     return est.total
 

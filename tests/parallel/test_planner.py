@@ -23,7 +23,7 @@ TINY = ModelSpec(vocab_size=100, d_model=8, n_layers=2, n_heads=2, n_kv_heads=2,
                  rope_theta=10000.0, norm_eps=1e-5, tie_embeddings=False, init_std=0.02)
 
 
-def est(layout: Layout = Layout(), precision: str = "fp32", recompute: bool = False, **kw):
+def est(layout: Layout = Layout(), precision: str = "fp32", recompute: str = "none", **kw):
     return estimate(TINY, layout, 1, 4, precision, recompute, fixed_overhead_bytes=0, **kw)
 
 
@@ -64,7 +64,7 @@ def test_activations_by_hand() -> None:
     assert activation_bytes_per_layer(TINY, Layout(), 1, 4, "fp32", fused_norm=False) == 4 * (520 + 4 * 16)
     e = est()  # 2 layers + logits s*b*V*(4 + 8) = 4*100*12
     assert e.activations == 2 * 2080 + 4800
-    e = est(recompute=True)  # kept: each layer's input s*b*h*4 = 128 bytes; one layer's full activations while recomputed
+    e = est(recompute="full")  # kept: each layer's input s*b*h*4 = 128 bytes; one layer's full activations while recomputed
     assert e.activations == 2 * 128 + 2080 + 4800
 
 

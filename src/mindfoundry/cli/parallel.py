@@ -1,7 +1,7 @@
 """`mindfoundry plan`: rank the parallel layouts of a model on N devices by memory and communication.
 `mindfoundry launch train|run CONFIG`: start every rank of this node with torchrun (torch) or msrun (mindspore).
 
-Exit status: 0 when at least one layout fits (with or without full recompute), 1 when none does,
+Exit status: 0 when at least one layout fits (without, with selective or with full recompute), 1 when none does,
 2 for bad input.
 """
 
@@ -120,16 +120,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     tokens = batch * seq
     table = Table(title=f"{cfg.name}: {num_parameters(spec) / 1e9:.2f}B parameters on {args.devices} x {format_bytes(memory)}, "
                         f"seq {seq}, global batch {batch} ({tokens / 1e6:.2f}M tokens), {precision}")
-    for col in ("#", "layout", "mb x accum", "weights+grads+optim", "activations", "act. recompute", "total", "total recompute",
-                "fits", "comm/step", "bubble"):
+    for col in ("#", "layout", "mb x accum", "weights+grads+optim", "activations", "act. selective", "act. full",
+                "total", "total selective", "total full", "fits", "comm/step", "bubble"):
         table.add_column(col, justify="left" if col in ("layout", "fits") else "right")
     for i, r in enumerate(shown, 1):
-        mark = {"yes": "[green]yes[/]", "recompute": "[yellow]recompute[/]", "no": "[red]no[/]"}[r.fits]
+        mark = {"yes": "[green]yes[/]", "selective": "[yellow]selective[/]", "recompute": "[yellow]full recompute[/]",
+                "no": "[red]no[/]"}[r.fits]
+        modes = (r.memory, r.memory_selective, r.memory_recompute)
         table.add_row(str(i), r.layout.describe(), f"{r.micro_batch} x {r.grad_accum}", format_bytes(r.memory.model_states),
-                      format_bytes(r.memory.activations), format_bytes(r.memory_recompute.activations),
-                      format_bytes(r.memory.total), format_bytes(r.memory_recompute.total), mark,
+                      *(format_bytes(m.activations) for m in modes), *(format_bytes(m.total) for m in modes), mark,
                       f"{r.chosen_comm.total / 1e9:.1f} GB", f"{r.bubble:.1%}")
-    Console(width=max(Console().width, 160)).print(table)
+    Console(width=max(Console().width, 200)).print(table)
     if not fitting:
         best = min(rows, key=lambda r: r.memory_recompute.total)
         console.print(f"[red]no layout fits in {format_bytes(memory)} per device[/] (smallest: {best.layout.describe()} needs "
@@ -139,8 +140,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     best = fitting[0]
     defaults = {name: f.default for name, f in ParallelConfig.model_fields.items()}
     section = {k: v for k, v in best.layout.config().items() if k != "world_size" and v != defaults[k]}
-    console.print(f"best: {best.layout.describe()}{' with full recompute' if best.recompute else ''}; config: "
-                  f"parallel: {json.dumps(section)}, train: {{micro_batch_size: {best.micro_batch}, grad_accum: {best.grad_accum}}}",
-                  highlight=False)
+    needs = f" with {best.recompute} recompute" if best.recompute != "none" else ""
+    memory = f", memory: {{recompute: {best.recompute}}}" if best.recompute != "none" else ""
+    console.print(f"best: {best.layout.describe()}{needs}; config: parallel: {json.dumps(section)}, "
+                  f"train: {{micro_batch_size: {best.micro_batch}, grad_accum: {best.grad_accum}}}{memory}", highlight=False)
     return 0
 

@@ -14,6 +14,8 @@ from pydantic import Field, field_validator
 
 from mindfoundry.config.section import Section
 
+Recompute = Literal["none", "selective", "full"]
+
 #: What `selective` recomputes, in the words the docs, `plan` and the report use. Both engines keep the
 #: same tensors (the projections' outputs and the norms) and recompute the same parts (Megatron's choice).
 SELECTIVE_RECOMPUTES = "the attention core (scores, mask, softmax, probs @ v) and the SwiGLU activation silu(gate) * up"
@@ -22,7 +24,7 @@ SELECTIVE_RECOMPUTES = "the attention core (scores, mask, softmax, probs @ v) an
 class MemoryConfig(Section):
     """Activation memory: recompute, offload to host memory, the loss over the vocabulary in chunks."""
 
-    recompute: Literal["none", "selective", "full"] = Field(
+    recompute: Recompute = Field(
         "none", description="none: keep every activation for the backward; full: keep only each recomputed block's input and "
         "run its forward again in the backward (~1/3 more compute); selective: recompute " + SELECTIVE_RECOMPUTES +
         ", keep the projections' outputs and the norms (a few % more compute)."

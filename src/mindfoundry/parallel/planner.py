@@ -28,6 +28,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from mindfoundry.config.memory import MemoryConfig, Recompute
 from mindfoundry.errors import MindFoundryError
 from mindfoundry.model.spec import ModelSpec
 from mindfoundry.parallel.layout import Batch, Layout, feasible_layouts
@@ -58,6 +59,7 @@ class MemoryEstimate:
     activations: int
     overhead: int
     stage: int = 0
+    logits: int = 0  # the part of `activations` the output head and the loss keep (memory.loss_chunk shrinks it)
 
     @property
     def model_states(self) -> int:
@@ -172,7 +174,26 @@ def micro_batches_in_flight(layout: Layout, num_micro_batches: int | None) -> fl
     return inflight
 
 
-def estimate(spec: ModelSpec, layout: Layout, micro_batch: int, seq: int, precision: Precision, recompute: bool, *,
+def selective_savings_per_layer(spec: ModelSpec, layout: Layout, micro_batch: int, seq: int, precision: Precision, *,
+                                flash_attention: bool = True) -> int:
+    """Bytes of one block's activations that selective recompute does not keep (memory.recompute: selective).
+
+    It recomputes the attention core and the SwiGLU activation from their kept inputs (the RoPE'd query
+    and keys, the values, the gate and up projections), and keeps their outputs (the o_proj and
+    down_proj inputs). So per token it drops: the attention scores (a*s elements, heads split by t;
+    with a flash kernel only its 4*a-byte log-sum-exp); keys and values expanded to every query head
+    beyond the kv heads themselves, 2*(h - kv_dim)*cp; and the SiLU output, f, split by t.
+    """
+    e, t, c = dtype_bytes(precision), layout.tp, layout.cp
+    h, f, a = spec.d_model, spec.ffn_dim, spec.n_heads
+    kv_dim = spec.n_kv_heads * spec.head_dim
+    per_token = e * (2 * (h - kv_dim) * c + f) / t
+    per_token += e * a * seq / t if not flash_attention else 4 * a / t
+    return int(seq // c * micro_batch * per_token)
+
+
+def estimate(spec: ModelSpec, layout: Layout, micro_batch: int, seq: int, precision: Precision, recompute: Recompute = "none", *,
+             recomputed_layers: int | None = None, loss_chunk: int = 0, offload: bool = False,
              num_micro_batches: int | None = None, fixed_overhead_bytes: int = DEFAULT_FIXED_OVERHEAD,
              flash_attention: bool = True, fused_norm: bool = True, vocab_parallel_loss: bool = True) -> MemoryEstimate:
     """Peak memory per device of `layout` during training steps (the more loaded of the first and the last pipeline stage).
@@ -184,30 +205,47 @@ def estimate(spec: ModelSpec, layout: Layout, micro_batch: int, seq: int, precis
     Activations (see activation_bytes_per_layer for one block): the first stage keeps
     micro_batches_in_flight() micro-batches of its n_layers/pp blocks; the last stage keeps one
     micro-batch plus the logits, s_loc*b*(V/t)*(e + 8) bytes (the logits, the fp32 log-probabilities
-    the loss saves and their fp32 gradient). With full recompute a block keeps only its input,
-    s_loc*b*h*e/t_sp bytes, and one block's full activations exist at a time while it is recomputed.
+    the loss saves and their fp32 gradient); with ``loss_chunk`` c only one chunk's, b*c*(V/t)*(e + 8).
+
+    The `memory` section's modes, for the first ``recomputed_layers`` blocks (None = all; a stage
+    counts those of its own blocks): full recompute keeps only a block's input, s_loc*b*h*e/t_sp
+    bytes, and one block's full activations exist at a time while it is recomputed; selective keeps
+    a block's activations less :func:`selective_savings_per_layer`. With ``offload`` the kept
+    activations live in host memory, and the device holds two blocks' worth (the one computing and
+    the one in transfer) besides the working set and the logits.
     """
     e = dtype_bytes(precision)
     t_sp = layout.tp if layout.sequence_parallel else 1
     s_loc = seq // layout.cp
     per_layer = activation_bytes_per_layer(spec, layout, micro_batch, seq, precision,
                                            flash_attention=flash_attention, fused_norm=fused_norm)
-    kept = s_loc * micro_batch * spec.d_model * e // t_sp if recompute else per_layer
-    working = per_layer if recompute else 0
+    recomputed_kept = {
+        "none": per_layer,
+        "selective": per_layer - selective_savings_per_layer(spec, layout, micro_batch, seq, precision, flash_attention=flash_attention),
+        "full": s_loc * micro_batch * spec.d_model * e // t_sp,
+    }[recompute]
+    working = per_layer if recompute == "full" else 0
     layers = spec.n_layers // layout.pp
-    logits = s_loc * micro_batch * (spec.vocab_size // (layout.tp if vocab_parallel_loss else 1)) * (e + 8)
+    vocab = spec.vocab_size // (layout.tp if vocab_parallel_loss else 1)
+    logits = micro_batch * (min(loss_chunk, s_loc) if loss_chunk else s_loc) * vocab * (e + 8)
     unit = max(_layer_parameters_local(spec, layout.tp), spec.vocab_size * spec.d_model // layout.tp)
     buffers = 3 * unit * e if layout.dp_shard > 1 else 0
     best: MemoryEstimate | None = None
     for stage in sorted({0, layout.pp - 1}):
         params = stage_parameters(spec, layout, stage)
+        first = stage * layers
+        chosen = layers if recomputed_layers is None else min(max(recomputed_layers - first, 0), layers)
+        kept = chosen * recomputed_kept + (layers - chosen) * per_layer
+        if offload:  # held on the device: the block computing and the one in transfer
+            kept = min(kept, 2 * (per_layer if chosen < layers else recomputed_kept))
         inflight = micro_batches_in_flight(layout, num_micro_batches) if stage == 0 else 1.0
-        acts = int(inflight * layers * kept) + working + (logits if stage == layout.pp - 1 else 0)
+        last = stage == layout.pp - 1
+        acts = int(inflight * kept) + (working if chosen else 0) + (logits if last else 0)
         est = MemoryEstimate(
             weights=params * e // layout.dp_shard,
             gradients=params * e // layout.dp_shard,
             optimizer=params * optimizer_bytes_per_param(precision) // layout.optimizer_shards,
-            fsdp_buffers=buffers, activations=acts, overhead=fixed_overhead_bytes, stage=stage,
+            fsdp_buffers=buffers, activations=acts, overhead=fixed_overhead_bytes, stage=stage, logits=logits if last else 0,
         )
         if best is None or est.total > best.total:
             best = est
@@ -216,7 +254,7 @@ def estimate(spec: ModelSpec, layout: Layout, micro_batch: int, seq: int, precis
 
 
 def communication(spec: ModelSpec, layout: Layout, micro_batch: int, seq: int, num_micro_batches: int, precision: Precision,
-                  recompute: bool = False, *, moe_top_k: int = 0) -> CommEstimate:
+                  recompute: Recompute = "none", *, moe_top_k: int = 0) -> CommEstimate:
     """Bytes each device sends per optimizer step (ring collectives: an all-reduce of N bytes over n
     ranks sends 2(n-1)/n*N, an all-gather or reduce-scatter of a full N-byte tensor (n-1)/n*N).
 
@@ -230,11 +268,13 @@ def communication(spec: ModelSpec, layout: Layout, micro_batch: int, seq: int, n
       the gradients reduce-scattered: 3(n-1)/n * P*e * m (FSDP2 defaults).
     - TP: per block and micro-batch, 2 all-reduces forward and 2 backward (or the same volume as
       all-gather + reduce-scatter pairs with sequence parallelism), 8(t-1)/t * A, plus the
-      vocab-parallel embedding and head, 4(t-1)/t * A; full recompute repeats the forward's half.
+      vocab-parallel embedding and head, 4(t-1)/t * A; full recompute repeats the forward's half
+      (selective recomputes no projection, so no TP collective).
     - PP: per micro-batch and chunk, the activation sent forward and its gradient sent back, 2*A/t_sp
       per chunk boundary (pp_virtual_stages chunks per rank).
     - CP: per block and micro-batch, K and V all-gathered forward and their gradients
-      reduce-scattered backward: 2 * (c-1)/c * 2*s*b*kv_dim*e/t (kv_dim = n_kv_heads*head_dim).
+      reduce-scattered backward: 2 * (c-1)/c * 2*s*b*kv_dim*e/t (kv_dim = n_kv_heads*head_dim); full and
+      selective recompute both run the attention core again, repeating the forward's gathers.
     - EP (MoE only, moe_top_k > 0): per block and micro-batch, tokens dispatched and combined forward
       and backward: 4 all-to-alls of (ep-1)/ep * A*top_k.
     """
@@ -243,7 +283,8 @@ def communication(spec: ModelSpec, layout: Layout, micro_batch: int, seq: int, n
     stage_params = max(stage_parameters(spec, layout, s) for s in {0, p - 1})
     hidden = seq // c * micro_batch * spec.d_model * e
     layers = spec.n_layers // p
-    fwd_repeat = 1.5 if recompute else 1.0
+    tp_repeat = 1.5 if recompute == "full" else 1.0
+    cp_repeat = 1.5 if recompute != "none" else 1.0
 
     def ring(n: int) -> float:
         return (n - 1) / n
@@ -258,13 +299,13 @@ def communication(spec: ModelSpec, layout: Layout, micro_batch: int, seq: int, n
     if n > 1:
         fsdp = 3 * ring(n) * stage_params * e * m
     if t > 1:
-        tp = (8 * layers * fwd_repeat + 4) * ring(t) * hidden * m
+        tp = (8 * layers * tp_repeat + 4) * ring(t) * hidden * m
     if p > 1:
         t_sp = t if layout.sequence_parallel else 1
         pp = 2 * hidden / t_sp * layout.pp_virtual_stages * m
     if c > 1:
         kv = 2 * seq * micro_batch * spec.n_kv_heads * spec.head_dim * e / t
-        cp = (1 + fwd_repeat) * ring(c) * kv * layers * m
+        cp = (1 + cp_repeat) * ring(c) * kv * layers * m
     if layout.ep > 1 and moe_top_k:
         ep = 4 * ring(layout.ep) * hidden * moe_top_k * layers * m
     return CommEstimate(*(int(x) for x in (dp, fsdp, tp, pp, cp, ep)))
@@ -279,49 +320,60 @@ def pipeline_bubble(layout: Layout, num_micro_batches: int) -> float:
     return (p - 1) / (v * num_micro_batches + p - 1)
 
 
+#: `fits` of a plan row: without recompute, with selective, with full recompute (the modes the engines run), or not.
+Fit = Literal["yes", "selective", "recompute", "no"]
+_MODE_OF_FIT: dict[str, Recompute] = {"yes": "none", "selective": "selective", "recompute": "full", "no": "full"}
+
+
 @dataclass(frozen=True)
 class PlanRow:
-    """One candidate layout with its estimates."""
+    """One candidate layout with its estimates for each memory.recompute mode."""
 
     layout: Layout
     micro_batch: int
     grad_accum: int
     memory: MemoryEstimate  # without recompute
+    memory_selective: MemoryEstimate  # with selective recompute
     memory_recompute: MemoryEstimate  # with full recompute
     comm: CommEstimate  # without recompute
+    comm_selective: CommEstimate
     comm_recompute: CommEstimate
     device_memory: int
     bubble: float = 0.0
     notes: list[str] = field(default_factory=list)
 
     @property
-    def fits(self) -> Literal["yes", "recompute", "no"]:
-        if self.memory.total <= self.device_memory:
-            return "yes"
-        return "recompute" if self.memory_recompute.total <= self.device_memory else "no"
+    def fits(self) -> Fit:
+        for fit, est in (("yes", self.memory), ("selective", self.memory_selective), ("recompute", self.memory_recompute)):
+            if est.total <= self.device_memory:
+                return fit
+        return "no"
 
     @property
-    def recompute(self) -> bool:
-        return self.fits == "recompute"
+    def recompute(self) -> Recompute:
+        """The memory.recompute mode this row needs (the least recompute that fits; full when nothing fits)."""
+        return _MODE_OF_FIT[self.fits]
 
     @property
     def chosen_memory(self) -> MemoryEstimate:
-        return self.memory_recompute if self.recompute else self.memory
+        return {"none": self.memory, "selective": self.memory_selective, "full": self.memory_recompute}[self.recompute]
 
     @property
     def chosen_comm(self) -> CommEstimate:
-        return self.comm_recompute if self.recompute else self.comm
+        return {"none": self.comm, "selective": self.comm_selective, "full": self.comm_recompute}[self.recompute]
 
     def sort_key(self) -> tuple:
-        """Fits (without, then with recompute), then least communication, then least memory."""
-        return ({"yes": 0, "recompute": 1, "no": 2}[self.fits], self.chosen_comm.total, self.chosen_memory.total)
+        """Fits (without, then with selective, then with full recompute), then least communication, then least memory."""
+        return ({"yes": 0, "selective": 1, "recompute": 2, "no": 3}[self.fits], self.chosen_comm.total, self.chosen_memory.total)
 
     def to_dict(self) -> dict:
         return {
             "layout": self.layout.config(), "describe": self.layout.describe(), "micro_batch": self.micro_batch,
-            "grad_accum": self.grad_accum, "fits": self.fits, "device_memory": self.device_memory,
-            "memory": self.memory.to_dict(), "memory_recompute": self.memory_recompute.to_dict(),
-            "comm": self.comm.to_dict(), "comm_recompute": self.comm_recompute.to_dict(), "bubble": round(self.bubble, 4),
+            "grad_accum": self.grad_accum, "fits": self.fits, "recompute": self.recompute, "device_memory": self.device_memory,
+            "memory": self.memory.to_dict(), "memory_selective": self.memory_selective.to_dict(),
+            "memory_recompute": self.memory_recompute.to_dict(), "comm": self.comm.to_dict(),
+            "comm_selective": self.comm_selective.to_dict(), "comm_recompute": self.comm_recompute.to_dict(),
+            "bubble": round(self.bubble, 4),
         }
 
 
@@ -333,13 +385,13 @@ def plan(spec: ModelSpec, devices: int, device_memory: int, seq: int, global_bat
         raise ValueError(f"global batch {global_batch} is not a multiple of the micro-batch {micro_batch}")
     layouts = feasible_layouts(spec, Batch(seq, micro_batch, 1), devices, global_batch=global_batch, num_experts=num_experts)
     rows = []
+    modes: tuple[Recompute, ...] = ("none", "selective", "full")
     for lay in layouts:
         m = global_batch // (lay.dp * micro_batch)
-        mem = {rc: estimate(spec, lay, micro_batch, seq, precision, rc, num_micro_batches=m, fixed_overhead_bytes=fixed_overhead_bytes,
-                            flash_attention=flash_attention, fused_norm=fused_norm) for rc in (False, True)}
-        comm = {rc: communication(spec, lay, micro_batch, seq, m, precision, rc, moe_top_k=moe_top_k) for rc in (False, True)}
-        rows.append(PlanRow(lay, micro_batch, m, mem[False], mem[True], comm[False], comm[True], device_memory,
-                            pipeline_bubble(lay, m)))
+        mem = [estimate(spec, lay, micro_batch, seq, precision, rc, num_micro_batches=m, fixed_overhead_bytes=fixed_overhead_bytes,
+                        flash_attention=flash_attention, fused_norm=fused_norm) for rc in modes]
+        comm = [communication(spec, lay, micro_batch, seq, m, precision, rc, moe_top_k=moe_top_k) for rc in modes]
+        rows.append(PlanRow(lay, micro_batch, m, *mem, *comm, device_memory, pipeline_bubble(lay, m)))
     return sorted(rows, key=PlanRow.sort_key)
 
 
@@ -356,12 +408,20 @@ def host_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def memory_options(memory: MemoryConfig, n_layers: int) -> dict:
+    """:func:`estimate`'s keyword arguments for a run's `memory` section (a list of recomputed blocks counts as
+    that many leading blocks: the same bytes in one stage)."""
+    return {"recompute": memory.recompute, "recomputed_layers": len(memory.recomputed_layers(n_layers)) or None,
+            "loss_chunk": memory.loss_chunk, "offload": memory.offload_activations}
+
+
 def check_host_fit(spec: ModelSpec, layout: Layout, micro_batch: int, seq: int, precision: Precision, processes: int,
-                   available: int | None = None) -> MemoryEstimate:
+                   available: int | None = None, memory: MemoryConfig | None = None) -> MemoryEstimate:
     """Refuse a CPU run whose estimated peak (all ``processes`` on this machine) exceeds its memory, before
     anything is allocated: a model of 2**40 parameters would otherwise end in a MemoryError traceback
-    (or the OOM killer) after minutes of work."""
-    est = estimate(spec, layout, micro_batch, seq, precision, False, fixed_overhead_bytes=CPU_FIXED_OVERHEAD)
+    (or the OOM killer) after minutes of work. ``memory`` is the run's `memory` section (recompute shrinks the need)."""
+    options = memory_options(memory, spec.n_layers) if memory is not None else {}
+    est = estimate(spec, layout, micro_batch, seq, precision, **options, fixed_overhead_bytes=CPU_FIXED_OVERHEAD)
     available = host_memory() if available is None else available
     need = est.total * processes
     if need > available:
@@ -369,7 +429,8 @@ def check_host_fit(spec: ModelSpec, layout: Layout, micro_batch: int, seq: int, 
             f"this run needs about {format_bytes(need)} ({processes} process(es) x {format_bytes(est.total)}: weights "
             f"{format_bytes(est.weights)}, gradients {format_bytes(est.gradients)}, AdamW {format_bytes(est.optimizer)}, "
             f"activations {format_bytes(est.activations)}) and this machine has {format_bytes(available)}: use a smaller "
-            f"model (model.d_model, model.n_layers) or micro-batch, or see `mindfoundry plan` for a layout over more devices")
+            f"model (model.d_model, model.n_layers) or micro-batch, memory.recompute: full, or see `mindfoundry plan` for a "
+            "layout over more devices")
     return est
 
 

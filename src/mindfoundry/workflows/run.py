@@ -36,7 +36,7 @@ def check_launch(cfg: RunConfig) -> Layout:
     layout = launch_layout(cfg.parallel, cfg.model, cfg.train, num_experts=cfg.model.moe.num_experts)
     if cfg.device == "cpu":
         check_host_fit(ModelSpec.from_config(cfg.model), layout, cfg.train.micro_batch_size, cfg.train.seq_len,
-                       cfg.train.precision, processes=launched_world_size() or 1)
+                       cfg.train.precision, processes=launched_world_size() or 1, memory=cfg.memory)
     return layout
 
 
