@@ -24,7 +24,7 @@ OPTIONS = [
     ({"recompute": "selective"}, True),
     ({"recompute": "full", "recompute_layers": [1]}, True),
     ({"recompute": "selective", "recompute_layers": 1}, True),
-    ({"loss_chunk": 16}, True),  # one chunk: the plain head and loss
+    ({"loss_chunk": 16}, False),  # one chunk (torch: still the fused gradients)
     ({"loss_chunk": 5}, False),
     ({"recompute": "full", "loss_chunk": 3}, False),
 ]
@@ -61,15 +61,15 @@ def test_memory_options_keep_the_numbers(plain, memory, exact) -> None:
         if exact:
             assert (loss, norm) == (loss0, norm0)
             np.testing.assert_array_equal(sq, sq0)
-        else:  # the head's matmul over other row blocks rounds differently; measured rel <= 1.1e-7 (loss, norm, per parameter)
-            assert loss == pytest.approx(loss0, rel=3e-7)
-            assert norm == pytest.approx(norm0, rel=3e-7)
-            np.testing.assert_allclose(sq, sq0, rtol=1e-6)
+        else:  # the head over other row blocks (torch: gradients computed by hand) rounds differently; measured rel <= 1.1e-7
+            assert loss == pytest.approx(loss0, rel=2e-7)
+            assert norm == pytest.approx(norm0, rel=2e-7)
+            np.testing.assert_allclose(np.sqrt(sq), np.sqrt(sq0), rtol=1e-6)  # per-parameter gradient norms: measured <= 6.8e-7
     for name, w in ref_weights.items():
         if exact:
             np.testing.assert_array_equal(weights[name], w, err_msg=name)
-        else:  # three AdamW steps of lr 3e-3 amplify those roundings where m/sqrt(v) is ill-conditioned: measured <= 5.0e-6
-            np.testing.assert_allclose(weights[name], w, atol=2e-5, err_msg=name)
+        else:  # AdamW's first steps (m/sqrt(v) ~ sign(g) for gradients near eps) amplify those roundings: measured
+            np.testing.assert_allclose(weights[name], w, atol=4e-5, err_msg=name)  # <= 2.7e-5 (torch), 5.0e-6 (MindSpore)
 
 
 def test_offload_saves_activations_in_host_memory_with_the_same_numbers() -> None:

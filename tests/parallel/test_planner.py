@@ -9,10 +9,12 @@ import pytest
 
 from mindfoundry.cli.main import main
 from mindfoundry.config.load import load_config
+from mindfoundry.config.memory import MemoryConfig
 from mindfoundry.model.spec import ModelSpec, num_parameters
 from mindfoundry.parallel.layout import Layout
 from mindfoundry.parallel.planner import (GiB, activation_bytes_per_layer, communication, estimate, micro_batches_in_flight,
-                                          parse_bytes, pipeline_bubble, plan, stage_parameters)
+                                          memory_options, parse_bytes, pipeline_bubble, plan, selective_savings_per_layer,
+                                          stage_parameters)
 
 REPO = Path(__file__).resolve().parents[2]
 LLAMA_13B = REPO / "configs" / "llama-13b.yaml"
@@ -64,8 +66,35 @@ def test_activations_by_hand() -> None:
     assert activation_bytes_per_layer(TINY, Layout(), 1, 4, "fp32", fused_norm=False) == 4 * (520 + 4 * 16)
     e = est()  # 2 layers + logits s*b*V*(4 + 8) = 4*100*12
     assert e.activations == 2 * 2080 + 4800
-    e = est(recompute="full")  # kept: each layer's input s*b*h*4 = 128 bytes; one layer's full activations while recomputed
-    assert e.activations == 2 * 128 + 2080 + 4800
+    e = est(recompute="full")  # kept: each layer's input s*b*h*4 = 128 bytes; then the larger of the logits term (in the
+    assert e.activations == 2 * 128 + max(2080, 4800)  # loss's backward) and one block recomputed (later)
+    assert e.logits == 4800
+
+
+def test_memory_modes_by_hand() -> None:
+    # selective drops per token the SiLU output f = 16 and the flash log-sum-exp 4*a = 8 bytes (kv heads = heads: no
+    # expanded copies): 4*16 + 8 = 72 bytes per token, 4 tokens
+    assert selective_savings_per_layer(TINY, Layout(), 1, 4, "fp32") == 288
+    assert est(recompute="selective").activations == 2 * (2080 - 288) + 4800
+    gqa = ModelSpec(**{**TINY.to_dict(), "n_kv_heads": 1})  # keys and values expanded from 4 to 8 elements: 2*4 more
+    assert selective_savings_per_layer(gqa, Layout(), 1, 4, "fp32") == 288 + 4 * 4 * 2 * 4
+    # recompute of the first block only: one block kept whole, one block's input, the larger working set
+    assert est(recompute="full", recomputed_layers=1).activations == 2080 + 128 + max(2080, 4800)
+    # loss in chunks of 1 position: one chunk's logits, 1*100*12 bytes
+    chunked = est(loss_chunk=1)
+    assert (chunked.logits, chunked.activations) == (1200, 2 * 2080 + 1200)
+    assert est(loss_chunk=64).logits == 4800  # a chunk longer than the sequence is the whole sequence
+    # offload: two blocks' kept activations on the device (the one computing and the one in transfer)
+    assert est(offload=True).activations == 2 * 2080 + 4800
+    assert est(recompute="full", offload=True, loss_chunk=1).activations == 2 * 128 + 2080
+    big = ModelSpec(**{**TINY.to_dict(), "n_layers": 8})
+    assert estimate(big, Layout(), 1, 4, "fp32", offload=True, fixed_overhead_bytes=0).activations == 2 * 2080 + 4800
+
+
+def test_memory_options_of_a_run_config() -> None:
+    memory = MemoryConfig(recompute="selective", recompute_layers=[0, 3], loss_chunk=2)
+    assert memory_options(memory, 4) == {"recompute": "selective", "recomputed_layers": 2, "loss_chunk": 2, "offload": False}
+    assert memory_options(MemoryConfig(), 4)["recomputed_layers"] is None
 
 
 def test_korthikanti_scaling_with_tp_and_sequence_parallel() -> None:
@@ -108,6 +137,13 @@ def test_communication_by_hand() -> None:
     assert communication(TINY, Layout(dp_shard=2), 1, 4, 3, "fp32").fsdp == 3 * 3 * 5840
     # TP over 2: per layer 8*(1/2)*A and 4*(1/2)*A for embedding+head, A = s*b*h*4 = 128 bytes, per micro-batch
     assert communication(TINY, Layout(tp=2), 1, 4, 3, "fp32").tp == 3 * (8 * 2 + 4) * 64
+    # full recompute repeats the forward's half of the per-layer collectives; selective recomputes no projection
+    assert communication(TINY, Layout(tp=2), 1, 4, 3, "fp32", "full").tp == 3 * (8 * 2 * 1.5 + 4) * 64
+    assert communication(TINY, Layout(tp=2), 1, 4, 3, "fp32", "selective").tp == 3 * (8 * 2 + 4) * 64
+    # CP: K and V (2*s*b*kv_dim*4 = 256 bytes per layer) gathered forward and scattered backward, over 2 ranks;
+    # both recompute modes run the attention core again, gathering them once more
+    assert communication(TINY, Layout(cp=2), 1, 4, 3, "fp32").cp == 2 * 0.5 * 256 * 2 * 3
+    assert communication(TINY, Layout(cp=2), 1, 4, 3, "fp32", "selective").cp == 2.5 * 0.5 * 256 * 2 * 3
     # PP over 2: activation forward + gradient back per micro-batch
     assert communication(TINY, Layout(pp=2), 1, 4, 3, "fp32").pp == 3 * 2 * 128
     c = communication(TINY, Layout(dp_shard=2, tp=2), 1, 4, 3, "fp32")

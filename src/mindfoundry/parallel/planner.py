@@ -209,7 +209,8 @@ def estimate(spec: ModelSpec, layout: Layout, micro_batch: int, seq: int, precis
 
     The `memory` section's modes, for the first ``recomputed_layers`` blocks (None = all; a stage
     counts those of its own blocks): full recompute keeps only a block's input, s_loc*b*h*e/t_sp
-    bytes, and one block's full activations exist at a time while it is recomputed; selective keeps
+    bytes, and one block's full activations exist at a time while it is recomputed (after the loss's
+    backward has freed the logits term: the larger of the two counts); selective keeps
     a block's activations less :func:`selective_savings_per_layer`. With ``offload`` the kept
     activations live in host memory, and the device holds two blocks' worth (the one computing and
     the one in transfer) besides the working set and the logits.
@@ -240,7 +241,9 @@ def estimate(spec: ModelSpec, layout: Layout, micro_batch: int, seq: int, precis
             kept = min(kept, 2 * (per_layer if chosen < layers else recomputed_kept))
         inflight = micro_batches_in_flight(layout, num_micro_batches) if stage == 0 else 1.0
         last = stage == layout.pp - 1
-        acts = int(inflight * kept) + (working if chosen else 0) + (logits if last else 0)
+        # the logits term peaks in the loss's backward, before any block is recomputed; a recomputed block's
+        # working set exists later, once the logits and their gradients are freed
+        acts = int(inflight * kept) + max(working if chosen else 0, logits if last else 0)
         est = MemoryEstimate(
             weights=params * e // layout.dp_shard,
             gradients=params * e // layout.dp_shard,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import math
 import platform
+import resource
 import signal
 import time
 from dataclasses import dataclass, field
@@ -229,7 +230,7 @@ class Trainer:
         self.peak = self._device_peak()
         logger.log({"event": "start" if self.progress.step == 0 else "resume", "step": self.progress.step, "backend": self.backend.name,
                     "parameters": num_parameters(self.spec), "flops_per_token": flops_tok,
-                    "validation_samples": len(self.val_samples)})
+                    "validation_samples": len(self.val_samples), "memory": cfg.memory.describe(self.spec.n_layers)})
         if self.progress.step == 0:
             self.evals.initial = self.evaluate().to_dict()
             logger.log({"step": 0, **self.evals.initial, **self._task_scores()})
@@ -341,6 +342,7 @@ class Trainer:
             "step_time_s": elapsed, "data_time_s": t_data - t0,
             "model_tflops_per_s": flops_tok * tokens_per_s / 1e12,
             "consumed_samples": self.position.consumed_samples, "rss_mb": self._process.memory_info().rss / 2**20,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # the process's high-water mark so far
             "copy_fraction": float((labels == ids).mean()),  # ~1 means the labels are the inputs, not shifted
             "mfu": mfu(flops_tok, tokens_per_s, self.peak) if self.peak else None,
             "device_mem_mb": self.backend.device_memory_mb(),

@@ -86,7 +86,8 @@ def evaluate_smoke(records: list[dict[str, Any]], cfg: RunConfig, stop: str | No
         checks.append(Check("throughput", None, f"{tps:,.0f} tokens/s", ""))
         checks.append(Check("projected wall time", None, f"{wall_h:.2f} h for {cfg.train.steps} steps", ""))
     checks.append(Check("projected memory vs available", peak_rss_mb < 0.8 * memory_mb,
-                        f"peak {peak_rss_mb:,.0f} MiB of {memory_mb:,.0f} MiB", "reduce train.micro_batch_size or the model"))
+                        f"peak {peak_rss_mb:,.0f} MiB of {memory_mb:,.0f} MiB with {cfg.memory.describe(cfg.model.n_layers)}",
+                        "set memory.recompute: full (or selective), memory.loss_chunk, or reduce train.micro_batch_size or the model"))
     return checks
 
 
@@ -103,7 +104,7 @@ def run_smoke(cfg: RunConfig, data: PreparedData, steps: int, console) -> list[C
     except AnomalyStop as exc:
         stop = str(exc)
     records = read_metrics(run_dir / "metrics.jsonl")
-    peak = max((r.get("rss_mb", 0.0) for r in records), default=0.0)
+    peak = max((r.get("peak_rss_mb", 0.0) for r in records), default=0.0)
     return evaluate_smoke(records, cfg, stop, peak, psutil.virtual_memory().total / 2**20)
 
 

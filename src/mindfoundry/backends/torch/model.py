@@ -16,8 +16,8 @@ Memory options (:mod:`.memory` sets them; the arithmetic never changes): a block
 ``recompute == "full"`` keeps only its input and runs its forward again in the backward; with
 ``"selective"`` its attention core and SwiGLU activation run under ``torch.utils.checkpoint`` (their
 inputs and outputs kept, what is inside recomputed); ``loss_chunk`` > 0 makes a forward given labels
-compute the head and the loss over chunks of that many positions, each recomputed in the backward,
-so one chunk's logits exist at a time.
+compute the head and the loss over chunks of that many positions (:mod:`.chunked_loss`), so one
+chunk's logits exist at a time.
 
 Shapes in comments: B batch, S sequence, H query heads, K kv heads, D head dim, C d_model, V vocab,
 N tokens (B*S), E experts, k top_k.
@@ -33,8 +33,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
+from mindfoundry.backends.torch.chunked_loss import chunked_nll
 from mindfoundry.data.dataset.packing import IGNORE_INDEX
-from mindfoundry.model.spec import ModelSpec, chunk_bounds, is_moe_layer, rope_tables
+from mindfoundry.model.spec import ModelSpec, is_moe_layer, rope_tables
 
 
 def _run(fn: Callable[..., torch.Tensor], recompute: bool, *args: torch.Tensor) -> torch.Tensor:
@@ -299,12 +300,11 @@ class Transformer(nn.Module):
             return self._head(self.norm(x))
         x = self.norm(x)
         if not self.loss_chunk:
-            return token_nll(_whole(self._head(x)), labels)
-        parts = [checkpoint(self._chunk_nll, x[:, a:b], labels[:, a:b], use_reentrant=False)
-                 for a, b in chunk_bounds(x.shape[1], self.loss_chunk)]
-        return torch.stack([p[0] for p in parts]).sum(), torch.stack([p[1] for p in parts]).sum()
+            return self._head_nll(x, labels)
+        weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        return chunked_nll(x, weight, labels, self.loss_chunk, self._head_nll)
 
-    def _chunk_nll(self, x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _head_nll(self, x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return token_nll(_whole(self._head(x)), labels)
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
