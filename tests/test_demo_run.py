@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from mindfoundry.train.metrics import read_metrics
+
 pytest.importorskip("snownlp")
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,13 +27,20 @@ TEST_SIZE = [
 ]
 
 
+#: Each engine runs the demo with a memory mode, which the report names beside the measured peak.
+MEMORY = {"mindspore": (["memory.recompute=full"], "full recompute (all blocks)"),
+          "torch": (["memory.recompute=selective", "memory.recompute_layers=1", "memory.loss_chunk=16"],
+                    "selective recompute (block 0 of 2), loss in chunks of 16 positions")}
+
+
 @pytest.mark.parametrize("backend", ["mindspore", "torch"])
 def test_demo_end_to_end(tmp_path: Path, backend: str) -> None:
     pytest.importorskip(backend)
     run_dir = tmp_path / "demo"
     cmd = [sys.executable, "-m", "mindfoundry.cli", "run", str(REPO / "configs" / "demo.yaml"), "--set", f"run_dir={run_dir}",
            "--set", f"backend={backend}"]
-    for item in TEST_SIZE:
+    sets, described = MEMORY[backend]
+    for item in TEST_SIZE + sets:
         cmd += ["--set", item]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=dict(os.environ, COLUMNS="200"))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -48,3 +57,6 @@ def test_demo_end_to_end(tmp_path: Path, backend: str) -> None:
     assert "held-out evaluation" in proc.stdout
     report = (run_dir / "report.html").read_text()
     assert 'id="loss"' in report and "data:image/png;base64," in report
+    peak = max(r["peak_rss_mb"] for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r)
+    assert f'<td>memory mode (memory section)</td><td class="num">{described}</td>' in report
+    assert f'<td>peak host memory (MiB)</td><td class="num">{peak:,.0f}</td>' in report

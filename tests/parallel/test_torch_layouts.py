@@ -48,6 +48,19 @@ LAYOUTS = {
     "cp": (2, {"cp": 2}, {}),
     "cp_fsdp": (4, {"cp": 2, "dp_shard": 2}, {}),
     "cp_hsdp": (4, {"cp": 2, "dp_replicate": 2}, {}),  # FSDP mesh (dp_replicate, dp_shard x cp)
+    # memory options composed with the layouts (memory section in MEMORY): the same numbers as the plain single process
+    "fsdp_recompute": (2, {"dp_shard": 2}, {}),
+    "tp_sp_recompute": (2, {"tp": 2, "sequence_parallel": True}, UNTIED),
+    "pp_recompute": (2, {"pp": 2}, FOUR),
+    "cp_fsdp_recompute": (4, {"cp": 2, "dp_shard": 2}, {}),
+}
+#: The memory section of a layout run (none for the others). Chunks of 5 (TP: the checkpointed DTensor path; FSDP: the
+#: fused one on the gathered weight) end in a short chunk; under cp each rank's 8 positions make chunks of 5 and 3.
+MEMORY = {
+    "fsdp_recompute": {"recompute": "full", "loss_chunk": 5},
+    "tp_sp_recompute": {"recompute": "selective", "loss_chunk": 5},
+    "pp_recompute": {"recompute": "full", "recompute_layers": [1, 2]},
+    "cp_fsdp_recompute": {"recompute": "selective", "loss_chunk": 5},
 }
 #: An FSDP(2) run saves full weights + moments after step 3; a TP(2) run loads them and trains steps 4-5.
 CHECKPOINT_JOBS = [
@@ -71,7 +84,7 @@ def launch(nproc: int, out: Path, jobs: list[dict]) -> None:
 
 
 def jobs_for(nproc: int) -> list[dict]:
-    return [{"name": name, "parallel": parallel, "model": model, "first": 1, "last": worker.TOTAL_STEPS}
+    return [{"name": name, "parallel": parallel, "model": model, "memory": MEMORY.get(name), "first": 1, "last": worker.TOTAL_STEPS}
             for name, (n, parallel, model) in LAYOUTS.items() if n == nproc]
 
 

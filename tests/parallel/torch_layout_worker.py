@@ -50,12 +50,12 @@ TRAIN = ArraySource(*samples(GLOBAL_BATCH * TOTAL_STEPS))
 EVAL_IDS, EVAL_LABELS = samples(4, seed=1)  # 4 rows: split over 2 or 4 dp ranks
 
 
-def make_backend(parallel: dict | None = None, model: dict | None = None):
+def make_backend(parallel: dict | None = None, model: dict | None = None, memory: dict | None = None):
     from mindfoundry.backends.torch.backend import TorchBackend
 
     dp = (parallel or {}).get("dp_replicate", 1) * (parallel or {}).get("dp_shard", 1)
     cfg = tiny_config(train={"micro_batch_size": GLOBAL_MICRO // dp, "grad_accum": ACCUM, "seq_len": SEQ},
-                      model=model or {}, parallel=parallel or {}).model_copy(update={"backend": "torch"})
+                      model=model or {}, parallel=parallel or {}, memory=memory or {}).model_copy(update={"backend": "torch"})
     spec = ModelSpec.from_config(cfg.model)
     return TorchBackend(cfg, spec), cfg, spec
 
@@ -93,7 +93,7 @@ def run_job(job: dict, out_dir: Path) -> None:
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
-    backend, cfg, spec = make_backend(job["parallel"], job.get("model"))  # joins the process group
+    backend, cfg, spec = make_backend(job["parallel"], job.get("model"), job.get("memory"))  # joins the process group
     rank = dist.get_rank()
     if job.get("load"):
         src = out_dir / job["load"]

@@ -38,6 +38,9 @@ def test_rules_on_synthetic_runs() -> None:
     assert hot["initial loss near ln(vocab)"] is False
     big = verdicts(evaluate_smoke(records(healthy), cfg, None, 23000, 24000))
     assert big["projected memory vs available"] is False
+    recomputed = tiny_config(memory={"recompute": "full", "loss_chunk": 8})
+    memory = {c.name: c for c in evaluate_smoke(records(healthy), recomputed, None, 500, 24000)}["projected memory vs available"]
+    assert memory.value == "peak 500 MiB of 24,000 MiB with full recompute (all blocks), loss in chunks of 8 positions"
     copy = verdicts(evaluate_smoke([dict(r, copy_fraction=1.0) for r in records(healthy)], cfg, None, 500, 24000))
     assert copy["labels are the next tokens"] is False
     nan = verdicts(evaluate_smoke(records(healthy[:5] + [float("nan")] * 3), cfg, "stopped at step 8 ...", 500, 24000))

@@ -81,7 +81,8 @@ class MemoryConfig(Section):
         parts = []
         if self.recompute != "none":
             layers = self.recomputed_layers(n_layers)
-            which = "all blocks" if len(layers) == n_layers else f"blocks {_ranges(layers)} of {n_layers}"
+            which = ("all blocks" if len(layers) == n_layers else
+                     f"block{'s' if len(layers) > 1 else ''} {_ranges(layers)} of {n_layers}")
             parts.append(f"{self.recompute} recompute ({which})")
         if self.offload_activations:
             parts.append("activations offloaded to host")

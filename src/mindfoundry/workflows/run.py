@@ -22,7 +22,8 @@ from mindfoundry.data.prepare.tokenizer import eos_id
 from mindfoundry.eval.generate import generate
 from mindfoundry.model.spec import ModelSpec, flops_per_token, num_parameters
 from mindfoundry.parallel.layout import Layout, launch_layout, launched_rank, launched_world_size
-from mindfoundry.parallel.planner import check_host_fit
+from mindfoundry.parallel.planner import (CPU_FIXED_OVERHEAD, DEFAULT_FIXED_OVERHEAD, check_host_fit, estimate, format_bytes,
+                                          memory_options)
 from mindfoundry.train.rundir import HASH_FILE, prepare_run_dir
 from mindfoundry.train.trainer import Trainer, TrainResult
 
@@ -47,8 +48,14 @@ def dry_start(cfg: RunConfig) -> list[str]:
     spec = ModelSpec.from_config(cfg.model)
     run_dir = Path(cfg.run_dir)
     state = "holds a run" if (run_dir / HASH_FILE).is_file() else "is new" if not run_dir.exists() else "exists"
+    t = cfg.train
+    overhead = CPU_FIXED_OVERHEAD if cfg.device == "cpu" else DEFAULT_FIXED_OVERHEAD
+    est = estimate(spec, layout, t.micro_batch_size, t.seq_len, t.precision, **memory_options(cfg.memory, spec.n_layers),
+                   num_micro_batches=t.grad_accum, fixed_overhead_bytes=overhead)
     return [f"model: {num_parameters(spec):,} parameters, {flops_per_token(spec, cfg.train.seq_len):,} FLOPs/token; backend {cfg.backend}",
             f"layout: {layout}; global batch {cfg.global_batch(launched_world_size() or 1)} sequences of {cfg.train.seq_len}",
+            f"memory: {cfg.memory.describe(spec.n_layers)}; planned peak {format_bytes(est.total)} per process "
+            f"(activations {format_bytes(est.activations)})",
             f"run dir {run_dir} {state}; data {cfg.data.output_dir}",
             "dry run: the config, the launch and the memory check pass; nothing was written"]
 
