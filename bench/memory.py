@@ -99,6 +99,39 @@ def worker(engine: str, sets: list[str], steps: int) -> dict:
     return {"baseline": baseline, "peak": _status("VmHWM"), "step_s": times[len(times) // 2]}
 
 
+def pynative_worker(recompute: bool) -> dict:
+    """MindSpore PYNATIVE (eager) forward + backward of the bench model, with or without Cell.recompute() on every
+    block: the mode where the shared notes measured recompute saving memory on CPU. Whole-process peak RSS (the
+    eager memory pool keeps what the warm-up took, so no baseline is subtracted)."""
+    import mindspore as ms
+    import numpy as np
+
+    from mindfoundry.backends.mindspore.model import LossCell, Transformer
+    from mindfoundry.model.spec import ModelSpec, init_weights
+    from mindfoundry.parallel.layout import load_run_config
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    ms.set_device("CPU")
+    cfg = load_run_config(ROOT / "configs" / "demo.yaml", ["backend=mindspore", *MODEL])
+    spec = ModelSpec.from_config(cfg.model)
+    model = Transformer(spec)
+    weights = init_weights(spec, cfg.seed)
+    for p in model.get_parameters():
+        p.set_data(ms.Tensor(weights[p.name]))
+    if recompute:
+        for block in model.layers:
+            block.recompute()
+    grad = ms.value_and_grad(LossCell(model), None, model.trainable_params())
+    t = cfg.train
+    ids = np.random.default_rng(0).integers(0, spec.vocab_size, (t.micro_batch_size, t.seq_len + 1)).astype(np.int32)
+    times = []
+    for _ in range(2):
+        start = time.perf_counter()
+        grad(ms.Tensor(ids[:, :-1]), ms.Tensor(ids[:, 1:]), ms.Tensor(np.float32(1 / ids[:, 1:].size)))
+        times.append(time.perf_counter() - start)
+    return {"peak": _status("VmHWM"), "step_s": times[-1]}
+
+
 def planned(engine: str, sets: list[str]) -> dict:
     """The planner's terms for this engine and mode (no fixed overhead: the bench adds the measured runtime)."""
     from mindfoundry.model.spec import ModelSpec
@@ -121,8 +154,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1, help="processes per (engine, mode), run round-robin so that load "
                     "from other jobs hits every mode alike; medians over the rounds")
     ap.add_argument("--set", action="append", default=[], help="extra config overrides, e.g. train.micro_batch_size=4")
+    ap.add_argument("--pynative", action="store_true", help="instead: MindSpore eager (PYNATIVE) peak RSS without and with "
+                    "Cell.recompute on every block, one process each")
     ap.add_argument("--worker", nargs=2, metavar=("ENGINE", "MODE"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.worker and args.worker[0] == "pynative":
+        print(json.dumps(pynative_worker(args.worker[1] == "full")))
+        return 0
+    if args.pynative:
+        got = {}
+        for mode in ("none", "full"):
+            proc = subprocess.run([sys.executable, __file__, "--worker", "pynative", mode, *sum((["--set", s] for s in args.set), [])],
+                                  capture_output=True, text=True, cwd=ROOT, env={**os.environ, "GLOG_v": "3", **MALLOC})
+            if proc.returncode:
+                raise SystemExit(f"pynative {mode} failed:\n{proc.stderr[-2000:]}")
+            got[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+            print(f"MindSpore PYNATIVE, recompute {mode:4s}: peak RSS {got[mode]['peak'] / 2**20:7.0f} MiB, "
+                  f"step {got[mode]['step_s']:.2f} s")
+        print(f"full recompute: peak x{got['full']['peak'] / got['none']['peak']:.2f}, step x{got['full']['step_s'] / got['none']['step_s']:.2f}")
+        print(json.dumps({"model": MODEL + args.set, "pynative": got}))
+        return 0
     if args.worker:
         engine, mode = args.worker
         print(json.dumps(worker(engine, MODEL + MODES[mode] + args.set, args.steps)))
