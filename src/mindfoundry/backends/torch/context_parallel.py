@@ -9,9 +9,12 @@ the causal attention work is the same on every rank. Token ids and labels are cu
 positions (``Transformer.positions``). K and V (with the K kv heads, before the grouped-query
 expansion) are all-gathered over the cp group with the functional collective
 ``all_gather_single``, whose backward is a reduce-scatter: the gradient of every rank's keys and
-values flows back to the rank that computed them. (``torch.distributed.nn.functional.all_gather``
+values flows back to the rank that computed them. It is a small autograd Function over the
+synchronous c10d collectives (:class:`_GatherSeq`): ``torch.distributed.nn.functional.all_gather``
 gives wrong gradients on gloo when the incoming gradient is non-contiguous, which CPU SDPA's
-backward produces: not used.) The gathered keys are in rank order (rank 0's two chunks, then
+backward produces, and the asynchronous functional collectives corrupted the heap on gloo about
+once in ten 2-process test launches ("malloc(): unaligned tcache chunk detected", SIGSEGV). Gloo has
+no reduce-scatter, so there the backward all-reduces and keeps this rank's slice. The gathered keys are in rank order (rank 0's two chunks, then
 rank 1's, ...); the causal mask compares global positions, ``q_pos >= k_pos``, so the order does
 not matter.
 
@@ -35,8 +38,8 @@ import contextlib
 from typing import Callable, Iterator
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed import _functional_collectives as funcol
 from torch.distributed.device_mesh import DeviceMesh
 
 from mindfoundry.backends.torch.model import Transformer
@@ -51,11 +54,33 @@ def chunk_positions(seq_len: int, cp: int, rank: int) -> torch.Tensor:
     return torch.cat([torch.arange(rank * n, (rank + 1) * n), torch.arange(late * n, (late + 1) * n)])
 
 
-def _gather_seq(x: torch.Tensor, group: object) -> torch.Tensor:
+class _GatherSeq(torch.autograd.Function):
+    """All-gather along dim 0 over `group`; backward: each rank's slice of the gradient summed over the ranks."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        out = x.new_empty((dist.get_world_size(group) * x.shape[0], *x.shape[1:]))
+        dist.all_gather_into_tensor(out, x.contiguous(), group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        group = ctx.group
+        n = dist.get_world_size(group)
+        if dist.get_backend(group) == "gloo":  # no reduce-scatter on gloo: sum everything, keep this rank's part
+            total = grad.clone(memory_format=torch.contiguous_format)
+            dist.all_reduce(total, group=group)
+            return total.chunk(n)[dist.get_rank(group)].contiguous(), None
+        out = grad.new_empty((grad.shape[0] // n, *grad.shape[1:]))
+        dist.reduce_scatter_tensor(out, grad.contiguous(), group=group)
+        return out, None
+
+
+def _gather_seq(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     """(B, K, S_local, D) on each rank -> (B, K, cp*S_local, D), ranks in order; autograd: reduce-scatter back."""
-    seq_first = x.permute(2, 0, 1, 3).contiguous()  # all_gather_single concatenates along dim 0
-    gathered = funcol.all_gather_single(seq_first, 0, group)
-    return gathered.permute(1, 2, 0, 3)
+    seq_first = x.permute(2, 0, 1, 3)  # the gather concatenates along dim 0
+    return _GatherSeq.apply(seq_first, group).permute(1, 2, 0, 3)
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, expand: Callable[[torch.Tensor], torch.Tensor], *,
