@@ -19,9 +19,10 @@ from mindfoundry.train.schedule import step_scalars
 pytest.importorskip("mindspore")
 
 #: (memory section, bit-identical to the plain step, also on MindSpore). Chunks of 5 over 16 positions end in a short
-#: chunk of 1. MindSpore compiles a graph per option (~8 s): it runs the four that cover its code paths.
+#: chunk of 1. MindSpore compiles a graph per option (~8 s): it runs the three that cover its code paths (its full
+#: recompute alone is bit-exact in tests/train/test_resume_and_rundir.py::test_resume_is_bit_exact).
 OPTIONS = [
-    ({"recompute": "full"}, True, True),
+    ({"recompute": "full"}, True, False),
     ({"recompute": "selective"}, True, False),
     ({"recompute": "full", "recompute_layers": [1]}, True, False),
     ({"recompute": "selective", "recompute_layers": 1}, True, True),
