@@ -51,6 +51,14 @@ def _zeros(*shape: int) -> Parameter:
     return Parameter(Tensor(np.zeros(shape, dtype=np.float32)), name="weight")
 
 
+def _matmul_t(matmul, x, weight, half: bool):
+    """x [N, in] times weight [out, in] transposed (`matmul` is a MatMul(transpose_b=True)); with `half`, in float16 on
+    cast copies with a float32 result: the Linear layers, the tied head and each loss chunk all compute it so."""
+    if half:
+        return matmul(x.astype(F16), weight.astype(F16)).astype(F32)
+    return matmul(x, weight)
+
+
 class Linear(nn.Cell):
     """y = x W^T with W stored [out, in] (torch.nn.Linear layout), no bias."""
 
@@ -62,10 +70,7 @@ class Linear(nn.Cell):
 
     def construct(self, x):
         lead = x.shape[:-1]
-        if self.half:
-            y = self.matmul(x.reshape(-1, x.shape[-1]).astype(F16), self.weight.astype(F16)).astype(F32)
-        else:
-            y = self.matmul(x.reshape(-1, x.shape[-1]), self.weight)
+        y = _matmul_t(self.matmul, x.reshape(-1, x.shape[-1]), self.weight, self.half)
         return y.reshape(lead + (y.shape[-1],))
 
 
@@ -352,10 +357,7 @@ class Transformer(nn.Cell):
         s = x.shape[1]
         x = self.norm(x)
         if self.lm_head is None:
-            if self.half:
-                flat = self.head_matmul(x.reshape(-1, x.shape[-1]).astype(F16), self.embed.weight.astype(F16)).astype(F32)
-            else:
-                flat = self.head_matmul(x.reshape(-1, x.shape[-1]), self.embed.weight)
+            flat = _matmul_t(self.head_matmul, x.reshape(-1, x.shape[-1]), self.embed.weight, self.half)
             return flat.reshape(x.shape[0], s, -1)
         return self.lm_head(x)
 
@@ -385,12 +387,7 @@ class ChunkNLL(nn.Cell):
         self.half = half
 
     def construct(self, x, weight, labels):
-        flat = x.reshape(-1, x.shape[-1])
-        if self.half:
-            logits = self.matmul(flat.astype(F16), weight.astype(F16)).astype(F32)
-        else:
-            logits = self.matmul(flat, weight)
-        nll, _ = token_nll(logits, labels)
+        nll, _ = token_nll(_matmul_t(self.matmul, x.reshape(-1, x.shape[-1]), weight, self.half), labels)
         return nll.sum()
 
 

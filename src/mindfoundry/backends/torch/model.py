@@ -34,6 +34,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
 from mindfoundry.backends.torch.chunked_loss import chunked_nll
+from mindfoundry.backends.torch.distributed import full_value
 from mindfoundry.data.dataset.packing import IGNORE_INDEX
 from mindfoundry.model.spec import ModelSpec, is_moe_layer, rope_tables
 
@@ -296,19 +297,22 @@ class Transformer(nn.Module):
         x = self.embed(ids)  # (B, S, C)
         for layer in self.layers:
             x = layer(x, cos, sin)
-        if labels is None:
-            return self._head(self.norm(x))
         x = self.norm(x)
+        if labels is None:
+            return self._head(x)
         if not self.loss_chunk:
             return self._head_nll(x, labels)
-        weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return chunked_nll(x, weight, labels, self.loss_chunk, self._head_nll)
+        return chunked_nll(x, self.head_weight(), labels, self.loss_chunk, self._head_nll)
 
     def _head_nll(self, x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return token_nll(_whole(self._head(x)), labels)
+        return token_nll(full_value(self._head(x)), labels)
+
+    def head_weight(self) -> torch.Tensor:
+        """The output head's [V, C] matrix: the embedding when tied."""
+        return self.embed.weight if self.lm_head is None else self.lm_head.weight
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.embed.weight if self.lm_head is None else self.lm_head.weight)
+        return F.linear(x, self.head_weight())
 
     def new_cache(self, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """An empty key/value cache of `length` positions for one sequence: (keys, values) per layer, (1, K, L, D) each."""
@@ -323,11 +327,6 @@ class Transformer(nn.Module):
         for layer, layer_cache in zip(self.layers, cache):
             x = layer.decode(x, cos, sin, layer_cache, positions)
         return self._head(self.norm(x))
-
-
-def _whole(logits: torch.Tensor) -> torch.Tensor:
-    """Vocab-sharded logits (a DTensor under tensor parallelism) as full logits; plain logits unchanged."""
-    return logits.full_tensor() if isinstance(logits, DTensor) else logits
 
 
 def aux_loss_sum(model: nn.Module) -> torch.Tensor | None:

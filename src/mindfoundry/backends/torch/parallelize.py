@@ -51,7 +51,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from mindfoundry.backends.torch.distributed import Layout, dp_mesh_for_fsdp
+from mindfoundry.backends.torch.distributed import Layout, dp_mesh_for_fsdp, full_value
 from mindfoundry.backends.torch.expert_parallel import apply_moe, check_moe_layout, sharded_expert_params
 from mindfoundry.backends.torch.model import Transformer
 
@@ -117,7 +117,7 @@ def _to_replicate(_module: nn.Module, _inputs: tuple, out: DTensor) -> DTensor:
 
 def _full_logits(_module: nn.Module, _inputs: tuple, logits: torch.Tensor) -> torch.Tensor:
     """Vocab-sharded logits (DTensor) -> full logits (plain tensor, autograd through the gather)."""
-    return logits.full_tensor() if isinstance(logits, DTensor) else logits
+    return full_value(logits)
 
 
 def apply_tp(model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
