@@ -121,14 +121,6 @@ class Attention(nn.Cell):
         b, s, _ = x.shape
         return x.reshape(b, s, n, self.head_dim).transpose(0, 2, 1, 3)  # (B, n, S, D)
 
-    def _expand_kv(self, x):
-        """(B, K, S, D) -> (B, H, S, D): each kv head serves H/K query heads."""
-        if self.n_kv_heads == self.n_heads:
-            return x
-        b, k, s, d = x.shape
-        rep = self.n_heads // self.n_kv_heads
-        return ops.broadcast_to(x.reshape(b, k, 1, s, d), (b, k, rep, s, d)).reshape(b, k * rep, s, d)
-
     def construct(self, x, cos, sin, mask):
         b, s, _ = x.shape
         q = self._heads(self.q_proj(x), self.n_heads)  # (B, H, S, D)
@@ -139,19 +131,28 @@ class Attention(nn.Cell):
         return self._attend(q, k, v, mask)
 
     def _attend(self, q, k, v, mask):
-        """softmax(q k^T / sqrt(D) + mask) v over the (B, K, L, D) keys/values, then the output projection."""
+        """softmax(q k^T / sqrt(D) + mask) v over the (B, K, L, D) keys/values, then the output projection.
+
+        Grouped-query heads without copies of the keys/values: query head h = k*G + g uses kv head k, so
+        (B, H, S, D) reshapes for free to (B, K, G*S, D) and multiplies the K kv heads directly; scores
+        are viewed as (B, K, G, S, L) for the (S, L) mask and the softmax.
+        """
         b, _, s, _ = q.shape
-        k, v = self._expand_kv(k), self._expand_kv(v)
+        kv, length = k.shape[1], k.shape[2]
+        group = self.n_heads // kv
+        q = q.reshape(b, kv, group * s, self.head_dim)
+        k_t = k.transpose(0, 1, 3, 2)
         if self.half:  # q pre-scaled so q.k stays far from float16's 65504; softmax statistics in float32
-            scores = self.scores_matmul((q * self.scale).astype(F16), k.transpose(0, 1, 3, 2).astype(F16))
-            scores = self.mask_add(self.scores_cast(scores, F32), mask)
-            probs = self.softmax(scores)
+            scores = self.scores_cast(self.scores_matmul((q * self.scale).astype(F16), k_t.astype(F16)), F32)
+        else:
+            scores = self.scale_mul(self.scores_matmul(q, k_t), self.scale)  # (B, K, G*S, L)
+        scores = self.mask_add(scores.reshape(b, kv, group, s, length), mask)
+        probs = self.softmax(scores).reshape(b, kv, group * s, length)
+        if self.half:
             out = ops.matmul(probs.astype(F16), v.astype(F16)).astype(F32)
         else:
-            scores = self.mask_add(self.scale_mul(self.scores_matmul(q, k.transpose(0, 1, 3, 2)), self.scale), mask)  # (B, H, S, L)
-            probs = self.softmax(scores)
-            out = ops.matmul(probs, v)
-        out = out.transpose(0, 2, 1, 3).reshape(b, s, self.n_heads * self.head_dim)
+            out = ops.matmul(probs, v)  # (B, K, G*S, D)
+        out = out.reshape(b, self.n_heads, s, self.head_dim).transpose(0, 2, 1, 3).reshape(b, s, self.n_heads * self.head_dim)
         return self.o_proj(out)
 
     def decode(self, x, cos, sin, mask, write, k_cache, v_cache):

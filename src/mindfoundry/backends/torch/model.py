@@ -103,8 +103,8 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim))
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if self.core is None:
-            return F.scaled_dot_product_attention(q, self._expand_kv(k), self._expand_kv(v), is_causal=True)
+        if self.core is None:  # SDPA reads each kv head for its H/K query heads itself: no expanded copies
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
         return self.core(q, k, v, self._expand_kv)
 
     def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor],
