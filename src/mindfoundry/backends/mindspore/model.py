@@ -114,7 +114,8 @@ class Attention(nn.Cell):
         self.scale = 1.0 / float(np.sqrt(spec.head_dim))
         self.half = half
         # The attention core's primitives (the ops.matmul / softmax kernels), as instances selective recompute can mark
-        self.scores_matmul, self.scale_mul, self.mask_add = prims.MatMulExt(), prims.Mul(), prims.Add()
+        self.scores_matmul, self.scale_mul, self.mask_add = ops.BatchMatMul(transpose_b=True), prims.Mul(), prims.Add()
+        self.probs_matmul = ops.BatchMatMul()  # transposes as kernel flags: no Transpose ops in the backward
         self.scores_cast, self.softmax = prims.Cast(), prims.Softmax(axis=(-1,))
 
     def _heads(self, x, n):
@@ -141,17 +142,16 @@ class Attention(nn.Cell):
         kv, length = k.shape[1], k.shape[2]
         group = self.n_heads // kv
         q = q.reshape(b, kv, group * s, self.head_dim)
-        k_t = k.transpose(0, 1, 3, 2)
         if self.half:  # q pre-scaled so q.k stays far from float16's 65504; softmax statistics in float32
-            scores = self.scores_cast(self.scores_matmul((q * self.scale).astype(F16), k_t.astype(F16)), F32)
+            scores = self.scores_cast(self.scores_matmul((q * self.scale).astype(F16), k.astype(F16)), F32)
         else:
-            scores = self.scale_mul(self.scores_matmul(q, k_t), self.scale)  # (B, K, G*S, L)
+            scores = self.scale_mul(self.scores_matmul(q, k), self.scale)  # (B, K, G*S, L)
         scores = self.mask_add(scores.reshape(b, kv, group, s, length), mask)
         probs = self.softmax(scores).reshape(b, kv, group * s, length)
         if self.half:
-            out = ops.matmul(probs.astype(F16), v.astype(F16)).astype(F32)
+            out = self.probs_matmul(probs.astype(F16), v.astype(F16)).astype(F32)
         else:
-            out = ops.matmul(probs, v)  # (B, K, G*S, D)
+            out = self.probs_matmul(probs, v)  # (B, K, G*S, D)
         out = out.reshape(b, self.n_heads, s, self.head_dim).transpose(0, 2, 1, 3).reshape(b, s, self.n_heads * self.head_dim)
         return self.o_proj(out)
 
@@ -300,9 +300,12 @@ class Transformer(nn.Cell):
         self.causal_mask = Tensor(causal)
         self.head_matmul = ops.MatMul(transpose_b=True)
 
+    def tables(self, s: int):
+        """RoPE cos/sin and the causal mask for `s` positions (constants, not parameters)."""
+        return self.cos[:s], self.sin[:s], self.causal_mask[:s, :s]
+
     def construct(self, ids):
-        s = ids.shape[1]
-        cos, sin, mask = self.cos[:s], self.sin[:s], self.causal_mask[:s, :s]
+        cos, sin, mask = self.tables(ids.shape[1])
         x = self.embed(ids)  # (B, S, C)
         for layer in self.layers:
             x = layer(x, cos, sin, mask)
@@ -319,8 +322,7 @@ class Transformer(nn.Cell):
 
     def body(self, ids):
         """(hidden states before the final norm [B, S, C], the MoE term of forward_aux; 0.0 for a dense model)."""
-        s = ids.shape[1]
-        cos, sin, mask = self.cos[:s], self.sin[:s], self.causal_mask[:s, :s]
+        cos, sin, mask = self.tables(ids.shape[1])
         x = self.embed(ids)
         aux = 0.0
         for layer in self.layers:
