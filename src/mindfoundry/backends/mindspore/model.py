@@ -141,11 +141,13 @@ class Attention(nn.Cell):
         b, _, s, _ = q.shape
         kv, length = k.shape[1], k.shape[2]
         group = self.n_heads // kv
-        q = q.reshape(b, kv, group * s, self.head_dim)
-        if self.half:  # q pre-scaled so q.k stays far from float16's 65504; softmax statistics in float32
-            scores = self.scores_cast(self.scores_matmul((q * self.scale).astype(F16), k.astype(F16)), F32)
+        # 1/sqrt(D) on the queries, not on the D/L times larger scores (exact when D is a power of 4); under fp16 it
+        # also keeps q.k far from float16's 65504. Softmax statistics stay float32.
+        q = self.scale_mul(q.reshape(b, kv, group * s, self.head_dim), self.scale)
+        if self.half:
+            scores = self.scores_cast(self.scores_matmul(q.astype(F16), k.astype(F16)), F32)
         else:
-            scores = self.scale_mul(self.scores_matmul(q, k), self.scale)  # (B, K, G*S, L)
+            scores = self.scores_matmul(q, k)  # (B, K, G*S, L)
         scores = self.mask_add(scores.reshape(b, kv, group, s, length), mask)
         probs = self.softmax(scores).reshape(b, kv, group * s, length)
         if self.half:
