@@ -17,6 +17,8 @@ pytest.importorskip("mindspore")
 pytest.importorskip("torch")
 
 from mindfoundry.train.metrics import read_metrics  # noqa: E402
+from mindfoundry.report.plots import mixture_rows  # noqa: E402
+from mindfoundry.report.run import load_run  # noqa: E402
 from mf_testing import tiny_run_tree  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -168,5 +170,9 @@ def test_mixture_run_reports_realized_shares_and_resumes_exactly(corpus_dir: Pat
     detail = [r for r in read_metrics(tmp_path / "mix-straight" / "metrics.jsonl") if "mixture" in r]
     shares = detail[-1]["mixture"]["categories"]
     assert shares["code"]["target"] == pytest.approx(0.75) and shares["code"]["realized"] == pytest.approx(0.75)
+    # the report reads the realized mixture from those same records (issue #19: it looked on the step records)
+    rows = dict(mixture_rows(load_run(tmp_path / "mix-straight")))
+    assert rows["realized mixture (training)"] == pytest.approx({"code": 0.75, "asyncio": 0.25})
+    assert rows["target mixture (config)"] == pytest.approx({"code": 0.75, "asyncio": 0.25})
     state = json.loads((tmp_path / "mix-split" / "checkpoints" / "step_00000006" / "trainer_state.json").read_text())
     assert state["data_order"]["position"] == 48 and "mixture" in state["data_order"]

@@ -286,7 +286,8 @@ def mixture_rows(run: RunData) -> list[tuple[str, dict[str, float]]]:
     if weights:
         total = sum(weights.values())
         rows.append(("target mixture (config)", {c: w / total for c, w in weights.items()}))
-    realized = next((r["mixture"] for r in reversed(run.steps) if isinstance(r.get("mixture"), dict)), None)
+    # the trainer writes the realized mixture on its per-layer detail records (every monitor.detail_every steps)
+    realized = next((r["mixture"] for r in reversed(run.details) if isinstance(r.get("mixture"), dict)), None)
     if realized:
         rows.append(("realized mixture (training)", realized_shares(realized)))
     return rows
