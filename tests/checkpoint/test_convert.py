@@ -76,3 +76,22 @@ def test_ckpt_loads_into_mindspore_model(run_ckpt, tmp_path: Path, tiny) -> None
 def test_unknown_suffix(run_ckpt, tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="use .ckpt"):
         export_checkpoint(run_ckpt[0], tmp_path / "m.bin")
+
+
+def test_convert_says_what_it_wrote_and_every_file_gets_the_umask_mode(run_ckpt, tmp_path: Path) -> None:
+    """`convert` / `export` list their files on stdout; safetensors (0600), MindSpore's .ckpt (0400) and torch's .pt
+    (0644) all come out 0666 less the umask, as a plain open() would make them (issue #19)."""
+    import os
+    import subprocess
+    import sys
+
+    path, _ = run_ckpt
+    outputs = [("convert", "model.ckpt"), ("convert", "model.pt"), ("convert", "weights.safetensors")]
+    for umask, mode in ((0o022, 0o644), (0o027, 0o640)):
+        for verb, name in outputs:
+            target = tmp_path / f"{umask:o}-{name}"
+            proc = subprocess.run([sys.executable, "-m", "mindfoundry.cli", verb, str(path), str(target)], capture_output=True,
+                                  text=True, timeout=300, preexec_fn=lambda u=umask: os.umask(u), env=dict(os.environ, COLUMNS="300"))
+            assert proc.returncode == 0, proc.stderr
+            assert f"wrote {target}" in proc.stdout and f"mode {mode:o}" in proc.stdout
+            assert target.stat().st_mode & 0o777 == mode, (name, oct(target.stat().st_mode))

@@ -84,6 +84,11 @@ def test_names_and_config(tiny_prepared, tmp_path: Path) -> None:
         "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
         "intermediate_size": cfg.model.ffn_dim, "vocab_size": 512, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
         "tie_word_embeddings": True}
+    mask = os.umask(0)
+    os.umask(mask)  # every file as a plain open() makes it (safetensors alone writes 0600)
+    assert {f.name: f.stat().st_mode & 0o777 for f in (tmp_path / "hf").iterdir()} == {
+        name: 0o666 & ~mask for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                                          "tokenizer_config.json")}
 
 
 def test_export_refuses_what_it_cannot_write(tiny_prepared, tmp_path: Path, capsys) -> None:

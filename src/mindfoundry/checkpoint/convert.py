@@ -17,7 +17,7 @@ from pathlib import Path
 
 from mindfoundry.backends.base import read_shard_folder
 from mindfoundry.errors import MindFoundryError
-from mindfoundry.checkpoint.store import CheckpointError, Retention, load_checkpoint, save_checkpoint, write_safetensors
+from mindfoundry.checkpoint.store import CheckpointError, Retention, load_checkpoint, publish_mode, save_checkpoint, write_safetensors
 from mindfoundry.checkpoint.run_files import run_config
 
 NATIVE = {".ckpt": "mindspore", ".pt": "torch"}
@@ -46,6 +46,7 @@ def export_checkpoint(ckpt_dir: Path, out: Path) -> Path:
     module = _engine_module(out.suffix)
     ckpt = load_checkpoint(ckpt_dir, read_shards=read_shard_folder)
     module.export_native(ckpt.weights, ckpt.optimizer, ckpt.state, out, run_config(Path(ckpt_dir)))
+    publish_mode(out)
     return out
 
 

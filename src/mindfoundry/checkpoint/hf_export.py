@@ -22,7 +22,7 @@ from safetensors.numpy import save_file
 
 from mindfoundry.backends.base import check_state_names, read_shard_folder
 from mindfoundry.checkpoint.run_files import run_config, run_tokenizer
-from mindfoundry.checkpoint.store import CheckpointError, load_checkpoint
+from mindfoundry.checkpoint.store import CheckpointError, load_checkpoint, publish_mode
 from mindfoundry.data.prepare.tokenizer import EOS, PAD, eos_id, load_tokenizer, pad_id
 from mindfoundry.errors import OutputExistsError
 from mindfoundry.model.spec import ModelSpec, parameter_shapes
@@ -103,6 +103,7 @@ def export_hf(ckpt_dir: str | Path, out: str | Path) -> Path:
     for name, content in files.items():
         (tmp / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
     shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")
+    publish_mode(tmp)
     if out.exists():
         out.rmdir()  # empty, checked above
     tmp.rename(out)

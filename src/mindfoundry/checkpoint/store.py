@@ -106,6 +106,17 @@ def _write_json(path: Path, data: Mapping[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
+def publish_mode(path: Path) -> None:
+    """Give `path` (a file, or every file under a folder) the mode a plain ``open()`` would: 0666 less the umask.
+
+    Writers differ (safetensors creates 0600, MindSpore's save_checkpoint 0400, torch.save 0644); files
+    our users hand to their own tools, or share on a cluster, should not depend on which one wrote them."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for file in [path] if path.is_file() else sorted(f for f in path.rglob("*") if f.is_file()):
+        file.chmod(0o666 & ~mask)
+
+
 def write_safetensors(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
     """One safetensors file as the checkpoints hold it (also `mindfoundry convert STEP out.safetensors`).
 
@@ -113,6 +124,7 @@ def write_safetensors(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
     OSError it is, so that a full disk is told as one (see :class:`DiskFullError`)."""
     try:
         save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(path), metadata={"format": "mindfoundry"})
+        publish_mode(path)
     except SafetensorError as exc:
         code = re.search(r"os error (\d+)", str(exc))
         if code:

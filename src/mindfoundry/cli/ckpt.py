@@ -12,7 +12,6 @@ from rich.console import Console
 from rich.table import Table
 from safetensors import safe_open
 
-from mindfoundry.cli.args import console
 from mindfoundry.checkpoint.store import (
     LATEST_FILE, MODEL_DIR, MODEL_FILE, OPTIMIZER_DIR, OPTIMIZER_FILE, STATE_FILE, CheckpointError, checkpoints_dir, is_sharded,
     list_checkpoints, verify_checkpoint,
@@ -106,8 +105,16 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
     src, dst = Path(args.source), Path(args.dest)
     written = export_checkpoint(src, dst) if src.is_dir() else import_checkpoint(src, dst)
-    console.print(f"wrote {written}")
+    print_written(written)
     return 0
+
+
+def print_written(path: Path) -> None:
+    """On stdout, what a conversion or export wrote: each file with its size and mode."""
+    files = [path] if path.is_file() else sorted(f for f in path.rglob("*") if f.is_file())
+    out.print(f"wrote {path}" + ("" if path.is_file() else f" ({len(files)} files)"), highlight=False)
+    for f in files:
+        out.print(f"  {f}  {f.stat().st_size:,} bytes  mode {f.stat().st_mode & 0o777:o}", highlight=False)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -117,8 +124,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     src, out = Path(args.checkpoint), Path(args.out)
     if args.format == "safetensors" and out.suffix != WEIGHTS_ONLY:
         raise CheckpointError(f"--format safetensors writes one file: give --out a name ending in {WEIGHTS_ONLY}")
-    written = export_hf(src, out) if args.format == "hf" else export_checkpoint(src, out)
-    console.print(f"wrote {written}")
+    print_written(export_hf(src, out) if args.format == "hf" else export_checkpoint(src, out))
     return 0
 
 
