@@ -52,7 +52,7 @@ MODES = {
 }
 
 
-def _status(key: str) -> int:
+def proc_status(key: str) -> int:
     """A /proc/self/status size (VmRSS, VmHWM) in bytes."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(key + ":"):
@@ -85,7 +85,7 @@ def worker(engine: str, sets: list[str], steps: int) -> dict:
     if engine == "mindspore":  # its memory pool keeps what the first step took: measure from before the first step
         gc.collect()
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-        baseline = _status("VmRSS")
+        baseline = proc_status("VmRSS")
         Path("/proc/self/clear_refs").write_text("5")
     for i in (1, 2):
         step(i)
@@ -93,10 +93,10 @@ def worker(engine: str, sets: list[str], steps: int) -> dict:
         backend.optimizer.zero_grad(set_to_none=True)
         gc.collect()
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-        baseline = _status("VmRSS")
+        baseline = proc_status("VmRSS")
         Path("/proc/self/clear_refs").write_text("5")  # the high-water mark restarts from the current RSS
     times = sorted(step(3 + i) for i in range(steps))
-    return {"baseline": baseline, "peak": _status("VmHWM"), "step_s": times[len(times) // 2]}
+    return {"baseline": baseline, "peak": proc_status("VmHWM"), "step_s": times[len(times) // 2]}
 
 
 def pynative_worker(recompute: bool) -> dict:
@@ -129,7 +129,7 @@ def pynative_worker(recompute: bool) -> dict:
         start = time.perf_counter()
         grad(ms.Tensor(ids[:, :-1]), ms.Tensor(ids[:, 1:]), ms.Tensor(np.float32(1 / ids[:, 1:].size)))
         times.append(time.perf_counter() - start)
-    return {"peak": _status("VmHWM"), "step_s": times[-1]}
+    return {"peak": proc_status("VmHWM"), "step_s": times[-1]}
 
 
 def planned(engine: str, sets: list[str]) -> dict:

@@ -19,14 +19,12 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from memory import proc_status  # noqa: E402
 from peers import ROOT, SIZES  # noqa: E402
 
 
 def _rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise KeyError("VmRSS")
+    return proc_status("VmRSS") / 2**20
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+from memory import proc_status  # bench/memory.py: this script's folder is on sys.path
+
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = {
     "demo": [],  # configs/demo.yaml: vocab 8192, d256, 4 layers, 8/4 heads, seq 128, micro-batch 16
@@ -43,13 +45,6 @@ SIZES = {
 CONTENDERS = ["mf-mindspore", "mf-torch", "naive-mindspore", "plain-torch"]
 PAIRS = [("mf-mindspore", "mf-torch"), ("mf-mindspore", "naive-mindspore"), ("mf-torch", "plain-torch"),
          ("mf-mindspore", "plain-torch")]
-
-
-def _hwm_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise KeyError("VmHWM")
 
 
 def _pin_threads(name: str, threads: int) -> None:
@@ -98,7 +93,7 @@ def _ms_matmul(a, b):
     return ops.matmul(a, b)
 
 
-def _build(name: str, size: str):
+def build_contender(name: str, size: str):
     """(step(i) -> loss, flops per token, tokens per step, parameters) of one contender."""
     import numpy as np
 
@@ -152,10 +147,9 @@ def _build(name: str, size: str):
 
 def worker(name: str, size: str, threads: int, warmup: int) -> None:
     """One contender: build, warm up, then answer 'step' / 'gemm METHOD N' / 'quit' on stdin with JSON lines."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     _pin_threads(name, threads)
     t0 = time.perf_counter()
-    step, fpt, tokens, params = _build(name, size)
+    step, fpt, tokens, params = build_contender(name, size)
     build_s = time.perf_counter() - t0
     firsts = []
     for i in range(warmup):
@@ -175,7 +169,7 @@ def worker(name: str, size: str, threads: int, warmup: int) -> None:
         elif cmd[0] == "gemm":
             print(json.dumps({"gflops": _gemm(cmd[1], int(cmd[2]))}), flush=True)
         else:
-            print(json.dumps({"hwm_mib": _hwm_mib()}), flush=True)
+            print(json.dumps({"hwm_mib": proc_status("VmHWM") / 2**20}), flush=True)
             return
 
 

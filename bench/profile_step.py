@@ -23,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers import ROOT, SIZES  # noqa: E402
+from peers import SIZES, build_contender  # noqa: E402
 
 GROUPS = {  # op type -> what it is, for the summary line
     "matmul": ("MatMul", "BatchMatMul", "MatMulExt", "mm", "bmm", "addmm", "matmul", "linear"),
@@ -37,23 +37,6 @@ def _group(op: str) -> str:
         if any(k.lower() in op.lower() for k in keys):
             return name
     return "other"
-
-
-def _build(engine: str, size: str):
-    import numpy as np
-
-    from mindfoundry.backends.base import create_backend
-    from mindfoundry.model.spec import ModelSpec, init_weights
-    from mindfoundry.parallel.layout import load_run_config
-    from mindfoundry.train.schedule import step_scalars
-
-    cfg = load_run_config(ROOT / "configs" / "demo.yaml", SIZES[size] + [f"backend={engine}", "train.grad_accum=1"])
-    spec, t = ModelSpec.from_config(cfg.model), cfg.train
-    backend = create_backend(cfg, spec)
-    backend.load_weights(init_weights(spec, cfg.seed))
-    rng = np.random.default_rng(cfg.seed)
-    ids = rng.integers(0, spec.vocab_size, size=(1, t.micro_batch_size, t.seq_len))
-    return lambda i: backend.train_step(ids, ids, step_scalars(i + 1, 1000, cfg.optim, valid_tokens=ids.size))
 
 
 def profile_torch(step, first: int, steps: int) -> tuple[Counter, Counter, float]:
@@ -115,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     results = {}
     for engine in args.engines:
-        step = _build(engine, args.size)
+        step = build_contender(f"mf-{engine}", args.size)[0]  # the trainer's step, as peers.py times it
         t0 = time.perf_counter()
         step(0)
         first = time.perf_counter() - t0

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -81,10 +84,6 @@ def test_unknown_suffix(run_ckpt, tmp_path: Path) -> None:
 def test_convert_says_what_it_wrote_and_every_file_gets_the_umask_mode(run_ckpt, tmp_path: Path) -> None:
     """`convert` / `export` list their files on stdout; safetensors (0600), MindSpore's .ckpt (0400) and torch's .pt
     (0644) all come out 0666 less the umask, as a plain open() would make them (issue #19)."""
-    import os
-    import subprocess
-    import sys
-
     path, _ = run_ckpt
     outputs = [("convert", "model.ckpt"), ("convert", "model.pt"), ("convert", "weights.safetensors")]
     for umask, mode in ((0o022, 0o644), (0o027, 0o640)):

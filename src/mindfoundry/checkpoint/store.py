@@ -106,6 +106,11 @@ def _write_json(path: Path, data: Mapping[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
+def written_files(path: Path) -> list[Path]:
+    """`path` itself when it is a file, else every file under it, sorted."""
+    return [path] if path.is_file() else sorted(f for f in path.rglob("*") if f.is_file())
+
+
 def publish_mode(path: Path) -> None:
     """Give `path` (a file, or every file under a folder) the mode a plain ``open()`` would: 0666 less the umask.
 
@@ -113,7 +118,7 @@ def publish_mode(path: Path) -> None:
     our users hand to their own tools, or share on a cluster, should not depend on which one wrote them."""
     mask = os.umask(0)
     os.umask(mask)
-    for file in [path] if path.is_file() else sorted(f for f in path.rglob("*") if f.is_file()):
+    for file in written_files(path):
         file.chmod(0o666 & ~mask)
 
 

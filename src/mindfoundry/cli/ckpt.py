@@ -14,7 +14,7 @@ from safetensors import safe_open
 
 from mindfoundry.checkpoint.store import (
     LATEST_FILE, MODEL_DIR, MODEL_FILE, OPTIMIZER_DIR, OPTIMIZER_FILE, STATE_FILE, CheckpointError, checkpoints_dir, is_sharded,
-    list_checkpoints, verify_checkpoint,
+    list_checkpoints, verify_checkpoint, written_files,
 )
 
 out = Console()
@@ -111,7 +111,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 def print_written(path: Path) -> None:
     """On stdout, what a conversion or export wrote: each file with its size and mode."""
-    files = [path] if path.is_file() else sorted(f for f in path.rglob("*") if f.is_file())
+    files = written_files(path)
     out.print(f"wrote {path}" + ("" if path.is_file() else f" ({len(files)} files)"), highlight=False)
     for f in files:
         out.print(f"  {f}  {f.stat().st_size:,} bytes  mode {f.stat().st_mode & 0o777:o}", highlight=False)

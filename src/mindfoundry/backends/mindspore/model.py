@@ -51,12 +51,12 @@ def _zeros(*shape: int) -> Parameter:
     return Parameter(Tensor(np.zeros(shape, dtype=np.float32)), name="weight")
 
 
-def _matmul_t(matmul, x, weight, half: bool):
-    """x [N, in] times weight [out, in] transposed (`matmul` is a MatMul(transpose_b=True)); with `half`, in float16 on
-    cast copies with a float32 result: the Linear layers, the tied head and each loss chunk all compute it so."""
+def _matmul(matmul, x, y, half: bool):
+    """`matmul(x, y)` (the primitive carries any transpose); with `half`, in float16 on cast copies with a float32
+    result: the Linear layers, the tied head, each loss chunk and attention's probs @ v all compute it so."""
     if half:
-        return matmul(x.astype(F16), weight.astype(F16)).astype(F32)
-    return matmul(x, weight)
+        return matmul(x.astype(F16), y.astype(F16)).astype(F32)
+    return matmul(x, y)
 
 
 class Linear(nn.Cell):
@@ -70,7 +70,7 @@ class Linear(nn.Cell):
 
     def construct(self, x):
         lead = x.shape[:-1]
-        y = _matmul_t(self.matmul, x.reshape(-1, x.shape[-1]), self.weight, self.half)
+        y = _matmul(self.matmul, x.reshape(-1, x.shape[-1]), self.weight, self.half)
         return y.reshape(lead + (y.shape[-1],))
 
 
@@ -150,10 +150,7 @@ class Attention(nn.Cell):
             scores = self.scores_matmul(q, k)  # (B, K, G*S, L)
         scores = self.mask_add(scores.reshape(b, kv, group, s, length), mask)
         probs = self.softmax(scores).reshape(b, kv, group * s, length)
-        if self.half:
-            out = self.probs_matmul(probs.astype(F16), v.astype(F16)).astype(F32)
-        else:
-            out = self.probs_matmul(probs, v)  # (B, K, G*S, D)
+        out = _matmul(self.probs_matmul, probs, v, self.half)  # (B, K, G*S, D)
         out = out.reshape(b, self.n_heads, s, self.head_dim).transpose(0, 2, 1, 3).reshape(b, s, self.n_heads * self.head_dim)
         return self.o_proj(out)
 
@@ -362,7 +359,7 @@ class Transformer(nn.Cell):
         s = x.shape[1]
         x = self.norm(x)
         if self.lm_head is None:
-            flat = _matmul_t(self.head_matmul, x.reshape(-1, x.shape[-1]), self.embed.weight, self.half)
+            flat = _matmul(self.head_matmul, x.reshape(-1, x.shape[-1]), self.embed.weight, self.half)
             return flat.reshape(x.shape[0], s, -1)
         return self.lm_head(x)
 
@@ -392,7 +389,7 @@ class ChunkNLL(nn.Cell):
         self.half = half
 
     def construct(self, x, weight, labels):
-        nll, _ = token_nll(_matmul_t(self.matmul, x.reshape(-1, x.shape[-1]), weight, self.half), labels)
+        nll, _ = token_nll(_matmul(self.matmul, x.reshape(-1, x.shape[-1]), weight, self.half), labels)
         return nll.sum()
 
 

@@ -7,15 +7,15 @@ the causal attention work is the same on every rank. Token ids and labels are cu
 
 **Attention.** Each rank computes q, k, v for its own tokens, with RoPE at their **global**
 positions (``Transformer.positions``). K and V (with the K kv heads, before the grouped-query
-expansion) are all-gathered over the cp group with the functional collective
-``all_gather_single``, whose backward is a reduce-scatter: the gradient of every rank's keys and
-values flows back to the rank that computed them. It is a small autograd Function over the
-synchronous c10d collectives (:class:`_GatherSeq`): ``torch.distributed.nn.functional.all_gather``
-gives wrong gradients on gloo when the incoming gradient is non-contiguous, which CPU SDPA's
-backward produces, and the asynchronous functional collectives corrupted the heap on gloo about
-once in ten 2-process test launches ("malloc(): unaligned tcache chunk detected", SIGSEGV). Gloo has
-no reduce-scatter, so there the backward all-reduces and keeps this rank's slice. The gathered keys are in rank order (rank 0's two chunks, then
-rank 1's, ...); the causal mask compares global positions, ``q_pos >= k_pos``, so the order does
+expansion) are all-gathered over the cp group by :class:`_GatherSeq`, a small autograd Function
+over the synchronous c10d collectives whose backward is a reduce-scatter: the gradient of every
+rank's keys and values flows back to the rank that computed them (gloo has no reduce-scatter, so
+there the backward all-reduces and keeps this rank's slice). Not the library's versions:
+``torch.distributed.nn.functional.all_gather`` gives wrong gradients on gloo when the incoming
+gradient is non-contiguous, which CPU SDPA's backward produces, and the asynchronous functional
+collectives (``all_gather_single``) corrupted the heap on gloo about once in ten 2-process test
+launches ("malloc(): unaligned tcache chunk detected", SIGSEGV). The gathered keys are in rank order
+(rank 0's two chunks, then rank 1's, ...); the causal mask compares global positions, ``q_pos >= k_pos``, so the order does
 not matter.
 
 **Loss and gradients.** Each rank scores only its own tokens: the summed NLL of its local labels
