@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from mindfoundry.checkpoint.store import (
-    CheckpointError, Retention, apply_retention, find_resumable, list_checkpoints, load_checkpoint, save_checkpoint, verify_checkpoint,
+    CheckpointError, Retention, apply_retention, checkpoint_eval, find_resumable, list_checkpoints, load_checkpoint, save_checkpoint,
+    verify_checkpoint,
 )
 
 
@@ -112,9 +113,73 @@ def test_fifty_random_corruptions_are_all_detected(tmp_path: Path) -> None:
 def test_retention_rules(tmp_path: Path, keep_last: int, keep_every: int, keep_best: bool, expected: list[int]) -> None:
     val = {1: 3.0, 2: 1.0, 3: 2.5, 4: 2.0, 5: 1.5, 6: 1.2}
     for step in range(1, 7):
-        save_checkpoint(tmp_path, step, {"w": np.zeros(2, np.float32)}, {}, {"val_loss": val[step]},
+        save_checkpoint(tmp_path, step, {"w": np.zeros(2, np.float32)}, {}, {"val_loss": val[step], "val_step": step},
                         Retention(keep_last, keep_every, keep_best))
     assert [int(p.name[5:]) for p in list_checkpoints(tmp_path)] == expected
+
+
+def save_evaluated(run: Path, step: int, val_loss: float | None, val_step: int | None, retention: Retention) -> None:
+    """A checkpoint whose trainer state carries the run's latest validation loss, measured at `val_step`."""
+    save_checkpoint(run, step, {"w": np.full(2, step, np.float32)}, {}, {"val_loss": val_loss, "val_step": val_step}, retention)
+
+
+def pointer(run: Path, name: str) -> str | None:
+    path = run / "checkpoints" / name
+    return path.read_text().strip() if path.exists() else None
+
+
+@pytest.mark.parametrize("keep_best", [False, True])
+def test_best_pointer_follows_the_lowest_loss_measured_at_the_checkpoints_own_step(tmp_path: Path, keep_best: bool) -> None:
+    """Evaluations at steps 2, 4, 6; steps 3 and 5 carry the previous loss along (as the trainer writes it) and are
+    not evaluated checkpoints: step 3 carries step 2's 1.0, the lowest value, and is still never best."""
+    retention = Retention(keep_last=3, keep_best=keep_best)
+    history = {1: (None, None), 2: (1.0, 2), 3: (1.0, 2), 4: (2.0, 4), 5: (2.0, 4), 6: (1.5, 6)}
+    best_after = {}
+    for step, (loss, at) in history.items():
+        save_evaluated(tmp_path, step, loss, at, retention)
+        best_after[step] = pointer(tmp_path, "best")
+        assert pointer(tmp_path, "latest") == f"step_{step:08d}"
+    if keep_best:  # step 2 survives retention and stays best
+        assert best_after == {1: None, 2: "step_00000002", 3: "step_00000002", 4: "step_00000002", 5: "step_00000002", 6: "step_00000002"}
+        assert [p.name[5:] for p in list_checkpoints(tmp_path)] == ["00000002", "00000004", "00000005", "00000006"]
+    else:  # retention deleted step 2 at step 5 (keep_last 3): the best of what is left is step 4, then step 6
+        assert best_after == {1: None, 2: "step_00000002", 3: "step_00000002", 4: "step_00000002", 5: "step_00000004", 6: "step_00000006"}
+    assert checkpoint_eval(json.loads((tmp_path / "checkpoints" / "step_00000005" / "trainer_state.json").read_text())) is None
+    assert checkpoint_eval(json.loads((tmp_path / "checkpoints" / "step_00000006" / "trainer_state.json").read_text())) == 1.5
+
+
+def test_checkpoints_of_release_010_are_not_evaluated_ones(tmp_path: Path) -> None:
+    """0.1.0 wrote val_loss without the step it was measured at: no best pointer is invented from it."""
+    save_checkpoint(tmp_path, 4, {"w": np.zeros(2, np.float32)}, {}, {"val_loss": 0.5}, Retention(keep_best=True))
+    assert pointer(tmp_path, "best") is None
+    assert checkpoint_eval({"step": 4, "val_loss": 0.5}) is None
+
+
+def test_ckpt_list_shows_each_checkpoints_own_evaluation_and_ckpt_best_prints_its_path(tmp_path: Path, capsys) -> None:
+    from mindfoundry.cli.main import main
+
+    for step, (loss, at) in {1: (None, None), 2: (2.3456, 2), 3: (2.3456, 2), 4: (1.25, 4), 5: (1.25, 4)}.items():
+        save_evaluated(tmp_path, step, loss, at, Retention(keep_last=5))
+    assert main(["ckpt", "list", str(tmp_path)]) == 0
+    rows = {line.split()[1]: line for line in capsys.readouterr().out.splitlines() if "step_0" in line}
+    assert "2.3456" in rows["step_00000002"] and "1.2500" in rows["step_00000004"] and "(best)" in rows["step_00000004"]
+    for step in ("step_00000001", "step_00000003", "step_00000005"):  # step 3 used to show step 2's 2.3456
+        assert "2.3456" not in rows[step] and "1.2500" not in rows[step], rows[step]
+    assert "(latest)" in rows["step_00000005"] and "(best)" not in rows["step_00000005"]
+    assert main(["ckpt", "best", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == f"{tmp_path / 'checkpoints' / 'step_00000004'}\n"
+    assert "best: step_00000004, validation loss 1.2500 (sha256 verified)" in captured.err
+
+
+def test_ckpt_best_without_an_evaluated_checkpoint_says_why(tmp_path: Path, capsys) -> None:
+    from mindfoundry.cli.main import main
+
+    assert main(["ckpt", "best", str(tmp_path)]) == 2
+    assert f"no committed checkpoints under '{tmp_path / 'checkpoints'}'" in capsys.readouterr().err
+    save_evaluated(tmp_path, 3, 2.0, 2, Retention())  # carries step 2's loss: not evaluated itself
+    assert main(["ckpt", "best", str(tmp_path)]) == 2
+    assert "no checkpoint of" in capsys.readouterr().err
 
 
 def test_retention_never_leaves_zero_checkpoints(tmp_path: Path) -> None:

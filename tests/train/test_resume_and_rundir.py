@@ -74,6 +74,8 @@ def test_resume_is_bit_exact(engine: str, straight_runs, corpus_dir: Path, tmp_p
 
     a, b = losses(straight_runs[engine]), losses(tmp_path / "split")
     assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5, 6]
+    for run in (straight_runs[engine], tmp_path / "split"):  # eval_every 0: only the last step was evaluated, so it is best
+        assert (run / "checkpoints" / "best").read_text() == "step_00000006\n"
     assert [a[s] for s in range(1, 7)] == [b[s] for s in range(1, 7)]  # same floats, not approximately
     assert a[6] < a[1]
     detail = [r for r in read_metrics(straight_runs[engine] / "metrics.jsonl") if "layer_update_ratio" in r]

@@ -10,6 +10,7 @@ Layout (documented in docs/checkpoints.md)::
         manifest.json            sha256 and size of every file above
         manifest.sha256          sha256 of manifest.json itself; written last = the commit marker
     RUN/checkpoints/latest       name of the newest committed checkpoint
+    RUN/checkpoints/best         name of the checkpoint with the lowest validation loss measured at its own step
 
 With ``checkpoint.format: sharded`` the engine writes the tensors itself, each rank only its shards
 (see :func:`save_checkpoint`'s ``writer``): ``model/`` and ``optimizer/`` folders of safetensors
@@ -47,6 +48,7 @@ STATE_FILE = "trainer_state.json"
 MANIFEST_FILE = "manifest.json"
 MANIFEST_SUM = "manifest.sha256"
 LATEST_FILE = "latest"
+BEST_FILE = "best"
 MODEL_DIR = "model"  # sharded format: the weights' shard files (one per writing rank) ...
 OPTIMIZER_DIR = "optimizer"  # ... and the AdamW moments' (exp_avg.NAME / exp_avg_sq.NAME)
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
@@ -70,7 +72,7 @@ class Retention:
     """Which committed checkpoints survive a save.
 
     keep_last newest ones; every checkpoint whose step is a multiple of keep_every (0 = none); and,
-    with keep_best, the one with the lowest validation loss recorded in its trainer state.
+    with keep_best, the one with the lowest validation loss measured at its own step (:func:`checkpoint_eval`).
     """
 
     keep_last: int = 3
@@ -215,8 +217,9 @@ def save_checkpoint(
     if replaced is not None:
         shutil.rmtree(replaced, ignore_errors=True)
     verify_checkpoint(final)
-    _point_latest(root, final.name)
+    _point(root, LATEST_FILE, final.name)
     apply_retention(run_dir, retention)
+    _point(root, BEST_FILE, _best_of(list_checkpoints(run_dir)))
     return final
 
 
@@ -241,22 +244,43 @@ def _mib(n: float) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
 
-def _point_latest(root: Path, name: str) -> None:
-    tmp = root / f".{LATEST_FILE}.tmp"
+def _point(root: Path, pointer: str, name: str | None) -> None:
+    """Point `latest` or `best` at checkpoint folder `name` by an atomic rename (None: remove the pointer)."""
+    if name is None:
+        (root / pointer).unlink(missing_ok=True)
+        return
+    tmp = root / f".{pointer}.tmp"
     tmp.write_text(name + "\n", encoding="utf-8")
-    os.replace(tmp, root / LATEST_FILE)
+    os.replace(tmp, root / pointer)
 
 
 def _step_of(path: Path) -> int:
     return int(path.name.split("_")[1])
 
 
-def _val_loss(path: Path) -> float | None:
+def checkpoint_eval(state: Mapping[str, Any]) -> float | None:
+    """The validation loss measured at this checkpoint's own step, or None when no evaluation ran at it.
+
+    trainer_state.json carries the run's latest `val_loss` along (a resumed run needs it) and `val_step`, the step
+    it was measured at; a checkpoint between two evaluations holds an older step's loss, which says nothing
+    about its own weights. Checkpoints without `val_step` (release 0.1.0) count as not evaluated."""
+    loss, at = state.get("val_loss"), state.get("val_step")
+    return float(loss) if loss is not None and at is not None and at == state.get("step") else None
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """A checkpoint folder's trainer_state.json, or {} when it is missing or unreadable (verification names why)."""
     try:
-        value = json.loads((path / STATE_FILE).read_text(encoding="utf-8")).get("val_loss")
-    except (OSError, json.JSONDecodeError):
-        return None
-    return float(value) if value is not None else None
+        state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def _best_of(found: list[Path]) -> str | None:
+    """The folder name of the checkpoint with the lowest own validation loss (the earliest of equals), or None."""
+    scored = [(loss, _step_of(p), p.name) for p in found if (loss := checkpoint_eval(read_state(p))) is not None]
+    return min(scored)[2] if scored else None
 
 
 def apply_retention(run_dir: str | Path, retention: Retention) -> list[Path]:
@@ -269,10 +293,8 @@ def apply_retention(run_dir: str | Path, retention: Retention) -> list[Path]:
     keep = set(found[-max(retention.keep_last, 1):])
     if retention.keep_every:
         keep |= {p for p in found if _step_of(p) % retention.keep_every == 0}
-    if retention.keep_best:
-        scored = [(loss, p) for p in found if (loss := _val_loss(p)) is not None]
-        if scored:
-            keep.add(min(scored, key=lambda t: t[0])[1])
+    if retention.keep_best and (best := _best_of(found)) is not None:
+        keep.add(checkpoints_dir(run_dir) / best)
     deleted = [p for p in found if p not in keep]
     for path in deleted:
         doomed = path.with_name(f"{DELETING}{path.name}-{os.getpid()}")

@@ -1,10 +1,9 @@
-"""`mindfoundry ckpt list|verify|inspect`: look at a run's checkpoints without loading an engine;
+"""`mindfoundry ckpt list|best|verify|inspect`: look at a run's checkpoints without loading an engine;
 `mindfoundry convert`: a checkpoint to and from the engines' native files."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 
@@ -13,9 +12,10 @@ from rich.table import Table
 from safetensors import safe_open
 
 from mindfoundry.checkpoint.store import (
-    LATEST_FILE, MODEL_DIR, MODEL_FILE, OPTIMIZER_DIR, OPTIMIZER_FILE, STATE_FILE, CheckpointError, checkpoints_dir, is_sharded,
-    list_checkpoints, verify_checkpoint, written_files,
+    BEST_FILE, LATEST_FILE, MODEL_DIR, MODEL_FILE, OPTIMIZER_DIR, OPTIMIZER_FILE, CheckpointError, checkpoint_eval, checkpoints_dir,
+    is_sharded, list_checkpoints, read_state, verify_checkpoint, written_files,
 )
+from mindfoundry.cli.args import console
 
 out = Console()
 
@@ -30,11 +30,16 @@ def _targets(path: Path) -> list[Path]:
     return found
 
 
+def _pointer(run: Path, name: str) -> str | None:
+    """The folder name `latest` or `best` points at (None without the pointer)."""
+    path = checkpoints_dir(run) / name
+    return path.read_text(encoding="utf-8").strip() if path.is_file() else None
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     run = Path(args.run_dir)
-    latest_file = checkpoints_dir(run) / LATEST_FILE
-    latest = latest_file.read_text().strip() if latest_file.is_file() else None
-    table = Table(title=f"checkpoints of {run}")
+    latest, best = _pointer(run, LATEST_FILE), _pointer(run, BEST_FILE)
+    table = Table(title=f"checkpoints of {run} (val loss: measured at that step; blank where no evaluation ran)")
     for col in ("checkpoint", "MB", "consumed samples", "val loss", "status"):
         table.add_column(col)
     problems = []
@@ -46,13 +51,29 @@ def cmd_list(args: argparse.Namespace) -> int:
         except CheckpointError as exc:
             status = "INVALID"
             problems.append(str(exc))
-        state = _state(path)
-        val = state.get("val_loss")
-        name = path.name + ("  (latest)" if path.name == latest else "")
-        table.add_row(name, f"{size:.1f}", str(state.get("consumed_samples", "?")), "-" if val is None else f"{val:.4f}", status)
+        state = read_state(path)
+        val = checkpoint_eval(state)
+        name = path.name + "".join(f"  ({tag})" for tag, pointed in (("latest", latest), ("best", best)) if path.name == pointed)
+        table.add_row(name, f"{size:.1f}", str(state.get("consumed_samples", "?")), "" if val is None else f"{val:.4f}", status)
     out.print(table)
     for problem in problems:
         out.print(f"[red]INVALID[/] {problem}", highlight=False, soft_wrap=True)
+    return 0
+
+
+def cmd_best(args: argparse.Namespace) -> int:
+    """The checkpoint `checkpoints/best` points at, verified, with its validation loss; its path alone on stdout."""
+    run = Path(args.run_dir)
+    name = _pointer(run, BEST_FILE)
+    if name is None:
+        if not list_checkpoints(run):
+            raise CheckpointError(f"no committed checkpoints under '{checkpoints_dir(run)}'")
+        raise CheckpointError(f"no checkpoint of {run} was evaluated at its own step, so none is best: evaluate where you "
+                              "checkpoint (train.eval_every a multiple of checkpoint.every; the last step always is)")
+    path = checkpoints_dir(run) / name
+    verify_checkpoint(path)
+    print(path)
+    console.print(f"best: {name}, validation loss {checkpoint_eval(read_state(path)):.4f} (sha256 verified)", highlight=False)
     return 0
 
 
@@ -68,19 +89,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 2 if bad else 0
 
 
-def _state(path: Path) -> dict:
-    try:
-        return json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return {}
-
-
 def cmd_inspect(args: argparse.Namespace) -> int:
     path = Path(args.path)
     verify_checkpoint(path)
-    state = _state(path)
+    state = read_state(path)
     out.print(f"[bold]{path}[/]  step {state.get('step')}  (AdamW updates applied: {state.get('adam_step', state.get('step'))})")
-    for key in ("consumed_samples", "consumed_tokens", "val_loss", "backend", "versions", "loss_scale", "skipped_windows", "anomaly"):
+    for key in ("consumed_samples", "consumed_tokens", "val_loss", "val_step", "backend", "versions", "loss_scale", "skipped_windows", "anomaly"):
         if key in state:
             out.print(f"  {key}: {state[key]}", highlight=False)
     if is_sharded(path):
@@ -144,6 +158,9 @@ def add_ckpt_commands(sub: argparse._SubParsersAction) -> None:
     p = ckpt.add_parser("list", help="a run's checkpoints with size, data position, val loss and status")
     p.add_argument("run_dir")
     p.set_defaults(func=cmd_list)
+    p = ckpt.add_parser("best", help="print the path of the checkpoint with the lowest validation loss (checkpoints/best)")
+    p.add_argument("run_dir")
+    p.set_defaults(func=cmd_best)
     p = ckpt.add_parser("verify", help="check sizes and sha256 of a checkpoint (or of all of a run's); exit 2 if any is invalid")
     p.add_argument("path", help="RUN_DIR or RUN_DIR/checkpoints/step_N")
     p.set_defaults(func=cmd_verify)

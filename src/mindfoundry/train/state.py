@@ -94,17 +94,24 @@ class DataPosition:
 @dataclass
 class Evaluations:
     """The held-out results a run carries along: the untrained model's (for the final summary) and the latest
-    validation loss (for keep_best retention)."""
+    validation loss with the step it was measured at (`val_step`). A checkpoint's own evaluation is the one whose
+    `val_step` is its step (:func:`mindfoundry.checkpoint.store.checkpoint_eval`: keep_best, the `best` pointer,
+    `ckpt list`); a checkpoint written between evaluations carries the older loss along for the resumed run only."""
 
     initial: dict[str, Any] | None = None
     val_loss: float | None = None
+    val_step: int | None = None
+
+    def measured(self, loss: float, step: int) -> None:
+        self.val_loss, self.val_step = loss, step
 
     def entries(self) -> dict[str, Any]:
-        return {"val_loss": self.val_loss, "initial_eval": self.initial}
+        return {"val_loss": self.val_loss, "val_step": self.val_step, "initial_eval": self.initial}
 
     def restore(self, state: Mapping[str, Any]) -> None:
         self.initial = state.get("initial_eval")
         self.val_loss = state.get("val_loss")
+        self.val_step = state.get("val_step")  # None in older checkpoints (release 0.1.0): their loss is of an unknown step
 
 
 def save_state(components: list[Component]) -> dict[str, Any]:

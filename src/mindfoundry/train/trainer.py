@@ -248,7 +248,7 @@ class Trainer:
                 at_end = self.progress.step == t.steps
                 if (t.eval_every and self.progress.step % t.eval_every == 0) or at_end:
                     last_eval = self.evaluate()
-                    self.evals.val_loss = last_eval.loss
+                    self.evals.measured(last_eval.loss, self.progress.step)
                     logger.log({"step": self.progress.step, **last_eval.to_dict(), **self._task_scores()})
                 every = cfg.checkpoint.every
                 if (every and self.progress.step % every == 0) or at_end or self.progress.step == end or self._stop_signal:
