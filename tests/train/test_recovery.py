@@ -124,6 +124,70 @@ def test_sigterm_checkpoints_the_current_step_and_exits_75(corpus_dir: Path, tmp
     assert [got[s] for s in range(1, STEPS + 1)] == [reference["mindspore"][s] for s in range(1, STEPS + 1)]
 
 
+def wait_for(path: Path, proc: subprocess.Popen, contains: str = "", timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while not (path.exists() and contains in path.read_text(errors="replace")):
+        assert proc.poll() is None, f"the process ended before {path} held {contains!r}"
+        assert time.time() < deadline, f"{path} did not appear in time"
+        time.sleep(0.01)
+
+
+def test_stop_signals_during_start_up_exit_75_and_leave_the_run_resumable(corpus_dir: Path, tmp_path: Path, reference) -> None:
+    """A signal at three moments before the first step (run dir just claimed, data prepared, engine built and
+    evaluating step 0): exit 75 each time, no checkpoint and no step written; then the run resumes to the
+    uninterrupted losses. SIGINT is reported as SIGINT (MindSpore's runtime turned it into SIGTERM)."""
+    config = write_config(corpus_dir, tmp_path, "startup", "mindspore")
+    run_dir = tmp_path / "startup"
+    moments = [(signal.SIGTERM, run_dir / "config.yaml", ""), (signal.SIGINT, run_dir / "data" / "manifest.json", ""),
+               (signal.SIGTERM, run_dir / "metrics.jsonl", '"event": "start"')]
+    for signum, path, contains in moments:
+        proc = subprocess.Popen(cmd("train", str(config), "--resume", "auto"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        wait_for(path, proc, contains)
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 75, err
+        assert f"stopped by {signal.Signals(signum).name} before the first step" in err, err
+        assert "Traceback" not in err
+        assert last_step(run_dir) == 0
+        assert not (run_dir / "checkpoints").exists() or not any((run_dir / "checkpoints").iterdir())
+    resumed = run("train", str(config), "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr
+    got = losses(run_dir)
+    assert [got[s] for s in range(1, STEPS + 1)] == [reference["mindspore"][s] for s in range(1, STEPS + 1)]
+
+
+def test_a_second_signal_exits_at_once_and_names_itself(corpus_dir: Path, tmp_path: Path, reference) -> None:
+    config = write_config(corpus_dir, tmp_path, "twice", "mindspore")
+    run_dir = tmp_path / "twice"
+    proc = subprocess.Popen(cmd("train", str(config)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_for_step(run_dir, 2, proc)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err  # 128 + SIGINT
+    assert "SIGINT received: checkpointing after this step" in err
+    assert "second stop signal (SIGINT): exiting at once without a checkpoint (exit 130)" in err
+    resumed = run("train", str(config), "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr
+    got = losses(run_dir)
+    assert [got[s] for s in range(1, STEPS + 1)] == [reference["mindspore"][s] for s in range(1, STEPS + 1)]
+
+
+def test_a_signal_after_the_last_step_is_a_normal_completion(corpus_dir: Path, tmp_path: Path) -> None:
+    """`run` evaluates, samples and writes its report after the last step: a SIGTERM then lets it finish, exit 0."""
+    config = write_config(corpus_dir, tmp_path, "late", "torch")
+    run_dir = tmp_path / "late"
+    proc = subprocess.Popen(cmd("run", str(config)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_for_step(run_dir, STEPS, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "SIGTERM received" in err and "stopped by" not in err
+    assert (run_dir / "summary.json").is_file() and (run_dir / "report.html").is_file()
+    assert (run_dir / "checkpoints" / "latest").read_text() == f"step_{STEPS:08d}\n"
+
+
 def test_supervisor_restarts_a_killed_run(corpus_dir: Path, tmp_path: Path, reference) -> None:
     config = write_config(corpus_dir, tmp_path, "sup", "mindspore")
     run_dir = tmp_path / "sup"

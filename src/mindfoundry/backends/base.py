@@ -62,9 +62,19 @@ class Backend(Protocol):
     world_size: int
     dp_rank: int
     dp_size: int
+    # Every rank holds the whole model and optimizer state (one process, or data parallel alone): weights() and
+    # optimizer_state() need no other rank, so this one can write a checkpoint after the others failed.
+    holds_full_state: bool
+    # After a train_step that raised: whether it may have begun changing weights or moments (a torn state that
+    # no checkpoint may take). False when the failure came before the optimizer touched anything.
+    update_began: bool
 
     def global_sum(self, value: float) -> float:
         """`value` summed over the data-parallel ranks (collective); `value` itself in one process."""
+        ...
+
+    def any_rank(self, flag: bool) -> bool:
+        """Whether `flag` is set on any process of the job (collective over every rank; `flag` in one process)."""
         ...
 
     def load_weights(self, weights: Mapping[str, np.ndarray]) -> None: ...

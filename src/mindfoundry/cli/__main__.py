@@ -2,6 +2,6 @@
 
 import sys
 
-from mindfoundry.cli.main import main
+from mindfoundry.cli.entry import main
 
 sys.exit(main())

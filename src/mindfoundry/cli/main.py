@@ -20,8 +20,10 @@ from mindfoundry.cli.debug import add_debug_commands
 from mindfoundry.cli.parallel import add_parallel_commands
 from mindfoundry.cli.report import add_report_commands
 from mindfoundry.cli.train import add_train_commands
+from mindfoundry.cli.entry import TRAINING_COMMANDS
 from mindfoundry.errors import MindFoundryError
 from mindfoundry.train.run_lock import release_all
+from mindfoundry.train.stop import Preempted, signals
 from mindfoundry.workflows.supervise import EXIT_ANOMALY_STOP, EXIT_CRASHED, EXIT_PREEMPTED, EXIT_USER_ERROR, supervise
 
 
@@ -36,12 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from mindfoundry.train.anomaly import AnomalyStop
-    from mindfoundry.train.trainer import Preempted
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     if getattr(args, "max_restarts", 0):
         return supervise(argv, args.max_restarts, console.print)
+    if args.command in TRAINING_COMMANDS and not getattr(args, "dry_run", False):
+        signals.install(console.print)  # stop signals, from here to the last line (mindfoundry.train.stop)
     try:
         return args.func(args)
     except MindFoundryError as exc:
@@ -54,7 +57,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print(f"[red]anomaly stop:[/] {exc}", highlight=False)
         return EXIT_ANOMALY_STOP
     except Exception:
+        if (stopped := signals.start_up_stop()) is not None:
+            console.print(f"[yellow]{stopped}[/]", highlight=False)
+            return EXIT_PREEMPTED
         console.print_exception()
         return EXIT_CRASHED
     finally:
         release_all()  # the command is over: its run directory is free for the next writer
+        if signals.installed:
+            signals.uninstall()

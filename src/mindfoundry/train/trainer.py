@@ -11,7 +11,6 @@ import importlib
 import math
 import platform
 import resource
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,14 +45,11 @@ from mindfoundry.train.metrics import JsonlSink, MetricsLogger, ProgressSink
 from mindfoundry.train.rundir import METRICS_FILE, run_identity
 from mindfoundry.train.schedule import step_scalars
 from mindfoundry.train.state import DataPosition, Evaluations, Keyed, Progress, restore_state, save_state
+from mindfoundry.train.stop import Phase, Preempted, signals
 
 
 class OverflowStop(MindFoundryError, RuntimeError):
     """A non-finite step with ``debug.overflow.error_stop`` on: training stops there, naming the module."""
-
-
-class Preempted(RuntimeError):
-    """A stop signal arrived; a checkpoint of the current step was written."""
 
 
 @dataclass
@@ -109,8 +105,10 @@ class Trainer:
         # `mindfoundry dump --resume auto`: another run's directory to resume from, at a step below resume_before
         self.resume_from: Path | None = None
         self.resume_before: int | None = None
-        self._stop_signal: int | None = None
         self._process = psutil.Process()
+        # where the current step is: inside the engine's step, or past it with the counters not yet moved (the
+        # weights may then be ahead of `progress`: no last-gasp checkpoint of that state)
+        self._in_engine = self._counters_behind = False
 
     # -- state -------------------------------------------------------------------------------
     def restore_or_init(self, resume: bool) -> None:
@@ -209,17 +207,35 @@ class Trainer:
                   for name, questions in self.tasks.items()}
         return {key: {name: s[metric] for name, s in scores.items()} for key, metric in (("task_acc", "acc"), ("task_acc_norm", "acc_norm"))}
 
-    def _on_signal(self, signum: int, _frame) -> None:
-        if self._stop_signal is not None:  # second signal: stop now, without a checkpoint
-            signal.signal(signum, signal.SIG_DFL)
-            signal.raise_signal(signum)
-        self._stop_signal = signum
-        self.console.print(f"[yellow]{signal.Signals(signum).name} received: checkpointing after this step "
-                           "(send it again to exit at once)[/]")
+    def _stop_agreed(self) -> bool:
+        """Whether to stop after this step: a stop signal here or, with several processes, on any rank
+        (collective: every rank stops after the same step and takes part in its checkpoint)."""
+        stop = signals.received is not None
+        return self.backend.any_rank(stop) if self.backend.world_size > 1 else stop
+
+    def _state_is_last_step(self) -> bool:
+        """Whether the engine's weights and moments are those of `progress.step` (after an exception)."""
+        return not self._counters_behind and not (self._in_engine and self.backend.update_began)
+
+    def _can_save_alone(self) -> bool:
+        """Whether this process can write a checkpoint without the other ranks (which may be gone)."""
+        return self.backend.world_size == 1 or (self.backend.holds_full_state and self.cfg.checkpoint.format == "full")
 
     def run(self, *, resume: bool = False, stop_at_step: int | None = None) -> TrainResult:
-        """Train to the end (or `stop_at_step`). A stop signal checkpoints the current step and raises
-        Preempted; an exception outside the compiled step checkpoints the last consistent step first."""
+        """Train to the end (or `stop_at_step`). A stop signal before the first step raises Preempted at once; during
+        the loop it checkpoints the current step and raises Preempted (signals are handled by
+        :mod:`mindfoundry.train.stop`: installed here unless the CLI did so at its first line). An exception
+        checkpoints the last completed step first when this rank holds it whole and untorn."""
+        own_signals = not signals.installed
+        if own_signals:
+            signals.install(self.console.print)
+        try:
+            return self._run(resume, stop_at_step)
+        finally:
+            if own_signals:
+                signals.uninstall()
+
+    def _run(self, resume: bool, stop_at_step: int | None) -> TrainResult:
         cfg, t = self.cfg, self.cfg.train
         self.restore_or_init(resume)
         sinks: list = [JsonlSink(self.run_dir / METRICS_FILE)] if self.is_main else []
@@ -235,42 +251,42 @@ class Trainer:
             self.evals.initial = self.evaluate().to_dict()
             logger.log({"step": 0, **self.evals.initial, **self._task_scores()})
         logger.sinks.append(ProgressSink(t.steps, self.progress.step, self.console, cfg.monitor.progress and self.is_main, t.log_every))
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         losses: list[float] = []
         last_eval: EvalResult | None = None
         end = min(t.steps, stop_at_step) if stop_at_step else t.steps
-        saved_step, in_step, saving = -1, False, False
+        saved_step, saving = -1, False
+        signals.enter(Phase.TRAINING)
         try:
             while self.progress.step < end:
-                in_step = True
                 losses.append(self._one_step(logger, flops_tok))
-                in_step = False
+                stop = self._stop_agreed()
                 at_end = self.progress.step == t.steps
                 if (t.eval_every and self.progress.step % t.eval_every == 0) or at_end:
                     last_eval = self.evaluate()
                     self.evals.measured(last_eval.loss, self.progress.step)
                     logger.log({"step": self.progress.step, **last_eval.to_dict(), **self._task_scores()})
                 every = cfg.checkpoint.every
-                if (every and self.progress.step % every == 0) or at_end or self.progress.step == end or self._stop_signal:
+                if (every and self.progress.step % every == 0) or at_end or self.progress.step == end or stop:
                     saving = True
                     self._checkpoint(logger)
                     saving, saved_step = False, self.progress.step
-                if self._stop_signal:
-                    raise Preempted(f"stopped by {signal.Signals(self._stop_signal).name} at step {self.progress.step}; "
+                if stop and self.progress.step < end:  # a signal during the last step: the run is complete
+                    raise Preempted(f"stopped by {signals.name or 'a stop signal on another rank'} at step {self.progress.step}; "
                                     f"checkpoint written; continue with --resume auto")
+            signals.enter(Phase.FINISHING)
         except (Preempted, KeyboardInterrupt):
             raise
         except Exception as exc:
-            # several processes: a rank alone cannot gather the sharded state (the launcher stops the others)
+            # with several processes only a rank that holds the whole state writes (the others may be gone);
             # the write that just failed (a full disk) is not tried again
-            if not in_step and not saving and saved_step != self.progress.step and self.progress.step > 0 and self.backend.world_size == 1:
-                self.console.print(f"[red]{type(exc).__name__} at step {self.progress.step}: writing a last-gasp checkpoint[/]")
+            if (self.is_main and not saving and saved_step != self.progress.step and self.progress.step > 0
+                    and self._state_is_last_step() and self._can_save_alone()):
+                self.console.print(f"[red]{type(exc).__name__} at step {self.progress.step + 1}: writing a last-gasp checkpoint "
+                                   f"of step {self.progress.step}[/]")
                 self._checkpoint(logger)
             raise
         finally:
             self._close_batches()
-            for s, handler in previous.items():
-                signal.signal(s, handler)
             logger.close()
         initial = EvalResult(**{k[4:]: v for k, v in self.evals.initial.items()}) if self.evals.initial else None
         return TrainResult(self.backend, self.progress.step, initial, last_eval, losses)
@@ -315,7 +331,9 @@ class Trainer:
                                loss_scale=loss_scale)
         injection = self.debugger.injection(self.progress.step + 1)
         probe = self.debugger.probe(self.progress.step + 1, self.backend, injection, scalars.grad_unscale)
+        self._in_engine = True
         out = self.backend.train_step(ids, labels, scalars, probe)
+        self._in_engine, self._counters_behind = False, True
         dumped = self.debugger.finish(probe, out)
         if dumped:
             logger.log({"step": self.progress.step + 1, "event": "dump", "path": str(dumped)})
@@ -335,6 +353,7 @@ class Trainer:
         self.position.consumed_samples += self.loader.global_batch
         tokens = ids.size * self.loader.dp_size  # the global batch
         self.position.consumed_tokens += tokens
+        self._counters_behind = False
         tokens_per_s = tokens / elapsed
         record = {
             "step": self.progress.step, "loss": out.loss, "lr": scalars.lr, "grad_norm": out.grad_norm, "applied": out.applied,

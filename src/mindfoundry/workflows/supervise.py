@@ -39,18 +39,24 @@ def child_argv(argv: Sequence[str], restart: bool) -> list[str]:
 
 
 def supervise(argv: Sequence[str], max_restarts: int, log: Callable[[str], None]) -> int:
-    """Run `mindfoundry ARGV` as a child until it ends finally or the restarts are used up."""
+    """Run `mindfoundry ARGV` as a child until it ends finally or the restarts are used up. A stop signal sent to
+    the supervisor is forwarded to the child and ends the supervision, however the child then exits."""
     attempt = 0
+    stopped: list[int] = []
     while True:
         proc = subprocess.Popen([sys.executable, "-m", "mindfoundry.cli", *child_argv(argv, attempt > 0)])
-        forward = lambda signum, _frame: proc.send_signal(signum)  # noqa: E731
+
+        def forward(signum: int, _frame) -> None:
+            stopped.append(signum)
+            proc.send_signal(signum)
+
         previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             rc = proc.wait()
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
-        if rc in FINAL or attempt >= max_restarts:
+        if rc in FINAL or stopped or attempt >= max_restarts:
             return rc if rc >= 0 else 128 - rc
         attempt += 1
         cause = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"

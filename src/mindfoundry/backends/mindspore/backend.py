@@ -51,6 +51,9 @@ class MindSporeBackend:
     """Owns the model, AdamW state and compiled steps."""
 
     name = "mindspore"
+    holds_full_state = True  # one process, or data-parallel replicas: the only layouts this engine runs
+    # the compiled step updates in place and raises nothing that says how far it got: a step that raised may be torn
+    update_began = True
 
     def __init__(self, cfg: RunConfig, spec: ModelSpec):
         configure_context(cfg.device)
@@ -85,6 +88,9 @@ class MindSporeBackend:
         if self.dp_size == 1:
             return value
         return distributed.all_reduce_sum([value])[0]
+
+    def any_rank(self, flag: bool) -> bool:
+        return distributed.all_reduce_sum([float(flag)])[0] > 0 if self.world_size > 1 else flag
 
     def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
         _assign(self.params, weights, "weights")

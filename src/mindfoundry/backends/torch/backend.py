@@ -108,6 +108,7 @@ class TorchBackend:
             raise RuntimeError(f"torch model parameters {sorted(self.params)} do not match the spec {sorted(self.shapes)}")
         self.params = {n: self.params[n] for n in self.shapes if n in self.params}  # the canonical order, as in MindSpore
         self.optimizer = build_adamw(self.model, cfg.optim)
+        self._steps_before = 0.0  # AdamW's update count when the current train_step began
         step_model = torch.compile(self.model) if cfg.train.compile else self.model
         clip = None if cfg.optim.clip_norm is None else float(cfg.optim.clip_norm)
         if self.pipeline is not None:
@@ -144,6 +145,29 @@ class TorchBackend:
         if self.dp_size == 1:
             return value
         return float(all_reduce_sum(torch.tensor([value], dtype=torch.float64, device=self.device), self.dp_mesh))
+
+    def any_rank(self, flag: bool) -> bool:
+        if self.mesh is None:
+            return flag
+        value = torch.tensor([float(flag)], device=self.device)
+        torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+        return bool(value.item())
+
+    @property
+    def holds_full_state(self) -> bool:
+        """One process, or data-parallel replicas (no sharding, tensor, pipeline, context or expert split)."""
+        lay = self.layout
+        return self.mesh is None or (lay.dp_shard == lay.tp == lay.pp == lay.cp == lay.ep == 1)
+
+    def _adam_steps(self) -> float:
+        """AdamW's update count as its state holds it (this rank's first parameter; 0 before the first update).
+        torch's AdamW increments it for every parameter before it changes any weight or moment."""
+        state = self.optimizer.state.get(next(iter(self.params.values())), {})
+        return float(state["step"]) if "step" in state else 0.0
+
+    @property
+    def update_began(self) -> bool:
+        return self._adam_steps() != self._steps_before
 
     # -- state -------------------------------------------------------------------------------
     def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
@@ -193,6 +217,7 @@ class TorchBackend:
 
     # -- compute -----------------------------------------------------------------------------
     def train_step(self, input_ids: np.ndarray, labels: np.ndarray, scalars: StepScalars, probe: Probe | None = None) -> StepOutput:
+        self._steps_before = self._adam_steps()  # for update_began, should this step raise
         self.model.train()
         ids, labels_t = self._tensor(input_ids.astype(np.int64)), self._tensor(labels.astype(np.int64))
         if self.mesh is not None:

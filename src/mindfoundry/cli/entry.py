@@ -1,0 +1,23 @@
+"""The program's entry point (the `mindfoundry` script and `python -m mindfoundry.cli`).
+
+A training command routes SIGINT (:func:`mindfoundry.train.stop.route_sigint`) before anything else
+is imported: numpy's BLAS starts a thread at import, and every thread must inherit the blocked
+signal. Only the standard library and that module are imported before.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from mindfoundry.train.stop import route_sigint
+
+TRAINING_COMMANDS = ("train", "run")
+
+
+def main() -> int:
+    argv = sys.argv[1:]
+    if argv and argv[0] in TRAINING_COMMANDS:
+        route_sigint()
+    from mindfoundry.cli.main import main as run_command
+
+    return run_command(argv)

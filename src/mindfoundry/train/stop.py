@@ -1,0 +1,118 @@
+"""SIGTERM and SIGINT in a training process, from its first line to its last.
+
+What a stop signal does depends on where the run is (:class:`Phase`):
+
+- start-up (config, run directory, data preparation, engine build, restore, the step-0 evaluation): the
+  signal raises :class:`Preempted` where the process is. Every start-up stage already survives SIGKILL
+  at any point (atomic commits, leftovers cleaned at the next start), and an exception there is no
+  worse; nothing half written is ever taken for finished work. Exit 75.
+- training (the step loop): the signal is noted; the current step finishes and is checkpointed, then
+  the trainer raises Preempted (exit 75). Under several processes the ranks agree at every step
+  boundary, so all of them stop after the same step.
+- finishing (every step done): noted; the command completes normally (exit 0).
+
+A second signal exits at once, without a checkpoint, with status 128 + its number and one line naming it.
+
+MindSpore's runtime threads install a native SIGINT handler that sends SIGTERM to the whole process
+(`IntHandler` in its ccsrc: ``kill(getpid(), SIGTERM)``), so a Ctrl-C used to arrive as SIGTERM.
+:func:`route_sigint` therefore blocks SIGINT in every thread of a training process, before any
+thread exists (threads inherit the mask; numpy's BLAS starts one at import), and a watcher thread
+takes it with ``sigwaitinfo`` and hands it to the main thread as SIGINT: the native handler never
+runs. Child processes inherit the blocked SIGINT (data workers stop through their parent).
+
+This module imports only the standard library: the program's entry point imports it first.
+"""
+
+from __future__ import annotations
+
+import _thread
+import enum
+import os
+import signal
+import sys
+import threading
+from typing import Callable
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Preempted(BaseException):
+    """A stop signal ended the command (exit 75). A BaseException like KeyboardInterrupt, so that no
+    ``except Exception`` on the way (a library's cleanup, a retry loop) swallows it during start-up."""
+
+
+class Phase(enum.Enum):
+    START_UP = "start-up"
+    TRAINING = "training"
+    FINISHING = "finishing"
+
+
+def route_sigint() -> None:
+    """Block SIGINT in this thread (and so in every thread started after) and deliver it to the main thread's
+    Python handler from a watcher thread. Call before anything starts a thread."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    threading.Thread(target=_forward_sigint, name="mindfoundry-sigint", daemon=True).start()
+
+
+def _forward_sigint() -> None:
+    while True:
+        signal.sigwaitinfo({signal.SIGINT})
+        _thread.interrupt_main(signal.SIGINT)  # the main thread runs its Python SIGINT handler, as for a real signal
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class StopSignals:
+    """The process's stop-signal handler (one per process: signals are process-wide)."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None  # the first stop signal's number
+        self.phase = Phase.START_UP
+        self.installed = False
+        self._log: Callable[[str], None] = _stderr
+        self._previous: dict[int, object] = {}
+
+    @property
+    def name(self) -> str | None:
+        return None if self.received is None else signal.Signals(self.received).name
+
+    def install(self, log: Callable[[str], None] = _stderr) -> None:
+        """Handle SIGTERM and SIGINT from now on, in the start-up phase."""
+        self.received, self.phase, self._log, self.installed = None, Phase.START_UP, log, True
+        self._previous = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
+
+    def uninstall(self) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous, self.installed = {}, False
+
+    def enter(self, phase: Phase) -> None:
+        self.phase = phase
+
+    def start_up_stop(self) -> str | None:
+        """What to tell when a stop signal ended the start-up (None otherwise). An exception that the signal's
+        Preempted turned into on its way (an extension module being imported reports "initialization failed")
+        is the same stop."""
+        if self.received is None or self.phase is not Phase.START_UP:
+            return None
+        return f"stopped by {self.name} before the first step; nothing half written is kept: continue with --resume auto"
+
+    def _on_signal(self, signum: int, _frame) -> None:
+        name = signal.Signals(signum).name
+        if self.received is not None:
+            self._log(f"second stop signal ({name}): exiting at once without a checkpoint (exit {128 + signum}); "
+                      "the newest valid checkpoint still resumes with --resume auto")
+            os._exit(128 + signum)
+        self.received = signum
+        if self.phase is Phase.START_UP:
+            raise Preempted(self.start_up_stop())
+        if self.phase is Phase.TRAINING:
+            self._log(f"{name} received: checkpointing after this step (send it again to exit at once)")
+        else:
+            self._log(f"{name} received after the last step: finishing normally (send it again to exit at once)")
+
+
+#: The one handler of this process (the CLI installs it for `train` and `run`; the trainer otherwise).
+signals = StopSignals()
