@@ -76,3 +76,121 @@ def test_fsdp_launch_equals_one_process_and_resumes_in_one(tiny_run, tmp_path) -
     from mindfoundry.debug.dump_folders import read_dump
 
     assert read_dump(tmp_path / "dump" / "step4" / "rank0").meta["loss"] == pytest.approx(single[3], rel=1e-5)
+
+
+def _rank_processes(run_name: str) -> dict[int, "psutil.Process"]:
+    """The live training processes of a launch, by rank (the launcher's workers)."""
+    import psutil
+
+    out = {}
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            cmdline = proc.info["cmdline"] or []
+            if "train" in cmdline and any(arg.endswith(f"{run_name}.yaml") for arg in cmdline) and "launch" not in cmdline:
+                rank = proc.environ().get("RANK")
+                if rank is not None:
+                    out[int(rank)] = proc
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
+def _max_step(run: Path) -> int:
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    return max((json.loads(line).get("step", 0) for line in path.read_text().splitlines() if '"loss"' in line), default=0)
+
+
+@pytest.mark.slow
+def test_launch_max_restarts_survives_ten_rank_kills_with_the_uninterrupted_losses(tiny_run, tmp_path) -> None:
+    """2 data-parallel torch ranks under torchrun; 10 times a random rank is SIGKILLed at a random moment (after
+    the job made progress since the last kill): the other rank writes a last-gasp checkpoint when it holds the
+    whole untorn state, the supervisor restarts the job from the newest valid checkpoint, and the finished run's
+    losses are the uninterrupted run's, bit for bit."""
+    import random
+    import subprocess
+    import time
+
+    from mindfoundry.parallel.launch import free_port
+
+    sets = ["--set", "backend=torch", "--set", "monitor.detail_every=0", "--set", "parallel.dp_replicate=2",
+            "--set", "train.steps=60", "--set", "checkpoint.every=3"]
+    reference = tiny_run("reference")
+    assert main(["launch", "train", str(reference), *sets, "--master-port", str(free_port())]) == 0
+    expected = _losses(tmp_path / "reference")
+    assert len(expected) == 60
+
+    config, run = tiny_run("killed"), tmp_path / "killed"
+    log = tmp_path / "job.log"  # a file, not a pipe: ten attempts' output would fill a pipe nobody reads yet
+    job = subprocess.Popen([sys.executable, "-m", "mindfoundry.cli", "launch", "train", str(config), *sets,
+                            "--master-port", str(free_port()), "--max-restarts", "10"],
+                           stdout=subprocess.DEVNULL, stderr=log.open("w"))
+    rng = random.Random(19)
+    t0 = time.time()
+    kills, reached = [], 0
+    deadline = time.time() + 600
+    while len(kills) < 10 and job.poll() is None and time.time() < deadline:
+        ranks = _rank_processes("killed")
+        if len(ranks) < 2 or _max_step(run) <= reached:  # wait for this attempt to make progress
+            time.sleep(0.02)
+            continue
+        time.sleep(rng.uniform(0, 0.3))
+        victim = rng.choice(sorted(ranks))
+        reached = _max_step(run)
+        try:
+            ranks[victim].kill()
+        except Exception:  # it ended on its own meanwhile
+            continue
+        kills.append((victim, reached))
+        print(f"{time.time() - t0:.1f}s kill rank {victim} at step {reached}", flush=True)
+        while any(p.is_running() and p.status() != "zombie" for p in ranks.values()) and time.time() < deadline:
+            time.sleep(0.02)  # this attempt's workers are gone before the next kill is aimed
+    job.wait(timeout=600)
+    err = log.read_text(errors="replace")
+    assert job.returncode == 0, err[-3000:]
+    assert len(kills) == 10 and err.count("from the newest valid checkpoint") == 10, (kills, err[-3000:])
+    got = _losses(tmp_path / "killed")
+    by_step = {}
+    for row in (json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()):
+        if "loss" in row and "event" not in row:
+            by_step[row["step"]] = row["loss"]  # a step re-run after a restart keeps its latest value
+    assert len(got) >= 60 and [by_step[s] for s in range(1, 61)] == expected  # the same floats
+    print(f"kills (rank, step reached): {kills}; last-gasp checkpoints: {err.count('writing a last-gasp checkpoint')}")
+
+
+@pytest.mark.slow
+def test_a_signalled_rank_stops_every_rank_after_the_same_step(tiny_run, tmp_path) -> None:
+    """SIGTERM to rank 1 alone: the ranks agree at the step boundary, every rank stops after the same step, rank 0
+    checkpoints it, the job exits 75 (every rank's word); `--resume auto` finishes with the uninterrupted losses."""
+    import subprocess
+    import time
+
+    from mindfoundry.parallel.launch import free_port
+
+    sets = ["--set", "backend=torch", "--set", "monitor.detail_every=0", "--set", "parallel.dp_replicate=2",
+            "--set", "train.steps=12", "--set", "checkpoint.every=0"]
+    reference = tiny_run("reference")
+    assert main(["launch", "train", str(reference), *sets, "--master-port", str(free_port())]) == 0
+    config, run = tiny_run("signalled"), tmp_path / "signalled"
+    log = tmp_path / "job.log"
+    job = subprocess.Popen([sys.executable, "-m", "mindfoundry.cli", "launch", "train", str(config), *sets,
+                            "--master-port", str(free_port())], stdout=subprocess.DEVNULL, stderr=log.open("w"))
+    deadline = time.time() + 300
+    while _max_step(run) < 3:
+        assert job.poll() is None and time.time() < deadline
+        time.sleep(0.02)
+    _rank_processes("signalled")[1].send_signal(15)
+    assert job.wait(timeout=300) == 75
+    err = log.read_text(errors="replace")
+    stopped = _max_step(run)
+    assert 3 <= stopped < 12
+    assert f"[default0]:stopped by a stop signal on another rank at step {stopped}; checkpoint written" in err, err[-3000:]
+    assert f"[default1]:stopped by SIGTERM at step {stopped}; checkpoint written" in err
+    assert [p.name for p in (run / "checkpoints").glob("step_*")] == [f"step_{stopped:08d}"]
+    assert main(["launch", "train", str(config), *sets, "--master-port", str(free_port()), "--resume", "auto"]) == 0
+    got = {}
+    for row in (json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()):
+        if "loss" in row and "event" not in row:
+            got[row["step"]] = row["loss"]
+    assert [got[s] for s in range(1, 13)] == _losses(tmp_path / "reference")

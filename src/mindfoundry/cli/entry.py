@@ -19,5 +19,8 @@ def main() -> int:
     if argv and argv[0] in TRAINING_COMMANDS:
         route_sigint()
     from mindfoundry.cli.main import main as run_command
+    from mindfoundry.workflows.supervise import record_exit
 
-    return run_command(argv)
+    code = run_command(argv)
+    record_exit(code)  # for a supervisor (--max-restarts): how this process ended
+    return code

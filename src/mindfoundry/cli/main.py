@@ -24,7 +24,7 @@ from mindfoundry.cli.entry import TRAINING_COMMANDS
 from mindfoundry.errors import MindFoundryError
 from mindfoundry.train.run_lock import release_all
 from mindfoundry.train.stop import Preempted, signals
-from mindfoundry.workflows.supervise import EXIT_ANOMALY_STOP, EXIT_CRASHED, EXIT_PREEMPTED, EXIT_USER_ERROR, supervise
+from mindfoundry.workflows.supervise import EXIT_ANOMALY_STOP, EXIT_CRASHED, EXIT_PREEMPTED, EXIT_USER_ERROR, supervise, training_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,9 +41,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    if getattr(args, "max_restarts", 0):
-        return supervise(argv, args.max_restarts, console.print)
-    if args.command in TRAINING_COMMANDS and not getattr(args, "dry_run", False):
+    trains = argv[0] in TRAINING_COMMANDS  # this process trains (`launch train` only starts the launcher)
+    if trains and args.max_restarts:
+        return supervise(training_command(argv), args.max_restarts, console.print)
+    if trains and not getattr(args, "dry_run", False):
         signals.install(console.print)  # stop signals, from here to the last line (mindfoundry.train.stop)
     try:
         return args.func(args)

@@ -50,16 +50,18 @@ def add_parallel_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log-dir", default=None, help="per-rank logs (default RUN_DIR-logs, beside the run directory)")
     p.add_argument("--resume", choices=["auto", "none"], default="none", help="passed to the command: auto = continue from the newest checkpoint")
     p.add_argument("--stop-at-step", type=int, default=None, metavar="N", help="passed to the command")
+    p.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                   help="restart the whole job up to N times from the newest valid checkpoint when a rank crashes or is killed")
     p.set_defaults(func=cmd_launch)
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
     """Start `mindfoundry COMMAND CONFIG ...` on every rank of this node with the engine's own launcher."""
-    import subprocess
     from pathlib import Path
 
     from mindfoundry.parallel.launch import LaunchPlan, check_port, command, rank_logs
     from mindfoundry.parallel.layout import layout_problems
+    from mindfoundry.workflows.supervise import supervise
 
     cfg = load_run_config(args.config, args.set or [])
     product = cfg.parallel.degree_product
@@ -70,12 +72,18 @@ def cmd_launch(args: argparse.Namespace) -> int:
         raise ConfigError("the layout does not fit this launch: " + "; ".join(problems))
     plan = LaunchPlan(cfg.backend, nproc, nnodes, args.node_rank, args.master_addr, args.master_port,
                       Path(args.log_dir or f"{cfg.run_dir.rstrip('/')}-logs"))  # beside the run dir, which rank 0 claims
+    if args.max_restarts < 0:
+        raise ConfigError(f"--max-restarts={args.max_restarts}: must be 0 or more")
     check_port(plan)
-    cmd = command(plan, [args.command, args.config, *sum((["--set", s] for s in args.set or []), []),
-                                "--resume", args.resume, *(["--stop-at-step", str(args.stop_at_step)] if args.stop_at_step else [])])
+
+    def attempt_command(attempt: int) -> list[str]:  # a restart resumes from the newest valid checkpoint
+        return command(plan, [args.command, args.config, *sum((["--set", s] for s in args.set or []), []),
+                              "--resume", "auto" if attempt else args.resume,
+                              *(["--stop-at-step", str(args.stop_at_step)] if args.stop_at_step else [])])
+
     console.print(f"launching {plan.world_size} processes ({nproc} on this node) with "
                   f"{'torchrun' if cfg.backend == 'torch' else 'msrun'}; per-rank logs: {rank_logs(plan)}", highlight=False)
-    return subprocess.call(cmd)
+    return supervise(attempt_command, args.max_restarts, console.print, processes=nproc)
 
 
 def _positive(**values: int) -> None:

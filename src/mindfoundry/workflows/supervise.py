@@ -1,17 +1,27 @@
-"""`--max-restarts N`: rerun a crashed training process from its newest valid checkpoint.
+"""`--max-restarts N`: rerun a crashed training job from its newest valid checkpoint.
 
-The supervisor is a thin parent process: it starts the same command as a child, forwards stop
-signals to it, and restarts it with `--resume auto` when it dies of a crash (an exception, or a
-kill such as the OOM killer's SIGKILL). User errors, pre-emption and anomaly stops are final:
-restarting them would only repeat the same outcome.
+The supervisor is a thin parent process: it starts the job (one training process for `train`, the
+launcher with all its ranks for `launch`), forwards stop signals to it, and starts it again with
+`--resume auto` when a process of it died of a crash (an exception, or a kill such as the OOM
+killer's SIGKILL). User errors, pre-emption and anomaly stops are final: restarting them would only
+repeat the same outcome; so is any end after the supervisor itself was told to stop.
+
+How each process ended is read from exit files, not from the launcher's status (torchrun reports 1
+for any failure): every training process writes its exit code into ``$MINDFOUNDRY_EXIT_DIR`` as its
+last act (:func:`record_exit`); a process that wrote none was killed.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 from typing import Callable, Sequence
+
+from mindfoundry.parallel.layout import launched_rank
 
 EXIT_OK = 0
 EXIT_USER_ERROR = 2
@@ -19,6 +29,14 @@ EXIT_ANOMALY_STOP = 3
 EXIT_CRASHED = 70  # EX_SOFTWARE: an exception ended training (after a last-gasp checkpoint when possible)
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by SIGTERM/SIGINT after checkpointing; resubmit with --resume auto
 FINAL = {EXIT_OK, EXIT_USER_ERROR, EXIT_ANOMALY_STOP, EXIT_PREEMPTED}
+EXIT_DIR_ENV = "MINDFOUNDRY_EXIT_DIR"
+
+
+def record_exit(code: int) -> None:
+    """Under a supervisor: write this process's exit code as `rank-R-PID` into its exit folder."""
+    folder = os.environ.get(EXIT_DIR_ENV)
+    if folder and Path(folder).is_dir():
+        Path(folder, f"rank-{launched_rank()}-{os.getpid()}").write_text(str(code), encoding="utf-8")
 
 
 def child_argv(argv: Sequence[str], restart: bool) -> list[str]:
@@ -38,26 +56,47 @@ def child_argv(argv: Sequence[str], restart: bool) -> list[str]:
     return out + (["--resume", "auto"] if restart else [])
 
 
-def supervise(argv: Sequence[str], max_restarts: int, log: Callable[[str], None]) -> int:
-    """Run `mindfoundry ARGV` as a child until it ends finally or the restarts are used up. A stop signal sent to
-    the supervisor is forwarded to the child and ends the supervision, however the child then exits."""
+def training_command(argv: Sequence[str]) -> Callable[[int], list[str]]:
+    """`mindfoundry ARGV` in one process; attempts after the first resume."""
+    return lambda attempt: [sys.executable, "-m", "mindfoundry.cli", *child_argv(argv, attempt > 0)]
+
+
+def _outcome(rc: int, exits: dict[int, int], processes: int) -> tuple[bool, int, str]:
+    """(restart?, the job's exit status, why) from the job's status and each rank's exit code (by global rank;
+    on a node of a multi-node job, that node's ranks)."""
+    killed = processes - len(exits)
+    crashed = {r: c for r, c in exits.items() if c not in FINAL}
+    if processes == 1:
+        why = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
+    else:
+        why = ", ".join([f"rank {r} exit code {c}" for r, c in sorted(crashed.items())] + [f"{killed} rank(s) killed"] * bool(killed))
+    if rc == 0 or not (killed or crashed):  # every process ended finally: the lowest rank's word is the job's
+        return False, exits[min(exits)] if exits else rc, why
+    return True, (rc if rc >= 0 else 128 - rc) if processes == 1 else EXIT_CRASHED, why
+
+
+def supervise(command: Callable[[int], list[str]], max_restarts: int, log: Callable[[str], None], processes: int = 1) -> int:
+    """Run `command(attempt)` until it ends finally or the restarts are used up; `processes` training processes
+    report their exits. A stop signal sent to the supervisor is forwarded and ends the supervision."""
     attempt = 0
     stopped: list[int] = []
     while True:
-        proc = subprocess.Popen([sys.executable, "-m", "mindfoundry.cli", *child_argv(argv, attempt > 0)])
+        with tempfile.TemporaryDirectory(prefix="mindfoundry-exits-") as folder:
+            proc = subprocess.Popen(command(attempt), env=dict(os.environ, **{EXIT_DIR_ENV: folder}))
 
-        def forward(signum: int, _frame) -> None:
-            stopped.append(signum)
-            proc.send_signal(signum)
+            def forward(signum: int, _frame) -> None:
+                stopped.append(signum)
+                proc.send_signal(signum)
 
-        previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            rc = proc.wait()
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-        if rc in FINAL or stopped or attempt >= max_restarts:
-            return rc if rc >= 0 else 128 - rc
+            previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+            try:
+                rc = proc.wait()
+            finally:
+                for s, handler in previous.items():
+                    signal.signal(s, handler)
+            exits = {int(f.name.split("-")[1]): int(f.read_text(encoding="utf-8")) for f in Path(folder).iterdir()}
+        restart, status, why = _outcome(rc, exits, processes)
+        if not restart or stopped or attempt >= max_restarts:
+            return status
         attempt += 1
-        cause = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
-        log(f"training ended with {cause}; restart {attempt}/{max_restarts} from the newest valid checkpoint")
+        log(f"training ended with {why}; restart {attempt}/{max_restarts} from the newest valid checkpoint")
