@@ -7,6 +7,7 @@ import socket
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from mindfoundry.cli.main import main
@@ -78,10 +79,8 @@ def test_fsdp_launch_equals_one_process_and_resumes_in_one(tiny_run, tmp_path) -
     assert read_dump(tmp_path / "dump" / "step4" / "rank0").meta["loss"] == pytest.approx(single[3], rel=1e-5)
 
 
-def _rank_processes(run_name: str) -> dict[int, "psutil.Process"]:
+def _rank_processes(run_name: str) -> dict[int, psutil.Process]:
     """The live training processes of a launch, by rank (the launcher's workers)."""
-    import psutil
-
     out = {}
     for proc in psutil.process_iter(["cmdline"]):
         try:
