@@ -31,7 +31,8 @@ def write_run(root: Path, name: str, backend: str, *, steps: int = 80, detail_ev
         records.append({"step": s, "loss": None if s == 33 else loss, "lr": 3e-3 * min(1.0, s / 8), "grad_norm": None if s == 33 else 0.6 + 2 * math.exp(-s / 20),
                         "applied": s != 33, "tokens": 2048, "valid_tokens": 2040, "tokens_per_s": 5000.0 / slow, "step_time_s": 0.41 * slow,
                         "data_time_s": 0.001, "model_tflops_per_s": 0.16, "mfu": 0.012 / slow, "rss_mb": 900.0 + s, "consumed_samples": 16 * s,
-                        "time": 1001.0 + s})
+                        "time": 1001.0 + s, "cpu_util": 90.0 + s % 7, "process_cpu": 180.0, "device_mem_allocated_mb": 2000.0 + s,
+                        "device_mem_reserved_mb": 4096.0, "device_mem_peak_mb": 3000.0, "device_util": 97.0, "device_temp_c": 61.0})
         if s == 33:
             records.append({"step": s, "event": "anomaly", "kind": "nonfinite", "reason": "loss=nan grad_norm=nan", "action": "skipped"})
         if detail_every and s % detail_every == 0:
@@ -72,7 +73,7 @@ def test_single_run_report_has_every_section_with_embedded_plots(tmp_path):
         assert f'href="#{sid}"' in text
     pngs = images(text)
     assert all(png.startswith(b"\x89PNG\r\n\x1a\n") for png in pngs.values())
-    for sid in ("loss", "lr", "grad-norm", "layers", "throughput", "memory", "events", "data"):
+    for sid in ("loss", "lr", "grad-norm", "layers", "throughput", "memory", "hardware", "events", "data"):
         assert IMG.search(section(text, sid)), f"no embedded image in section {sid}"
     assert "per-layer heat maps of run-a (mindspore)" in pngs
     assert "<script" not in text and not re.search(r'(src|href)="https?:', text)  # self-contained
@@ -118,10 +119,13 @@ def test_same_named_runs_are_told_apart(tmp_path):
 def test_run_without_per_layer_or_memory_records_says_so(tmp_path):
     run = write_run(tmp_path, "bare", "torch", detail_every=None)
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    (run / "metrics.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "rss_mb"}) + "\n" for r in lines))
+    hardware = {"rss_mb", "cpu_util", "process_cpu", "device_mem_allocated_mb", "device_mem_reserved_mb", "device_mem_peak_mb",
+                "device_util", "device_temp_c"}
+    (run / "metrics.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k not in hardware}) + "\n" for r in lines))
     text = write_report(run).read_text(encoding="utf-8")
     assert "no per-layer records (set monitor.detail_every" in section(text, "layers")
     assert "No memory records (rss_mb) in this run." in section(text, "memory")
+    assert "No hardware records in this run" in section(text, "hardware") and not IMG.search(section(text, "hardware"))
 
 
 def test_missing_or_empty_metrics_is_a_clear_user_error(tmp_path, capsys):

@@ -55,6 +55,7 @@ class Backend(Protocol):
 
     name: str
     device_name: str  # as drivers report it ('cpu', 'NVIDIA H200', 'Ascend910B'): picks the MFU peak
+    device_kind: str  # 'cpu', 'cuda' or 'npu': which vendor tool reports the device (monitor/hardware.py)
     # Several processes (torchrun): this process's rank and their number, and the slice of the global batch
     # it trains on (dp_rank of dp_size); 0, 1, 0, 1 in one process. Only rank 0 writes files, but every rank
     # calls weights()/optimizer_state() (collective under sharding) and eval_batch/logits (same batches).
@@ -87,12 +88,22 @@ class Backend(Protocol):
         """Restore AdamW moments; `step` = optimizer updates already applied (for bias correction)."""
         ...
 
-    def device_memory_mb(self) -> float | None:
-        """Peak accelerator memory allocated so far, MiB; None on CPU (the trainer records process RSS)."""
+    def device_memory(self) -> dict[str, float] | None:
+        """The accelerator memory of this process's device, from the engine's allocator, MiB:
+        `device_mem_allocated_mb` (in tensors now), `device_mem_reserved_mb` (held by the allocator's pool) and
+        `device_mem_peak_mb` (the most ever allocated); None on CPU (the trainer records the process's RSS)."""
         ...
 
     def module_outputs(self, input_ids: np.ndarray) -> dict[str, np.ndarray]:
         """Outputs of :func:`mindfoundry.model.spec.module_boundaries` for one [B, S] batch."""
+        ...
+
+    def start_profile(self, folder: Path) -> None:
+        """Start the engine's own profiler (host and device activity); its trace goes into `folder` when stopped."""
+        ...
+
+    def stop_profile(self) -> None:
+        """Stop the profiler started by :meth:`start_profile` and write its trace."""
         ...
 
     def train_step(self, input_ids: np.ndarray, labels: np.ndarray, scalars: StepScalars, probe: Probe | None = None) -> StepOutput:
@@ -135,6 +146,11 @@ class ShardedCheckpoints(Protocol):
         """Read a sharded checkpoint's (weights, moments) shard folders into this layout, whatever layout wrote
         them (collective)."""
         ...
+
+
+def device_memory_record(allocated: int, reserved: int, peak: int) -> dict[str, float]:
+    """An engine allocator's byte counts as the step record's device memory keys (MiB)."""
+    return {"device_mem_allocated_mb": allocated / 2**20, "device_mem_reserved_mb": reserved / 2**20, "device_mem_peak_mb": peak / 2**20}
 
 
 def read_shard_folder(folder: Path) -> dict[str, np.ndarray]:

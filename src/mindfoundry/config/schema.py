@@ -192,6 +192,24 @@ class EvalConfig(Section):
                              "(task_acc, task_acc_norm), TensorBoard and the report.")
 
 
+class ProfileConfig(Section):
+    """The engine's own profiler over a few steps: torch.profiler or mindspore.profiler (see docs/monitoring.md)."""
+
+    steps: str = Field("", description="One range of optimizer steps to profile, e.g. '10-12' (1-based, as in metrics.jsonl); "
+                                       "empty = off. Keep it short: a trace grows with every step.")
+    dir: str | None = Field(None, description="Trace folder (default RUN_DIR/profile); each rank writes into steps_A-B/rankR.")
+
+    @field_validator("steps")
+    @classmethod
+    def _one_range(cls, v: str) -> str:
+        selection = parse_selection(v)  # raises ValueError with the offending part and an example
+        if len(selection.ranges) > 1:
+            raise ValueError(f"'{v}' names {len(selection.ranges)} ranges: the profiler runs once, over one range like '10-12'")
+        if 0 in selection:
+            raise ValueError("step 0 is not a training step: profile steps count optimizer steps from 1, e.g. '10-12'")
+        return v
+
+
 class MonitorConfig(Section):
     """What the run shows and records."""
 
@@ -199,7 +217,10 @@ class MonitorConfig(Section):
     detail_every: int = Field(50, ge=0, description="Per-layer gradient norm, weight norm and update/weight ratio every N steps (0 = off).")
     tensorboard: bool = Field(True, description="Write TensorBoard event files to RUN_DIR/tb (view with `tensorboard --logdir RUN_DIR/tb`).")
     peak_tflops: float | None = Field(None, gt=0, description="Per-device dense peak TFLOP/s for MFU; null = from the device name (table in monitor/mfu.py; measured on CPU).")
+    hardware_every_s: float = Field(10.0, gt=0, le=86400, description="Ask the accelerator's vendor tool (nvidia-smi, npu-smi) for "
+                                    "utilisation, temperature and power at most every N seconds (CPU utilisation: every step).")
     health: HealthConfig = Field(default_factory=HealthConfig)
+    profile: ProfileConfig = Field(default_factory=ProfileConfig)
 
 
 class GenerateConfig(Section):

@@ -34,6 +34,15 @@ SCALAR_TAGS = {
     "data_time_s": "perf/data_time_s",
     "ckpt_time_s": "perf/ckpt_time_s",
     "rss_mb": "mem/rss_mb",
+    "peak_rss_mb": "mem/peak_rss_mb",
+    "device_mem_allocated_mb": "mem/device_allocated_mb",
+    "device_mem_reserved_mb": "mem/device_reserved_mb",
+    "device_mem_peak_mb": "mem/device_peak_mb",
+    "cpu_util": "hw/cpu_util",
+    "process_cpu": "hw/process_cpu",
+    "device_util": "hw/device_util",
+    "device_temp_c": "hw/device_temp_c",
+    "device_power_w": "hw/device_power_w",
 }
 
 

@@ -377,6 +377,15 @@ def launched_rank(env: Mapping[str, str] | None = None) -> int:
     return 0
 
 
+def launched_local_rank(env: Mapping[str, str] | None = None) -> int:
+    """This process's rank on its node (its device index): LOCAL_RANK (torchrun, msrun) or DEVICE_ID; 0 without one."""
+    env = os.environ if env is None else env
+    for name in ("LOCAL_RANK", "DEVICE_ID"):
+        if env.get(name, "").strip().isdigit():
+            return int(env[name])
+    return 0
+
+
 def launch_layout(parallel: ParallelConfig, model: ModelSpec | ModelConfig, train: BatchShape,
                   env: Mapping[str, str] | None = None, num_experts: int = 0) -> Layout:
     """The layout to run under the current launcher (one process when none): raises LayoutError listing every problem."""

@@ -225,6 +225,13 @@ def throughput_plot(runs: Sequence[RunData]) -> str:
     return to_png(fig)
 
 
+#: (step-record key, axis label) of the hardware plot's rows; a row is drawn when some run recorded its key.
+HARDWARE_ROWS = (("device_mem_allocated_mb", "device memory allocated (MiB)"), ("device_mem_reserved_mb", "device memory reserved (MiB)"),
+                 ("device_mem_peak_mb", "device memory peak (MiB)"), ("cpu_util", "machine CPU (%)"),
+                 ("process_cpu", "this process (% of a core)"), ("device_util", "device utilisation (%)"),
+                 ("device_temp_c", "device temperature (°C)"), ("device_power_w", "device power (W)"))
+
+
 def memory_plot(runs: Sequence[RunData]) -> str | None:
     if not any(run.has("rss_mb") for run in runs):
         return None
@@ -232,6 +239,20 @@ def memory_plot(runs: Sequence[RunData]) -> str | None:
     for i, run in enumerate(runs):
         ax.plot(*run.series("rss_mb"), **_line(i), label=run.label)
     ax.set_ylabel("host RSS (MiB)")
+    _legend(fig)
+    return to_png(fig)
+
+
+def hardware_plot(runs: Sequence[RunData]) -> str | None:
+    """Device memory, CPU and device utilisation, temperature and power: one row per metric some run recorded."""
+    rows = [(key, label) for key, label in HARDWARE_ROWS if any(run.has(key) for run in runs)]
+    if not rows:
+        return None
+    fig, axes = _figure(rows=len(rows), height=1.9)
+    for ax, (key, label) in zip(axes, rows):
+        for i, run in enumerate(runs):
+            ax.plot(*run.series(key), **_line(i), label=run.label if ax is axes[0] else None)
+        ax.set_ylabel(label, fontsize="small")
     _legend(fig)
     return to_png(fig)
 

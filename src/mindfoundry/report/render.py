@@ -26,6 +26,7 @@ SECTIONS = (
     ("layers", "Per-layer norms"),
     ("throughput", "Throughput and MFU"),
     ("memory", "Memory"),
+    ("hardware", "Hardware"),
     ("events", "Health events and anomalies"),
     ("data", "Data mixture"),
     ("config", "Config"),
@@ -254,6 +255,9 @@ def render(runs: Sequence[RunData]) -> str:
         "layers": _layers(runs),
         "throughput": _img(plots.throughput_plot(runs), "throughput and MFU", ""),
         "memory": _img(plots.memory_plot(runs), "host memory", "No memory records (rss_mb) in this run."),
+        "hardware": _img(plots.hardware_plot(runs), "device memory, utilisation, temperature and power",
+                         "No hardware records in this run (they need a release that records cpu_util; the device's rows "
+                         "need an accelerator and its vendor tool, nvidia-smi or npu-smi)."),
         "events": _events(runs),
         "data": _data(runs),
         "config": _config(runs),

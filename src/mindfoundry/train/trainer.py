@@ -34,6 +34,8 @@ from mindfoundry.data.dataset.prepared import PreparedData
 from mindfoundry.eval.heldout import EvalResult, evaluate
 from mindfoundry.eval.tasks import read_tasks, score_tasks
 from mindfoundry.model.spec import ModelSpec, flops_per_token, init_weights, num_parameters, parameter_shapes
+from mindfoundry.parallel.layout import launched_local_rank
+from mindfoundry.monitor.hardware import HardwareSampler
 from mindfoundry.monitor.health import HealthMonitor
 from mindfoundry.monitor.mfu import UnknownPeakError, mfu, peak_flops
 from mindfoundry.monitor.tensorboard import TensorBoardSink
@@ -42,6 +44,7 @@ from mindfoundry.train.debug_steps import StepDebugger
 from mindfoundry.train.layer_stats import layer_grad_norms, layer_update_ratios, layer_weight_norms
 from mindfoundry.train.loss_scale import DynamicLossScaler
 from mindfoundry.train.metrics import JsonlSink, MetricsLogger, ProgressSink
+from mindfoundry.train.profile_steps import StepProfiler
 from mindfoundry.train.rundir import METRICS_FILE, run_identity
 from mindfoundry.train.schedule import step_scalars
 from mindfoundry.train.state import DataPosition, Evaluations, Keyed, Progress, restore_state, save_state
@@ -91,6 +94,8 @@ class Trainer:
         self.debugger = StepDebugger(cfg, run_dir, rank=self.backend.rank, log=self.console.print, world_size=self.backend.world_size)
         self.health = HealthMonitor(cfg.monitor.health, cfg.optim.warmup_steps)
         self.peak: float | None = None  # device peak FLOP/s for MFU, measured/looked up before the loop
+        self.hardware = HardwareSampler(self.backend.device_kind, launched_local_rank(), cfg.monitor.hardware_every_s)
+        self.profiler = StepProfiler(cfg, run_dir, self.backend, self.console.print)
         self.retention = Retention(cfg.checkpoint.keep_last, cfg.checkpoint.keep_every, cfg.checkpoint.keep_best)
         self.progress = Progress()
         self.position = DataPosition(cfg.seed, cfg.data.shuffle,
@@ -258,7 +263,10 @@ class Trainer:
         signals.enter(Phase.TRAINING)
         try:
             while self.progress.step < end:
+                self.profiler.before(self.progress.step + 1)
                 losses.append(self._one_step(logger, flops_tok))
+                if (trace := self.profiler.after(self.progress.step, end)) is not None:
+                    logger.log({"step": self.progress.step, "event": "profile", "steps": cfg.monitor.profile.steps, "path": str(trace)})
                 stop = self._stop_agreed()
                 at_end = self.progress.step == t.steps
                 if (t.eval_every and self.progress.step % t.eval_every == 0) or at_end:
@@ -286,6 +294,7 @@ class Trainer:
                 self._checkpoint(logger)
             raise
         finally:
+            self.profiler.close()  # a run that ended inside the range: the trace of the steps it ran
             self._close_batches()
             logger.close()
         initial = EvalResult(**{k[4:]: v for k, v in self.evals.initial.items()}) if self.evals.initial else None
@@ -364,8 +373,8 @@ class Trainer:
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # the process's high-water mark so far
             "copy_fraction": float((labels == ids).mean()),  # ~1 means the labels are the inputs, not shifted
             "mfu": mfu(flops_tok, tokens_per_s, self.peak) if self.peak else None,
-            "device_mem_mb": self.backend.device_memory_mb(),
             "loss_scale": loss_scale,  # the dynamic fp16 loss scale this step ran with (1.0 without fp16)
+            **(self.backend.device_memory() or {}), **self.hardware.sample(),
         }
         logger.log(record)
         self.scaler.update(found_nonfinite=not math.isfinite(out.grad_norm))

@@ -13,13 +13,14 @@ every rank. Other layouts are refused when the backend is created (:func:`.distr
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Mapping
 
 import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn
 
-from mindfoundry.backends.base import BackendUnavailable, StepOutput, StepScalars, check_state_names
+from mindfoundry.backends.base import BackendUnavailable, StepOutput, StepScalars, check_state_names, device_memory_record
 from mindfoundry.backends.mindspore import distributed, memory, probe_hooks
 from mindfoundry.backends.mindspore.model import CachedDecode, LossCell, Transformer, token_nll
 from mindfoundry.backends.mindspore.train_step import AdamW, TrainStep, scalar
@@ -63,6 +64,7 @@ class MindSporeBackend:
         self.rank, self.world_size, self.dp_rank, self.dp_size = p.rank, p.world_size, p.dp_rank, p.dp_size
         # MindSpore reports only the target kind; Ascend training hardware is the 910B family
         self.device_name = {"CPU": "cpu", "Ascend": "Ascend910B"}.get(ms.get_context("device_target"), ms.get_context("device_target"))
+        self.device_kind = {"CPU": "cpu", "Ascend": "npu", "GPU": "cuda"}[ms.get_context("device_target")]
         self.spec = spec
         self.precision = cfg.train.precision
         self.model = Transformer(spec, cfg.train.precision)  # fp16: float16 matmuls inside the Cells, fp32 parameters
@@ -178,10 +180,22 @@ class MindSporeBackend:
                                                       Tensor(write), Tensor(mask), ms.mutable(cache["k"]), ms.mutable(cache["v"]))
         return logits.asnumpy()[0]
 
-    def device_memory_mb(self) -> float | None:
-        if self.device_name == "cpu":  # ms.runtime.max_memory_allocated() reports 0 on CPU
+    def start_profile(self, folder: Path) -> None:
+        from mindspore.profiler import ProfilerActivity, profile, tensorboard_trace_handler
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.NPU] if self.device_kind == "npu" else [])
+        self._profiler = profile(activities=activities, start_profile=False, on_trace_ready=tensorboard_trace_handler(dir_name=str(folder)))
+        self._profiler.start()
+
+    def stop_profile(self) -> None:
+        self._profiler.stop()  # parses into FOLDER/*_ascend_ms/ (ASCEND_PROFILER_OUTPUT/trace_view.json, FRAMEWORK/*.csv)
+        self._profiler = None
+
+    def device_memory(self) -> dict[str, float] | None:
+        if self.device_kind == "cpu":  # ms.runtime's counters report 0 on CPU
             return None
-        return ms.runtime.max_memory_allocated() / 2**20
+        runtime = ms.runtime
+        return device_memory_record(runtime.memory_allocated(), runtime.memory_reserved(), runtime.max_memory_allocated())
 
     def module_outputs(self, input_ids: np.ndarray) -> dict[str, np.ndarray]:
         """Outputs of the module boundaries via Cell forward hooks, in a PYNATIVE debug pass.

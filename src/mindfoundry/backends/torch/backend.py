@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+from pathlib import Path
 from typing import Iterator, Mapping
 
 import numpy as np
 import torch
 from torch.distributed.tensor import DTensor, Shard
 
-from mindfoundry.backends.base import BackendUnavailable, StepOutput, StepScalars, check_state_names
+from mindfoundry.backends.base import BackendUnavailable, StepOutput, StepScalars, check_state_names, device_memory_record
 from mindfoundry.backends.torch import memory, probe_hooks
 from mindfoundry.backends.torch.distributed import (
     Layout, all_reduce_sum, build_mesh, full_value, init_process_group, shard_like, wants_processes,
@@ -287,10 +288,26 @@ class TorchBackend:
         with self.autocast():
             return self.model.decode(self._tensor(np.asarray(ids, np.int64)[None]), positions, cache)[0].float().cpu().numpy()
 
-    def device_memory_mb(self) -> float | None:
+    @property
+    def device_kind(self) -> str:
+        return self.device.type
+
+    def start_profile(self, folder: Path) -> None:
+        from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        self._profiler = profile(activities=activities, on_trace_ready=tensorboard_trace_handler(str(folder), worker_name=f"rank{self.rank}"))
+        self._profiler.start()
+
+    def stop_profile(self) -> None:
+        self._profiler.stop()  # on_trace_ready writes RANK.TIME.pt.trace.json
+        self._profiler = None
+
+    def device_memory(self) -> dict[str, float] | None:
         if self.device.type == "cpu":
             return None
-        return getattr(torch, self.device.type).max_memory_allocated() / 2**20
+        module = getattr(torch, self.device.type)  # torch.cuda, or torch.npu with torch_npu
+        return device_memory_record(module.memory_allocated(), module.memory_reserved(), module.max_memory_allocated())
 
     @torch.no_grad()
     def module_outputs(self, input_ids: np.ndarray) -> dict[str, np.ndarray]:
