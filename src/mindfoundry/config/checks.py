@@ -139,6 +139,9 @@ def _train_problems(cfg: RunConfig) -> list[str]:
                    "use train.precision: fp16 (mixed precision with dynamic loss scaling) or fp32, or backend: torch for bf16")
     if cfg.backend == "mindspore" and cfg.train.compile:
         out.append("train.compile=true applies to the torch backend only: MindSpore always compiles (GRAPH_MODE); remove it")
+    if cfg.backend != "mindspore" and cfg.monitor.mindinsight:
+        out.append(f"monitor.mindinsight=true writes MindSpore summary files (mindspore.SummaryRecord), which the {cfg.backend} "
+                   "engine does not load: use backend: mindspore, or set monitor.mindinsight: false (TensorBoard has the same scalars)")
     if cfg.backend == "mindspore" and cfg.checkpoint.format == "sharded":
         out.append("checkpoint.format='sharded' is written by the torch backend (torch.distributed.checkpoint); MindSpore's own "
                    "distributed checkpoints are not supported: use checkpoint.format: full, or backend: torch")

@@ -216,6 +216,8 @@ class MonitorConfig(Section):
     progress: bool = Field(True, description="Live progress line on the console.")
     detail_every: int = Field(50, ge=0, description="Per-layer gradient norm, weight norm and update/weight ratio every N steps (0 = off).")
     tensorboard: bool = Field(True, description="Write TensorBoard event files to RUN_DIR/tb (view with `tensorboard --logdir RUN_DIR/tb`).")
+    mindinsight: bool = Field(False, description="MindSpore engine: also write MindSpore summary files (mindspore.SummaryRecord) to "
+                              "RUN_DIR/mindinsight for MindSpore Insight (`mindinsight start --summary-base-dir RUN_DIR`).")
     peak_tflops: float | None = Field(None, gt=0, description="Per-device dense peak TFLOP/s for MFU; null = from the device name (table in monitor/mfu.py; measured on CPU).")
     hardware_every_s: float = Field(10.0, gt=0, le=86400, description="Ask the accelerator's vendor tool (nvidia-smi, npu-smi) for "
                                     "utilisation, temperature and power at most every N seconds (CPU utilisation: every step).")

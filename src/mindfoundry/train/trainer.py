@@ -246,6 +246,10 @@ class Trainer:
         sinks: list = [JsonlSink(self.run_dir / METRICS_FILE)] if self.is_main else []
         if cfg.monitor.tensorboard and self.is_main:  # before the start/resume event: a resume marker trims the replayed steps
             sinks.append(TensorBoardSink(self.run_dir / "tb"))
+        if cfg.monitor.mindinsight and self.is_main:  # the MindSpore engine's summary files (a config rule refuses other engines)
+            from mindfoundry.backends.mindspore.summary import MindInsightSink
+
+            sinks.append(MindInsightSink(self.run_dir / "mindinsight"))
         logger = MetricsLogger(sinks)
         flops_tok = flops_per_token(self.spec, t.seq_len)
         self.peak = self._device_peak()
