@@ -17,14 +17,15 @@ def test_components_round_trip_through_the_state() -> None:
     saved = components(scaler, mixture=lambda position: {"block": position // 10})
     saved[0].step, saved[0].adam_step = 5, 4
     saved[1].consumed_samples, saved[1].consumed_tokens, saved[1].skipped_windows = 40, 1280, [[8, 16]]
-    saved[3].initial, saved[3].val_loss = {"val_loss": 5.5}, 4.25
+    saved[3].initial = {"val_loss": 5.5}
+    saved[3].measured(4.25, 4)  # evaluated at step 4, carried along into step 5's checkpoint
     scaler.update(found_nonfinite=True)  # backs off to 512
     state = save_state(saved) | {"step": 5}  # the store adds the step
     assert state == {
         "step": 5, "adam_step": 4, "lr_schedule": {"kind": "warmup_cosine", "step": 5},
         "consumed_samples": 40, "consumed_tokens": 1280, "skipped_windows": [[8, 16]],
         "data_order": {"seed": 7, "shuffle": True, "position": 40, "mixture": {"block": 4}},
-        "loss_scale": scaler.state_dict(), "val_loss": 4.25, "initial_eval": {"val_loss": 5.5},
+        "loss_scale": scaler.state_dict(), "val_loss": 4.25, "val_step": 4, "initial_eval": {"val_loss": 5.5},
     }
     fresh_scaler = DynamicLossScaler(1024.0, growth_interval=2, enabled=True)
     fresh = components(fresh_scaler)
@@ -39,7 +40,7 @@ def test_older_or_fp32_states_leave_the_defaults() -> None:
     scaler = DynamicLossScaler(1024.0, enabled=True)
     parts = components(scaler)
     restore_state(parts, {"step": 3, "consumed_samples": 24, "consumed_tokens": 768})
-    assert (parts[0].step, parts[0].adam_step, parts[1].skipped_windows, parts[3].initial) == (3, 3, [], None)
+    assert (parts[0].step, parts[0].adam_step, parts[1].skipped_windows, parts[3].initial, parts[3].val_step) == (3, 3, [], None, None)
     assert scaler.scale == 1024.0
     Keyed("loss_scale", scaler).restore({"loss_scale": DynamicLossScaler(1.0, enabled=False).state_dict()})
     assert scaler.scale == 1024.0

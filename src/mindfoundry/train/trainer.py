@@ -38,7 +38,7 @@ from mindfoundry.parallel.layout import launched_local_rank
 from mindfoundry.monitor.hardware import HardwareSampler
 from mindfoundry.monitor.health import HealthMonitor
 from mindfoundry.monitor.mfu import UnknownPeakError, mfu, peak_flops
-from mindfoundry.monitor.tensorboard import TensorBoardSink
+from mindfoundry.monitor.tensorboard import TensorBoardSink, scalars
 from mindfoundry.train.anomaly import AnomalyMonitor
 from mindfoundry.train.debug_steps import StepDebugger
 from mindfoundry.train.layer_stats import layer_grad_norms, layer_update_ratios, layer_weight_norms
@@ -249,7 +249,7 @@ class Trainer:
         if cfg.monitor.mindinsight and self.is_main:  # the MindSpore engine's summary files (a config rule refuses other engines)
             from mindfoundry.backends.mindspore.summary import MindInsightSink
 
-            sinks.append(MindInsightSink(self.run_dir / "mindinsight"))
+            sinks.append(MindInsightSink(self.run_dir / "mindinsight", scalars))
         logger = MetricsLogger(sinks)
         flops_tok = flops_per_token(self.spec, t.seq_len)
         self.peak = self._device_peak()
