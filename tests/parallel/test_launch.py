@@ -193,3 +193,45 @@ def test_a_signalled_rank_stops_every_rank_after_the_same_step(tiny_run, tmp_pat
         if "loss" in row and "event" not in row:
             got[row["step"]] = row["loss"]
     assert [got[s] for s in range(1, 13)] == _losses(tmp_path / "reference")
+
+
+@pytest.mark.slow
+def test_msrun_launch_without_the_venv_on_path_restarts_after_a_killed_rank(tiny_run, tmp_path) -> None:
+    """`launch` with msrun (MindSpore data parallel) from a PATH without this Python's folder (msrun starts ranks as
+    `python SCRIPT`); a SIGKILLed rank: msrun ends the job, the supervisor restarts it from the newest valid
+    checkpoint, and the losses equal an uninterrupted msrun run's."""
+    import os
+    import subprocess
+    import time
+
+    from mindfoundry.parallel.launch import free_port
+
+    bindir = str(Path(sys.executable).parent)
+    env = dict(os.environ, PATH=os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p != bindir))
+    sets = ["--set", "backend=mindspore", "--set", "monitor.detail_every=0", "--set", "parallel.dp_replicate=2",
+            "--set", "train.steps=12", "--set", "checkpoint.every=4"]
+
+    def launch(name: str, *extra: str) -> subprocess.Popen:
+        log = (tmp_path / f"{name}.log").open("w")
+        return subprocess.Popen([sys.executable, "-m", "mindfoundry.cli", "launch", "train", str(tiny_run(name)), *sets,
+                                 "--master-port", str(free_port()), *extra], stdout=subprocess.DEVNULL, stderr=log, env=env)
+
+    assert launch("reference").wait(timeout=300) == 0, (tmp_path / "reference.log").read_text()[-3000:]
+    expected = _losses(tmp_path / "reference")
+    assert len(expected) == 12
+    job, run = launch("killed", "--max-restarts", "1"), tmp_path / "killed"
+    deadline = time.time() + 300
+    while _max_step(run) < 6:
+        assert job.poll() is None and time.time() < deadline, (tmp_path / "killed.log").read_text()[-3000:]
+        time.sleep(0.02)
+    victim = next(p for p in psutil.process_iter() if "killed.yaml" in " ".join(p.cmdline()) and p.environ().get("RANK_ID") == "1"
+                  and p.environ().get("MS_ROLE") == "MS_WORKER")
+    victim.kill()
+    assert job.wait(timeout=400) == 0, (tmp_path / "killed.log").read_text()[-3000:]
+    err = (tmp_path / "killed.log").read_text(errors="replace")
+    assert "restart 1/1 from the newest valid checkpoint" in err
+    got = {}
+    for row in (json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()):
+        if "loss" in row and "event" not in row:
+            got[row["step"]] = row["loss"]
+    assert [got[s] for s in range(1, 13)] == expected

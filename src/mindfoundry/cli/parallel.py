@@ -59,7 +59,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
     """Start `mindfoundry COMMAND CONFIG ...` on every rank of this node with the engine's own launcher."""
     from pathlib import Path
 
-    from mindfoundry.parallel.launch import LaunchPlan, check_port, command, rank_logs
+    import os
+
+    from mindfoundry.parallel.launch import LaunchPlan, check_port, command, launch_env, rank_logs
     from mindfoundry.parallel.layout import layout_problems
     from mindfoundry.workflows.supervise import supervise
 
@@ -83,7 +85,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
     console.print(f"launching {plan.world_size} processes ({nproc} on this node) with "
                   f"{'torchrun' if cfg.backend == 'torch' else 'msrun'}; per-rank logs: {rank_logs(plan)}", highlight=False)
-    return supervise(attempt_command, args.max_restarts, console.print, processes=nproc)
+    return supervise(attempt_command, args.max_restarts, console.print, processes=nproc, env=launch_env(plan, os.environ))
 
 
 def _positive(**values: int) -> None:

@@ -7,12 +7,13 @@ and checks the port; it starts nothing and imports no framework.
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 from mindfoundry.errors import MindFoundryError
 
 
@@ -84,6 +85,15 @@ def command(plan: LaunchPlan, args: Sequence[str]) -> list[str]:
                 f"--master_addr={plan.master_addr}", f"--master_port={plan.master_port}", f"--node_rank={plan.node_rank}",
                 f"--log_dir={plan.log_dir}", "--join=True", _entry_point(), *args]
     raise LaunchError(f"backend '{plan.engine}' has no launcher: use torch (torchrun) or mindspore (msrun)")
+
+
+def launch_env(plan: LaunchPlan, env: Mapping[str, str]) -> dict[str, str]:
+    """The launcher's environment. msrun starts every rank as `python SCRIPT` through PATH: this Python's folder goes
+    first, so the ranks run the interpreter that has mindfoundry even when its virtualenv is not on PATH."""
+    out = dict(env)
+    if plan.engine == "mindspore":
+        out["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), *filter(None, [env.get("PATH")])])
+    return out
 
 
 def rank_logs(plan: LaunchPlan) -> str:

@@ -377,6 +377,13 @@ def launched_rank(env: Mapping[str, str] | None = None) -> int:
     return 0
 
 
+def launched_scheduler(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this process is msrun's scheduler (MS_ROLE=MS_SCHED): msrun starts it with the workers' command, but it
+    only serves the cluster's meta data and never trains."""
+    env = os.environ if env is None else env
+    return env.get("MS_ROLE") == "MS_SCHED"
+
+
 def launched_local_rank(env: Mapping[str, str] | None = None) -> int:
     """This process's rank on its node (its device index): LOCAL_RANK (torchrun, msrun) or DEVICE_ID; 0 without one."""
     env = os.environ if env is None else env

@@ -21,7 +21,8 @@ from mindfoundry.data.prepare.pipeline import prepare_data, wait_for_prepared
 from mindfoundry.data.prepare.tokenizer import eos_id
 from mindfoundry.eval.generate import generate
 from mindfoundry.model.spec import ModelSpec, flops_per_token, num_parameters
-from mindfoundry.parallel.layout import Layout, launch_layout, launched_rank, launched_world_size
+from mindfoundry.backends.base import create_backend
+from mindfoundry.parallel.layout import Layout, launch_layout, launched_rank, launched_scheduler, launched_world_size
 from mindfoundry.parallel.planner import (CPU_FIXED_OVERHEAD, DEFAULT_FIXED_OVERHEAD, check_host_fit, estimate, format_bytes,
                                           memory_options)
 from mindfoundry.train.rundir import HASH_FILE, prepare_run_dir
@@ -76,6 +77,9 @@ class TrainedRun:
 def train(cfg: RunConfig, *, resume: bool, overwrite: bool, stop_at_step: int | None, console: Console) -> TrainedRun:
     """Check the launch, claim the run dir and prepare the data (rank 0), then train to the end or `stop_at_step`."""
     check_launch(cfg)
+    if launched_scheduler():  # msrun's scheduler: it joins the cluster as its meta server (in the engine) and never trains;
+        create_backend(cfg, ModelSpec.from_config(cfg.model))  # it must not claim the run dir that rank 0 claims
+        raise SystemExit(0)  # not reached: MindSpore ends the scheduler process when the job ends
     if launched_rank() == 0:  # under torchrun/msrun one process claims the run dir and prepares the data
         run_dir = prepare_run_dir(cfg, resume=resume, overwrite=overwrite, log=console.print)
         data = prepare_data(cfg, log=console.print)

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from mindfoundry.parallel.layout import launched_rank
 
@@ -75,14 +75,16 @@ def _outcome(rc: int, exits: dict[int, int], processes: int) -> tuple[bool, int,
     return True, (rc if rc >= 0 else 128 - rc) if processes == 1 else EXIT_CRASHED, why
 
 
-def supervise(command: Callable[[int], list[str]], max_restarts: int, log: Callable[[str], None], processes: int = 1) -> int:
-    """Run `command(attempt)` until it ends finally or the restarts are used up; `processes` training processes
-    report their exits. A stop signal sent to the supervisor is forwarded and ends the supervision."""
+def supervise(command: Callable[[int], list[str]], max_restarts: int, log: Callable[[str], None], processes: int = 1,
+              env: Mapping[str, str] | None = None) -> int:
+    """Run `command(attempt)` (in `env`, default this process's) until it ends finally or the restarts are used up;
+    `processes` training processes report their exits. A stop signal sent to the supervisor is forwarded and ends
+    the supervision."""
     attempt = 0
     stopped: list[int] = []
     while True:
         with tempfile.TemporaryDirectory(prefix="mindfoundry-exits-") as folder:
-            proc = subprocess.Popen(command(attempt), env=dict(os.environ, **{EXIT_DIR_ENV: folder}))
+            proc = subprocess.Popen(command(attempt), env={**(os.environ if env is None else env), EXIT_DIR_ENV: folder})
 
             def forward(signum: int, _frame) -> None:
                 stopped.append(signum)
