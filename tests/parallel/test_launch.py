@@ -207,7 +207,8 @@ def test_msrun_launch_without_the_venv_on_path_restarts_after_a_killed_rank(tiny
     from mindfoundry.parallel.launch import free_port
 
     bindir = str(Path(sys.executable).parent)
-    env = dict(os.environ, PATH=os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p != bindir))
+    env = dict(os.environ, PATH=os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p != bindir),
+               MS_NODE_TIMEOUT="8")  # seconds before the scheduler declares the killed rank dead (default 30)
     sets = ["--set", "backend=mindspore", "--set", "monitor.detail_every=0", "--set", "parallel.dp_replicate=2",
             "--set", "train.steps=12", "--set", "checkpoint.every=4"]
 

@@ -84,10 +84,11 @@ def reference(corpus_dir: Path, tmp_path_factory) -> dict[str, dict[int, float]]
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_sigkill_at_random_points_then_resume_is_exact(engine: str, reference, corpus_dir: Path, tmp_path: Path) -> None:
-    """5 trials: SIGKILL anywhere (also inside a checkpoint write), resume, and every loss equals the uninterrupted run's."""
+    """3 trials: SIGKILL anywhere (also inside a checkpoint write), resume, and every loss equals the uninterrupted run's.
+    (`bench/checkpoint.py --soak 50` kills 50 times; tests/parallel/test_launch.py kills ranks of a launched job.)"""
     rng = random.Random(engine)
     interrupted = mid_write = 0
-    for trial in range(5):
+    for trial in range(3):
         config = write_config(corpus_dir, tmp_path, f"t{trial}", engine)
         run_dir = tmp_path / f"t{trial}"
         proc = subprocess.Popen(cmd("train", str(config)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -102,8 +103,8 @@ def test_sigkill_at_random_points_then_resume_is_exact(engine: str, reference, c
         assert "resumed from" in resumed.stderr
         got = losses(run_dir)
         assert [got[s] for s in range(1, STEPS + 1)] == [reference[engine][s] for s in range(1, STEPS + 1)]
-    assert interrupted >= 4  # the kills really landed mid-run
-    print(f"{engine}: {interrupted}/5 kills mid-run, {mid_write}/5 inside a checkpoint write")
+    assert interrupted >= 2  # the kills really landed mid-run
+    print(f"{engine}: {interrupted}/3 kills mid-run, {mid_write}/3 inside a checkpoint write")
 
 
 def test_sigterm_checkpoints_the_current_step_and_exits_75(corpus_dir: Path, tmp_path: Path, reference) -> None:
