@@ -359,22 +359,25 @@ def feasible_layouts(model: ModelSpec | ModelConfig, train: BatchShape, world_si
     return out
 
 
+def _launcher_number(env: Mapping[str, str] | None, names: tuple[str, ...]) -> int | None:
+    """The first of the launcher's variables `names` that holds a number (this process's environment by default)."""
+    env = os.environ if env is None else env
+    return next((int(env[name]) for name in names if env.get(name, "").strip().isdigit()), None)
+
+
 def launched_world_size(env: Mapping[str, str] | None = None) -> int | None:
     """Processes the launcher started: WORLD_SIZE (torchrun), MS_WORKER_NUM (msrun) or RANK_SIZE (Ascend rank table)."""
-    env = os.environ if env is None else env
-    for name in ("WORLD_SIZE", "MS_WORKER_NUM", "RANK_SIZE"):
-        if env.get(name, "").strip().isdigit():
-            return int(env[name])
-    return None
+    return _launcher_number(env, ("WORLD_SIZE", "MS_WORKER_NUM", "RANK_SIZE"))
 
 
 def launched_rank(env: Mapping[str, str] | None = None) -> int:
     """This process's global rank under the launcher: RANK (torchrun) or RANK_ID (msrun); 0 without one."""
-    env = os.environ if env is None else env
-    for name in ("RANK", "RANK_ID"):
-        if env.get(name, "").strip().isdigit():
-            return int(env[name])
-    return 0
+    return _launcher_number(env, ("RANK", "RANK_ID")) or 0
+
+
+def launched_local_rank(env: Mapping[str, str] | None = None) -> int:
+    """This process's rank on its node (its device index): LOCAL_RANK (torchrun, msrun) or DEVICE_ID; 0 without one."""
+    return _launcher_number(env, ("LOCAL_RANK", "DEVICE_ID")) or 0
 
 
 def launched_scheduler(env: Mapping[str, str] | None = None) -> bool:
@@ -382,15 +385,6 @@ def launched_scheduler(env: Mapping[str, str] | None = None) -> bool:
     only serves the cluster's meta data and never trains."""
     env = os.environ if env is None else env
     return env.get("MS_ROLE") == "MS_SCHED"
-
-
-def launched_local_rank(env: Mapping[str, str] | None = None) -> int:
-    """This process's rank on its node (its device index): LOCAL_RANK (torchrun, msrun) or DEVICE_ID; 0 without one."""
-    env = os.environ if env is None else env
-    for name in ("LOCAL_RANK", "DEVICE_ID"):
-        if env.get(name, "").strip().isdigit():
-            return int(env[name])
-    return 0
 
 
 def launch_layout(parallel: ParallelConfig, model: ModelSpec | ModelConfig, train: BatchShape,
