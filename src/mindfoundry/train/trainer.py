@@ -34,11 +34,11 @@ from mindfoundry.data.dataset.prepared import PreparedData
 from mindfoundry.eval.heldout import EvalResult, evaluate
 from mindfoundry.eval.tasks import read_tasks, score_tasks
 from mindfoundry.model.spec import ModelSpec, flops_per_token, init_weights, num_parameters, parameter_shapes
-from mindfoundry.parallel.layout import launched_local_rank
 from mindfoundry.monitor.hardware import HardwareSampler
 from mindfoundry.monitor.health import HealthMonitor
 from mindfoundry.monitor.mfu import UnknownPeakError, mfu, peak_flops
 from mindfoundry.monitor.tensorboard import TensorBoardSink, scalars
+from mindfoundry.parallel.layout import launched_local_rank
 from mindfoundry.train.anomaly import AnomalyMonitor
 from mindfoundry.train.debug_steps import StepDebugger
 from mindfoundry.train.layer_stats import layer_grad_norms, layer_update_ratios, layer_weight_norms
