@@ -27,6 +27,22 @@ def test_commands_for_both_launchers(tmp_path) -> None:
         command(LaunchPlan("torch", 2, nnodes=1, node_rank=1), ["train"])
 
 
+@pytest.mark.parametrize("rc,exits,processes,expected", [
+    (-9, {}, 1, (True, 137, "signal SIGKILL")),  # the OOM killer: restart
+    (70, {0: 70}, 1, (True, 70, "exit code 70")),  # a crash: restart
+    (2, {0: 2}, 1, (False, 2, "exit code 2")),  # a user error is final
+    (1, {0: 70}, 2, (True, 70, "rank 0 exit code 70, 1 rank(s) killed")),  # torchrun: a rank died, the other crashed
+    (1, {0: 75, 1: 75}, 2, (False, 75, "")),  # an agreed stop
+    (1, {1: 75}, 2, (False, 75, "1 rank(s) killed")),  # msrun killed rank 0 after rank 1 left: still the agreed stop
+    (1, {0: 0}, 2, (True, 70, "1 rank(s) killed")),  # a rank killed at the very end: the restart only confirms the end
+    (0, {0: 0, 1: 0}, 2, (False, 0, "")),
+])
+def test_the_supervisor_judges_a_job_by_each_ranks_exit(rc: int, exits: dict, processes: int, expected: tuple) -> None:
+    from mindfoundry.workflows.supervise import _outcome
+
+    assert _outcome(rc, exits, processes) == expected
+
+
 def test_taken_port_is_named_with_a_free_one() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -79,19 +95,26 @@ def test_fsdp_launch_equals_one_process_and_resumes_in_one(tiny_run, tmp_path) -
     assert read_dump(tmp_path / "dump" / "step4" / "rank0").meta["loss"] == pytest.approx(single[3], rel=1e-5)
 
 
-def _rank_processes(run_name: str) -> dict[int, psutil.Process]:
-    """The live training processes of a launch, by rank (the launcher's workers)."""
+def _rank_processes(run_name: str, rank_variable: str = "RANK") -> dict[int, psutil.Process]:
+    """The live training processes of a launch, by rank (the launcher's workers; not msrun's scheduler). Processes that
+    end while they are looked at are passed over."""
     out = {}
-    for proc in psutil.process_iter(["cmdline"]):
+    for proc in psutil.process_iter():
         try:
-            cmdline = proc.info["cmdline"] or []
-            if "train" in cmdline and any(arg.endswith(f"{run_name}.yaml") for arg in cmdline) and "launch" not in cmdline:
-                rank = proc.environ().get("RANK")
-                if rank is not None:
-                    out[int(rank)] = proc
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            cmdline, env = proc.cmdline(), proc.environ()
+        except psutil.Error:  # gone, a zombie, or not ours
             continue
+        if ("train" in cmdline and any(arg.endswith(f"{run_name}.yaml") for arg in cmdline) and "launch" not in cmdline
+                and rank_variable in env and env.get("MS_ROLE") != "MS_SCHED"):
+            out[int(env[rank_variable])] = proc
     return out
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _max_step(run: Path) -> int:
@@ -139,11 +162,11 @@ def test_launch_max_restarts_survives_ten_rank_kills_with_the_uninterrupted_loss
         reached = _max_step(run)
         try:
             ranks[victim].kill()
-        except Exception:  # it ended on its own meanwhile
+        except psutil.Error:  # it ended on its own meanwhile
             continue
         kills.append((victim, reached))
         print(f"{time.time() - t0:.1f}s kill rank {victim} at step {reached}", flush=True)
-        while any(p.is_running() and p.status() != "zombie" for p in ranks.values()) and time.time() < deadline:
+        while any(_alive(p) for p in ranks.values()) and time.time() < deadline:
             time.sleep(0.02)  # this attempt's workers are gone before the next kill is aimed
     job.wait(timeout=600)
     err = log.read_text(errors="replace")
@@ -196,10 +219,12 @@ def test_a_signalled_rank_stops_every_rank_after_the_same_step(tiny_run, tmp_pat
 
 
 @pytest.mark.slow
-def test_msrun_launch_without_the_venv_on_path_restarts_after_a_killed_rank(tiny_run, tmp_path) -> None:
+def test_msrun_launch_stops_on_a_signalled_rank_and_restarts_after_a_killed_one(tiny_run, tmp_path) -> None:
     """`launch` with msrun (MindSpore data parallel) from a PATH without this Python's folder (msrun starts ranks as
-    `python SCRIPT`); a SIGKILLed rank: msrun ends the job, the supervisor restarts it from the newest valid
-    checkpoint, and the losses equal an uninterrupted msrun run's."""
+    `python SCRIPT`). SIGTERM to rank 1 alone: both ranks stop after the same step (MindSpore's all-reduce of the stop
+    flag), rank 0 checkpoints it, exit 75, and `--resume auto` finishes. SIGKILL to rank 1 of a `--max-restarts 1` job:
+    msrun ends the job, the supervisor restarts it from the newest valid checkpoint. Both runs' losses equal an
+    uninterrupted msrun run's."""
     import os
     import subprocess
     import time
@@ -213,26 +238,42 @@ def test_msrun_launch_without_the_venv_on_path_restarts_after_a_killed_rank(tiny
             "--set", "train.steps=12", "--set", "checkpoint.every=4"]
 
     def launch(name: str, *extra: str) -> subprocess.Popen:
-        log = (tmp_path / f"{name}.log").open("w")
-        return subprocess.Popen([sys.executable, "-m", "mindfoundry.cli", "launch", "train", str(tiny_run(name)), *sets,
+        log = (tmp_path / f"{name}.log").open("a")
+        return subprocess.Popen([sys.executable, "-m", "mindfoundry.cli", "launch", "train", str(tmp_path / f"{name}.yaml"), *sets,
                                  "--master-port", str(free_port()), *extra], stdout=subprocess.DEVNULL, stderr=log, env=env)
 
+    def stop_rank_1_after(name: str, step: int, signum: int, job: subprocess.Popen) -> None:
+        deadline = time.time() + 300
+        while _max_step(tmp_path / name) < step or 1 not in (ranks := _rank_processes(name, "RANK_ID")):
+            assert job.poll() is None and time.time() < deadline, (tmp_path / f"{name}.log").read_text()[-3000:]
+            time.sleep(0.02)
+        ranks[1].send_signal(signum)
+
+    def losses(name: str) -> list[float]:
+        got = {}
+        for row in (json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()):
+            if "loss" in row and "event" not in row:
+                got[row["step"]] = row["loss"]  # a step re-run after a restart keeps its latest value
+        return [got[s] for s in range(1, 13)]
+
+    for name in ("reference", "signalled", "killed"):
+        tiny_run(name)
     assert launch("reference").wait(timeout=300) == 0, (tmp_path / "reference.log").read_text()[-3000:]
-    expected = _losses(tmp_path / "reference")
-    assert len(expected) == 12
-    job, run = launch("killed", "--max-restarts", "1"), tmp_path / "killed"
-    deadline = time.time() + 300
-    while _max_step(run) < 6:
-        assert job.poll() is None and time.time() < deadline, (tmp_path / "killed.log").read_text()[-3000:]
-        time.sleep(0.02)
-    victim = next(p for p in psutil.process_iter() if "killed.yaml" in " ".join(p.cmdline()) and p.environ().get("RANK_ID") == "1"
-                  and p.environ().get("MS_ROLE") == "MS_WORKER")
-    victim.kill()
+    expected = losses("reference")
+
+    job = launch("signalled", "--set", "checkpoint.every=0")
+    stop_rank_1_after("signalled", 3, 15, job)
+    assert job.wait(timeout=300) == 75, (tmp_path / "signalled.log").read_text()[-3000:]
+    stopped = _max_step(tmp_path / "signalled")
+    assert [p.name for p in (tmp_path / "signalled" / "checkpoints").glob("step_*")] == [f"step_{stopped:08d}"]
+    worker_logs = {r: (tmp_path / "signalled-logs" / f"worker_{r}.log").read_text(errors="replace") for r in (0, 1)}
+    assert f"stopped by a stop signal on another rank at step {stopped}; checkpoint written" in worker_logs[0]
+    assert f"stopped by SIGTERM at step {stopped}; checkpoint written" in worker_logs[1]
+    assert launch("signalled", "--set", "checkpoint.every=0", "--resume", "auto").wait(timeout=300) == 0
+    assert losses("signalled") == expected
+
+    job = launch("killed", "--max-restarts", "1")
+    stop_rank_1_after("killed", 6, 9, job)
     assert job.wait(timeout=400) == 0, (tmp_path / "killed.log").read_text()[-3000:]
-    err = (tmp_path / "killed.log").read_text(errors="replace")
-    assert "restart 1/1 from the newest valid checkpoint" in err
-    got = {}
-    for row in (json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()):
-        if "loss" in row and "event" not in row:
-            got[row["step"]] = row["loss"]
-    assert [got[s] for s in range(1, 13)] == expected
+    assert "restart 1/1 from the newest valid checkpoint" in (tmp_path / "killed.log").read_text(errors="replace")
+    assert losses("killed") == expected

@@ -71,21 +71,18 @@ def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: flo
 
 @pytest.fixture(scope="module")
 def reference(corpus_dir: Path, tmp_path_factory) -> dict[str, dict[int, float]]:
+    """The uninterrupted MindSpore run every interrupted one here is held to."""
     root = tmp_path_factory.mktemp("reference")
-    out = {}
-    for engine in ("mindspore", "torch"):
-        if engine == "torch" and __import__("importlib").util.find_spec("torch") is None:
-            continue
-        proc = run("train", str(write_config(corpus_dir, root, engine, engine)))
-        assert proc.returncode == 0, proc.stderr
-        out[engine] = losses(root / engine)
-    return out
+    proc = run("train", str(write_config(corpus_dir, root, "mindspore", "mindspore")))
+    assert proc.returncode == 0, proc.stderr
+    return {"mindspore": losses(root / "mindspore")}
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_sigkill_at_random_points_then_resume_is_exact(engine: str, reference, corpus_dir: Path, tmp_path: Path) -> None:
-    """3 trials: SIGKILL anywhere (also inside a checkpoint write), resume, and every loss equals the uninterrupted run's.
-    (`bench/checkpoint.py --soak 50` kills 50 times; tests/parallel/test_launch.py kills ranks of a launched job.)"""
+def test_sigkill_at_random_points_then_resume_is_exact(reference, corpus_dir: Path, tmp_path: Path) -> None:
+    """3 trials on the MindSpore engine: SIGKILL anywhere (also inside a checkpoint write), resume, and every loss
+    equals the uninterrupted run's. (`bench/checkpoint.py --soak 50` kills 50 times on either engine; the torch
+    engine's ranks are SIGKILLed 10 times in tests/parallel/test_launch.py.)"""
+    engine = "mindspore"
     rng = random.Random(engine)
     interrupted = mid_write = 0
     for trial in range(3):

@@ -282,6 +282,8 @@ class Trainer:
                     saving = True
                     self._checkpoint(logger)
                     saving, saved_step = False, self.progress.step
+                if stop and self.backend.world_size > 1:  # no rank leaves before rank 0 committed the checkpoint (a launcher
+                    self.backend.any_rank(False)          # such as msrun kills the others when the first one exits)
                 if stop and self.progress.step < end:  # a signal during the last step: the run is complete
                     raise Preempted(f"stopped by {signals.name or 'a stop signal on another rank'} at step {self.progress.step}; "
                                     f"checkpoint written; continue with --resume auto")

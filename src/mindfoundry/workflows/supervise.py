@@ -70,8 +70,11 @@ def _outcome(rc: int, exits: dict[int, int], processes: int) -> tuple[bool, int,
         why = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
     else:
         why = ", ".join([f"rank {r} exit code {c}" for r, c in sorted(crashed.items())] + [f"{killed} rank(s) killed"] * bool(killed))
+    stops = {r: c for r, c in exits.items() if c != EXIT_OK}  # user error, anomaly stop or pre-emption (no crash)
     if rc == 0 or not (killed or crashed):  # every process ended finally: the lowest rank's word is the job's
-        return False, exits[min(exits)] if exits else rc, why
+        return False, exits[min(stops or exits)] if exits else rc, why
+    if stops and not crashed:  # a rank stopped for good and the launcher reaped the others (msrun kills them on any
+        return False, stops[min(stops)], why  # non-zero exit): the stop is the job's; an agreed stop was checkpointed first
     return True, (rc if rc >= 0 else 128 - rc) if processes == 1 else EXIT_CRASHED, why
 
 
