@@ -12,6 +12,19 @@ from mindfoundry.config.schema import RunConfig
 console = Console(stderr=True, soft_wrap=True)
 
 
+def restarts(text: str) -> int:
+    """`--max-restarts N`: a whole number, 0 or more (argparse names the option in its error)."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value}: must be 0 or more")
+    return value
+
+
+def add_max_restarts(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--max-restarts", type=restarts, default=0, metavar="N",
+                   help=f"restart {what} up to N times from the newest valid checkpoint when it crashes or is killed")
+
+
 def add_config_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="YAML run config, e.g. configs/demo.yaml")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable), e.g. train.steps=10")

@@ -14,7 +14,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from mindfoundry.cli.args import console
+from mindfoundry.cli.args import add_max_restarts, console
 from mindfoundry.config.load import ConfigError
 from mindfoundry.parallel.layout import load_run_config
 from mindfoundry.config.parallel import ParallelConfig
@@ -50,8 +50,7 @@ def add_parallel_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log-dir", default=None, help="per-rank logs (default RUN_DIR-logs, beside the run directory)")
     p.add_argument("--resume", choices=["auto", "none"], default="none", help="passed to the command: auto = continue from the newest checkpoint")
     p.add_argument("--stop-at-step", type=int, default=None, metavar="N", help="passed to the command")
-    p.add_argument("--max-restarts", type=int, default=0, metavar="N",
-                   help="restart the whole job up to N times from the newest valid checkpoint when a rank crashes or is killed")
+    add_max_restarts(p, "the whole job (every rank)")
     p.set_defaults(func=cmd_launch)
 
 
@@ -74,8 +73,6 @@ def cmd_launch(args: argparse.Namespace) -> int:
         raise ConfigError("the layout does not fit this launch: " + "; ".join(problems))
     plan = LaunchPlan(cfg.backend, nproc, nnodes, args.node_rank, args.master_addr, args.master_port,
                       Path(args.log_dir or f"{cfg.run_dir.rstrip('/')}-logs"))  # beside the run dir, which rank 0 claims
-    if args.max_restarts < 0:
-        raise ConfigError(f"--max-restarts={args.max_restarts}: must be 0 or more")
     check_port(plan)
 
     def attempt_command(attempt: int) -> list[str]:  # a restart resumes from the newest valid checkpoint

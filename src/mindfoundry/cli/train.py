@@ -12,7 +12,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from mindfoundry.cli.args import add_config_arguments, config_from_args, console
+from mindfoundry.cli.args import add_config_arguments, add_max_restarts, config_from_args, console
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
@@ -175,8 +175,7 @@ def add_train_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--resume", choices=["auto", "none"], default="none", help="auto: continue from the newest valid checkpoint")
         p.add_argument("--overwrite", action="store_true", help="start over in a run dir that holds a run (old run moved aside)")
         p.add_argument("--stop-at-step", type=int, default=None, metavar="N", help="checkpoint and stop after step N (continue later with --resume auto)")
-        p.add_argument("--max-restarts", type=int, default=0, metavar="N",
-                       help="restart a crashed run up to N times from its newest valid checkpoint")
+        add_max_restarts(p, "the run")
         if name == "train":
             p.add_argument("--dry-run", action="store_true",
                            help="check the config, the launch and the memory it needs, write nothing, exit 0 if it would start")

@@ -15,13 +15,13 @@ from typing import Any, Callable
 
 from rich.console import Console
 
+from mindfoundry.backends.base import create_backend
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.prepared import PreparedData
 from mindfoundry.data.prepare.pipeline import prepare_data, wait_for_prepared
 from mindfoundry.data.prepare.tokenizer import eos_id
 from mindfoundry.eval.generate import generate
 from mindfoundry.model.spec import ModelSpec, flops_per_token, num_parameters
-from mindfoundry.backends.base import create_backend
 from mindfoundry.parallel.layout import Layout, launch_layout, launched_rank, launched_scheduler, launched_world_size
 from mindfoundry.parallel.planner import (CPU_FIXED_OVERHEAD, DEFAULT_FIXED_OVERHEAD, check_host_fit, estimate, format_bytes,
                                           memory_options)
