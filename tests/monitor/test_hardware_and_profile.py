@@ -39,20 +39,29 @@ def test_bad_profile_steps_are_named(tiny_run, steps: str) -> None:
         load_config(tiny_run(), [f"monitor.profile.steps={steps}"])
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("engine", ["torch", "mindspore"])
-def test_training_records_hardware_and_writes_the_engines_trace(engine: str, corpus_dir: Path, tmp_path: Path) -> None:
-    pytest.importorskip(engine)
+def monitored_run(engine: str, corpus_dir: Path, tmp_path: Path, **monitor) -> str:
+    """4 steps of a tiny run through the CLI with the profiler on steps 2-3 (and `monitor` settings); its stderr."""
     from mf_testing import tiny_run_tree
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     tree = tiny_run_tree(corpus_dir, tmp_path / "run")
-    tree.update(backend=engine, monitor={"progress": False, "detail_every": 0, "profile": {"steps": "2-3"}})
-    tree["train"]["steps"] = 4
+    tree.update(backend=engine, monitor={"progress": False, "detail_every": 0, "profile": {"steps": "2-3"}, **monitor})
+    tree["train"].update(steps=4, eval_every=2)
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(tree))
     proc = subprocess.run([sys.executable, "-m", "mindfoundry.cli", "train", str(tmp_path / "run.yaml")],
                           capture_output=True, text=True, timeout=600, env=dict(os.environ, COLUMNS="200"))
     assert proc.returncode == 0, proc.stderr
+    return proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["torch", "mindspore"])
+def test_training_records_hardware_and_writes_the_engines_trace(engine: str, corpus_dir: Path, tmp_path: Path) -> None:
+    """(The MindSpore run also writes MindSpore Insight summaries: tests/monitor/test_mindinsight.py reads them from
+    this same kind of run, to train MindSpore once.)"""
+    pytest.importorskip(engine)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    stderr = monitored_run(engine, corpus_dir, tmp_path, **({"mindinsight": True, "detail_every": 2} if engine == "mindspore" else {}))
     records = read_records(tmp_path / "run" / "metrics.jsonl")
     steps = step_records(records)
     assert len(steps) == 4
@@ -62,7 +71,7 @@ def test_training_records_hardware_and_writes_the_engines_trace(engine: str, cor
     profile = [r for r in records if r.get("event") == "profile"]
     folder = tmp_path / "run" / "profile" / "steps_2-3" / "rank0"
     assert [(r["step"], r["path"]) for r in profile] == [(3, str(folder))]
-    assert f"profiler trace of steps 2-3: {folder}" in proc.stderr
+    assert f"profiler trace of steps 2-3: {folder}" in stderr
     if engine == "torch":
         (trace,) = folder.glob("rank0.*.pt.trace.json")
         names = {e.get("name", "") for e in json.loads(trace.read_text())["traceEvents"]}
@@ -75,3 +84,7 @@ def test_training_records_hardware_and_writes_the_engines_trace(engine: str, cor
     acc = EventAccumulator(str(tmp_path / "run" / "tb"))
     acc.Reload()
     assert [e.step for e in acc.Scalars("hw/cpu_util")] == [1, 2, 3, 4]
+    if engine == "mindspore":
+        from test_mindinsight import assert_summary_matches_metrics
+
+        assert_summary_matches_metrics(tmp_path / "run")

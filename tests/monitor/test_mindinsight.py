@@ -3,14 +3,10 @@ protobuf schema (mindspore.train.summary_pb2.Event) with the framing MindSpore I
 
 from __future__ import annotations
 
-import os
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 pytest.importorskip("mindspore")
 
@@ -56,25 +52,16 @@ def test_mindinsight_on_another_engine_is_a_config_error(tiny_run) -> None:
         load_config(tiny_run(), ["backend=torch", "monitor.mindinsight=true"])
 
 
-@pytest.mark.slow
-def test_a_mindspore_run_writes_summary_files_with_its_scalars(corpus_dir: Path, tmp_path: Path) -> None:
-    from mf_testing import tiny_run_tree
-
-    tree = tiny_run_tree(corpus_dir, tmp_path / "run")
-    tree.update(backend="mindspore")
-    tree["monitor"].update(mindinsight=True, detail_every=2)
-    tree["train"].update(steps=4, eval_every=2)
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump(tree))
-    proc = subprocess.run([sys.executable, "-m", "mindfoundry.cli", "train", str(tmp_path / "run.yaml")],
-                          capture_output=True, text=True, timeout=600, env=dict(os.environ, COLUMNS="200"))
-    assert proc.returncode == 0, proc.stderr
-    (summary,) = (tmp_path / "run" / "mindinsight").glob("events.out.events.summary.*_MS")
-    tags = read_summary(summary)
-    records = read_records(tmp_path / "run" / "metrics.jsonl")
-    steps = step_records(records)
+def assert_summary_matches_metrics(run: Path) -> None:
+    """A real MindSpore run's summary file (monitor.mindinsight, detail_every 2, eval_every 2; trained by
+    tests/monitor/test_hardware_and_profile.py, so that MindSpore trains once for both) holds metrics.jsonl's scalars."""
     import numpy as np
 
-    for key, tag in (("loss", "train/loss"), ("lr", "train/lr"), ("grad_norm", "train/grad_norm")):
+    (summary,) = (run / "mindinsight").glob("events.out.events.summary.*_MS")
+    tags = read_summary(summary)
+    records = read_records(run / "metrics.jsonl")
+    steps = step_records(records)
+    for key, tag in (("loss", "train/loss"), ("lr", "train/lr"), ("grad_norm", "train/grad_norm"), ("cpu_util", "hw/cpu_util")):
         assert tags[tag] == [(r["step"], float(np.float32(r[key]))) for r in steps]  # float32, as summaries store them
     evals = [r for r in records if "val_loss" in r and "event" not in r]
     assert tags["val/loss"] == [(r["step"], float(np.float32(r["val_loss"]))) for r in evals]  # steps 0, 2, 4

@@ -124,8 +124,27 @@ def _max_step(run: Path) -> int:
     return max((json.loads(line).get("step", 0) for line in path.read_text().splitlines() if '"loss"' in line), default=0)
 
 
+TORCH_DP = ["--set", "backend=torch", "--set", "monitor.detail_every=0", "--set", "parallel.dp_replicate=2", "--set", "train.steps=60"]
+
+
+@pytest.fixture(scope="module")
+def torch_dp_reference(corpus_dir: Path, tmp_path_factory) -> list[float]:
+    """The 60 losses of an uninterrupted 2-rank data-parallel torch job under torchrun (TORCH_DP)."""
+    import yaml
+    from mf_testing import tiny_run_tree
+
+    from mindfoundry.parallel.launch import free_port
+
+    root = tmp_path_factory.mktemp("torch-dp")
+    (root / "reference.yaml").write_text(yaml.safe_dump(tiny_run_tree(corpus_dir, root / "reference")))
+    assert main(["launch", "train", str(root / "reference.yaml"), *TORCH_DP, "--master-port", str(free_port())]) == 0
+    expected = _losses(root / "reference")
+    assert len(expected) == 60
+    return expected
+
+
 @pytest.mark.slow
-def test_launch_max_restarts_survives_ten_rank_kills_with_the_uninterrupted_losses(tiny_run, tmp_path) -> None:
+def test_launch_max_restarts_survives_ten_rank_kills_with_the_uninterrupted_losses(tiny_run, tmp_path, torch_dp_reference) -> None:
     """2 data-parallel torch ranks under torchrun; 10 times a random rank is SIGKILLed at a random moment (after
     the job made progress since the last kill): the other rank writes a last-gasp checkpoint when it holds the
     whole untorn state, the supervisor restarts the job from the newest valid checkpoint, and the finished run's
@@ -136,12 +155,7 @@ def test_launch_max_restarts_survives_ten_rank_kills_with_the_uninterrupted_loss
 
     from mindfoundry.parallel.launch import free_port
 
-    sets = ["--set", "backend=torch", "--set", "monitor.detail_every=0", "--set", "parallel.dp_replicate=2",
-            "--set", "train.steps=60", "--set", "checkpoint.every=3"]
-    reference = tiny_run("reference")
-    assert main(["launch", "train", str(reference), *sets, "--master-port", str(free_port())]) == 0
-    expected = _losses(tmp_path / "reference")
-    assert len(expected) == 60
+    sets, expected = [*TORCH_DP, "--set", "checkpoint.every=3"], torch_dp_reference
 
     config, run = tiny_run("killed"), tmp_path / "killed"
     log = tmp_path / "job.log"  # a file, not a pipe: ten attempts' output would fill a pipe nobody reads yet
@@ -182,7 +196,7 @@ def test_launch_max_restarts_survives_ten_rank_kills_with_the_uninterrupted_loss
 
 
 @pytest.mark.slow
-def test_a_signalled_rank_stops_every_rank_after_the_same_step(tiny_run, tmp_path) -> None:
+def test_a_signalled_rank_stops_every_rank_after_the_same_step(tiny_run, tmp_path, torch_dp_reference) -> None:
     """SIGTERM to rank 1 alone: the ranks agree at the step boundary, every rank stops after the same step, rank 0
     checkpoints it, the job exits 75 (every rank's word); `--resume auto` finishes with the uninterrupted losses."""
     import subprocess
@@ -190,10 +204,7 @@ def test_a_signalled_rank_stops_every_rank_after_the_same_step(tiny_run, tmp_pat
 
     from mindfoundry.parallel.launch import free_port
 
-    sets = ["--set", "backend=torch", "--set", "monitor.detail_every=0", "--set", "parallel.dp_replicate=2",
-            "--set", "train.steps=12", "--set", "checkpoint.every=0"]
-    reference = tiny_run("reference")
-    assert main(["launch", "train", str(reference), *sets, "--master-port", str(free_port())]) == 0
+    sets = [*TORCH_DP, "--set", "checkpoint.every=0"]
     config, run = tiny_run("signalled"), tmp_path / "signalled"
     log = tmp_path / "job.log"
     job = subprocess.Popen([sys.executable, "-m", "mindfoundry.cli", "launch", "train", str(config), *sets,
@@ -206,7 +217,7 @@ def test_a_signalled_rank_stops_every_rank_after_the_same_step(tiny_run, tmp_pat
     assert job.wait(timeout=300) == 75
     err = log.read_text(errors="replace")
     stopped = _max_step(run)
-    assert 3 <= stopped < 12
+    assert 3 <= stopped < 60
     assert f"[default0]:stopped by a stop signal on another rank at step {stopped}; checkpoint written" in err, err[-3000:]
     assert f"[default1]:stopped by SIGTERM at step {stopped}; checkpoint written" in err
     assert [p.name for p in (run / "checkpoints").glob("step_*")] == [f"step_{stopped:08d}"]
@@ -215,7 +226,7 @@ def test_a_signalled_rank_stops_every_rank_after_the_same_step(tiny_run, tmp_pat
     for row in (json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()):
         if "loss" in row and "event" not in row:
             got[row["step"]] = row["loss"]
-    assert [got[s] for s in range(1, 13)] == _losses(tmp_path / "reference")
+    assert [got[s] for s in range(1, 61)] == torch_dp_reference
 
 
 @pytest.mark.slow
