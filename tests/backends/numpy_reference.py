@@ -1,6 +1,7 @@
 """An independent numpy forward pass of the model, used to check each backend's arithmetic.
 
-Written from the math (RMSNorm, rotate-half RoPE, grouped-query causal attention, SwiGLU, and
+Written from the math (RMSNorm, rotate-half RoPE, grouped-query causal attention -- or, for the mlm
+objective, attention to every key but padding (id 1) except a position's own --, SwiGLU, and
 the mixture-of-experts FFN of :mod:`mindfoundry.model.spec`: softmax router, top-k renormalized,
 one token at a time through its experts; the Switch/Mixtral load-balancing loss), not from either
 backend's code, in float64.
@@ -54,7 +55,13 @@ def forward(spec: ModelSpec, w: dict[str, np.ndarray], ids: np.ndarray, with_aux
     b, s = ids.shape
     hd, h, kv = spec.head_dim, spec.n_heads, spec.n_kv_heads
     cos, sin = (t.astype(np.float64) for t in rope_tables(spec, s))
-    mask = np.triu(np.full((s, s), -np.inf), 1)
+    if spec.objective == "clm":
+        mask = np.triu(np.full((s, s), -np.inf), 1)
+    else:  # (B, 1, S, S): a padding key is hidden from every other position
+        mask = np.zeros((b, 1, s, s))
+        for row, q, key in np.ndindex(b, s, s):
+            if ids[row, key] == 1 and q != key:
+                mask[row, 0, q, key] = -np.inf
     x = w["embed.weight"][ids]
     auxes: list[float] = []
     for i in range(spec.n_layers):

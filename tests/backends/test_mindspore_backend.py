@@ -43,7 +43,7 @@ def test_forward_and_loss_match_numpy_reference(tiny) -> None:
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
     labels = labels[0].copy()
     labels[1, 10:] = IGNORE_INDEX  # padded tail
-    nll, count = backend.eval_batch(ids[0], labels)
+    nll, count, _ = backend.eval_batch(ids[0], labels)
     assert count == 2 * 16 - 6
     assert nll / count == pytest.approx(mean_nll(expected, labels), rel=1e-5)
 

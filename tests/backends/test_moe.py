@@ -67,7 +67,7 @@ def test_forward_eval_and_first_loss_match_numpy(engines) -> None:
         backend.load_weights(weights)
         logits = backend.logits(ids[0, 0])
         assert np.abs(logits - want_logits).max() < 1e-5 * np.abs(want_logits).max(), name
-        nll, count = backend.eval_batch(ids[0, 0], labels[0, 0])  # evaluation: the LM loss alone
+        nll, count, _ = backend.eval_batch(ids[0, 0], labels[0, 0])  # evaluation: the LM loss alone
         assert count == (labels[0, 0] != IGNORE_INDEX).sum() and nll == pytest.approx(nll_sum, rel=1e-5), name
         out = backend.train_step(ids[0], labels[0], step_scalars(1, STEPS, cfg.optim, int((labels[0] != IGNORE_INDEX).sum())))
         assert out.loss == pytest.approx(want_loss, rel=1e-5), name  # the training loss includes the aux term

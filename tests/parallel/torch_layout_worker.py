@@ -77,8 +77,7 @@ def train(backend, cfg, first: int, last: int) -> dict:
         out["applied"].append(step.applied)
         out["grad_sq"].append(step.grad_sq.tolist())
         out["valid"].append(valid)
-    nll, count = backend.eval_batch(EVAL_IDS, EVAL_LABELS)
-    out["eval"] = [nll, count]
+    out["eval"] = list(backend.eval_batch(EVAL_IDS, EVAL_LABELS))
     return out
 
 

@@ -114,8 +114,9 @@ class Backend(Protocol):
         """
         ...
 
-    def eval_batch(self, input_ids: np.ndarray, labels: np.ndarray) -> tuple[float, int]:
-        """Summed next-token loss (nats) and the number of scored tokens for one [B, S] batch."""
+    def eval_batch(self, input_ids: np.ndarray, labels: np.ndarray) -> tuple[float, int, int]:
+        """Summed token loss (nats), the number of scored tokens (labels != IGNORE_INDEX) and how many of them are the
+        top-1 prediction, for one [B, S] batch."""
         ...
 
     def logits(self, input_ids: np.ndarray) -> np.ndarray:

@@ -49,6 +49,11 @@ def _model_problems(cfg: RunConfig) -> list[str]:
             f"model.vocab_size={m.vocab_size} is too small for a byte-level BPE tokenizer: "
             f"use at least {MIN_BYTE_BPE_VOCAB} (256 bytes + 2 special tokens)"
         )
+    if m.objective == "mlm" and cfg.data.tokenizer.path is None and m.vocab_size < MIN_BYTE_BPE_VOCAB + 1:
+        out.append(
+            f"model.vocab_size={m.vocab_size} leaves no room for the mask token of model.objective=mlm: use at least "
+            f"{MIN_BYTE_BPE_VOCAB + 1} (256 bytes + 3 special tokens)"
+        )
     if m.moe.num_experts and m.moe.every > m.n_layers:
         out.append(
             f"model.moe.every={m.moe.every} exceeds model.n_layers={m.n_layers}: no block would be a mixture of experts; "
@@ -197,6 +202,12 @@ def _parallel_problems(cfg: RunConfig) -> list[str]:
     if p.ep > 1 and not cfg.model.moe.num_experts:
         out.append(f"parallel.ep={p.ep} spreads experts, but the model is dense (model.moe.num_experts=0): "
                    "set model.moe.num_experts (a multiple of ep) or parallel.ep: 1")
+    if cfg.model.objective == "mlm":
+        for key, value, why in (("pp", p.pp, "the later pipeline stages never see the token ids the padding mask comes from"),
+                                ("cp", p.cp, "its attention is written for the causal mask")):
+            if value > 1:
+                out.append(f"parallel.{key}={value} with model.objective=mlm: {why}; use parallel.{key}: 1 with mlm "
+                           "(dp, dp_shard, tp and ep all train it)")
     if cfg.optim.clip_norm == "auto" and p.dp_shard == -1 and p.world_size is None:
         out.append("optim.clip_norm='auto' depends on the global batch, which parallel.dp_shard=-1 leaves unknown until launch: "
                    "set parallel.world_size (the number of processes) or a number for optim.clip_norm")

@@ -275,6 +275,8 @@ def to_yaml(cfg: RunConfig) -> str:
 #: with. Identity hashes leave such a key out while it holds that default, so a run or a prepared data folder made
 #: by 0.1.0 keeps its identity and resumes (tests/checkpoint/test_legacy_resume.py); set to anything else, it counts.
 ADDED_KEYS: dict[str, Any] = {
+    "model.objective": "clm",
+    "model.mlm": {"mask_rate": 0.15, "mask_token_rate": 0.8, "random_token_rate": 0.1},
     "data.dedup.shingle": "chars",
     "data.clean.repetition.window_units": 1000,
     "data.sources.*.clean.repetition.window_units": 1000,

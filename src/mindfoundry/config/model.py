@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from mindfoundry.config.section import Section
@@ -25,6 +27,31 @@ class MoEConfig(Section):
         return self
 
 
+class MLMConfig(Section):
+    """Masked language modelling (model.objective: mlm): which positions are predicted and what the model sees there.
+
+    BERT/RoBERTa's recipe: mask_rate of the ordinary (non-special) tokens of each sample are chosen; of those,
+    mask_token_rate are replaced by the mask token, random_token_rate by a random ordinary token, and the rest
+    kept. Only chosen positions carry a loss. The choice is a pure function of (seed, sample position): a new
+    mask every time a sample is drawn again, and the same mask on resume and on either engine.
+    """
+
+    mask_rate: float = Field(0.15, description="Share of each sample's ordinary tokens that are predicted (0 < mask_rate < 1).")
+    mask_token_rate: float = Field(0.8, ge=0, le=1, description="Of the predicted positions, the share whose input is the mask token.")
+    random_token_rate: float = Field(0.1, ge=0, le=1, description="Of the predicted positions, the share whose input is a random "
+                                                                 "ordinary token; the rest keep their token.")
+
+    @model_validator(mode="after")
+    def _rates(self) -> "MLMConfig":
+        if not 0.0 < self.mask_rate < 1.0:
+            raise ValueError(f"mask_rate={self.mask_rate}: predict a share of the tokens strictly between 0 and 1 (BERT: 0.15); "
+                             "0 trains nothing and 1 leaves no context")
+        if self.mask_token_rate + self.random_token_rate > 1.0:
+            raise ValueError(f"mask_token_rate + random_token_rate = {self.mask_token_rate + self.random_token_rate:g} exceeds 1: "
+                             "they are shares of the predicted positions (BERT: 0.8 and 0.1, the remaining 0.1 kept)")
+        return self
+
+
 class ModelConfig(Section):
     """Decoder-only, Llama-style transformer (RMSNorm, RoPE, GQA, SwiGLU)."""
 
@@ -41,6 +68,11 @@ class ModelConfig(Section):
     tie_embeddings: bool = Field(True, description="Share the token embedding with the output head (no lm_head.weight).")
     init_std: float = Field(0.02, gt=0, le=1, description="Std of the normal init; residual projections use init_std/sqrt(2*n_layers).")
     moe: MoEConfig = Field(default_factory=MoEConfig, description="Mixture-of-experts FFN (num_experts: 0 = dense).")
+    objective: Literal["clm", "mlm"] = Field(
+        "clm", description="Self-supervised objective: clm = causal (decoder, next-token prediction: generation, general task "
+        "solving); mlm = masked (bidirectional encoder, BERT/RoBERTa-style: retrieval, classification). Same blocks and "
+        "parameter names; mlm drops the causal mask and predicts masked tokens (model.mlm).")
+    mlm: MLMConfig = Field(default_factory=MLMConfig, description="Masking of the mlm objective (ignored for clm).")
     init_from: str | None = Field(
         None, description="Initial weights of a new run (continued pretraining): a Hugging Face Llama folder (config.json + "
         "model.safetensors, e.g. from `mindfoundry export`) or a checkpoint folder RUN/checkpoints/step_N; its sizes must be "

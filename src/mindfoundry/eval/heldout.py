@@ -1,5 +1,10 @@
-"""Held-out evaluation: loss, perplexity and bits per byte on the validation split (overall and per
-category), or on any documents (:func:`evaluate_texts`)."""
+"""Held-out evaluation: loss, perplexity, bits per byte and top-1 accuracy on the validation split (overall and
+per category), or on any documents (:func:`evaluate_texts`).
+
+For the clm objective every next token is scored; for mlm (a ``masking`` rule given) the masked positions,
+masked with the run's validation (or texts) stream so that every evaluation sees the same masks: the loss is
+then the masked-token loss, the perplexity its exponential and the accuracy the share of masked tokens predicted.
+"""
 
 from __future__ import annotations
 
@@ -13,24 +18,28 @@ from collections.abc import Iterable
 from tokenizers import Tokenizer
 
 from mindfoundry.backends.base import Backend
+from mindfoundry.data.dataset.masking import MaskingRule
 from mindfoundry.data.dataset.packing import IGNORE_INDEX, PackedSamples
 from mindfoundry.data.dataset.prepared import PreparedData
 from mindfoundry.data.prepare.tokenizer import encode_batch, pad_id
+from mindfoundry.model.spec import PAD_ID
 
 
 @dataclass(frozen=True)
 class EvalResult:
     loss: float  # mean nats per scored token
     perplexity: float
-    bits_per_byte: float  # nats -> bits, per UTF-8 byte of text (tokenizer-independent)
+    bits_per_byte: float  # nats -> bits, per UTF-8 byte of text (tokenizer-independent; for mlm only comparable between mlm runs)
     tokens: int
+    accuracy: float | None = None  # share of the scored tokens that are the model's top-1 prediction (None: a record from before it was measured)
 
     def to_dict(self, prefix: str = "val_") -> dict[str, float | int]:
         return {prefix + k: v for k, v in asdict(self).items()}
 
 
-def evaluate(backend: Backend, samples: PackedSamples, batch_size: int, max_batches: int, bytes_per_token: float) -> EvalResult:
-    """Score up to `max_batches` batches of validation samples (deterministic).
+def evaluate(backend: Backend, samples: PackedSamples, batch_size: int, max_batches: int, bytes_per_token: float,
+             masking: MaskingRule | None = None) -> EvalResult:
+    """Score up to `max_batches` batches of validation samples (deterministic), masked by sample index with `masking` (mlm).
 
     When the cap is below the split's size, samples are taken evenly spaced across the whole
     split, so every source (stored one after another) is represented, not just the first.
@@ -42,34 +51,42 @@ def evaluate(backend: Backend, samples: PackedSamples, batch_size: int, max_batc
     if n == 0:
         raise ValueError("the validation split has no samples: raise data.validation_fraction or add data")
     chosen = np.linspace(0, len(samples) - 1, n).round().astype(np.int64)
-    batches = (samples.get_batch(chosen[start : start + batch_size]) for start in range(0, n, batch_size))
-    total_nll, total_tokens = _score(backend, batches, batch_size)
-    return _result(total_nll, total_tokens, bytes_per_token)
+    pieces = (chosen[start : start + batch_size] for start in range(0, n, batch_size))
+    batches = (_masked(samples.get_batch(idx), idx, masking) for idx in pieces)
+    return _result(*_score(backend, batches, batch_size), bytes_per_token)
 
 
-def _score(backend: Backend, batches: Iterable[tuple[np.ndarray, np.ndarray]], batch_size: int) -> tuple[float, int]:
-    """Summed loss and scored tokens over batches; a short last batch is padded with fully ignored rows so that
-    one compiled shape serves every batch."""
-    total_nll, total_tokens = 0.0, 0
+def _masked(batch: tuple[np.ndarray, np.ndarray], positions: np.ndarray, masking: MaskingRule | None) -> tuple[np.ndarray, np.ndarray]:
+    """A clm batch as it is, or its input windows masked at `positions` (mlm)."""
+    return batch if masking is None else masking.apply(batch[0], positions)
+
+
+def _score(backend: Backend, batches: Iterable[tuple[np.ndarray, np.ndarray]], batch_size: int) -> tuple[float, int, int]:
+    """Summed loss, scored tokens and correct top-1 predictions over batches; a short last batch is padded with fully
+    ignored rows so that one compiled shape serves every batch."""
+    total_nll, total_tokens, total_correct = 0.0, 0, 0
     for ids, labels in batches:
         if len(ids) < batch_size:
             ids, labels = _pad_rows(ids, labels, batch_size)
-        nll, count = backend.eval_batch(ids, labels)
+        nll, count, correct = backend.eval_batch(ids, labels)
         total_nll += nll
         total_tokens += count
-    return total_nll, total_tokens
+        total_correct += correct
+    return total_nll, total_tokens, total_correct
 
 
-def _result(nll: float, tokens: int, bytes_per_token: float) -> EvalResult:
+def _result(nll: float, tokens: int, correct: int, bytes_per_token: float) -> EvalResult:
     loss = nll / tokens
     return EvalResult(loss=loss, perplexity=math.exp(min(loss, 50.0)), bits_per_byte=loss / math.log(2) / bytes_per_token,
-                      tokens=tokens)
+                      tokens=tokens, accuracy=correct / tokens)
 
 
 def evaluate_categories(backend: Backend, data: PreparedData, seq_len: int, batch_size: int,
-                        max_batches: int) -> dict[str, EvalResult]:
-    """:func:`evaluate` on the whole validation split ("all") and on each category's sources alone."""
-    out = {"all": evaluate(backend, data.packed("validation", seq_len), batch_size, max_batches, data.bytes_per_token("validation"))}
+                        max_batches: int, masking: MaskingRule | None = None) -> dict[str, EvalResult]:
+    """:func:`evaluate` on the whole validation split ("all") and on each category's sources alone (a category's
+    samples are masked by their index among that category's samples)."""
+    out = {"all": evaluate(backend, data.packed("validation", seq_len), batch_size, max_batches, data.bytes_per_token("validation"),
+                           masking)}
     by_category: dict[str, list[int]] = {}
     for i, source in enumerate(data.manifest["sources"]):  # the validation shards are stored in source order
         by_category.setdefault(source["category"], []).append(i)
@@ -79,33 +96,36 @@ def evaluate_categories(backend: Backend, data: PreparedData, seq_len: int, batc
             continue
         samples = PackedSamples([data.shards["validation"][i] for i in indices], seq_len, pad_id(data.tokenizer))
         bytes_per_token = sum(c["bytes"] for c in counts) / max(sum(c["tokens"] for c in counts), 1)
-        out[category] = evaluate(backend, samples, batch_size, max_batches, bytes_per_token)
+        out[category] = evaluate(backend, samples, batch_size, max_batches, bytes_per_token, masking)
     return out
 
 
-def evaluate_texts(backend: Backend, tokenizer: Tokenizer, texts: Iterable[str], seq_len: int, batch_size: int) -> EvalResult:
+def evaluate_texts(backend: Backend, tokenizer: Tokenizer, texts: Iterable[str], seq_len: int, batch_size: int,
+                   masking: MaskingRule | None = None) -> EvalResult:
     """Document-level perplexity of `texts`, scored as the validation split is: each document tokenized and ended
     with EOS, the documents concatenated and cut into consecutive windows of seq_len + 1 tokens overlapping by
     one (stride seq_len), so every token but the first is scored once, with the earlier tokens of its window as
-    context. Bits per byte divide by the documents' UTF-8 bytes per token (EOS counted as a token)."""
+    context (mlm: each window's first seq_len tokens, masked by window index). Bits per byte divide by the
+    documents' UTF-8 bytes per token (EOS counted as a token)."""
     texts = [t for t in texts if t]
     if not texts:
         raise ValueError("no documents to evaluate")
     stream = np.concatenate(encode_batch(tokenizer, texts)).astype(np.int64)
     n_bytes = sum(len(t.encode("utf-8")) for t in texts)
     windows = -(-(len(stream) - 1) // seq_len)
-    ids = np.zeros((windows, seq_len), np.int32)
+    ids = np.full((windows, seq_len), pad_id(tokenizer), np.int32)
     labels = np.full((windows, seq_len), IGNORE_INDEX, np.int32)
     for w in range(windows):
         piece = stream[w * seq_len : w * seq_len + seq_len + 1]
         ids[w, : len(piece) - 1], labels[w, : len(piece) - 1] = piece[:-1], piece[1:]
-    batches = ((ids[start : start + batch_size], labels[start : start + batch_size]) for start in range(0, windows, batch_size))
-    total_nll, total_tokens = _score(backend, batches, batch_size)
-    return _result(total_nll, total_tokens, n_bytes / len(stream))
+    pieces = (np.arange(start, min(start + batch_size, windows)) for start in range(0, windows, batch_size))
+    batches = (_masked((ids[w], labels[w]), w, masking) for w in pieces)
+    return _result(*_score(backend, batches, batch_size), n_bytes / len(stream))
 
 
 def _pad_rows(ids: np.ndarray, labels: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Fill a short batch with rows of padding that score nothing."""
     extra = rows - ids.shape[0]
-    ids = np.concatenate([ids, np.zeros((extra, ids.shape[1]), ids.dtype)])
+    ids = np.concatenate([ids, np.full((extra, ids.shape[1]), PAD_ID, ids.dtype)])
     labels = np.concatenate([labels, np.full((extra, labels.shape[1]), IGNORE_INDEX, labels.dtype)])
     return ids, labels

@@ -50,11 +50,21 @@ The MoE arithmetic, the same in both engines (and in tests/backends/numpy_refere
   ``(nll_sum + aux_loss_weight * N * aux) / (valid target tokens of the global batch)``, so with
   packed (unpadded) data the step loss is exactly LM loss + aux_loss_weight * aux. Evaluation
   loss is the LM loss alone.
+
+Two objectives share every block, parameter and name (``model.objective``):
+
+- ``clm`` (causal LM, a decoder): position q attends keys k <= q; labels are the next tokens.
+- ``mlm`` (masked LM, a bidirectional encoder): position q attends every key k that is not padding
+  (``ids[k] != PAD_ID``), and itself (so a padding row still has one key and no NaN); labels are the
+  original tokens at the masked positions (:mod:`mindfoundry.data.dataset.masking`). The masked-token
+  head is the output head (tied to the embedding like the LM head), so weights move between the
+  objectives and engines unchanged.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -62,6 +72,9 @@ from mindfoundry.config.model import ModelConfig
 
 #: Output projections that add into the residual stream; their init std is scaled by 1/sqrt(2L).
 RESIDUAL_PROJECTIONS = ("attn.o_proj.weight", "mlp.down_proj.weight", "mlp.experts.down_proj.weight")
+#: The tokenizer's padding token id (data/prepare/tokenizer.py trains PAD at this id): bidirectional
+#: attention hides keys holding it.
+PAD_ID = 1
 #: The router's init std is init_std times this: near-uniform routing (balanced load) at the start.
 ROUTER_INIT_SCALE = 0.1
 
@@ -85,6 +98,7 @@ class ModelSpec:
     moe_top_k: int = 2
     moe_every: int = 1
     moe_aux_loss_weight: float = 0.01
+    objective: Literal["clm", "mlm"] = "clm"  # model.objective
 
     @classmethod
     def from_config(cls, m: ModelConfig) -> "ModelSpec":
@@ -95,15 +109,28 @@ class ModelSpec:
             n_kv_heads=m.n_kv_heads, ffn_dim=m.ffn_dim, max_seq_len=m.max_seq_len,
             rope_theta=m.rope_theta, norm_eps=m.norm_eps, tie_embeddings=m.tie_embeddings,
             init_std=m.init_std, num_experts=m.moe.num_experts, moe_top_k=m.moe.top_k, moe_every=m.moe.every,
-            moe_aux_loss_weight=m.moe.aux_loss_weight,
+            moe_aux_loss_weight=m.moe.aux_loss_weight, objective=m.objective,
         )
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
+    @property
+    def causal(self) -> bool:
+        """Whether attention is causal (clm) or bidirectional over the non-padding keys (mlm)."""
+        return self.objective == "clm"
+
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def visible_keys(spec: ModelSpec, ids: np.ndarray) -> np.ndarray:
+    """bool [B, S, S]: whether query q of each row attends key k (the definition both engines implement)."""
+    b, s = ids.shape
+    if spec.causal:
+        return np.broadcast_to(np.tril(np.ones((s, s), bool)), (b, s, s))
+    return (ids != PAD_ID)[:, None, :] | np.eye(s, dtype=bool)[None]
 
 
 def is_moe_layer(spec: ModelSpec, i: int) -> bool:

@@ -28,6 +28,7 @@ from mindfoundry.checkpoint.store import (CheckpointError, Retention, clean_inte
                                           save_checkpoint, shard_folders)
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.loader import Batch, BatchIterator, TrainLoader, training_source
+from mindfoundry.data.dataset.masking import TRAIN, VALIDATION, masking_for
 from mindfoundry.data.dataset.mixture import MixtureSampler
 from mindfoundry.data.dataset.packing import IGNORE_INDEX
 from mindfoundry.data.dataset.prepared import PreparedData
@@ -84,10 +85,12 @@ class Trainer:
         self.source = training_source(cfg, data)
         self.backend = create_backend(cfg, self.spec)  # first: under torchrun it knows this rank's slice of the batch
         self.loader = TrainLoader(self.source, micro_batch_size=cfg.train.micro_batch_size, grad_accum=cfg.train.grad_accum,
-                                  dp_rank=self.backend.dp_rank, dp_size=self.backend.dp_size)
+                                  dp_rank=self.backend.dp_rank, dp_size=self.backend.dp_size,
+                                  masking=masking_for(cfg, data.tokenizer, TRAIN))
         self.is_main = self.backend.rank == 0  # only rank 0 writes metrics and checkpoints
         self._batches: BatchIterator | None = None
         self.val_samples = data.packed("validation", cfg.train.seq_len)
+        self.val_masking = masking_for(cfg, data.tokenizer, VALIDATION)
         self.anomaly = AnomalyMonitor(cfg.anomaly)
         self.scaler = DynamicLossScaler(cfg.train.loss_scale_init, growth_interval=cfg.train.loss_scale_growth_interval,
                                         enabled=cfg.train.precision == "fp16")  # disabled: scale 1.0 (fp32, bf16)
@@ -202,7 +205,7 @@ class Trainer:
         t = self.cfg.train
         # batches of the global micro-batch (every rank passes the same rows; the backend splits them over dp ranks)
         return evaluate(self.backend, self.val_samples, t.micro_batch_size * self.loader.dp_size, t.eval_batches,
-                        self.data.bytes_per_token("validation"))
+                        self.data.bytes_per_token("validation"), self.val_masking)
 
     def _task_scores(self) -> dict[str, dict[str, float]]:
         """eval.tasks scored now: {"task_acc": {task: acc}, "task_acc_norm": {...}} (empty without tasks)."""

@@ -134,8 +134,10 @@ class AlignResult:
 def first_batches(cfg: RunConfig, data, steps: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """The run's first `steps` global batches, exactly as the trainer would feed them."""
     from mindfoundry.data.dataset.loader import TrainLoader, training_source
+    from mindfoundry.data.dataset.masking import TRAIN, masking_for
 
-    loader = TrainLoader(training_source(cfg, data), micro_batch_size=cfg.train.micro_batch_size, grad_accum=cfg.train.grad_accum)
+    loader = TrainLoader(training_source(cfg, data), micro_batch_size=cfg.train.micro_batch_size, grad_accum=cfg.train.grad_accum,
+                         masking=masking_for(cfg, data.tokenizer, TRAIN))
     return [(b.input_ids, b.labels) for b in (loader.batch(i * loader.global_batch) for i in range(steps))]
 
 

@@ -22,7 +22,7 @@ from mindspore import Tensor, nn
 
 from mindfoundry.backends.base import BackendUnavailable, StepOutput, StepScalars, check_state_names, device_memory_record
 from mindfoundry.backends.mindspore import distributed, memory, probe_hooks
-from mindfoundry.backends.mindspore.model import CachedDecode, LossCell, Transformer, token_nll
+from mindfoundry.backends.mindspore.model import CachedDecode, LossCell, Transformer, eval_sums
 from mindfoundry.backends.mindspore.train_step import AdamW, TrainStep, scalar
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.debug.probe import Probe
@@ -44,8 +44,7 @@ class _Forward(nn.Cell):
         self.model = model
 
     def construct(self, ids, labels):
-        nll, valid = token_nll(self.model(ids), labels)
-        return nll.sum(), valid.sum()
+        return eval_sums(self.model(ids), labels)
 
 
 class MindSporeBackend:
@@ -145,17 +144,17 @@ class MindSporeBackend:
             ms.set_context(mode=ms.GRAPH_MODE)
         return out
 
-    def eval_batch(self, input_ids: np.ndarray, labels: np.ndarray) -> tuple[float, int]:
+    def eval_batch(self, input_ids: np.ndarray, labels: np.ndarray) -> tuple[float, int, int]:
         """Under data parallelism (collective) each rank scores its share of the rows when dp_size divides them."""
         split = self.dp_size > 1 and len(input_ids) % self.dp_size == 0
         if split:
             share = len(input_ids) // self.dp_size
             input_ids, labels = (a[self.dp_rank * share:(self.dp_rank + 1) * share] for a in (input_ids, labels))
-        nll, count = self.forward(Tensor(input_ids.astype(np.int32)), Tensor(labels.astype(np.int32)))
-        nll, count = float(nll.asnumpy()), float(count.asnumpy())
+        sums = [float(t.asnumpy()) for t in self.forward(Tensor(input_ids.astype(np.int32)), Tensor(labels.astype(np.int32)))]
         if split:
-            nll, count = distributed.all_reduce_sum([nll, count])
-        return nll, int(round(count))
+            sums = distributed.all_reduce_sum(sums)
+        nll, count, correct = sums
+        return nll, int(round(count)), int(round(correct))
 
     def logits(self, input_ids: np.ndarray) -> np.ndarray:
         return self.model(Tensor(input_ids.astype(np.int32))).asnumpy()

@@ -41,7 +41,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.ops import auto_generate as prims
 
 from mindfoundry.data.dataset.packing import IGNORE_INDEX
-from mindfoundry.model.spec import ModelSpec, chunk_bounds, is_moe_layer, rope_tables
+from mindfoundry.model.spec import PAD_ID, ModelSpec, chunk_bounds, is_moe_layer, rope_tables
 
 
 F16, F32 = ms.float16, ms.float32
@@ -102,7 +102,7 @@ def _rotate_half(x):
 
 
 class Attention(nn.Cell):
-    """Causal self-attention with RoPE and grouped-query heads."""
+    """Self-attention with RoPE and grouped-query heads under an additive mask: causal (clm) or padding (mlm)."""
 
     def __init__(self, spec: ModelSpec, half: bool = False):
         super().__init__()
@@ -276,7 +276,7 @@ class Block(nn.Cell):
 
 
 class Transformer(nn.Cell):
-    """Token ids (B, S) -> logits (B, S, V), float32.
+    """Token ids (B, S) -> logits (B, S, V), float32; causal (clm) or bidirectional over the non-padding keys (mlm).
 
     `precision` is ``train.precision``: 'fp32', or 'fp16' for float16 matmuls (see the module docstring).
     """
@@ -295,16 +295,24 @@ class Transformer(nn.Cell):
         self.lm_head = None if spec.tie_embeddings else Linear(spec.d_model, spec.vocab_size, half)
         cos, sin = rope_tables(spec, spec.max_seq_len)
         self.cos, self.sin = Tensor(cos), Tensor(sin)  # (S_max, D) constants, not parameters
-        causal = np.triu(np.full((spec.max_seq_len, spec.max_seq_len), -1e9, dtype=np.float32), 1)
-        self.causal_mask = Tensor(causal)
+        self.causal = spec.causal
+        if self.causal:
+            self.mask_table = Tensor(np.triu(np.full((spec.max_seq_len, spec.max_seq_len), -1e9, dtype=np.float32), 1))
+        else:  # -1e9 on the padding keys, except on the diagonal (each position sees itself): model/spec.py visible_keys
+            self.mask_table = Tensor(1.0 - np.eye(spec.max_seq_len, dtype=np.float32))
         self.head_matmul = ops.MatMul(transpose_b=True)
 
-    def tables(self, s: int):
-        """RoPE cos/sin and the causal mask for `s` positions (constants, not parameters)."""
-        return self.cos[:s], self.sin[:s], self.causal_mask[:s, :s]
+    def tables(self, ids):
+        """RoPE cos/sin and the additive attention mask for the (B, S) batch `ids`: the causal (S, S) constant, or
+        (mlm) -1e9 on the padding keys (B, 1, 1, S, S), broadcast over the kv heads and query groups of _attend."""
+        b, s = ids.shape
+        if self.causal:
+            return self.cos[:s], self.sin[:s], self.mask_table[:s, :s]
+        padding = (ids == PAD_ID).astype(F32).reshape(b, 1, 1, 1, s) * -1e9
+        return self.cos[:s], self.sin[:s], padding * self.mask_table[:s, :s]
 
     def construct(self, ids):
-        cos, sin, mask = self.tables(ids.shape[1])
+        cos, sin, mask = self.tables(ids)
         x = self.embed(ids)  # (B, S, C)
         for layer in self.layers:
             x = layer(x, cos, sin, mask)
@@ -321,7 +329,7 @@ class Transformer(nn.Cell):
 
     def body(self, ids):
         """(hidden states before the final norm [B, S, C], the MoE term of forward_aux; 0.0 for a dense model)."""
-        cos, sin, mask = self.tables(ids.shape[1])
+        cos, sin, mask = self.tables(ids)
         x = self.embed(ids)
         aux = 0.0
         for layer in self.layers:
@@ -362,6 +370,13 @@ class Transformer(nn.Cell):
             flat = _matmul(self.head_matmul, x.reshape(-1, x.shape[-1]), self.embed.weight, self.half)
             return flat.reshape(x.shape[0], s, -1)
         return self.lm_head(x)
+
+
+def eval_sums(logits, labels):
+    """(summed loss, scored tokens, correct top-1 predictions) over labels != IGNORE_INDEX, float32 scalars."""
+    nll, valid = token_nll(logits, labels)
+    hits = (ops.argmax(logits, -1).reshape(-1) == labels.reshape(-1).astype(ms.int32)).astype(F32) * valid
+    return nll.sum(), valid.sum(), hits.sum()
 
 
 def token_nll(logits, labels):

@@ -39,7 +39,7 @@ from mindfoundry.backends.torch.distributed import (
     Layout, all_reduce_sum, build_mesh, full_value, init_process_group, shard_like, wants_processes,
 )
 from mindfoundry.backends.torch.memory import apply_memory
-from mindfoundry.backends.torch.model import Transformer, token_nll
+from mindfoundry.backends.torch.model import Transformer, eval_sums
 from mindfoundry.backends.torch.train_step import TrainStep, autocast_for, build_adamw
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.debug.probe import Probe
@@ -245,28 +245,25 @@ class TorchBackend:
         return StepOutput(loss=loss, grad_norm=norm, applied=applied, grad_sq=grad_sq.detach().cpu().numpy())
 
     @torch.no_grad()
-    def eval_batch(self, input_ids: np.ndarray, labels: np.ndarray) -> tuple[float, int]:
+    def eval_batch(self, input_ids: np.ndarray, labels: np.ndarray) -> tuple[float, int, int]:
         self.model.eval()
         split = self.dp_size > 1 and len(input_ids) % self.dp_size == 0
         if split:  # this dp rank's rows; the sums are added up below
             rows = slice(self.dp_rank * len(input_ids) // self.dp_size, (self.dp_rank + 1) * len(input_ids) // self.dp_size)
             input_ids, labels = input_ids[rows], labels[rows]
         ids_t, labels_t = self._tensor(input_ids.astype(np.int64)), self._tensor(labels.astype(np.int64))
-        if self.pipeline is not None:  # summed over the pipeline ranks
-            total = self.pipeline.nll(ids_t, labels_t)
-            if split:
-                all_reduce_sum(total, self.dp_mesh)
-            return float(total[0]), int(total[1])
         cp = self.cp is not None and self.cp.fits(ids_t.shape[-1])  # else whole sequences on every cp rank
-        with self.cp.active(ids_t.shape[-1], self.device) if cp else contextlib.nullcontext(), self.autocast():
-            logits = self.model(self.cp.split(ids_t) if cp else ids_t)
-        nll, count = token_nll(logits, self.cp.split(labels_t) if cp else labels_t)
-        if split or cp:
-            total = torch.stack([nll.double(), count.double()])
-            all_reduce_sum(total, self.mesh["cp"] if cp else None)
-            all_reduce_sum(total, self.dp_mesh if split else None)
-            return float(total[0]), int(total[1])
-        return float(nll), int(count)
+        if self.pipeline is not None:  # summed over the pipeline ranks
+            total = self.pipeline.eval_sums(ids_t, labels_t)
+        else:
+            with self.cp.active(ids_t.shape[-1], self.device) if cp else contextlib.nullcontext(), self.autocast():
+                logits = full_value(self.model(self.cp.split(ids_t) if cp else ids_t))
+            total = eval_sums(logits, self.cp.split(labels_t) if cp else labels_t)
+            if cp:
+                all_reduce_sum(total, self.mesh["cp"])
+        if split:
+            all_reduce_sum(total, self.dp_mesh)
+        return float(total[0]), int(total[1]), int(total[2])
 
     @torch.no_grad()
     def logits(self, input_ids: np.ndarray) -> np.ndarray:

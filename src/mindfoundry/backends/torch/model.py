@@ -36,10 +36,10 @@ from torch.utils.checkpoint import checkpoint
 from mindfoundry.backends.torch.chunked_loss import chunked_nll
 from mindfoundry.backends.torch.distributed import full_value
 from mindfoundry.data.dataset.packing import IGNORE_INDEX
-from mindfoundry.model.spec import ModelSpec, is_moe_layer, rope_tables
+from mindfoundry.model.spec import PAD_ID, ModelSpec, is_moe_layer, rope_tables
 
 
-def _run(fn: Callable[..., torch.Tensor], recompute: bool, *args: torch.Tensor) -> torch.Tensor:
+def _run(fn: Callable[..., torch.Tensor], recompute: bool, *args: torch.Tensor | None) -> torch.Tensor:
     """fn(*args), recomputed in the backward instead of keeping its intermediates when `recompute` and training."""
     if recompute and torch.is_grad_enabled():
         return checkpoint(fn, *args, use_reentrant=False)
@@ -66,7 +66,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    """Causal self-attention with RoPE and grouped-query heads."""
+    """Self-attention with RoPE and grouped-query heads: causal, or (``visible`` given: mlm) over the visible keys."""
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
@@ -92,19 +92,22 @@ class Attention(nn.Module):
         rep = self.n_heads // self.n_kv_heads
         return x[:, :, None].expand(b, k, rep, s, d).reshape(b, k * rep, s, d)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
         b, s, _ = x.shape
         q = self._heads(self.q_proj(x), self.n_heads)  # (B, H, S, D)
         k = self._heads(self.k_proj(x), self.n_kv_heads)  # (B, K, S, D)
         v = self._heads(self.v_proj(x), self.n_kv_heads)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        out = _run(self._core, self.recompute_core, q, k, v)  # (B, H, S, D)
+        out = _run(self._core, self.recompute_core, q, k, v, visible)  # (B, H, S, D)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim))
 
-    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if self.core is None:  # SDPA reads each kv head for its H/K query heads itself: no expanded copies
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
+        gqa = self.n_kv_heads != self.n_heads  # SDPA reads each kv head for its H/K query heads itself: no expanded copies
+        if visible is not None:  # (B, 1, S, S) bool, mlm
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=gqa)
+        if self.core is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         return self.core(q, k, v, self._expand_kv)
 
     def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor],
@@ -254,11 +257,11 @@ class Block(nn.Module):
         self.mlp = MoE(spec) if moe else MLP(spec)
         self.recompute_all = False  # full recompute: only the block's input is kept
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        return _run(self._forward, self.recompute_all, x, cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
+        return _run(self._forward, self.recompute_all, x, cos, sin, visible)
 
-    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin)
+    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, visible)
         return x + self.mlp(self.mlp_norm(x))
 
     def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor],
@@ -268,7 +271,7 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    """Token ids (B, S) -> logits (B, S, V)."""
+    """Token ids (B, S) -> logits (B, S, V); causal (clm) or bidirectional over the non-padding keys (mlm)."""
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
@@ -294,15 +297,22 @@ class Transformer(nn.Module):
             cos, sin = self.cos[:s], self.sin[:s]
         else:
             cos, sin = self.cos[self.positions], self.sin[self.positions]
+        visible = None if self.spec.causal else self.visible_keys(ids)
         x = self.embed(ids)  # (B, S, C)
         for layer in self.layers:
-            x = layer(x, cos, sin)
+            x = layer(x, cos, sin, visible)
         x = self.norm(x)
         if labels is None:
             return self._head(x)
         if not self.loss_chunk:
             return self._head_nll(x, labels)
         return chunked_nll(x, self.head_weight(), labels, self.loss_chunk, self._head_nll)
+
+    @staticmethod
+    def visible_keys(ids: torch.Tensor) -> torch.Tensor:
+        """(B, 1, S, S) bool: the non-padding keys and each position itself (model/spec.py's visible_keys, mlm)."""
+        s = ids.shape[1]
+        return ((ids != PAD_ID)[:, None, None, :] | torch.eye(s, dtype=torch.bool, device=ids.device))
 
     def _head_nll(self, x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return token_nll(full_value(self._head(x)), labels)
@@ -339,6 +349,13 @@ def aux_loss_sum(model: nn.Module) -> torch.Tensor | None:
     if not parts or any(p is None for p in parts):
         return None
     return model.spec.moe_aux_loss_weight * torch.stack(parts).mean()
+
+
+def eval_sums(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """[summed loss, scored tokens, correct top-1 predictions] (float64) over labels != IGNORE_INDEX."""
+    nll, count = token_nll(logits, labels)
+    correct = ((logits.argmax(-1) == labels) & (labels != IGNORE_INDEX)).sum()
+    return torch.stack([nll.double(), count.double(), correct.double()])
 
 
 def token_nll(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -133,7 +133,7 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool) -
     def gather_input(module: nn.Module, n_args: int) -> None:
         """With SP the attention/MLP input (a sequence-sharded DTensor) is gathered to whole sequences."""
         if sequence_parallel:
-            extra = (None,) * (n_args - 1)  # cos, sin stay plain tensors
+            extra = (None,) * (n_args - 1)  # cos, sin (and the mlm visibility mask or None) stay as they are
             parallelize_module(module, tp_mesh, PrepareModuleInput(
                 input_layouts=(Shard(1), *extra), desired_input_layouts=(Replicate(), *extra), use_local_output=True))
 
@@ -148,7 +148,7 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool) -
     model.register_forward_hook(_full_logits)
 
     for block in model.layers:
-        gather_input(block.attn, 3)
+        gather_input(block.attn, 4)
         gather_input(block.mlp, 1)
         parallelize_module(block.attn, tp_mesh, {
             "q_proj": ColwiseParallel(), "k_proj": ColwiseParallel(), "v_proj": ColwiseParallel(),

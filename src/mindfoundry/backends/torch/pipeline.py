@@ -54,7 +54,7 @@ from torch.distributed.tensor import DTensor
 
 from mindfoundry.backends.base import StepScalars
 from mindfoundry.backends.torch.distributed import Layout, all_reduce_sum, dp_mesh_for_fsdp, full_value, shard_like
-from mindfoundry.backends.torch.model import Transformer, token_nll
+from mindfoundry.backends.torch.model import Transformer, eval_sums, token_nll
 from mindfoundry.model.spec import module_boundaries, parameter_shapes
 
 SCHEDULES = {"1F1B": Schedule1F1B, "GPipe": ScheduleGPipe, "Interleaved1F1B": ScheduleInterleaved1F1B}
@@ -271,14 +271,10 @@ class Pipeline:
         b, s = ids.shape
         return self.share(self.forward(ids), (b, s, self.spec.vocab_size))
 
-    def nll(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """[summed NLL, scored tokens] (float64) of a batch, on every pipeline rank."""
+    def eval_sums(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """[summed NLL, scored tokens, correct top-1] (float64) of a batch, on every pipeline rank."""
         logits = self.forward(ids)
-        local = None
-        if logits is not None:
-            nll, count = token_nll(logits, labels)
-            local = torch.stack([nll.double(), count.double()])
-        out = torch.zeros(2, dtype=torch.float64, device=self.device) if local is None else local
+        out = torch.zeros(3, dtype=torch.float64, device=self.device) if logits is None else eval_sums(logits, labels)
         return all_reduce_sum(out, self.pp_mesh)
 
     def module_outputs(self, ids: torch.Tensor) -> dict[str, np.ndarray]:

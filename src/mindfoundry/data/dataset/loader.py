@@ -24,6 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from mindfoundry.config.schema import RunConfig
+from mindfoundry.data.dataset.masking import MaskingRule
 from mindfoundry.data.dataset.mixture import build_mixture
 from mindfoundry.data.dataset.packing import PackedSamples, SampleOrder
 from mindfoundry.data.dataset.prepared import PreparedData
@@ -75,11 +76,11 @@ class TrainLoader:
     ``L = micro_batch_size * grad_accum`` is the rank's share of the global batch
     ``G = L * dp_size``; the slices of all ranks partition ``[p, p + G)``, so together the ranks
     consume exactly what one process with the whole global batch would, and each rank reads only
-    its own samples.
+    its own samples. With ``masking`` (the mlm objective) each sample is masked by its global position.
     """
 
     def __init__(self, source: BatchSource, *, micro_batch_size: int, grad_accum: int = 1,
-                 dp_rank: int = 0, dp_size: int = 1, prefetch: int = 2) -> None:
+                 dp_rank: int = 0, dp_size: int = 1, prefetch: int = 2, masking: MaskingRule | None = None) -> None:
         if micro_batch_size < 1 or grad_accum < 1:
             raise ValueError(f"micro_batch_size and grad_accum must be >= 1, got {micro_batch_size} and {grad_accum}")
         if not 0 <= dp_rank < dp_size:
@@ -90,6 +91,7 @@ class TrainLoader:
         self.micro_batch_size, self.grad_accum = micro_batch_size, grad_accum
         self.dp_rank, self.dp_size = dp_rank, dp_size
         self.prefetch = prefetch
+        self.masking = masking
 
     @property
     def local_batch(self) -> int:
@@ -105,7 +107,10 @@ class TrainLoader:
         """This rank's slice of the global batch starting at ``position``, computed now."""
         if position < 0:
             raise ValueError(f"position must be >= 0, got {position}")
-        ids, labels = self.source.get_batch(position + self.dp_rank * self.local_batch, self.local_batch)
+        start = position + self.dp_rank * self.local_batch
+        ids, labels = self.source.get_batch(start, self.local_batch)
+        if self.masking is not None:
+            ids, labels = self.masking.apply(ids, np.arange(start, start + self.local_batch))
         shape = (self.grad_accum, self.micro_batch_size, ids.shape[-1])
         return Batch(position, ids.reshape(shape), labels.reshape(shape))
 

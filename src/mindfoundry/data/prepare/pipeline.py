@@ -37,16 +37,19 @@ from mindfoundry.data.dataset.indexed import IndexedDatasetWriter, dtype_for_voc
 from mindfoundry.data.workers import IN_FLIGHT_PER_WORKER, DocumentProgress, PassProgress, WorkerPool, resolve_workers
 from mindfoundry.data.dataset.prepared import MANIFEST, SPLITS, TOKENIZER, DataError, PreparedData, load_prepared, read_manifest
 from mindfoundry.data.prepare.split import Split, split_documents
-from mindfoundry.data.prepare.tokenizer import encode_batch, load_tokenizer, tokenizer_hash, train_tokenizer
+from mindfoundry.data.prepare.tokenizer import encode_batch, load_tokenizer, tokenizer_hash, train_tokenizer, with_mask_token
 
 
 def data_identity(cfg: RunConfig) -> str:
-    """What determines the prepared data: the data section, the seed and the vocabulary size.
+    """What determines the prepared data: the data section, the seed, the vocabulary size and, for the mlm
+    objective, the mask token in the tokenizer.
 
     The mixture only changes the order in which training draws samples, not the shards, so it is
     left out: changing the weights must not force a re-prepare.
     """
     key = {"data": identity_view(_data_section(cfg), "data."), "seed": cfg.seed, "vocab_size": cfg.model.vocab_size}
+    if cfg.model.objective == "mlm":  # a clm tokenizer has no mask token (and clm identities stay as they were)
+        key["mask_token"] = True
     return _sha256_json(key)
 
 
@@ -84,18 +87,22 @@ def _training_texts(cfg: RunConfig, curation: Curation, pool: WorkerPool[Curatio
 
 def _build_tokenizer(cfg: RunConfig, plan: CorpusPlan, progress: DocumentProgress, log: Callable[[str], None]):
     tok_cfg = cfg.data.tokenizer
+    mlm = cfg.model.objective == "mlm"
     if tok_cfg.path is not None:
         tok = load_tokenizer(tok_cfg.path)
         if tok.get_vocab_size() > cfg.model.vocab_size:
             raise DataError(f"data.tokenizer.path={tok_cfg.path!r} has {tok.get_vocab_size()} tokens, more than "
                             f"model.vocab_size={cfg.model.vocab_size}: raise model.vocab_size")
-        log(f"loaded tokenizer {tok_cfg.path} ({tok.get_vocab_size()} tokens)")
+        if mlm:
+            tok = with_mask_token(tok, cfg.model.vocab_size)
+        log(f"loaded tokenizer {tok_cfg.path} ({tok.get_vocab_size()} tokens{', mask token added' if mlm else ''})")
         return tok, {"source": "loaded", "path": tok_cfg.path}
     t0 = time.perf_counter()
     curation = Curation(cfg.data, plan)
     with (WorkerPool(resolve_workers(cfg.data.workers), curation) as pool,
           progress.stage("tokenizer", [src.name for src in cfg.data.sources]) as stage):
-        tok = train_tokenizer(_training_texts(cfg, curation, pool, stage), cfg.model.vocab_size, min_frequency=tok_cfg.min_frequency)
+        tok = train_tokenizer(_training_texts(cfg, curation, pool, stage), cfg.model.vocab_size, min_frequency=tok_cfg.min_frequency,
+                              mask_token=mlm)
     log(f"trained byte-level BPE: {tok.get_vocab_size()} tokens in {time.perf_counter() - t0:.1f}s")
     return tok, {"source": "trained", "min_frequency": tok_cfg.min_frequency, "train_max_bytes": tok_cfg.train_max_bytes}
 

@@ -23,12 +23,16 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
 from mindfoundry.errors import InputMissingError, MindFoundryError
+from mindfoundry.model.spec import PAD_ID
 
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
-SPECIAL_TOKENS: tuple[str, ...] = (EOS, PAD)  # ids 0 and 1, in this order
+SPECIAL_TOKENS: tuple[str, ...] = (EOS, PAD)  # ids 0 and 1 (PAD_ID), in this order
+#: The masked-LM input token (model.objective: mlm), added after training as the last id.
+MASK = "<|mask|>"
 
 _BYTE_ALPHABET_SIZE = 256
 MIN_VOCAB_SIZE = _BYTE_ALPHABET_SIZE + len(SPECIAL_TOKENS)
@@ -39,18 +43,21 @@ class TokenizerError(MindFoundryError, ValueError):
 
 
 def train_tokenizer(
-    texts: Iterable[str], vocab_size: int, *, min_frequency: int = 2
+    texts: Iterable[str], vocab_size: int, *, min_frequency: int = 2, mask_token: bool = False
 ) -> Tokenizer:
     """Train a byte-level BPE tokenizer on ``texts``, streamed (memory stays bounded).
 
     ``vocab_size`` counts the special tokens and the 256 byte symbols, so it must be at least
-    258. BPE training involves no randomness: the output depends only on the texts, their
-    order and the settings (see the module docstring), so it takes no seed.
+    258 (259 with ``mask_token``: BPE then learns one token fewer and :data:`MASK` takes the last
+    id, so the ids of EOS and PAD stay fixed). BPE training involves no randomness: the output
+    depends only on the texts, their order and the settings (see the module docstring), so it
+    takes no seed.
     """
-    if vocab_size < MIN_VOCAB_SIZE:
+    least = MIN_VOCAB_SIZE + mask_token
+    if vocab_size < least:
         raise ValueError(
-            f"vocab_size must be at least {MIN_VOCAB_SIZE} (256 byte symbols + "
-            f"{len(SPECIAL_TOKENS)} special tokens), got {vocab_size}"
+            f"vocab_size must be at least {least} (256 byte symbols + "
+            f"{len(SPECIAL_TOKENS) + mask_token} special tokens), got {vocab_size}"
         )
     if min_frequency < 1:
         raise ValueError(f"min_frequency must be >= 1, got {min_frequency}")
@@ -58,7 +65,7 @@ def train_tokenizer(
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
+        vocab_size=vocab_size - mask_token,
         min_frequency=min_frequency,
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
@@ -66,6 +73,23 @@ def train_tokenizer(
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
     tokenizer.encode_special_tokens = True
+    if pad_id(tokenizer) != PAD_ID:
+        raise AssertionError(f"BPE training put {PAD} at id {pad_id(tokenizer)}, not {PAD_ID}")
+    return with_mask_token(tokenizer, vocab_size) if mask_token else tokenizer
+
+
+def with_mask_token(tokenizer: Tokenizer, vocab_size: int) -> Tokenizer:
+    """``tokenizer`` with the :data:`MASK` special token (added as its next id when it has none), for a model of
+    ``vocab_size`` tokens; TokenizerError when that id would not fit the model."""
+    if MASK in _special_contents(tokenizer):
+        return tokenizer
+    if tokenizer.get_vocab_size() >= vocab_size:
+        raise TokenizerError(
+            f"the tokenizer has {tokenizer.get_vocab_size()} tokens, all of model.vocab_size={vocab_size}: no room for the "
+            f"mask token {MASK!r} of model.objective=mlm; raise model.vocab_size to {tokenizer.get_vocab_size() + 1} or "
+            "train the tokenizer with the mlm objective (data.tokenizer.path: null)"
+        )
+    tokenizer.add_special_tokens([AddedToken(MASK, special=True, normalized=False)])
     return tokenizer
 
 
@@ -103,6 +127,16 @@ def eos_id(tokenizer: Tokenizer) -> int:
 def pad_id(tokenizer: Tokenizer) -> int:
     """Id of the padding token (never produced by encoding text)."""
     return _special_id(tokenizer, PAD)
+
+
+def mask_id(tokenizer: Tokenizer) -> int:
+    """Id of the masked-LM input token (present in tokenizers made for model.objective: mlm)."""
+    return _special_id(tokenizer, MASK)
+
+
+def special_ids(tokenizer: Tokenizer) -> list[int]:
+    """Ids of every special token (never masked or drawn as a random replacement by the mlm objective)."""
+    return sorted(tokenizer.token_to_id(token) for token in _special_contents(tokenizer))
 
 
 def encode_batch(tokenizer: Tokenizer, texts: list[str]) -> list[np.ndarray]:
