@@ -34,8 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for mf_t
 
 from mf_testing import ArraySource, padded_markov_samples, tiny_config  # noqa: E402
 from mindfoundry.data.dataset.loader import TrainLoader  # noqa: E402
+from mindfoundry.data.dataset.masking import MaskingRule  # noqa: E402
 from mindfoundry.data.dataset.packing import IGNORE_INDEX  # noqa: E402
-from mindfoundry.model.spec import ModelSpec, init_weights  # noqa: E402
+from mindfoundry.model.spec import PAD_ID, ModelSpec, init_weights  # noqa: E402
 from mindfoundry.train.schedule import step_scalars  # noqa: E402
 
 VOCAB, SEQ, ACCUM, GLOBAL_MICRO, TOTAL_STEPS = 300, 16, 2, 4, 5
@@ -48,6 +49,11 @@ def samples(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 TRAIN = ArraySource(*samples(GLOBAL_BATCH * TOTAL_STEPS))
 EVAL_IDS, EVAL_LABELS = samples(4, seed=1)  # 4 rows: split over 2 or 4 dp ranks
+# model.objective: mlm -- the same streams padded with PAD_ID (hidden keys), masked by position: ids 0, 1 and the last
+# are the special tokens (EOS, PAD, mask)
+MLM_RULE = MaskingRule(VOCAB - 1, np.array([0, PAD_ID, VOCAB - 1]), np.arange(2, VOCAB - 1), 0.15, 0.8, 0.1, seed=5)
+MLM_TRAIN = ArraySource(np.where(TRAIN.labels == IGNORE_INDEX, PAD_ID, TRAIN.ids), TRAIN.labels)
+MLM_EVAL = MLM_RULE.apply(np.where(EVAL_LABELS == IGNORE_INDEX, PAD_ID, EVAL_IDS), np.arange(4))
 
 
 def make_backend(parallel: dict | None = None, model: dict | None = None, memory: dict | None = None):
@@ -63,8 +69,9 @@ def make_backend(parallel: dict | None = None, model: dict | None = None, memory
 def train(backend, cfg, first: int, last: int) -> dict:
     """Steps first..last on this rank's slices; the losses and norms every rank sees."""
     dp_rank, dp_size = getattr(backend, "dp_rank", 0), getattr(backend, "dp_size", 1)
-    loader = TrainLoader(TRAIN, micro_batch_size=GLOBAL_MICRO // dp_size, grad_accum=ACCUM,
-                         dp_rank=dp_rank, dp_size=dp_size, prefetch=0)
+    mlm = cfg.model.objective == "mlm"
+    loader = TrainLoader(MLM_TRAIN if mlm else TRAIN, micro_batch_size=GLOBAL_MICRO // dp_size, grad_accum=ACCUM,
+                         dp_rank=dp_rank, dp_size=dp_size, prefetch=0, masking=MLM_RULE if mlm else None)
     assert loader.global_batch == GLOBAL_BATCH
     out: dict = {"loss": [], "grad_norm": [], "applied": [], "grad_sq": [], "valid": []}
     for t in range(first, last + 1):
@@ -77,8 +84,13 @@ def train(backend, cfg, first: int, last: int) -> dict:
         out["applied"].append(step.applied)
         out["grad_sq"].append(step.grad_sq.tolist())
         out["valid"].append(valid)
-    out["eval"] = list(backend.eval_batch(EVAL_IDS, EVAL_LABELS))
+    out["eval"] = list(backend.eval_batch(*(MLM_EVAL if mlm else (EVAL_IDS, EVAL_LABELS))))
     return out
+
+
+def eval_ids(cfg) -> np.ndarray:
+    """Two rows for logits and module outputs (mlm: masked, with hidden padding keys)."""
+    return (MLM_EVAL[0] if cfg.model.objective == "mlm" else EVAL_IDS)[:2]
 
 
 def _digest(arrays) -> str:
@@ -108,8 +120,9 @@ def run_job(job: dict, out_dir: Path) -> None:
         hook.remove()
     result["seq_seen"] = sorted(set(seen))
     shapes = {n: list(p.shape) for n, p in backend.model.named_parameters()}  # after TP/FSDP/PP: global shapes
-    logits = backend.logits(EVAL_IDS[:2])
-    boundaries = backend.module_outputs(EVAL_IDS[:2])  # embed, blocks, final norm: gathered to full arrays
+    ids = eval_ids(cfg)
+    logits = backend.logits(ids)
+    boundaries = backend.module_outputs(ids)  # embed, blocks, final norm: gathered to full arrays
     weights = backend.weights()  # collective
     optimizer = backend.optimizer_state() if job.get("save") else None  # collective
     local = [(p.to_local() if isinstance(p, DTensor) else p).detach().cpu().numpy() for p in backend.params.values()]

@@ -82,6 +82,7 @@ def export_hf(ckpt_dir: str | Path, out: str | Path) -> Path:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise OutputExistsError(f"{out} already exists and is not an empty folder: choose another --out (nothing was written)")
     cfg = run_config(ckpt_dir)
+    cfg.model.require_causal("export --format hf (a LlamaForCausalLM folder)")
     spec = ModelSpec.from_config(cfg.model)
     if spec.num_experts:
         raise CheckpointError("this model has mixture-of-experts blocks (model.moe.num_experts > 0), which the Llama layout "

@@ -150,6 +150,9 @@ def _train_problems(cfg: RunConfig) -> list[str]:
     if cfg.backend == "mindspore" and cfg.checkpoint.format == "sharded":
         out.append("checkpoint.format='sharded' is written by the torch backend (torch.distributed.checkpoint); MindSpore's own "
                    "distributed checkpoints are not supported: use checkpoint.format: full, or backend: torch")
+    if cfg.model.objective == "mlm" and cfg.eval.tasks:
+        out.append("eval.tasks score multiple-choice answers by their causal log-likelihood, which model.objective=mlm (a "
+                   "bidirectional encoder) does not give: remove eval.tasks, or train with model.objective: clm")
     for i, task in enumerate(cfg.eval.tasks):
         if not Path(task).is_file():
             out.append(f"eval.tasks[{i}]={task!r} does not exist: give a multiple-choice .jsonl file (docs/evaluation.md) "

@@ -7,6 +7,12 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from mindfoundry.config.section import Section
+from mindfoundry.errors import MindFoundryError
+
+
+class ObjectiveError(MindFoundryError, ValueError):
+    """A command that needs the causal objective (continuations, causal log-likelihoods, the Llama layout) was given
+    a masked-LM model."""
 
 
 class MoEConfig(Section):
@@ -78,6 +84,14 @@ class ModelConfig(Section):
         "model.safetensors, e.g. from `mindfoundry export`) or a checkpoint folder RUN/checkpoints/step_N; its sizes must be "
         "this model's. Ignored once the run has checkpoints (a resume loads those), so not part of the run identity. null = random init from the seed."
     )
+
+    def require_causal(self, what: str) -> None:
+        """ObjectiveError unless this is a causal LM: `what` names the command that needs next-token predictions."""
+        if self.objective != "clm":
+            raise ObjectiveError(
+                f"{what} needs a causal LM, and this model was trained with model.objective={self.objective} (a bidirectional "
+                "encoder that predicts masked tokens, not continuations): evaluate it with `mindfoundry eval` (masked-token "
+                "loss and accuracy), export it with --format safetensors, or train with model.objective: clm")
 
     def resolved_ffn_dim(self) -> int:
         """ffn_dim, or when null 8/3*d_model rounded up to ffn_multiple_of (the one place that derives it)."""

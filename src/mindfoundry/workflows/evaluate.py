@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from mindfoundry.backends.base import BackendUnavailable
 from mindfoundry.checkpoint.run_files import run_tokenizer
+from mindfoundry.data.dataset.masking import TEXTS, VALIDATION, masking_for
 from mindfoundry.data.dataset.prepared import load_prepared
 from mindfoundry.data.ingest.files import SourceStats, read_files
 from mindfoundry.eval.heldout import evaluate_categories, evaluate_texts
@@ -26,16 +27,20 @@ def evaluate_model(model: TrainedModel, *, data: Sequence[str] = (), tasks: Sequ
     """{"checkpoint", "validation": {category: metrics}, "data": {pattern: metrics}, "tasks": {file: accuracies},
     "lm_eval": {task: {metric: value}}} (validation only when nothing else is asked)."""
     cfg, t = model.cfg, model.cfg.train
+    if tasks:
+        cfg.model.require_causal("--tasks (choices scored by their causal log-likelihood)")
+    if lm_eval:
+        cfg.model.require_causal("--lm-eval (lm-evaluation-harness scores causal log-likelihoods)")
     out: dict[str, Any] = {"checkpoint": str(model.checkpoint)}
     if not data and not tasks and not lm_eval:
         prepared = load_prepared(run_tokenizer(model.checkpoint, cfg).parent, cfg.model.vocab_size)
         batches = -(-len(prepared.packed("validation", t.seq_len)) // t.micro_batch_size)  # every validation sample
         out["validation"] = {name: r.to_dict("") for name, r in evaluate_categories(
-            model.backend, prepared, t.seq_len, t.micro_batch_size, batches).items()}
+            model.backend, prepared, t.seq_len, t.micro_batch_size, batches, masking_for(cfg, prepared.tokenizer, VALIDATION)).items()}
     for pattern in data:
         docs = read_files([pattern], name="eval", category="eval", txt_mode="file", stats=SourceStats())
         out.setdefault("data", {})[pattern] = evaluate_texts(model.backend, model.tokenizer, (d.text for d in docs), t.seq_len,
-                                                             t.micro_batch_size).to_dict("")
+                                                             t.micro_batch_size, masking_for(cfg, model.tokenizer, TEXTS)).to_dict("")
     for path in tasks:
         out.setdefault("tasks", {})[Path(path).name] = score_tasks(model.backend, model.tokenizer, read_tasks(path),
                                                                    cfg.model.max_seq_len)

@@ -57,6 +57,7 @@ class Generation:
 
 def continue_prompt(model: TrainedModel, prompt: str, *, max_new_tokens: int, temperature: float, top_k: int,
                     top_p: float, seed: int) -> Generation:
+    model.cfg.model.require_causal("generation")
     if not prompt:
         raise GenerationError("--prompt is empty: give the text to continue")
     ids = model.tokenizer.encode(prompt).ids

@@ -17,9 +17,11 @@ from rich.console import Console
 
 from mindfoundry.backends.base import create_backend
 from mindfoundry.config.schema import RunConfig
+from mindfoundry.data.dataset.masking import TEXTS, masking_for
 from mindfoundry.data.dataset.prepared import PreparedData
 from mindfoundry.data.prepare.pipeline import prepare_data, wait_for_prepared
 from mindfoundry.data.prepare.tokenizer import eos_id
+from mindfoundry.eval.fill_mask import fill_masks
 from mindfoundry.eval.generate import generate
 from mindfoundry.model.spec import ModelSpec, flops_per_token, num_parameters
 from mindfoundry.parallel.layout import Layout, launch_layout, launched_rank, launched_scheduler, launched_world_size
@@ -93,8 +95,12 @@ def train(cfg: RunConfig, *, resume: bool, overwrite: bool, stop_at_step: int | 
 
 
 def samples(cfg: RunConfig, trained: TrainedRun) -> list[dict[str, str]]:
-    """Continuations of cfg.generate's prompts by the trained model (seeded per prompt)."""
+    """Continuations of cfg.generate's prompts by the trained model (seeded per prompt); for the mlm objective, the
+    prompts with masked tokens and the model's fill of them."""
     g, tokenizer = cfg.generate, trained.data.tokenizer
+    masking = masking_for(cfg, tokenizer, TEXTS)
+    if masking is not None:
+        return fill_masks(trained.result.backend, tokenizer, list(g.prompts), masking, cfg.train.seq_len)
     out = []
     for i, prompt in enumerate(g.prompts):
         ids = generate(trained.result.backend, tokenizer.encode(prompt).ids, max_seq_len=cfg.model.max_seq_len,

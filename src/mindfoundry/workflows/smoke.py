@@ -50,6 +50,7 @@ def evaluate_smoke(records: list[dict[str, Any]], cfg: RunConfig, stop: str | No
     finite = [x for x in losses if x is not None and math.isfinite(x)]
     uniform = math.log(cfg.model.vocab_size)
     lr = cfg.optim.lr
+    mlm = cfg.model.objective == "mlm"
     checks = []
     if stop:
         checks.append(Check("run completes", False, stop.split(". Likely")[0],
@@ -68,12 +69,20 @@ def evaluate_smoke(records: list[dict[str, Any]], cfg: RunConfig, stop: str | No
         checks.append(Check("loss falls", tail < head - 0.05 * head, f"{head:.3f} -> {tail:.3f}",
                             f"learning rate too low or too high (optim.lr={lr:g}), or broken data"))
         checks.append(Check("loss not suspiciously low", tail > 0.1 * uniform, f"{tail:.3f} after {len(finite)} steps",
-                            "the model predicts its own input: labels are probably not shifted (or validation leaks into training)"))
+                            "the model sees the tokens it predicts: masked inputs are not masked (model.mlm.mask_token_rate?)"
+                            if mlm else "the model predicts its own input: labels are probably not shifted (or validation leaks "
+                            "into training)"))
     copy = [steps[s]["copy_fraction"] for s in sorted(steps) if "copy_fraction" in steps[s]]
-    if copy:
+    if copy and not mlm:  # mlm labels are the input tokens at the masked positions by design
         checks.append(Check("labels are the next tokens", statistics.median(copy) < 0.5,
                             f"{statistics.median(copy):.0%} of labels equal their input token",
                             "labels are probably not shifted by one position: the model is asked to copy its input"))
+    evals = [r for r in records if "val_accuracy" in r]
+    if mlm and len(evals) >= 2:  # the held-out evaluations before the first step and after the last
+        before, after = evals[0]["val_accuracy"], evals[-1]["val_accuracy"]
+        checks.append(Check("masked-token accuracy rises", after > before, f"{before:.1%} -> {after:.1%} of held-out masked tokens",
+                            f"the model learns nothing about the masked tokens: learning rate (optim.lr={lr:g}) or masking "
+                            "(model.mlm) wrong"))
     ok_norms = [n for n in norms if n is not None and math.isfinite(n)]
     in_range = bool(ok_norms) and len(ok_norms) == len(norms) and 1e-4 < statistics.median(ok_norms) < 100
     checks.append(Check("gradient norms finite and in range", in_range,
