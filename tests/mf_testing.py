@@ -11,6 +11,16 @@ from mindfoundry.data.dataset.packing import IGNORE_INDEX
 from mindfoundry.config.schema import RunConfig
 
 
+#: `--set` overrides that shrink configs/demo.yaml (and demo-mlm.yaml) to a test-sized run on the same corpora.
+DEMO_TEST_SIZE = [
+    "model.vocab_size=1024", "model.d_model=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",
+    "data.sources.0.max_bytes=150000", "data.sources.1.max_bytes=100000",
+    "data.sources.2.max_bytes=150000", "data.sources.3.max_bytes=150000", "data.validation_fraction=0.05",
+    "train.steps=40", "train.seq_len=64", "train.micro_batch_size=8", "train.eval_every=20", "train.eval_batches=4",
+    "optim.warmup_steps=5", "optim.lr=5e-3", "checkpoint.every=20", "monitor.progress=false", "generate.max_new_tokens=8",
+]
+
+
 def tiny_run_tree(corpus: Path, run_dir: Path, **overrides) -> dict:
     tree = {
         "name": "tiny",

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from mf_testing import DEMO_TEST_SIZE
 from mindfoundry.train.metrics import read_metrics
 
 pytest.importorskip("snownlp")
@@ -18,13 +19,6 @@ pytest.importorskip("snownlp")
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
-TEST_SIZE = [
-    "model.vocab_size=1024", "model.d_model=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",
-    "data.sources.0.max_bytes=150000", "data.sources.1.max_bytes=100000",
-    "data.sources.2.max_bytes=150000", "data.sources.3.max_bytes=150000", "data.validation_fraction=0.05",
-    "train.steps=40", "train.seq_len=64", "train.micro_batch_size=8", "train.eval_every=20", "train.eval_batches=4",
-    "optim.warmup_steps=5", "optim.lr=5e-3", "checkpoint.every=20", "monitor.progress=false", "generate.max_new_tokens=8",
-]
 
 
 #: Each engine runs the demo with a memory mode, which the report names beside the measured peak.
@@ -40,7 +34,7 @@ def test_demo_end_to_end(tmp_path: Path, backend: str) -> None:
     cmd = [sys.executable, "-m", "mindfoundry.cli", "run", str(REPO / "configs" / "demo.yaml"), "--set", f"run_dir={run_dir}",
            "--set", f"backend={backend}"]
     sets, described = MEMORY[backend]
-    for item in TEST_SIZE + sets:
+    for item in DEMO_TEST_SIZE + sets:
         cmd += ["--set", item]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=dict(os.environ, COLUMNS="200"))
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -47,6 +47,19 @@ def test_rules_on_synthetic_runs() -> None:
     assert nan["no NaN/Inf"] is False and nan["run completes"] is False
 
 
+def test_mlm_rules() -> None:
+    """mlm: labels are the inputs' own tokens at the masked positions (no shift check), the loss is that of the masked
+    tokens (ln V at the start), and held-out masked-token accuracy is reported."""
+    cfg = tiny_config(model={"objective": "mlm"})
+    healthy = [math.log(300) - 0.08 * i for i in range(30)]
+    evals = [{"step": 0, "val_accuracy": 0.104, "val_tokens": 309}, {"step": 30, "val_accuracy": 0.25, "val_tokens": 309}]
+    checks = {c.name: c for c in evaluate_smoke(records(healthy) + evals, cfg, None, 500, 24000)}
+    assert "labels are the next tokens" not in checks and checks["initial loss near ln(vocab)"].passed
+    assert checks["masked-token accuracy (held-out)"].value == "10.4% -> 25.0% of 309 masked tokens"
+    leak = {c.name: c for c in evaluate_smoke(records([5.7, 3.0] + [0.01] * 28), cfg, None, 500, 24000)}["loss not suspiciously low"]
+    assert leak.passed is False and "masked inputs are not masked" in leak.hint
+
+
 
 
 def smoke(config: Path, *sets: str) -> subprocess.CompletedProcess:

@@ -96,7 +96,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     from mindfoundry.workflows.generate import continue_prompt, load_trained
 
-    model = load_trained(args.checkpoint, args.backend)
+    model = load_trained(args.checkpoint, args.backend, causal_for="generation")
     out = continue_prompt(model, args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                           top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     if out.used_prompt_tokens < out.prompt_tokens:

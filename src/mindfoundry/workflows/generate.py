@@ -32,10 +32,13 @@ class TrainedModel:
     tokenizer: Tokenizer
 
 
-def load_trained(path: str | Path, engine: str | None = None) -> TrainedModel:
-    """The checkpoint at `path` (or a run's newest) in one process of `engine` (default: the run's)."""
+def load_trained(path: str | Path, engine: str | None = None, *, causal_for: str | None = None) -> TrainedModel:
+    """The checkpoint at `path` (or a run's newest) in one process of `engine` (default: the run's); with `causal_for`
+    (what needs it), an ObjectiveError before anything is loaded when the model is not a causal LM."""
     ckpt = checkpoint_of(path)
     cfg = run_config(ckpt)
+    if causal_for is not None:
+        cfg.model.require_causal(causal_for)
     cfg = cfg.model_copy(update={"backend": engine or cfg.backend, "parallel": ParallelConfig()})
     tokenizer = load_tokenizer(run_tokenizer(ckpt, cfg))
     backend = create_backend(cfg, ModelSpec.from_config(cfg.model))

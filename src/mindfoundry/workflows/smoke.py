@@ -78,11 +78,9 @@ def evaluate_smoke(records: list[dict[str, Any]], cfg: RunConfig, stop: str | No
                             f"{statistics.median(copy):.0%} of labels equal their input token",
                             "labels are probably not shifted by one position: the model is asked to copy its input"))
     evals = [r for r in records if "val_accuracy" in r]
-    if mlm and len(evals) >= 2:  # the held-out evaluations before the first step and after the last
-        before, after = evals[0]["val_accuracy"], evals[-1]["val_accuracy"]
-        checks.append(Check("masked-token accuracy rises", after > before, f"{before:.1%} -> {after:.1%} of held-out masked tokens",
-                            f"the model learns nothing about the masked tokens: learning rate (optim.lr={lr:g}) or masking "
-                            "(model.mlm) wrong"))
+    if mlm and evals:  # information: a few dozen steps first learn the frequent tokens, which can lower it at first
+        shares = " -> ".join(f"{r['val_accuracy']:.1%}" for r in (evals[0], evals[-1])[:len(evals)])
+        checks.append(Check("masked-token accuracy (held-out)", None, f"{shares} of {evals[-1]['val_tokens']} masked tokens"))
     ok_norms = [n for n in norms if n is not None and math.isfinite(n)]
     in_range = bool(ok_norms) and len(ok_norms) == len(norms) and 1e-4 < statistics.median(ok_norms) < 100
     checks.append(Check("gradient norms finite and in range", in_range,
