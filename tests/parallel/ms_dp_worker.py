@@ -79,11 +79,15 @@ def train(backend, cfg) -> dict:
 
 def main() -> None:
     out_dir = Path(sys.argv[1])
-    backend, cfg, spec = make_backend({"dp_replicate": 2})  # msrun's scheduler process exits in here
+    # gradients all-reduced in 3 fused groups (MindFormers' gradient_aggregation_group): the same sums
+    backend, cfg, spec = make_backend({"dp_replicate": 2, "grad_fusion_groups": 3})  # msrun's scheduler process exits in here
     backend.load_weights(init_weights(spec, 11))
     result = train(backend, cfg)
     result["placement"] = {k: getattr(backend, k) for k in ("rank", "world_size", "dp_rank", "dp_size")}
     result["env"] = {k: os.environ.get(k) for k in MSRUN_VARIABLES}
+    import mindspore as ms
+
+    result["fusion"] = list(ms.get_auto_parallel_context("all_reduce_fusion_config"))
     # exact host sums through the real collective: a fraction and a count beyond float32's 2**24
     result["global_sum_fraction"] = backend.global_sum(0.25 + backend.rank)
     result["global_sum_large"] = backend.global_sum(float(2**40 + backend.rank))

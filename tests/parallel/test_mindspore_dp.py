@@ -89,6 +89,8 @@ def test_msrun_data_parallel_matches_one_process(tmp_path: Path) -> None:
         # exact host sums through the CPU collective (float32 only): a fraction, and a count beyond 2**24
         assert g["global_sum_fraction"] == 0.25 + 1.25
         assert g["global_sum_large"] == float(2**41 + 1)
+        # parallel.grad_fusion_groups=3: the 20 parameters' gradients all-reduced in groups [0, 7), [7, 13), [13, 20)
+        assert g["fusion"] == distributed.fusion_split(len(ref_weights), 3) == [7, 13]
 
     # the data: padding present, each rank counted its half, the global count is the single process's
     assert got[0]["valid"] == got[1]["valid"] == want["valid"]

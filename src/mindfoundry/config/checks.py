@@ -211,6 +211,10 @@ def _parallel_problems(cfg: RunConfig) -> list[str]:
             if value > 1:
                 out.append(f"parallel.{key}={value} with model.objective=mlm: {why}; use parallel.{key}: 1 with mlm "
                            "(dp, dp_shard, tp and ep all train it)")
+    if p.grad_fusion_groups is not None and cfg.backend != "mindspore":
+        out.append(f"parallel.grad_fusion_groups={p.grad_fusion_groups} (MindFormers' gradient_aggregation_group) sets MindSpore's "
+                   f"gradient all-reduce fusion; the {cfg.backend} engine's FSDP2 reduces each block's gradients as one group: "
+                   "remove it, or use backend: mindspore")
     if cfg.optim.clip_norm == "auto" and p.dp_shard == -1 and p.world_size is None:
         out.append("optim.clip_norm='auto' depends on the global batch, which parallel.dp_shard=-1 leaves unknown until launch: "
                    "set parallel.world_size (the number of processes) or a number for optim.clip_norm")

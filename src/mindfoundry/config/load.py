@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, Sequence
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from mindfoundry.config.aliases import canonical
 from mindfoundry.config.checks import cross_field_problems
 from mindfoundry.config.parallel import RENAMED_KEYS
 from mindfoundry.config.schema import RunConfig
@@ -226,8 +227,11 @@ def validate(tree: dict[str, Any], rules: Sequence[Rule] = ()) -> RunConfig:
     ``rules`` are further whole-config rules from the layers above (the parallel layout rules:
     :func:`mindfoundry.parallel.layout.validate_run_config`); their messages follow this layer's."""
     _check_extent(tree, "the config")
+    tree, alias_problems = canonical(_moved(tree))
+    if alias_problems:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(alias_problems))
     try:
-        cfg = RunConfig.model_validate(_moved(tree))
+        cfg = RunConfig.model_validate(tree)
     except ValidationError as exc:
         lines = [_describe(e) for e in exc.errors()]
         raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None
@@ -275,6 +279,7 @@ def to_yaml(cfg: RunConfig) -> str:
 #: with. Identity hashes leave such a key out while it holds that default, so a run or a prepared data folder made
 #: by 0.1.0 keeps its identity and resumes (tests/checkpoint/test_legacy_resume.py); set to anything else, it counts.
 ADDED_KEYS: dict[str, Any] = {
+    "parallel.grad_fusion_groups": None,
     "model.objective": "clm",
     "model.mlm": {"mask_rate": 0.15, "mask_token_rate": 0.8, "random_token_rate": 0.1},
     "data.dedup.shingle": "chars",

@@ -46,6 +46,10 @@ class ParallelConfig(Section):
                                          "dp_shard*cp ranks; ep must divide dp_shard*cp and the number of experts.")
     optimizer_shard: bool = Field(False, description="Shard optimizer state over all data-parallel ranks (ZeRO-1 / MindSpore "
                                                      "parallel optimizer); implied over the dp_shard ranks when dp_shard > 1.")
+    grad_fusion_groups: int | None = Field(
+        None, ge=1, le=4096, description="Gradients all-reduced in this many fused groups of consecutive parameters (MindFormers' "
+        "gradient_aggregation_group): more groups start communicating earlier in the backward, fewer send larger messages. "
+        "MindSpore data parallel (all_reduce_fusion_config); torch's FSDP2 groups per block and refuses it. null = the engine's default.")
     world_size: int | None = Field(None, ge=1, description="Expected number of processes; null = the product "
                                                            "dp_replicate*dp_shard*cp*tp*pp. Checked against the launcher's "
                                                            "WORLD_SIZE at start.")

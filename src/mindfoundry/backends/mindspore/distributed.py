@@ -40,6 +40,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from mindfoundry.config.schema import RunConfig
+from mindfoundry.model.spec import ModelSpec, parameter_shapes
 from mindfoundry.parallel.layout import Layout, LayoutError, launched_rank, launched_world_size
 
 #: Degrees only MindSpore's semi-auto parallel (Ascend/GPU) can run (with dp_shard > 1 and optimizer_shard); DP is dp_replicate.
@@ -139,8 +140,18 @@ def setup(cfg: RunConfig, device_target: str, env: Mapping[str, str] | None = No
         raise RuntimeError(f"MindSpore reports rank {rank} but msrun exported RANK_ID={expected}")
     if world > 1:
         ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=False, device_num=world)
+        groups = cfg.parallel.grad_fusion_groups
+        if groups is not None:  # MindFormers' gradient_aggregation_group
+            count = len(parameter_shapes(ModelSpec.from_config(cfg.model)))
+            ms.set_auto_parallel_context(all_reduce_fusion_config=fusion_split(count, groups))
     # pure DP: the data-parallel rank is the rank (the layout has no other dimension)
     return Placement(layout, rank=rank, world_size=world, dp_rank=rank, dp_size=world)
+
+
+def fusion_split(count: int, groups: int) -> list[int]:
+    """Parameter indices where a new fused all-reduce group starts: `count` parameters (in model order) in `groups`
+    groups of consecutive parameters, as even as they divide (fewer groups when there are fewer parameters)."""
+    return sorted({round(count * g / groups) for g in range(1, groups)} - {0, count})
 
 
 # -- exact host sums over the ranks ------------------------------------------------------------
