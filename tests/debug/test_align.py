@@ -15,17 +15,23 @@ from mindfoundry.backends.base import create_backend  # noqa: E402
 from mindfoundry.cli.main import main  # noqa: E402
 from mindfoundry.workflows.align import run_side  # noqa: E402
 from mindfoundry.debug.compare import compare_trees  # noqa: E402
+from mindfoundry.data.dataset.masking import MaskingRule  # noqa: E402
 from mindfoundry.model.spec import ModelSpec, init_weights  # noqa: E402
 
 
-def _aligned(tmp_path: Path, perturb=None, mode: str = "tensor"):
-    """One step of both engines from the same weights and batch; `perturb(name, backend, weights)` breaks one."""
+def _aligned(tmp_path: Path, perturb=None, mode: str = "tensor", objective: str = "clm"):
+    """One step of both engines from the same weights and batch; `perturb(name, backend, weights)` breaks one.
+    With the mlm objective the batch is masked (ids 0 and 1 are EOS and PAD, 299 the mask token) and padded."""
     from mf_testing import tiny_config
 
-    ids = np.random.default_rng(0).integers(0, 300, (2, 2, 17)).astype(np.int32)
+    ids = np.random.default_rng(0).integers(2, 299, (2, 2, 17)).astype(np.int32)
     batches = [(ids[..., :-1], ids[..., 1:])]
+    if objective == "mlm":
+        rule = MaskingRule(299, np.array([0, 1, 299]), np.arange(2, 299), 0.15, 0.8, 0.1, seed=3)
+        ids[1, 1, 10:] = 1  # a padded tail: keys hidden from the other positions
+        batches = [tuple(a.reshape(2, 2, 16) for a in rule.apply(ids[..., :-1].reshape(4, 16), np.arange(4)))]
     for name in ("mindspore", "torch"):
-        cfg = tiny_config(train={"grad_accum": 2, "micro_batch_size": 2}).model_copy(update={"backend": name})
+        cfg = tiny_config(train={"grad_accum": 2, "micro_batch_size": 2}, model={"objective": objective}).model_copy(update={"backend": name})
         spec = ModelSpec.from_config(cfg.model)
         backend, weights = create_backend(cfg, spec), init_weights(spec, 11)
         if perturb:
@@ -36,8 +42,9 @@ def _aligned(tmp_path: Path, perturb=None, mode: str = "tensor"):
     return cmp
 
 
-def test_identical_runs_pass_everything(tmp_path) -> None:
-    cmp = _aligned(tmp_path)
+@pytest.mark.parametrize("objective", ["clm", "mlm"])
+def test_identical_runs_pass_everything(tmp_path, objective: str) -> None:
+    cmp = _aligned(tmp_path, objective=objective)
     assert cmp.counts() == {"pass": 294, "warning": 0, "error": 0} and cmp.passed()
     assert cmp.first_divergence() is None and cmp.lowest_cosine().cosine > 0.999999
 
@@ -119,9 +126,7 @@ def test_statistics_mode_finds_the_same_layer(tmp_path) -> None:
 
 @pytest.mark.slow
 def test_align_and_compare_cli(tiny_run, tmp_path, capsys) -> None:
-    """Through the command line, on the masked-LM objective (the functions above run the causal one): the engines' dumps
-    of the same masked batches agree module by module."""
-    cfg = tiny_run(model__objective="mlm")
+    cfg = tiny_run()
     out = tmp_path / "al"
     assert main(["align", str(cfg), "--steps", "2", "--out", str(out)]) == 0
     summary = json.loads((out / "align.json").read_text())
