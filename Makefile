@@ -13,6 +13,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[mindspore,torch,demo,dev,eval]"
 	@# optional: where mindstudio-probe cannot install, its interop tests skip and say so
 	$(PY) -m pip install -q -e ".[mindspore,torch,probe]" || echo "mindstudio-probe did not install: tests/debug/test_msprobe_interop.py will skip"
+	@# MindFormers, the judge of `export --format mindformers`: 1.9.0 without its pins (its transformers==4.57.1 would replace
+	@# the transformers the HF-export tests use; 2.0.0, which declares mindspore~=2.10, imports hyper-parallel, not on PyPI)
+	$(PY) -m pip install -q --no-deps mindformers==1.9.0 deprecated wrapt setproctitle ftfy jieba sentencepiece mindpet==1.0.4 \
+		tensorboardX rouge-chinese tiktoken || echo "mindformers did not install: tests/checkpoint/test_mindformers_export.py will skip"
 	@touch $(STAMP)
 
 install: $(STAMP)

@@ -134,12 +134,14 @@ def print_written(path: Path) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     from mindfoundry.checkpoint.convert import WEIGHTS_ONLY, export_checkpoint
     from mindfoundry.checkpoint.hf_export import export_hf
+    from mindfoundry.checkpoint.mindformers_export import export_mindformers
     from mindfoundry.checkpoint.run_files import checkpoint_of
 
     src, out = checkpoint_of(args.checkpoint), Path(args.out)
     if args.format == "safetensors" and out.suffix != WEIGHTS_ONLY:
         raise CheckpointError(f"--format safetensors writes one file: give --out a name ending in {WEIGHTS_ONLY}")
-    print_written(export_hf(src, out) if args.format == "hf" else export_checkpoint(src, out))
+    writers = {"hf": export_hf, "mindformers": export_mindformers, "safetensors": export_checkpoint}
+    print_written(writers[args.format](src, out))
     return 0
 
 
@@ -150,8 +152,9 @@ def add_ckpt_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_convert)
     p = sub.add_parser("export", help="a checkpoint as a Hugging Face Llama folder (transformers opens it) or merged weights")
     p.add_argument("checkpoint", help="RUN/checkpoints/step_N folder (full or sharded), or RUN_DIR for its newest valid one")
-    p.add_argument("--format", choices=["hf", "safetensors"], default="hf",
-                   help="hf: config.json + model.safetensors (Llama names) + tokenizer; safetensors: one file, our names")
+    p.add_argument("--format", choices=["hf", "mindformers", "safetensors"], default="hf",
+                   help="hf: config.json + model.safetensors (Llama names) + tokenizer; mindformers: weights under MindFormers' "
+                        "Llama names + a MindFormers run YAML over this run's shards + tokenizer; safetensors: one file, our names")
     p.add_argument("--out", required=True, help="output folder (hf; must not exist or be empty) or .safetensors file")
     p.set_defaults(func=cmd_export)
 
