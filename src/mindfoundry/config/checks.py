@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from mindfoundry.config.schema import RunConfig
+from mindfoundry.config.schema import ASCEND_DEVICES, RunConfig
 
 #: 256 byte symbols plus the EOS and PAD special tokens.
 MIN_BYTE_BPE_VOCAB = 258
@@ -139,9 +139,16 @@ def _dedup_problems(cfg: RunConfig) -> list[str]:
 
 def _train_problems(cfg: RunConfig) -> list[str]:
     out = []
-    if cfg.backend == "mindspore" and cfg.train.precision == "bf16":
-        out.append("train.precision='bf16' is not available on the mindspore backend yet (MindSpore has no bf16 kernels on CPU): "
-                   "use train.precision: fp16 (mixed precision with dynamic loss scaling) or fp32, or backend: torch for bf16")
+    if cfg.backend == "mindspore" and cfg.train.precision == "bf16" and cfg.device not in ASCEND_DEVICES:
+        out.append(f"train.precision='bf16' is not available on the mindspore backend yet (MindSpore has no bf16 kernels on CPU): "
+                   f"use train.precision: fp16 (mixed precision with dynamic loss scaling) or fp32, or backend: torch for bf16 "
+                   f"(device: {cfg.device}; MindSpore's bf16 runs with device: ascend)")
+    if cfg.train.flash_attention == "on":
+        where = [] if cfg.backend == "mindspore" else [f"the mindspore backend (the {cfg.backend} engine's attention picks its own kernel)"]
+        where += [] if cfg.device in ASCEND_DEVICES else [f"device: ascend (FlashAttentionScore has no {cfg.device} kernel)"]
+        where += [] if cfg.train.precision in ("fp16", "bf16") else ["train.precision fp16 or bf16 (it computes in half precision)"]
+        if where:
+            out.append(f"train.flash_attention=on needs {' and '.join(where)}: set train.flash_attention: auto (or off)")
     if cfg.backend == "mindspore" and cfg.train.compile:
         out.append("train.compile=true applies to the torch backend only: MindSpore always compiles (GRAPH_MODE); remove it")
     if cfg.backend != "mindspore" and cfg.monitor.mindinsight:

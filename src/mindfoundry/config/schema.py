@@ -21,6 +21,10 @@ from mindfoundry.config.section import Section, checked_path
 from mindfoundry.config.selection import parse_selection
 
 
+#: `device` values that name an Ascend NPU (MindSpore's bf16 kernels and FlashAttentionScore live there).
+ASCEND_DEVICES = ("ascend", "npu")
+
+
 class TrainConfig(Section):
     """Loop sizes. Global batch = micro_batch_size * grad_accum * parallel.dp sequences (dp = dp_replicate * dp_shard)."""
 
@@ -43,6 +47,16 @@ class TrainConfig(Section):
         1000, ge=1, description="fp16 only: the loss scale doubles after this many overflow-free steps in a row."
     )
     compile: bool = Field(False, description="torch backend: torch.compile the model (costs ~40 s of compilation on CPU).")
+    flash_attention: Literal["auto", "on", "off"] = Field(
+        "auto", description="mindspore backend: the attention core as Ascend's FlashAttentionScore (fp16/bf16; no (B,H,S,S) "
+        "scores kept). auto = on with device: ascend/npu and train.precision fp16 or bf16, off elsewhere; on elsewhere is "
+        "an error. The torch engine's scaled_dot_product_attention picks its own kernel.")
+
+    def uses_flash_attention(self, backend: str, device: str) -> bool:
+        """Whether the MindSpore attention runs through FlashAttentionScore (the one place that resolves `auto`)."""
+        if self.flash_attention == "off" or backend != "mindspore":
+            return False
+        return self.flash_attention == "on" or (device in ASCEND_DEVICES and self.precision in ("fp16", "bf16"))
 
 
 class OptimConfig(Section):

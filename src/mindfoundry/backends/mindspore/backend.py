@@ -66,7 +66,8 @@ class MindSporeBackend:
         self.device_kind = {"CPU": "cpu", "Ascend": "npu", "GPU": "cuda"}[ms.get_context("device_target")]
         self.spec = spec
         self.precision = cfg.train.precision
-        self.model = Transformer(spec, cfg.train.precision)  # fp16: float16 matmuls inside the Cells, fp32 parameters
+        # fp16/bf16: matmuls in that dtype inside the Cells, fp32 parameters; FlashAttentionScore where train.flash_attention says
+        self.model = Transformer(spec, cfg.train.precision, cfg.train.uses_flash_attention(cfg.backend, cfg.device))
         self.params = {p.name: p for p in self.model.get_parameters()}
         expected = parameter_shapes(spec)
         if {n: tuple(p.shape) for n, p in self.params.items()} != expected:

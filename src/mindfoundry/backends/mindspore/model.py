@@ -7,12 +7,20 @@ from :func:`mindfoundry.model.spec.init_weights` by the backend.
 
 Shapes in comments: B batch, S sequence, H query heads, K kv heads, D head dim, C d_model, V vocab.
 
-Mixed precision (``train.precision: fp16``) lives in the Cells too, in the style of autocast/O1:
-with ``half=True`` every matmul (the Linear layers, attention scores and probs @ v, the tied LM
-head) casts its inputs and weights to float16 and its result back to float32; parameters, the
+Mixed precision (``train.precision: fp16``, and ``bf16`` on Ascend) lives in the Cells too, in the style of
+autocast/O1: with a ``compute`` dtype every matmul (the Linear layers, attention scores and probs @ v, the
+tied LM head) casts its inputs and weights to it and its result back to float32; parameters, the
 residual stream, RMSNorm, RoPE, softmax and the loss stay float32. Parameter names, Cell paths
-and module outputs (float32) are those of the fp32 model, and ``half=False`` is the fp32 model
+and module outputs (float32) are those of the fp32 model, and ``compute=None`` is the fp32 model
 op for op.
+
+FlashAttention (``train.flash_attention``, Ascend only: :func:`flash_attention_enabled` decides): the
+attention core becomes one ``ops.flash_attention_score`` call on the (B, H, S, D) queries and (B, K, S, D)
+keys/values ("BNSD", grouped-query heads read directly, scale 1/sqrt(D)) in the compute dtype, with a
+uint8 mask, 1 = hidden: causal runs use sparse_mode 2 (left-up causal) with the kernel's compressed
+(2048, 2048) upper triangle; mlm runs sparse_mode 0 with a (B, 1, S, S) mask of the padding keys (each
+position keeps itself), the same visibility as the additive mask of the CPU path
+(:func:`mindfoundry.model.spec.visible_keys`). Cached decoding keeps the additive path.
 
 Mixture-of-experts blocks (:class:`MoE`, the arithmetic of :mod:`mindfoundry.model.spec`) keep every
 shape static for GRAPH_MODE: each expert runs on every token (one batched matmul over the stacked
@@ -45,32 +53,37 @@ from mindfoundry.model.spec import PAD_ID, ModelSpec, chunk_bounds, is_moe_layer
 
 
 F16, F32 = ms.float16, ms.float32
+#: train.precision -> the matmuls' compute dtype (None: float32 throughout)
+COMPUTE_DTYPES = {"fp32": None, "fp16": F16, "bf16": ms.bfloat16}
+#: Side of FlashAttentionScore's compressed causal mask (sparse_mode 2), whatever the sequence length.
+FLASH_CAUSAL_MASK = 2048
 
 
 def _zeros(*shape: int) -> Parameter:
     return Parameter(Tensor(np.zeros(shape, dtype=np.float32)), name="weight")
 
 
-def _matmul(matmul, x, y, half: bool):
-    """`matmul(x, y)` (the primitive carries any transpose); with `half`, in float16 on cast copies with a float32
-    result: the Linear layers, the tied head, each loss chunk and attention's probs @ v all compute it so."""
-    if half:
-        return matmul(x.astype(F16), y.astype(F16)).astype(F32)
+def _matmul(matmul, x, y, compute):
+    """`matmul(x, y)` (the primitive carries any transpose); with a `compute` dtype (float16, bfloat16), on cast copies
+    in that dtype with a float32 result: the Linear layers, the tied head, each loss chunk and attention's probs @ v all
+    compute it so."""
+    if compute is not None:
+        return matmul(x.astype(compute), y.astype(compute)).astype(F32)
     return matmul(x, y)
 
 
 class Linear(nn.Cell):
     """y = x W^T with W stored [out, in] (torch.nn.Linear layout), no bias."""
 
-    def __init__(self, in_features: int, out_features: int, half: bool = False):
+    def __init__(self, in_features: int, out_features: int, compute=None):
         super().__init__()
         self.weight = _zeros(out_features, in_features)
         self.matmul = ops.MatMul(transpose_b=True)
-        self.half = half  # float16 matmul on cast copies of input and weight, float32 result
+        self.compute = compute  # None: float32; else the matmul on cast copies in this dtype, float32 result
 
     def construct(self, x):
         lead = x.shape[:-1]
-        y = _matmul(self.matmul, x.reshape(-1, x.shape[-1]), self.weight, self.half)
+        y = _matmul(self.matmul, x.reshape(-1, x.shape[-1]), self.weight, self.compute)
         return y.reshape(lead + (y.shape[-1],))
 
 
@@ -97,22 +110,25 @@ class RMSNorm(nn.Cell):
 
 
 def _rotate_half(x):
-    half = x.shape[-1] // 2
-    return ops.cat((-x[..., half:], x[..., :half]), -1)
+    mid = x.shape[-1] // 2
+    return ops.cat((-x[..., mid:], x[..., :mid]), -1)
 
 
 class Attention(nn.Cell):
-    """Self-attention with RoPE and grouped-query heads under an additive mask: causal (clm) or padding (mlm)."""
+    """Self-attention with RoPE and grouped-query heads under an additive mask: causal (clm) or padding (mlm); with
+    ``flash``, FlashAttentionScore under the equivalent uint8 mask (see the module docstring)."""
 
-    def __init__(self, spec: ModelSpec, half: bool = False):
+    def __init__(self, spec: ModelSpec, compute=None, flash: bool = False):
         super().__init__()
+        self.flash = flash
+        self.sparse_mode = 2 if spec.causal else 0  # left-up causal on the compressed mask, or the full (B, 1, S, S) mask
         self.n_heads, self.n_kv_heads, self.head_dim = spec.n_heads, spec.n_kv_heads, spec.head_dim
-        self.q_proj = Linear(spec.d_model, spec.n_heads * spec.head_dim, half)
-        self.k_proj = Linear(spec.d_model, spec.n_kv_heads * spec.head_dim, half)
-        self.v_proj = Linear(spec.d_model, spec.n_kv_heads * spec.head_dim, half)
-        self.o_proj = Linear(spec.n_heads * spec.head_dim, spec.d_model, half)
+        self.q_proj = Linear(spec.d_model, spec.n_heads * spec.head_dim, compute)
+        self.k_proj = Linear(spec.d_model, spec.n_kv_heads * spec.head_dim, compute)
+        self.v_proj = Linear(spec.d_model, spec.n_kv_heads * spec.head_dim, compute)
+        self.o_proj = Linear(spec.n_heads * spec.head_dim, spec.d_model, compute)
         self.scale = 1.0 / float(np.sqrt(spec.head_dim))
-        self.half = half
+        self.compute = compute
         # The attention core's primitives (the ops.matmul / softmax kernels), as instances selective recompute can mark
         self.scores_matmul, self.scale_mul, self.mask_add = ops.BatchMatMul(transpose_b=True), prims.Mul(), prims.Add()
         self.probs_matmul = ops.BatchMatMul()  # transposes as kernel flags: no Transpose ops in the backward
@@ -129,6 +145,11 @@ class Attention(nn.Cell):
         v = self._heads(self.v_proj(x), self.n_kv_heads)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
+        if self.flash:
+            out = ops.flash_attention_score(q.astype(self.compute), k.astype(self.compute), v.astype(self.compute), self.n_heads,
+                                            attn_mask=mask, scalar_value=self.scale, input_layout="BNSD",
+                                            sparse_mode=self.sparse_mode).astype(F32)  # (B, H, S, D)
+            return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, s, self.n_heads * self.head_dim))
         return self._attend(q, k, v, mask)
 
     def _attend(self, q, k, v, mask):
@@ -144,13 +165,13 @@ class Attention(nn.Cell):
         # 1/sqrt(D) on the queries, not on the D/L times larger scores (exact when D is a power of 4); under fp16 it
         # also keeps q.k far from float16's 65504. Softmax statistics stay float32.
         q = self.scale_mul(q.reshape(b, kv, group * s, self.head_dim), self.scale)
-        if self.half:
-            scores = self.scores_cast(self.scores_matmul(q.astype(F16), k.astype(F16)), F32)
+        if self.compute is not None:
+            scores = self.scores_cast(self.scores_matmul(q.astype(self.compute), k.astype(self.compute)), F32)
         else:
             scores = self.scores_matmul(q, k)  # (B, K, G*S, L)
         scores = self.mask_add(scores.reshape(b, kv, group, s, length), mask)
         probs = self.softmax(scores).reshape(b, kv, group * s, length)
-        out = _matmul(self.probs_matmul, probs, v, self.half)  # (B, K, G*S, D)
+        out = _matmul(self.probs_matmul, probs, v, self.compute)  # (B, K, G*S, D)
         out = out.reshape(b, self.n_heads, s, self.head_dim).transpose(0, 2, 1, 3).reshape(b, s, self.n_heads * self.head_dim)
         return self.o_proj(out)
 
@@ -171,11 +192,11 @@ class Attention(nn.Cell):
 class MLP(nn.Cell):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, spec: ModelSpec, half: bool = False):
+    def __init__(self, spec: ModelSpec, compute=None):
         super().__init__()
-        self.gate_proj = Linear(spec.d_model, spec.ffn_dim, half)
-        self.up_proj = Linear(spec.d_model, spec.ffn_dim, half)
-        self.down_proj = Linear(spec.ffn_dim, spec.d_model, half)
+        self.gate_proj = Linear(spec.d_model, spec.ffn_dim, compute)
+        self.up_proj = Linear(spec.d_model, spec.ffn_dim, compute)
+        self.down_proj = Linear(spec.ffn_dim, spec.d_model, compute)
         self.silu = prims.SiLU()  # an instance selective recompute can mark
 
     def construct(self, x):
@@ -185,28 +206,28 @@ class MLP(nn.Cell):
 class GroupedLinear(nn.Cell):
     """E stacked [out, in] matrices applied batch-wise: (E, N, in) -> (E, N, out)."""
 
-    def __init__(self, num_experts: int, in_features: int, out_features: int, half: bool = False):
+    def __init__(self, num_experts: int, in_features: int, out_features: int, compute=None):
         super().__init__()
         self.weight = _zeros(num_experts, out_features, in_features)
         self.bmm = ops.BatchMatMul(transpose_b=True)
-        self.half = half
+        self.compute = compute
 
     def construct(self, x):
-        if self.half:
-            return self.bmm(x.astype(F16), self.weight.astype(F16)).astype(F32)
+        if self.compute is not None:
+            return self.bmm(x.astype(self.compute), self.weight.astype(self.compute)).astype(F32)
         return self.bmm(x, self.weight)
 
 
 class Experts(nn.Cell):
     """E SwiGLU experts, each on every token: (N, C) -> (E, N, C)."""
 
-    def __init__(self, spec: ModelSpec, half: bool = False):
+    def __init__(self, spec: ModelSpec, compute=None):
         super().__init__()
         e, c, f = spec.num_experts, spec.d_model, spec.ffn_dim
         self.num_experts = e
-        self.gate_proj = GroupedLinear(e, c, f, half)
-        self.up_proj = GroupedLinear(e, c, f, half)
-        self.down_proj = GroupedLinear(e, f, c, half)
+        self.gate_proj = GroupedLinear(e, c, f, compute)
+        self.up_proj = GroupedLinear(e, c, f, compute)
+        self.down_proj = GroupedLinear(e, f, c, compute)
         self.silu = prims.SiLU()  # an instance selective recompute can mark
 
     def construct(self, x):
@@ -218,11 +239,11 @@ class Experts(nn.Cell):
 class MoE(nn.Cell):
     """Top-k softmax router + SwiGLU experts, no capacity limit (see model/spec.py for the definition)."""
 
-    def __init__(self, spec: ModelSpec, half: bool = False):
+    def __init__(self, spec: ModelSpec, compute=None):
         super().__init__()
         self.num_experts, self.top_k = spec.num_experts, spec.moe_top_k
         self.router = Linear(spec.d_model, spec.num_experts)  # float32 even under fp16: routing decisions
-        self.experts = Experts(spec, half)
+        self.experts = Experts(spec, compute)
         self.record_aux = False  # True only around an eager training forward (Transformer.forward_recording_aux)
         self.aux = None
 
@@ -251,12 +272,12 @@ class MoE(nn.Cell):
 class Block(nn.Cell):
     """Pre-norm residual block."""
 
-    def __init__(self, spec: ModelSpec, half: bool = False, moe: bool = False):
+    def __init__(self, spec: ModelSpec, compute=None, moe: bool = False, flash: bool = False):
         super().__init__()
         self.attn_norm = RMSNorm(spec.d_model, spec.norm_eps)
-        self.attn = Attention(spec, half)
+        self.attn = Attention(spec, compute, flash)
         self.mlp_norm = RMSNorm(spec.d_model, spec.norm_eps)
-        self.mlp = MoE(spec, half) if moe else MLP(spec, half)
+        self.mlp = MoE(spec, compute) if moe else MLP(spec, compute)
         self.moe = moe
 
     def construct(self, x, cos, sin, mask):
@@ -278,21 +299,24 @@ class Block(nn.Cell):
 class Transformer(nn.Cell):
     """Token ids (B, S) -> logits (B, S, V), float32; causal (clm) or bidirectional over the non-padding keys (mlm).
 
-    `precision` is ``train.precision``: 'fp32', or 'fp16' for float16 matmuls (see the module docstring).
+    `precision` is ``train.precision``: 'fp32', or 'fp16' / 'bf16' (Ascend) for matmuls in that dtype (see the module
+    docstring); `flash` runs the attention core through FlashAttentionScore (Ascend, fp16/bf16).
     """
 
-    def __init__(self, spec: ModelSpec, precision: str = "fp32"):
+    def __init__(self, spec: ModelSpec, precision: str = "fp32", flash: bool = False):
         super().__init__()
-        if precision not in ("fp32", "fp16"):
-            raise ValueError(f"train.precision={precision!r} is not available in the MindSpore model: use fp32 or fp16")
-        half = precision == "fp16"
-        self.spec, self.half = spec, half
+        if precision not in COMPUTE_DTYPES:
+            raise ValueError(f"train.precision={precision!r} is not available in the MindSpore model: use one of {sorted(COMPUTE_DTYPES)}")
+        compute = COMPUTE_DTYPES[precision]
+        if flash and compute is None:
+            raise ValueError("FlashAttentionScore computes in float16 or bfloat16: set train.precision to fp16 or bf16")
+        self.spec, self.compute, self.flash = spec, compute, flash
         self.embed = Embedding(spec.vocab_size, spec.d_model)
-        self.layers = nn.CellList([Block(spec, half, is_moe_layer(spec, i)) for i in range(spec.n_layers)])
+        self.layers = nn.CellList([Block(spec, compute, is_moe_layer(spec, i), flash) for i in range(spec.n_layers)])
         self.moe = spec.num_experts > 0
         self.aux_scale = spec.moe_aux_loss_weight / max(1, sum(is_moe_layer(spec, i) for i in range(spec.n_layers)))
         self.norm = RMSNorm(spec.d_model, spec.norm_eps)
-        self.lm_head = None if spec.tie_embeddings else Linear(spec.d_model, spec.vocab_size, half)
+        self.lm_head = None if spec.tie_embeddings else Linear(spec.d_model, spec.vocab_size, compute)
         cos, sin = rope_tables(spec, spec.max_seq_len)
         self.cos, self.sin = Tensor(cos), Tensor(sin)  # (S_max, D) constants, not parameters
         self.causal = spec.causal
@@ -300,12 +324,20 @@ class Transformer(nn.Cell):
             self.mask_table = Tensor(np.triu(np.full((spec.max_seq_len, spec.max_seq_len), -1e9, dtype=np.float32), 1))
         else:  # -1e9 on the padding keys, except on the diagonal (each position sees itself): model/spec.py visible_keys
             self.mask_table = Tensor(1.0 - np.eye(spec.max_seq_len, dtype=np.float32))
+        if flash:  # FlashAttentionScore's uint8 masks (1 = hidden): the compressed causal triangle, or the off-diagonal
+            size = FLASH_CAUSAL_MASK if self.causal else spec.max_seq_len
+            self.flash_table = Tensor(np.triu(np.ones((size, size), np.uint8), 1) if self.causal else 1 - np.eye(size, dtype=np.uint8))
         self.head_matmul = ops.MatMul(transpose_b=True)
 
     def tables(self, ids):
-        """RoPE cos/sin and the additive attention mask for the (B, S) batch `ids`: the causal (S, S) constant, or
-        (mlm) -1e9 on the padding keys (B, 1, 1, S, S), broadcast over the kv heads and query groups of _attend."""
+        """RoPE cos/sin and the attention mask for the (B, S) batch `ids`: the additive causal (S, S) constant, or
+        (mlm) -1e9 on the padding keys (B, 1, 1, S, S), broadcast over the kv heads and query groups of _attend; with
+        flash, FlashAttentionScore's uint8 mask (the (2048, 2048) causal triangle, or (B, 1, S, S) padding keys)."""
         b, s = ids.shape
+        if self.flash:
+            if self.causal:
+                return self.cos[:s], self.sin[:s], self.flash_table
+            return self.cos[:s], self.sin[:s], (ids == PAD_ID).astype(ms.uint8).reshape(b, 1, 1, s) * self.flash_table[:s, :s]
         if self.causal:
             return self.cos[:s], self.sin[:s], self.mask_table[:s, :s]
         padding = (ids == PAD_ID).astype(F32).reshape(b, 1, 1, 1, s) * -1e9
@@ -367,7 +399,7 @@ class Transformer(nn.Cell):
         s = x.shape[1]
         x = self.norm(x)
         if self.lm_head is None:
-            flat = _matmul(self.head_matmul, x.reshape(-1, x.shape[-1]), self.embed.weight, self.half)
+            flat = _matmul(self.head_matmul, x.reshape(-1, x.shape[-1]), self.embed.weight, self.compute)
             return flat.reshape(x.shape[0], s, -1)
         return self.lm_head(x)
 
@@ -398,13 +430,13 @@ class ChunkNLL(nn.Cell):
     """The summed token loss of one chunk of positions: its logits (x W^T, as the model's head computes them) and
     token_nll. One instance serves every chunk; with recompute set its logits are recomputed in the backward."""
 
-    def __init__(self, half: bool):
+    def __init__(self, compute):
         super().__init__()
         self.matmul = ops.MatMul(transpose_b=True)
-        self.half = half
+        self.compute = compute
 
     def construct(self, x, weight, labels):
-        nll, _ = token_nll(_matmul(self.matmul, x.reshape(-1, x.shape[-1]), weight, self.half), labels)
+        nll, _ = token_nll(_matmul(self.matmul, x.reshape(-1, x.shape[-1]), weight, self.compute), labels)
         return nll.sum()
 
 
@@ -421,7 +453,7 @@ class LossCell(nn.Cell):
         self.moe = model.moe
         self.eager = ms.get_context("mode") == ms.PYNATIVE_MODE  # the debug step's LossCell is built in PYNATIVE
         self.bounds = tuple(chunk_bounds(seq_len, loss_chunk)) if loss_chunk else ()
-        self.chunk_nll = ChunkNLL(model.half)
+        self.chunk_nll = ChunkNLL(model.compute)
 
     def construct(self, ids, labels, scale):
         if self.bounds:
