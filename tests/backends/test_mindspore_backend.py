@@ -49,7 +49,9 @@ def test_forward_and_loss_match_numpy_reference(tiny) -> None:
 
 
 def test_adamw_matches_torch_formula(tiny) -> None:
-    """Two steps of the compiled update against AdamW written out in float64 (torch.optim.AdamW's math)."""
+    """Two steps of the compiled update against AdamW written out in float64 (torch.optim.AdamW's math). The optimizer
+    is an nn.Optimizer (what MindSpore's parallel optimizer shards) holding only its moments besides the base class's
+    step counter and unused rate."""
     cfg, spec = tiny
     create_backend(cfg, spec)  # sets GRAPH_MODE on the CPU, as in training
     from mindfoundry.backends.mindspore.train_step import AdamW, scalar
@@ -60,6 +62,9 @@ def test_adamw_matches_torch_formula(tiny) -> None:
     params = [ms.Parameter(ms.Tensor(w0), name="mat"), ms.Parameter(ms.Tensor(n0), name="vec")]
     o = cfg.optim
     opt = AdamW(params, o.beta1, o.beta2, o.eps, o.weight_decay)
+    assert isinstance(opt, ms.nn.Optimizer)
+    assert sorted(p.name for p in opt.get_parameters()) == sorted(
+        ["exp_avg.mat", "exp_avg.vec", "exp_avg_sq.mat", "exp_avg_sq.vec", "global_step", "learning_rate", "mat", "vec"])
     ref = {"w": w0.astype(np.float64), "n": n0.astype(np.float64)}
     m = {k: np.zeros_like(v) for k, v in ref.items()}
     v = {k: np.zeros_like(val) for k, val in ref.items()}

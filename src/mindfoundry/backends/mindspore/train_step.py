@@ -22,11 +22,16 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindfoundry.model.spec import decays
 
 
-class AdamW(nn.Cell):
-    """AdamW state (exp_avg / exp_avg_sq per parameter) and its update through the fused kernel."""
+class AdamW(nn.Optimizer):
+    """AdamW state (exp_avg / exp_avg_sq per parameter) and its update through the fused kernel.
+
+    An ``nn.Optimizer`` so that MindSpore's parallel optimizer (``enable_parallel_optimizer`` under semi-auto
+    parallel) recognises it and can shard its moments; the base class's own learning rate is unused (0: the
+    rate comes from the shared schedule each step, as an input of :meth:`construct`).
+    """
 
     def __init__(self, params: list[Parameter], beta1: float, beta2: float, eps: float, weight_decay: float):
-        super().__init__(auto_prefix=False)
+        super().__init__(0.0, params)
         self.params = ParameterTuple(params)
         self.exp_avg = self.params.clone(prefix="exp_avg", init="zeros")
         self.exp_avg_sq = self.params.clone(prefix="exp_avg_sq", init="zeros")
