@@ -346,3 +346,18 @@ def test_mindspore_accepts_the_context(tmp_path: Path) -> None:
     assert got == {"parallel_mode": "semi_auto_parallel", "device_num": 8, "gradients_mean": False,
                    "dataset_strategy": "full_batch", "pipeline_stages": 2, "enable_parallel_optimizer": True,
                    "pipeline_interleave": True, "pipeline_scheduler": "1f1b"}
+
+
+@pytest.mark.parametrize("config", sorted(p.name for p in (Path(__file__).resolve().parents[2] / "configs").glob("*.yaml")))
+def test_every_shipped_config_has_a_semi_auto_plan(config: str) -> None:
+    """Each layout in configs/ builds its strategies on its own device count: llama-13b's tp=8 splits every projection
+    8 ways, llama-1b's dp=8 with optimizer_shard turns on the parallel optimizer, the demos run on one device."""
+    from mindfoundry.config.load import load_config
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / config)
+    spec = ModelSpec.from_config(cfg.model)
+    plan = plan_strategies(cfg, spec, cfg.parallel.world_size)
+    assert plan.context["device_num"] == cfg.parallel.world_size
+    assert plan.context["enable_parallel_optimizer"] == cfg.parallel.shards_optimizer
+    assert plan.strategy("layers.0.attn.q_proj.matmul") == ((cfg.parallel.dp, 1), (cfg.parallel.tp, 1))
+    assert plan.micro_batches == cfg.train.grad_accum
