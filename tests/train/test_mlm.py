@@ -184,7 +184,8 @@ def test_demo_mlm_runs_resumes_bit_exact_and_agrees_across_engines(tmp_path: Pat
     samples = summary["samples"]
     assert len(samples) == 3 and all(MASK in s["prompt"] and MASK not in s["completion"] for s in samples)
     assert samples[0]["prompt"].startswith("ROME") and samples[0]["correct"].endswith("/5")  # 15% of 33 tokens
-    assert "yonder" in (tmp_path / "straight" / "report.html").read_text()
+    report = (tmp_path / "straight" / "report.html").read_text()
+    assert "yonder" in report and f'{initial["val_accuracy"]:.3f} → {final["val_accuracy"]:.3f}' in report
 
     # both engines: the same masked batch and initial weights give the same first-step loss
     cfg = load_config(tmp_path / "straight" / "config.yaml")

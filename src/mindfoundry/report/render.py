@@ -108,6 +108,7 @@ def _overview_rows(run: RunData) -> list[str]:
         f"{_num(first.get('val_loss'), '.4f')} → {_num(last.get('val_loss'), '.4f')}",
         f"{_num(first.get('val_perplexity'), ',.1f')} → {_num(last.get('val_perplexity'), ',.1f')}",
         f"{_num(first.get('val_bits_per_byte'), '.4f')} → {_num(last.get('val_bits_per_byte'), '.4f')}",
+        f"{_num(first.get('val_accuracy'), '.3f')} → {_num(last.get('val_accuracy'), '.3f')}",
         _task_trend(first, last), str(len(run.health)), str(anomalies), start.get("memory") or "–",
         _num(max((r.get("peak_rss_mb") or 0 for r in steps), default=None) or None, ",.0f"),
     ]
@@ -121,7 +122,8 @@ def _task_trend(first: dict, last: dict) -> str:
 
 
 OVERVIEW_ROWS = ("backend", "parameters", "FLOPs/token", "steps", "tokens trained", "wall clock, first to last step", "median tokens/s",
-                 "held-out loss (first → last eval)", "held-out perplexity", "held-out bits/byte", "zero-shot accuracy (eval.tasks)",
+                 "held-out loss (first → last eval)", "held-out perplexity", "held-out bits/byte",
+                 "held-out top-1 accuracy (mlm: of the masked tokens)", "zero-shot accuracy (eval.tasks)",
                  "health findings", "anomalies", "memory mode (memory section)", "peak host memory (MiB)")
 
 
