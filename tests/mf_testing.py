@@ -35,9 +35,12 @@ def tiny_run_tree(corpus: Path, run_dir: Path, **overrides) -> dict:
         "checkpoint": {"every": 3, "keep_last": 5},
         "monitor": {"progress": False, "detail_every": 3},
     }
-    for key, value in overrides.items():
-        section, field = key.split("__")
-        tree.setdefault(section, {})[field] = value
+    for key, value in overrides.items():  # "section__field", or a top-level key (backend="torch")
+        section, _, field = key.partition("__")
+        if field:
+            tree.setdefault(section, {})[field] = value
+        else:
+            tree[section] = value
     return tree
 
 

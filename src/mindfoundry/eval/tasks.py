@@ -26,6 +26,7 @@ from tokenizers import Tokenizer
 
 from mindfoundry.backends.base import Backend
 from mindfoundry.errors import MindFoundryError
+from mindfoundry.model.spec import PAD_ID
 
 
 class TaskError(MindFoundryError, ValueError):
@@ -69,11 +70,21 @@ def read_tasks(path: str | Path) -> list[Question]:
     return out
 
 
+def padded_length(length: int, max_seq_len: int) -> int:
+    """The input length a scored sequence of `length` tokens is padded to: the next power of two (at least 16), at most
+    max_seq_len. A causal model's logits at the real positions do not depend on padding after them, and a compiled
+    engine (MindSpore GRAPH_MODE) then compiles a handful of shapes instead of one per sequence length."""
+    return min(max(16, 1 << (length - 1).bit_length()), max_seq_len)
+
+
 def continuation_logprob(backend: Backend, context: list[int], continuation: list[int], max_seq_len: int) -> tuple[float, bool]:
     """(summed log-probability of `continuation` after `context`, whether every token of it is the argmax);
     the context is cut from the left to fit max_seq_len, as lm-evaluation-harness does."""
     ids = (context + continuation)[-max_seq_len - 1:]
-    logits = backend.logits(np.asarray([ids[:-1]], np.int32))[0][-len(continuation):].astype(np.float64)
+    n = len(ids) - 1
+    row = np.full((1, padded_length(n, max_seq_len)), PAD_ID, np.int32)
+    row[0, :n] = ids[:-1]
+    logits = backend.logits(row)[0][n - len(continuation):n].astype(np.float64)
     targets = np.asarray(continuation)
     logp = logits[np.arange(len(targets)), targets] - np.logaddexp.reduce(logits, axis=-1)
     return float(logp.sum()), bool((logits.argmax(-1) == targets).all())
