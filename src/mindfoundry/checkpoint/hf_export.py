@@ -20,11 +20,10 @@ from typing import Any, Mapping
 import numpy as np
 from safetensors.numpy import save_file
 
-from mindfoundry.backends.base import check_state_names, read_shard_folder
-from mindfoundry.checkpoint.run_files import run_config, run_tokenizer
-from mindfoundry.checkpoint.store import CheckpointError, load_checkpoint, publish_mode
-from mindfoundry.data.prepare.tokenizer import EOS, PAD, eos_id, load_tokenizer, pad_id
-from mindfoundry.errors import OutputExistsError
+from mindfoundry.backends.base import check_state_names
+from mindfoundry.checkpoint.handoff import load_hand_off, staged_folder
+from mindfoundry.checkpoint.store import CheckpointError
+from mindfoundry.data.prepare.tokenizer import EOS, PAD
 from mindfoundry.model.spec import ModelSpec, parameter_shapes
 
 #: Our parameter-name pieces -> the Llama ones (the layer index is kept).
@@ -78,34 +77,18 @@ def hf_weights(spec: ModelSpec, weights: Mapping[str, np.ndarray]) -> dict[str, 
 
 def export_hf(ckpt_dir: str | Path, out: str | Path) -> Path:
     """Write checkpoint `ckpt_dir` (full or sharded) as a Hugging Face Llama folder `out`; refuses a non-empty `out`."""
-    ckpt_dir, out = Path(ckpt_dir), Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise OutputExistsError(f"{out} already exists and is not an empty folder: choose another --out (nothing was written)")
-    cfg = run_config(ckpt_dir)
-    cfg.model.require_causal("export --format hf (a LlamaForCausalLM folder)")
-    spec = ModelSpec.from_config(cfg.model)
-    if spec.num_experts:
-        raise CheckpointError("this model has mixture-of-experts blocks (model.moe.num_experts > 0), which the Llama layout "
-                              "cannot hold: export the weights with --format safetensors")
-    tokenizer_path = run_tokenizer(ckpt_dir, cfg)
-    tokenizer = load_tokenizer(tokenizer_path)
-    eos, pad = eos_id(tokenizer), pad_id(tokenizer)
-    weights = hf_weights(spec, load_checkpoint(ckpt_dir, read_shards=read_shard_folder).weights)
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    files = {
-        "config.json": hf_config(spec, eos_id=eos, pad_id=pad, init_std=cfg.model.init_std),
-        "generation_config.json": {"eos_token_id": eos, "pad_token_id": pad, "do_sample": False},
-        "tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS, "pad_token": PAD,
-                                  "model_max_length": spec.max_seq_len, "clean_up_tokenization_spaces": False},
-    }
-    for name, content in files.items():
-        (tmp / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
-    shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")
-    publish_mode(tmp)
-    if out.exists():
-        out.rmdir()  # empty, checked above
-    tmp.rename(out)
+    out = Path(out)
+    with staged_folder(out) as tmp:
+        model = load_hand_off(Path(ckpt_dir), "hf", "the Llama layout (a LlamaForCausalLM folder)")
+        spec, eos, pad = model.spec, model.eos, model.pad
+        save_file(hf_weights(spec, model.weights), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        files = {
+            "config.json": hf_config(spec, eos_id=eos, pad_id=pad, init_std=model.cfg.model.init_std),
+            "generation_config.json": {"eos_token_id": eos, "pad_token_id": pad, "do_sample": False},
+            "tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS, "pad_token": PAD,
+                                      "model_max_length": spec.max_seq_len, "clean_up_tokenization_spaces": False},
+        }
+        for name, content in files.items():
+            (tmp / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+        shutil.copyfile(model.tokenizer_path, tmp / "tokenizer.json")
     return out

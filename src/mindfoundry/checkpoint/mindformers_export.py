@@ -29,15 +29,11 @@ import numpy as np
 import yaml
 from safetensors.numpy import save_file
 
-from mindfoundry.backends.base import read_shard_folder
+from mindfoundry.checkpoint.handoff import load_hand_off, staged_folder
 from mindfoundry.checkpoint.hf_export import check_weights
-from mindfoundry.checkpoint.run_files import run_config, run_tokenizer
-from mindfoundry.checkpoint.store import CheckpointError, load_checkpoint, publish_mode
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.mixture import build_mixture
 from mindfoundry.data.dataset.prepared import load_prepared
-from mindfoundry.data.prepare.tokenizer import eos_id, load_tokenizer, pad_id
-from mindfoundry.errors import OutputExistsError
 from mindfoundry.model.spec import ModelSpec
 
 WEIGHTS_DIR, RUN_YAML = "weights", "run_mindformers.yaml"
@@ -164,31 +160,17 @@ def export_mindformers(ckpt_dir: str | Path, out: str | Path) -> Path:
     """Write checkpoint `ckpt_dir` as a MindFormers hand-off folder `out`; refuses a non-empty `out` and what
     MindFormers' Llama cannot hold."""
     ckpt_dir, out = Path(ckpt_dir), Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise OutputExistsError(f"{out} already exists and is not an empty folder: choose another --out (nothing was written)")
-    cfg = run_config(ckpt_dir)
-    cfg.model.require_causal("export --format mindformers (MindFormers' LlamaForCausalLM)")
-    spec = ModelSpec.from_config(cfg.model)
-    if spec.num_experts:
-        raise CheckpointError("this model has mixture-of-experts blocks (model.moe.num_experts > 0): MindFormers' Llama has no "
-                              "Mixtral-style MoE FFN to hold them; export the weights with --format safetensors")
-    tokenizer_path = run_tokenizer(ckpt_dir, cfg)
-    tokenizer = load_tokenizer(tokenizer_path)
-    eos, pad = eos_id(tokenizer), pad_id(tokenizer)
-    weights = mindformers_weights(spec, load_checkpoint(ckpt_dir, read_shards=read_shard_folder).weights)
-    if spec.tie_embeddings:
-        weights.pop("lm_head.weight", None)
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / WEIGHTS_DIR).mkdir(parents=True)
-    save_file(weights, str(tmp / WEIGHTS_DIR / "model.safetensors"), metadata={"format": "ms"})
-    config = run_yaml(cfg, spec, out / WEIGHTS_DIR, _blend(cfg, tokenizer_path.parent), eos=eos, pad=pad)
-    header = (f"# MindFormers run config written by `mindfoundry export --format mindformers` from {ckpt_dir.resolve()}\n"
-              "# Continue on Ascend: msrun --worker_num=N ... run_mindformer.py --config THIS_FILE (docs/evaluation.md)\n")
-    (tmp / RUN_YAML).write_text(header + yaml.safe_dump(config, sort_keys=False, allow_unicode=True), encoding="utf-8")
-    shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")
-    publish_mode(tmp)
-    if out.exists():
-        out.rmdir()  # empty, checked above
-    tmp.rename(out)
+    with staged_folder(out) as tmp:
+        model = load_hand_off(ckpt_dir, "mindformers", "MindFormers' LlamaForCausalLM")
+        cfg, spec = model.cfg, model.spec
+        weights = mindformers_weights(spec, model.weights)
+        if spec.tie_embeddings:
+            weights.pop("lm_head.weight", None)
+        (tmp / WEIGHTS_DIR).mkdir()
+        save_file(weights, str(tmp / WEIGHTS_DIR / "model.safetensors"), metadata={"format": "ms"})
+        config = run_yaml(cfg, spec, out / WEIGHTS_DIR, _blend(cfg, model.tokenizer_path.parent), eos=model.eos, pad=model.pad)
+        header = (f"# MindFormers run config written by `mindfoundry export --format mindformers` from {ckpt_dir.resolve()}\n"
+                  "# Continue on Ascend: msrun --worker_num=N ... run_mindformer.py --config THIS_FILE (docs/checkpoints.md)\n")
+        (tmp / RUN_YAML).write_text(header + yaml.safe_dump(config, sort_keys=False, allow_unicode=True), encoding="utf-8")
+        shutil.copyfile(model.tokenizer_path, tmp / "tokenizer.json")
     return out
