@@ -119,6 +119,20 @@ def test_mask_token_takes_the_last_id_or_is_refused_without_room() -> None:
     assert mask_id(with_mask_token(full, n + 1)) == n and full.get_vocab_size() == n + 1
 
 
+def test_prepare_refuses_a_loaded_tokenizer_without_room_for_the_mask_token(corpus_dir: Path, tmp_path: Path) -> None:
+    """data.tokenizer.path with a tokenizer as large as model.vocab_size: `prepare` for mlm stops before writing shards."""
+    from mf_testing import tiny_run_tree
+    from mindfoundry.data.prepare.pipeline import prepare_data
+
+    full = train_tokenizer((corpus_dir / "code.jsonl").read_text().splitlines(), 300)
+    full.save(str(tmp_path / "tok.json"))
+    tree = tiny_run_tree(corpus_dir, tmp_path / "run", model__objective="mlm", model__vocab_size=full.get_vocab_size())
+    tree["data"]["tokenizer"] = {"path": str(tmp_path / "tok.json")}
+    with pytest.raises(TokenizerError, match=f"all of model.vocab_size={full.get_vocab_size()}: no room for the mask token"):
+        prepare_data(validate(tree), log=lambda _: None)
+    assert not (tmp_path / "run" / "data").exists()
+
+
 # -- end to end ---------------------------------------------------------------------------------------------------
 
 REPO = Path(__file__).resolve().parents[2]
