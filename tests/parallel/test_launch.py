@@ -43,6 +43,21 @@ def test_the_supervisor_judges_a_job_by_each_ranks_exit(rc: int, exits: dict, pr
     assert _outcome(rc, exits, processes) == expected
 
 
+def test_exit_files_come_from_training_ranks_only(tmp_path, monkeypatch) -> None:
+    """msrun runs our command as its scheduler too: that process has no rank and records no exit (it once wrote one as
+    'rank 0', and its error after msrun reaped the workers replaced rank 0's agreed stop: a flaky exit 70 for 75)."""
+    from mindfoundry.workflows.supervise import EXIT_DIR_ENV, record_exit
+
+    monkeypatch.setenv(EXIT_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("RANK_ID", "1")
+    monkeypatch.setenv("MS_ROLE", "MS_WORKER")
+    record_exit(75)
+    monkeypatch.setenv("MS_ROLE", "MS_SCHED")
+    monkeypatch.delenv("RANK_ID")
+    record_exit(70)
+    assert [(p.name.split("-")[:2], p.read_text()) for p in tmp_path.iterdir()] == [(["rank", "1"], "75")]
+
+
 def test_taken_port_is_named_with_a_free_one() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

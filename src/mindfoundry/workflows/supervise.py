@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from mindfoundry.parallel.layout import launched_rank
+from mindfoundry.parallel.layout import launched_rank, launched_scheduler
 
 EXIT_OK = 0
 EXIT_USER_ERROR = 2
@@ -33,9 +33,11 @@ EXIT_DIR_ENV = "MINDFOUNDRY_EXIT_DIR"
 
 
 def record_exit(code: int) -> None:
-    """Under a supervisor: write this process's exit code as `rank-R-PID` into its exit folder."""
+    """Under a supervisor: write this process's exit code as `rank-R-PID` into its exit folder. msrun's scheduler (which
+    runs the workers' command but never trains, and has no rank of its own) writes nothing: its exit, e.g. after noticing a
+    worker that msrun reaped, would otherwise be read as rank 0's."""
     folder = os.environ.get(EXIT_DIR_ENV)
-    if folder and Path(folder).is_dir():
+    if folder and Path(folder).is_dir() and not launched_scheduler():
         Path(folder, f"rank-{launched_rank()}-{os.getpid()}").write_text(str(code), encoding="utf-8")
 
 
