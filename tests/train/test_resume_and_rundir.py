@@ -115,46 +115,52 @@ def test_checkpoint_continues_on_the_other_engine(first: str, then: str, straigh
     assert max(float(np.abs(wa[k] - wb[k]).max()) for k in wa) < 1e-4
 
 
-def test_run_dir_of_another_run_is_refused(tiny_run) -> None:
-    """(The run-dir rules are the engine's business on neither engine: torch, which starts faster, trains here.)"""
+def test_run_dir_of_another_run_is_refused(tiny_run, capsys) -> None:
+    """(The run-dir rules are the engine's business on neither engine: torch, which starts faster, trains here, in this
+    process.)"""
+    from mindfoundry.cli.main import main
+
     cfg = tiny_run("guarded", train__steps=2)
     torch = ("--set", "backend=torch")
-    assert cli("train", str(cfg), *torch).returncode == 0
+    assert main(["train", str(cfg), *torch]) == 0
     run_dir = cfg.parent / "guarded"
     before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
 
-    again = cli("train", str(cfg), *torch)
-    assert again.returncode == 2
-    assert "already holds a run of this config: pass --resume auto" in again.stderr
+    capsys.readouterr()
+    assert main(["train", str(cfg), *torch]) == 2
+    assert "already holds a run of this config: pass --resume auto" in capsys.readouterr().err
 
     tree = yaml.safe_load(cfg.read_text())
     tree["optim"]["lr"] = 0.5
     other = cfg.with_name("other.yaml")
     other.write_text(yaml.safe_dump(tree))
-    refused = cli("train", str(other), *torch)
-    assert refused.returncode == 2 and "holds a different run" in refused.stderr
-    assert "Traceback" not in refused.stderr
+    assert main(["train", str(other), *torch]) == 2
+    err = capsys.readouterr().err
+    assert "holds a different run" in err and "Traceback" not in err
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == before  # nothing touched
 
-    moved = cli("train", str(other), "--overwrite", *torch)
-    assert moved.returncode == 0, moved.stderr
+    assert main(["train", str(other), "--overwrite", *torch]) == 0
     aside = [p for p in run_dir.parent.iterdir() if p.name.startswith("guarded.old-")]
     assert len(aside) == 1 and sorted(p.name for p in (aside[0] / "checkpoints").iterdir()) == before
 
 
-def test_checkpoint_of_another_model_shape_is_refused_by_name(tiny_run) -> None:
-    """A checkpoint imported into a run of a different model size: a clear error naming file and tensor."""
+def test_checkpoint_of_another_model_shape_is_refused_by_name(tiny_run, capsys) -> None:
+    """A checkpoint imported into a run of a different model size: a clear error naming file and tensor (in this process:
+    the commands' own code path, without four interpreter start-ups)."""
+    from mindfoundry.cli.main import main
+
     small = tiny_run("small", train__steps=2, backend="torch")
-    assert cli("train", str(small)).returncode == 0
+    assert main(["train", str(small)]) == 0
     exported = small.parent / "small.pt"
-    assert cli("convert", str(small.parent / "small" / "checkpoints" / "step_00000002"), str(exported)).returncode == 0
+    assert main(["convert", str(small.parent / "small" / "checkpoints" / "step_00000002"), str(exported)]) == 0
     wide = tiny_run("wide", model__d_model=64, backend="torch")
-    assert cli("prepare", str(wide)).returncode == 0
-    assert cli("convert", str(exported), str(wide.parent / "wide")).returncode == 0
-    proc = cli("train", str(wide), "--resume", "auto")
-    assert proc.returncode == 2, proc.stderr
-    assert "step_00000002" in proc.stderr and "has shape (512, 32), the model expects (512, 64)" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert main(["prepare", str(wide)]) == 0
+    assert main(["convert", str(exported), str(wide.parent / "wide")]) == 0
+    capsys.readouterr()
+    assert main(["train", str(wide), "--resume", "auto"]) == 2
+    err = capsys.readouterr().err
+    assert "step_00000002" in err and "has shape (512, 32), the model expects (512, 64)" in err
+    assert "Traceback" not in err
 
 
 def test_mixture_run_reports_realized_shares_and_resumes_exactly(corpus_dir: Path, tmp_path: Path) -> None:
