@@ -17,7 +17,7 @@ see the same masks, and the validation masks are the same at every evaluation. F
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -48,8 +48,7 @@ class MaskingRule:
     stream: int = TRAIN
 
     def for_stream(self, stream: int) -> MaskingRule:
-        return MaskingRule(self.mask_id, self.special, self.ordinary, self.mask_rate, self.mask_token_rate,
-                           self.random_token_rate, self.seed, stream)
+        return replace(self, stream=stream)
 
     def apply(self, ids: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(masked input_ids, labels)`` for rows ``ids`` [N, S] at sample ``positions`` [N]; int32 like the input."""
