@@ -124,3 +124,29 @@ def decoded_documents(data) -> list[str]:
                 assert ids[-1] == eos_id(data.tokenizer)
                 out.append(data.tokenizer.decode(ids[:-1], skip_special_tokens=False))
     return out
+
+
+def rewrite_as_rank_slices(ckpt_dir: Path, parallel: dict, devices: int) -> Path:
+    """Rewrite a run's full checkpoint folder in place as a MindSpore semi-auto cluster of `devices` ranks under the
+    `parallel` layout writes it: per-rank slices and the strategy file (checkpoint.format: sharded, rank_slices).
+    Same step, state and data manifest; committed anew through the store."""
+    from mindfoundry.backends.mindspore.strategies import parameter_layouts, plan_strategies
+    from mindfoundry.checkpoint.rank_slices import write_rank_slices, write_strategy
+    from mindfoundry.checkpoint.run_files import run_config
+    from mindfoundry.checkpoint.store import Retention, load_checkpoint, save_checkpoint
+    from mindfoundry.model.spec import ModelSpec
+
+    ckpt = load_checkpoint(ckpt_dir)
+    cfg = run_config(ckpt_dir)
+    cfg = validate_run_config(cfg.model_dump(mode="json") | {"parallel": parallel})
+    spec = ModelSpec.from_config(cfg.model)
+    layouts = parameter_layouts(plan_strategies(cfg, spec, devices), spec)
+
+    def writer(folders) -> None:
+        for folder, arrays in zip(folders, (ckpt.weights, ckpt.optimizer)):
+            for rank in range(devices):
+                write_rank_slices(folder, arrays, layouts, rank)
+            write_strategy(folder, layouts)
+
+    return save_checkpoint(Path(ckpt_dir).parent.parent, ckpt.state["step"], None, None, ckpt.state, Retention(keep_last=100),
+                           {"data_manifest.json": (Path(ckpt_dir) / "data_manifest.json").read_bytes()}, writer=writer)

@@ -163,7 +163,7 @@ def test_export_is_the_full_format_file_and_loads_in_both_engines(saved, tmp_pat
     assert out.read_bytes() == (full / "model.safetensors").read_bytes()
     assert main(["ckpt", "inspect", str(path)]) == 0 and main(["ckpt", "verify", str(path)]) == 0
     text = capsys.readouterr().out
-    assert "model/ (sharded, 3 shard files)" in text and "ok" in text
+    assert "model/ (sharded, 3 shard files, torch.distributed.checkpoint)" in text and "ok" in text
     ids = _batch(7)[0][0]
     expected = backend.logits(ids)
     torch_again = create_backend(cfg, spec)

@@ -19,7 +19,7 @@ pytest.importorskip("torch")
 from mindfoundry.train.metrics import read_metrics  # noqa: E402
 from mindfoundry.report.plots import mixture_rows  # noqa: E402
 from mindfoundry.report.run import load_run  # noqa: E402
-from mf_testing import tiny_run_tree  # noqa: E402
+from mf_testing import rewrite_as_rank_slices, tiny_run_tree  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -64,11 +64,15 @@ def write_tiny(corpus_dir: Path, root: Path, name: str) -> Path:
 @pytest.mark.parametrize("engine", ["torch"])
 def test_resume_is_bit_exact(engine: str, straight_runs, corpus_dir: Path, tmp_path: Path) -> None:
     """6 uninterrupted steps vs 3 + a new process + 3: identical losses, weights and optimizer state. The second
-    half recomputes every block (the memory section may change between resumes: it changes no number). MindSpore's
+    half starts from the step-3 checkpoint in a MindSpore cluster's rank-slice form and recomputes every block (the memory section may change between resumes: it changes no number). MindSpore's
     CLI resume, with the same recompute change, is tests/train/test_mlm.py's (and the SIGKILL soak's, test_recovery.py)."""
     split = write_tiny(corpus_dir, tmp_path, "split")
     first = cli("train", str(split), "--set", f"backend={engine}", "--stop-at-step", "3")
     assert first.returncode == 0, first.stderr
+    # the step-3 checkpoint rewritten as a MindSpore semi-auto cluster writes it (4 ranks, FSDP(2) x TP(2): rank slices
+    # and the strategy file): the run continues from it in one process to the uninterrupted run's numbers
+    sliced = rewrite_as_rank_slices(tmp_path / "split" / "checkpoints" / "step_00000003", {"dp_shard": 2, "tp": 2}, 4)
+    assert sorted(p.name for p in (sliced / "model").iterdir())[-2:] == ["rank_3.safetensors", "strategy.json"]
     second = cli("train", str(split), "--set", f"backend={engine}", "--resume", "auto", "--set", "memory.recompute=full")
     assert second.returncode == 0, second.stderr
     assert "resumed from" in second.stderr and "step 3" in second.stderr

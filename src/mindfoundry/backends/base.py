@@ -134,8 +134,11 @@ class Backend(Protocol):
 
 
 class ShardedCheckpoints(Protocol):
-    """Optional, for ``checkpoint.format: sharded`` (the torch engine): each rank writes and reads only its
-    own shards of the weights and AdamW moments, so no process ever holds the full state."""
+    """Optional, for ``checkpoint.format: sharded``: each rank writes and reads only its own shards of the weights
+    and AdamW moments, so no process ever holds the full state. ``shard_format`` names the form on disk
+    ("torch.distributed.checkpoint" for the torch engine, "rank_slices" for MindSpore's semi-auto parallel)."""
+
+    shard_format: str
 
     def save_sharded(self, folders: tuple[Path, Path] | None) -> None:
         """Write this rank's shards of the weights and of the AdamW moments into `folders` (collective: rank 0
@@ -165,9 +168,12 @@ def read_shard_folder(folder: Path) -> dict[str, np.ndarray]:
     return read_full(folder)
 
 
-def supports_sharded(backend: object) -> bool:
-    """Whether `backend` implements :class:`ShardedCheckpoints` (the torch engine does; MindSpore does not)."""
-    return callable(getattr(backend, "save_sharded", None)) and callable(getattr(backend, "load_sharded", None))
+def supports_sharded(backend: object, form: str | None = None) -> bool:
+    """Whether `backend` implements :class:`ShardedCheckpoints` (the torch engine; MindSpore under semi-auto parallel),
+    and, given a shard `form` (:func:`mindfoundry.checkpoint.store.shard_format`), reads that form itself."""
+    if not (callable(getattr(backend, "save_sharded", None)) and callable(getattr(backend, "load_sharded", None))):
+        return False
+    return form is None or getattr(backend, "shard_format", None) == form
 
 
 def check_state_names(

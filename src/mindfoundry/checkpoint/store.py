@@ -14,7 +14,8 @@ Layout (documented in docs/checkpoints.md)::
 
 With ``checkpoint.format: sharded`` the engine writes the tensors itself, each rank only its shards
 (see :func:`save_checkpoint`'s ``writer``): ``model/`` and ``optimizer/`` folders of safetensors
-shard files (torch.distributed.checkpoint) replace the two safetensors files; the rest, the
+shard files (torch.distributed.checkpoint's, or MindSpore semi-auto's rank slices with their strategy
+file, :mod:`.rank_slices`) replace the two safetensors files; the rest, the
 manifest (listing every shard file) and the commit are the same. This module names the folders
 (:func:`shard_folders`) and never imports an engine: the engine is handed the folders to write or
 read, and hands in its reader to consolidate them (``load_checkpoint(read_shards=...)``).
@@ -386,6 +387,17 @@ def is_sharded(path: str | Path) -> bool:
     return (Path(path) / MODEL_DIR).is_dir()
 
 
+def shard_format(path: str | Path) -> str | None:
+    """Which engine's shard form a checkpoint folder holds: ``"rank_slices"`` (MindSpore semi-auto: per-rank slices and
+    the strategy file), ``"torch.distributed.checkpoint"``, or None for the full format. An engine whose
+    ``shard_format`` matches reads its own pieces; any other consolidates the folder into full arrays."""
+    from mindfoundry.checkpoint.rank_slices import holds_rank_slices
+
+    if not is_sharded(path):
+        return None
+    return "rank_slices" if holds_rank_slices(Path(path) / MODEL_DIR) else "torch.distributed.checkpoint"
+
+
 def load_checkpoint(path: str | Path, *, verify: bool = True, tensors: bool = True,
                     read_shards: Callable[[Path], dict[str, np.ndarray]] | None = None) -> Checkpoint:
     """Verify (unless the caller just did, e.g. through find_resumable), then read a checkpoint folder.
@@ -413,11 +425,15 @@ def load_checkpoint(path: str | Path, *, verify: bool = True, tensors: bool = Tr
 
 def _read_sharded(path: Path, read_shards: Callable[[Path], dict[str, np.ndarray]] | None
                   ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    from mindfoundry.checkpoint.rank_slices import read_rank_slices  # it writes through this module
+
+    weights_dir, moments_dir = shard_folders(path)
+    if shard_format(path) == "rank_slices":  # MindSpore semi-auto: per-rank slices + strategy, merged here without an engine
+        return read_rank_slices(weights_dir), read_rank_slices(moments_dir)
     if read_shards is None:
         raise CheckpointError(f"{path} is a sharded checkpoint: reading it needs the engine's shard reader "
                               "(load_checkpoint(..., read_shards=mindfoundry.backends.base.read_shard_folder))")
     try:
-        weights_dir, moments_dir = shard_folders(path)
         return read_shards(weights_dir), read_shards(moments_dir)
     except MindFoundryError:  # e.g. the reader's engine is not installed: its own message
         raise

@@ -13,7 +13,7 @@ from safetensors import safe_open
 
 from mindfoundry.checkpoint.store import (
     BEST_FILE, LATEST_FILE, MODEL_DIR, MODEL_FILE, OPTIMIZER_DIR, OPTIMIZER_FILE, CheckpointError, checkpoint_eval, checkpoints_dir,
-    is_sharded, list_checkpoints, read_state, verify_checkpoint, written_files,
+    list_checkpoints, read_state, shard_format, verify_checkpoint, written_files,
 )
 from mindfoundry.cli.args import console
 
@@ -97,13 +97,17 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     for key in ("consumed_samples", "consumed_tokens", "val_loss", "val_step", "backend", "versions", "loss_scale", "skipped_windows", "anomaly"):
         if key in state:
             out.print(f"  {key}: {state[key]}", highlight=False)
-    if is_sharded(path):
-        from mindfoundry.backends.torch.sharded_checkpoint import stored_shapes  # the shards' headers, through torch
+    form = shard_format(path)
+    if form is not None:
+        if form == "rank_slices":  # MindSpore semi-auto: the slices' headers and the strategy file
+            from mindfoundry.checkpoint.rank_slices import stored_shapes
+        else:  # the shards' headers, through torch
+            from mindfoundry.backends.torch.sharded_checkpoint import stored_shapes
 
         for name in (MODEL_DIR, OPTIMIZER_DIR):
             shapes = stored_shapes(path / name)
             first = next(iter(shapes))
-            out.print(f"  {name}/ (sharded, {sum(1 for _ in (path / name).glob('*.safetensors'))} shard files): {len(shapes)} tensors, "
+            out.print(f"  {name}/ (sharded, {sum(1 for _ in (path / name).glob('*.safetensors'))} shard files, {form}): {len(shapes)} tensors, "
                       f"{sum(math.prod(s) for s in shapes.values()):,} values; e.g. {first} {list(shapes[first])}", highlight=False)
         return 0
     for name in (MODEL_FILE, OPTIMIZER_FILE):

@@ -67,12 +67,14 @@ MindSpore 2.10 accepts the context. The MindSpore engine does not use it yet
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from mindfoundry.config.schema import RunConfig
-from mindfoundry.model.spec import ModelSpec, is_moe_layer
+from mindfoundry.model.spec import ModelSpec, is_moe_layer, parameter_shapes
 from mindfoundry.parallel.layout import Layout, LayoutError, layout_problems
+from mindfoundry.parallel.tensor_layout import TensorLayout
 
 Strategy = tuple[tuple[int, ...], ...]
 
@@ -175,6 +177,43 @@ def plan_strategies(cfg: RunConfig, spec: ModelSpec, device_num: int) -> Strateg
             else {"optimizer_level": "level1", "optimizer_weight_shard_size": -1})
     return StrategyPlan(layout=lay, device_num=device_num, context=context, shards=shards, stages=stages,
                         segments=segments, micro_batches=cfg.train.grad_accum, pending=pending, experts=experts)
+
+
+def parameter_layouts(plan: StrategyPlan, spec: ModelSpec) -> dict[str, TensorLayout]:
+    """The tensor layout each parameter gets under `plan`: what its rank slices of a checkpoint hold.
+
+    The grid of a stage is ``(dp*cp, tp)`` (``(ep, dp*cp/ep, tp)`` for the stacked expert weights); a weight is split
+    the way its matmul's ``shard()`` splits it (tp on the output rows of column-parallel layers and the vocab-parallel
+    head, on the input columns of row-parallel ones, ep on the experts) and is whole elsewhere (norms, the router, an
+    untied embedding, whose gather takes no strategy). With the parallel optimizer its replicas split the slice's first
+    dimension over ``optimizer_weight_shard_size`` ranks (all replicas for -1), where that divides evenly (MindSpore
+    leaves the others whole). The stage is the pipeline stage of the Cell the parameter belongs to.
+    """
+    lay = plan.layout
+    rows = lay.dp * lay.cp
+    maps: dict[str, tuple[int, ...]] = {}
+    for path, (strategy, _) in plan.shards.items():
+        weight = "embed.weight" if path == "head_matmul" else path.rpartition(".")[0] + ".weight"
+        w = strategy[1]
+        if len(w) == 3:  # stacked experts [E, out, in] on the (ep, dp*cp/ep, tp) grid: ep is grid index 2 (from the right)
+            maps[weight] = (2 if w[0] > 1 else -1,) + tuple(0 if k > 1 else -1 for k in w[1:])
+        else:  # [out, in] on the (dp*cp, tp) grid: tp is grid index 0
+            maps[weight] = tuple(0 if k > 1 else -1 for k in w)
+    opt = plan.context.get("parallel_optimizer_config", {}).get("optimizer_weight_shard_size", 0) if plan.context[
+        "enable_parallel_optimizer"] else 0
+    out = {}
+    for name, shape in parameter_shapes(spec).items():
+        tensor_map = maps.get(name, (-1,) * len(shape))
+        grid = (lay.ep, rows // lay.ep, lay.tp) if len(tensor_map) == 3 else (rows, lay.tp)
+        stage = max((s for cell, s in plan.stages.items() if name.startswith(cell + ".")), default=0)
+        layout = TensorLayout(grid, tensor_map, 0, stage)
+        replicas = layout.stage_devices // math.prod(layout.splits())
+        group = replicas if opt == -1 else opt
+        first = shape[0] // layout.splits()[0]
+        if opt and group > 1 and replicas % group == 0 and first % group == 0:
+            layout = TensorLayout(grid, tensor_map, opt, stage)
+        out[name] = layout
+    return out
 
 
 def apply_strategies(plan: StrategyPlan, model) -> list[str]:

@@ -67,6 +67,7 @@ class TorchBackend:
     """Owns the model, AdamW and the (optionally compiled) step."""
 
     name = "torch"
+    shard_format = "torch.distributed.checkpoint"  # what save_sharded writes and load_sharded reads
 
     def __init__(self, cfg: RunConfig, spec: ModelSpec):
         torch.manual_seed(cfg.seed)
