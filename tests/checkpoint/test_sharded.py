@@ -77,9 +77,15 @@ def test_writer_and_arrays_are_exclusive(tmp_path: Path) -> None:
     assert not list_checkpoints(tmp_path) and not list((tmp_path / "checkpoints").iterdir())  # no .tmp- folder left
 
 
-def test_sharded_is_refused_with_mindspore(make_config) -> None:
-    with pytest.raises(ConfigError, match="checkpoint.format='sharded' is written by the torch backend"):
+def test_mindspore_shards_exactly_its_semi_auto_layouts(make_config) -> None:
+    """MindSpore writes rank slices for the layouts it runs in semi-auto mode (Ascend), and only for those."""
+    with pytest.raises(ConfigError, match="checkpoint.format='sharded' with backend mindspore is the form of semi-auto parallel"):
         make_config(checkpoint={"format": "sharded"}, backend="mindspore")
+    ascend = {"backend": "mindspore", "device": "ascend", "parallel": {"tp": 2}}
+    with pytest.raises(ConfigError, match=r"parallel tp=2: the MindSpore engine runs this layout in semi-auto parallel mode.*"
+                                          r"set checkpoint.format: sharded"):
+        make_config(**ascend)
+    assert make_config(checkpoint={"format": "sharded"}, **ascend).checkpoint.format == "sharded"
     assert make_config(checkpoint={"format": "sharded"}, backend="torch").checkpoint.format == "sharded"
     assert make_config().checkpoint.format == "full"
 

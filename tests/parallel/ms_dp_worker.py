@@ -91,6 +91,10 @@ def main() -> None:
     # exact host sums through the real collective: a fraction and a count beyond float32's 2**24
     result["global_sum_fraction"] = backend.global_sum(0.25 + backend.rank)
     result["global_sum_large"] = backend.global_sum(float(2**40 + backend.rank))
+    # rank 0's folder name reaches every rank (how semi-auto ranks learn where to write their checkpoint slices)
+    from mindfoundry.backends.mindspore.distributed import broadcast_text
+
+    result["broadcast"] = broadcast_text("/runs/ünï/.tmp-step_00000003-4242/model" if backend.rank == 0 else None)
     folder = out_dir / f"rank_{backend.rank}"
     folder.mkdir(parents=True, exist_ok=True)
     np.savez(folder / "weights.npz", **backend.weights())

@@ -89,6 +89,7 @@ def test_msrun_data_parallel_matches_one_process(tmp_path: Path) -> None:
         # exact host sums through the CPU collective (float32 only): a fraction, and a count beyond 2**24
         assert g["global_sum_fraction"] == 0.25 + 1.25
         assert g["global_sum_large"] == float(2**41 + 1)
+        assert g["broadcast"] == "/runs/ünï/.tmp-step_00000003-4242/model"
         # parallel.grad_fusion_groups=3: the 20 parameters' gradients all-reduced in groups [0, 7), [7, 13), [13, 20)
         assert g["fusion"] == distributed.fusion_split(len(ref_weights), 3) == [7, 13]
 
@@ -148,9 +149,10 @@ def test_cpu_refuses_expert_parallel() -> None:
     assert reason and "ep=2" in reason and "dp_shard=2" in reason and "backend: torch" in reason
 
 
-def test_accelerator_message_says_semi_auto_is_not_wired() -> None:
-    reason = distributed.refusal(Layout(tp=2), "Ascend")
-    assert reason and "not wired" in reason and "strategies" in reason and "backend: torch" in reason
+def test_accelerators_take_the_semi_auto_layouts() -> None:
+    for layout in (Layout(tp=2), Layout(dp_shard=2, ep=2), Layout(pp=2, dp_replicate=2, optimizer_shard=True)):
+        assert distributed.refusal(layout, "Ascend") is None and distributed.refusal(layout, "GPU") is None
+        assert distributed.refusal(layout, "CPU")
     assert distributed.refusal(Layout(dp_replicate=4), "Ascend") is None
     assert distributed.refusal(Layout(dp_replicate=4), "CPU") is None
 
@@ -322,30 +324,49 @@ def test_apply_names_a_missing_primitive() -> None:
         apply_strategies(type(plan)(**{**plan.__dict__, "shards": bad}), Transformer(spec))
 
 
-def test_mindspore_accepts_the_context(tmp_path: Path) -> None:
-    """configure_context in a fresh process (the test process stays stand-alone): MindSpore 2.10 takes every key."""
+def test_mindspore_accepts_the_context_and_builds_the_step(tmp_path: Path) -> None:
+    """In a fresh process (the test process stays stand-alone): MindSpore 2.10 takes every key of the context and the
+    semi-auto step is built from the plan (strategies, pipeline wrapper, pipeline gradient reducer, parallel-optimizer
+    AdamW). Compiling it needs Ascend: not done here."""
     script = textwrap.dedent("""
         import json, sys
         sys.path.insert(0, sys.argv[1])
         import mindspore as ms
+        import numpy as np
         from mf_testing import tiny_config
-        from mindfoundry.backends.mindspore.strategies import configure_context, plan_strategies
+        from mindfoundry.backends.mindspore import semi_auto
+        from mindfoundry.backends.mindspore.model import LossCell, Transformer
+        from mindfoundry.backends.mindspore.train_step import AdamW, TrainStep
         from mindfoundry.model.spec import ModelSpec
         ms.set_context(mode=ms.GRAPH_MODE)
-        cfg = tiny_config(model={"n_layers": 4}, train={"grad_accum": 4},
+        cfg = tiny_config(model={"n_layers": 4}, train={"grad_accum": 4}, run_dir=sys.argv[2],
                           parallel={"pp": 2, "pp_schedule": "Interleaved1F1B", "pp_virtual_stages": 2, "tp": 2, "dp_shard": 2})
-        configure_context(plan_strategies(cfg, ModelSpec.from_config(cfg.model), 8))
+        spec = ModelSpec.from_config(cfg.model)
+        plan = semi_auto.enter(cfg, spec, 8, 0)
         keys = ["parallel_mode", "device_num", "gradients_mean", "dataset_strategy", "pipeline_stages",
-                "enable_parallel_optimizer", "pipeline_interleave", "pipeline_scheduler"]
-        print(json.dumps({k: ms.get_auto_parallel_context(k) for k in keys}))
+                "enable_parallel_optimizer", "pipeline_interleave", "pipeline_scheduler", "strategy_ckpt_config"]
+        context = {k: ms.get_auto_parallel_context(k) for k in keys}
+        model = Transformer(spec)
+        params = list(model.get_parameters())
+        loss, accum = semi_auto.wrap_loss(plan, model, LossCell(model))
+        step = TrainStep(loss, AdamW(params, 0.9, 0.95, 1e-8, 0.1), accum, 1.0, False, semi_auto.grad_reducer(plan, params))
+        ids = semi_auto.step_batch(plan, np.zeros((4, 2, 16), np.int32))
+        print(json.dumps({"context": context, "accum": accum, "step": type(step.loss_cell).__name__,
+                          "reducer": type(step.pipeline_reducer).__name__, "ids": list(ids.shape),
+                          "q_proj": list(model.layers[0].attn.q_proj.matmul.in_strategy)}))
     """)
-    proc = subprocess.run([sys.executable, "-c", script, str(Path(__file__).parents[1])], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run([sys.executable, "-c", script, str(Path(__file__).parents[1]), str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert got == {"parallel_mode": "semi_auto_parallel", "device_num": 8, "gradients_mean": False,
-                   "dataset_strategy": "full_batch", "pipeline_stages": 2, "enable_parallel_optimizer": True,
-                   "pipeline_interleave": True, "pipeline_scheduler": "1f1b"}
+    assert got["context"] == {"parallel_mode": "semi_auto_parallel", "device_num": 8, "gradients_mean": False,
+                              "dataset_strategy": "full_batch", "pipeline_stages": 2, "enable_parallel_optimizer": True,
+                              "pipeline_interleave": True, "pipeline_scheduler": "1f1b",
+                              "strategy_ckpt_config": {"save_file": str(tmp_path / "run" / "strategy" / "rank_0.json"),
+                                                       "only_trainable_params": False, "load_file": ""}}
+    # the pipeline cuts the global batch (4 micro-batches of 2 rows) itself: one block of 8 rows per step
+    assert got["accum"] == 1 and got["step"] == "PipelineLoss" and got["reducer"] == "PipelineGradReducer"
+    assert got["ids"] == [1, 8, 16] and got["q_proj"] == [[2, 1], [2, 1]]
 
 
 @pytest.mark.parametrize("config", sorted(p.name for p in (Path(__file__).resolve().parents[2] / "configs").glob("*.yaml")))

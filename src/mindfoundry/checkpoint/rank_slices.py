@@ -28,15 +28,16 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import load_file
 
 from mindfoundry.checkpoint.store import CheckpointError, write_safetensors
-from mindfoundry.parallel.tensor_layout import TensorLayout, TensorLayoutError, merge_slices, rank_slice, read_strategy, strategy_json
+from mindfoundry.parallel.tensor_layout import (STRATEGY_FILE, TensorLayout, TensorLayoutError, merge_slices, rank_file_name, rank_slice,
+                                                read_strategy, strategy_json)
 
-STRATEGY_FILE = "strategy.json"
+__all__ = ["STRATEGY_FILE", "holds_rank_slices", "read_rank_slices", "stored_shapes", "write_rank_slices", "write_strategy"]
 _RANK_FILE = re.compile(r"^rank_(\d+)\.safetensors$")
 _MOMENTS = ("exp_avg.", "exp_avg_sq.")
 
 
 def rank_file(folder: Path, rank: int) -> Path:
-    return folder / f"rank_{rank}.safetensors"
+    return folder / rank_file_name(rank)
 
 
 def holds_rank_slices(folder: str | Path) -> bool:

@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 
 from mindfoundry.config.schema import ASCEND_DEVICES, RunConfig
+from mindfoundry.config.parallel import split_settings
 
 #: 256 byte symbols plus the EOS and PAD special tokens.
 MIN_BYTE_BPE_VOCAB = 258
@@ -154,9 +155,15 @@ def _train_problems(cfg: RunConfig) -> list[str]:
     if cfg.backend != "mindspore" and cfg.monitor.mindinsight:
         out.append(f"monitor.mindinsight=true writes MindSpore summary files (mindspore.SummaryRecord), which the {cfg.backend} "
                    "engine does not load: use backend: mindspore, or set monitor.mindinsight: false (TensorBoard has the same scalars)")
-    if cfg.backend == "mindspore" and cfg.checkpoint.format == "sharded":
-        out.append("checkpoint.format='sharded' is written by the torch backend (torch.distributed.checkpoint); MindSpore's own "
-                   "distributed checkpoints are not supported: use checkpoint.format: full, or backend: torch")
+    if cfg.backend == "mindspore":
+        split = split_settings(cfg.parallel)
+        if cfg.checkpoint.format == "sharded" and not split:
+            out.append("checkpoint.format='sharded' with backend mindspore is the form of semi-auto parallel layouts (each rank "
+                       "writes the slices it holds); this layout keeps whole replicas: use checkpoint.format: full")
+        elif split and cfg.checkpoint.format == "full" and cfg.device != "cpu":  # on CPU the engine refuses the layout itself
+            out.append(f"parallel {', '.join(split)}: the MindSpore engine runs this layout in semi-auto parallel mode, whose "
+                       "ranks hold slices of the weights and optimizer state: set checkpoint.format: sharded (rank slices + "
+                       "MindSpore's strategy file; they merge into full arrays without MindSpore)")
     if cfg.model.objective == "mlm" and cfg.eval.tasks:
         out.append("eval.tasks score multiple-choice answers by their causal log-likelihood, which model.objective=mlm (a "
                    "bidirectional encoder) does not give: remove eval.tasks, or train with model.objective: clm")

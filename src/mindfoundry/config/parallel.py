@@ -94,3 +94,13 @@ class ParallelConfig(Section):
         """Whether optimizer state is sharded at all (explicitly, or by FSDP)."""
         return self.optimizer_shard or self.resolved_dp_shard() > 1
 
+
+def split_settings(parallel) -> list[str]:
+    """The settings of a ParallelConfig or Layout that split the model or its training state over ranks (everything but
+    whole data-parallel replicas), as 'key=value'. The MindSpore engine runs these only in its semi-auto parallel mode
+    (Ascend/GPU), where each rank holds slices; this is the one home of that distinction."""
+    out = [f"dp_shard={parallel.dp_shard} (sharded parameters and optimizer state)"] if parallel.dp_shard != 1 else []
+    out += [f"{name}={getattr(parallel, name)}" for name in ("tp", "pp", "cp", "ep") if getattr(parallel, name) > 1]
+    if parallel.optimizer_shard:
+        out.append("optimizer_shard=true")
+    return out

@@ -34,6 +34,14 @@ import numpy as np
 from mindfoundry.errors import MindFoundryError
 
 
+#: The strategy file beside a folder of rank slices, and each rank's slice file (mindfoundry.checkpoint.rank_slices).
+STRATEGY_FILE = "strategy.json"
+
+
+def rank_file_name(rank: int) -> str:
+    return f"rank_{rank}.safetensors"
+
+
 class TensorLayoutError(MindFoundryError, ValueError):
     """A strategy file or a set of rank slices that does not describe a tensor; the message names it."""
 

@@ -8,7 +8,8 @@ rank holds the whole model and optimizer state, trains on its slice of the globa
 (``dp_rank``/``dp_size``) and the compiled step sums gradients and losses over the ranks;
 ``weights``/``optimizer_state`` are the (identical) local arrays, ``eval_batch`` splits the batch's
 rows over the ranks when they divide it, and ``logits``/``module_outputs`` compute the whole batch on
-every rank. Other layouts are refused when the backend is created (:func:`.distributed.refusal`).
+every rank. Layouts that split the model or its state run in MindSpore's semi-auto parallel mode on
+Ascend/GPU (:mod:`.semi_auto`: written, not run here) and are refused on CPU (:func:`.distributed.refusal`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 from mindspore import Tensor, nn
 
 from mindfoundry.backends.base import BackendUnavailable, StepOutput, StepScalars, check_state_names, device_memory_record
-from mindfoundry.backends.mindspore import distributed, memory, probe_hooks
+from mindfoundry.backends.mindspore import distributed, memory, probe_hooks, semi_auto
 from mindfoundry.backends.mindspore.model import CachedDecode, LossCell, Transformer, eval_sums
 from mindfoundry.backends.mindspore.train_step import AdamW, TrainStep, scalar
 from mindfoundry.config.schema import RunConfig
@@ -51,7 +52,6 @@ class MindSporeBackend:
     """Owns the model, AdamW state and compiled steps."""
 
     name = "mindspore"
-    holds_full_state = True  # one process, or data-parallel replicas: the only layouts this engine runs
     # the compiled step updates in place and raises nothing that says how far it got: a step that raised may be torn
     update_began = True
 
@@ -79,7 +79,13 @@ class MindSporeBackend:
         self.optimizer = AdamW(ordered, o.beta1, o.beta2, o.eps, o.weight_decay)
         loss_cell = LossCell(self.model, cfg.memory.loss_chunk, cfg.train.seq_len)
         memory.apply_memory(self.model, loss_cell, cfg.memory)  # recompute marks, before anything compiles
-        self.step_cell = TrainStep(loss_cell, self.optimizer, cfg.train.grad_accum, self.clip, p.data_parallel)
+        accum, reducer = cfg.train.grad_accum, None
+        self.holds_full_state = p.plan is None  # semi-auto: each rank's Parameters hold its slices once compiled
+        if p.plan is not None:  # Ascend/GPU only (refused on CPU): strategies, pipeline wrapper
+            loss_cell, accum = semi_auto.wrap_loss(p.plan, self.model, loss_cell)
+            reducer = semi_auto.grad_reducer(p.plan, ordered)
+        self.cfg = cfg
+        self.step_cell = TrainStep(loss_cell, self.optimizer, accum, self.clip, p.data_parallel, reducer)
         self._eager_step: TrainStep | None = None  # the debug (hooked, PYNATIVE) step, built on first use
         self.forward = _Forward(self.model)  # in GRAPH_MODE, calling a Cell compiles it once per input shape
         self._decode: CachedDecode | None = None  # cached generation, compiled once per number of new tokens
@@ -95,6 +101,7 @@ class MindSporeBackend:
         return distributed.all_reduce_sum([float(flag)])[0] > 0 if self.world_size > 1 else flag
 
     def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Full arrays; under semi-auto set before the step first compiles, which keeps each rank's slice of them."""
         _assign(self.params, weights, "weights")
 
     def weights(self) -> dict[str, np.ndarray]:
@@ -109,8 +116,23 @@ class MindSporeBackend:
         moments = {p.name: p for p in list(self.optimizer.exp_avg) + list(self.optimizer.exp_avg_sq)}
         _assign(moments, state, "optimizer state")
 
+    def save_sharded(self, folders: tuple[Path, Path] | None) -> None:
+        """checkpoint.format: sharded (semi-auto layouts): this rank's slices and, from rank 0, the strategy file
+        (collective: rank 0 passes the checkpoint's folders, the others None). Reading goes through the full arrays
+        (:meth:`load_weights` before the first compile), so there is no load_sharded."""
+        plan = self.placement.plan
+        if plan is None:
+            raise ValueError("checkpoint.format: sharded is the form of semi-auto layouts in the MindSpore engine")
+        text = distributed.broadcast_text(None if folders is None else "\n".join(map(str, folders)))
+        moments = {p.name: p for p in list(self.optimizer.exp_avg) + list(self.optimizer.exp_avg_sq)}
+        semi_auto.save_rank_slices(tuple(Path(f) for f in text.split("\n")), self.params, moments, self.rank, self.cfg,
+                                   plan.layout.pp)
+        distributed.all_reduce_sum([0.0])  # a barrier: every rank's files are written when rank 0 commits
+
     # -- compute -----------------------------------------------------------------------------
     def train_step(self, input_ids: np.ndarray, labels: np.ndarray, scalars: StepScalars, probe: Probe | None = None) -> StepOutput:
+        if self.placement.plan is not None:  # a pipeline takes every micro-batch at once
+            input_ids, labels = (semi_auto.step_batch(self.placement.plan, a) for a in (input_ids, labels))
         args = (Tensor(input_ids.astype(np.int32)), Tensor(labels.astype(np.int32)), scalar(scalars.loss_scale))
         limits = (scalar(scalars.lr), scalar(scalars.step_size), scalar(scalars.bias_correction2_sqrt),
                   scalar(scalars.loss_limit), scalar(scalars.grad_limit), scalar(scalars.grad_unscale))

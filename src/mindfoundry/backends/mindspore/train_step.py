@@ -75,13 +75,17 @@ class TrainStep(nn.Cell):
     gradients back before anything measures them. The update is dropped inside the graph when the
     loss or the gradient norm is non-finite (an fp16 overflow) or above its limit.
 
+    Under semi-auto parallel (:mod:`.semi_auto`) the compiler inserts every collective; a pipeline's
+    micro-batches run inside the loss Cell and `pipeline_reducer` gathers their gradients.
+
     With ``data_parallel`` (msrun, DATA_PARALLEL mode) each rank feeds its slice of the global batch
     and the summed gradients and losses are all-reduced (summed, not averaged: the scale already
     divides by the global token count) before anything measures or applies them, so every rank
     takes the same update decision on the global numbers and the replicas stay identical.
     """
 
-    def __init__(self, loss_cell: nn.Cell, optimizer: AdamW, accum: int, clip_norm: float | None, data_parallel: bool = False):
+    def __init__(self, loss_cell: nn.Cell, optimizer: AdamW, accum: int, clip_norm: float | None, data_parallel: bool = False,
+                 pipeline_reducer: nn.Cell | None = None):
         super().__init__(auto_prefix=False)
         self.loss_cell = loss_cell
         self.optimizer = optimizer
@@ -93,11 +97,14 @@ class TrainStep(nn.Cell):
         if data_parallel:  # needs mindspore.communication.init() first
             self.grad_reducer = nn.DistributedGradReducer(optimizer.params, mean=False)
             self.loss_reducer = ops.AllReduce()  # sum over the world group
+        self.pipeline_reducer = pipeline_reducer  # semi-auto pipelines: PipelineGradReducer (see .semi_auto)
 
     def construct(self, ids, labels, scale, lr, step_size, bc2_sqrt, loss_limit, grad_limit, grad_unscale):
         loss, grads = self.accumulate(ids, labels, scale)
         if self.data_parallel:
             loss, grads = self.loss_reducer(loss.reshape((1,))).reshape(()), self.grad_reducer(grads)
+        if self.pipeline_reducer is not None:
+            grads = self.pipeline_reducer(grads)
         return self.update(loss, grads, lr, step_size, bc2_sqrt, loss_limit, grad_limit, grad_unscale)
 
     def accumulate(self, ids, labels, scale):
