@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mindfoundry.model.spec import ModelSpec, is_moe_layer, rope_tables
+from mindfoundry.model.spec import ModelSpec, is_moe_layer, moe_capacity, rope_tables
 
 
 def _rms(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -38,12 +38,23 @@ def moe(spec: ModelSpec, w: dict[str, np.ndarray], p: str, y: np.ndarray) -> tup
     probs /= probs.sum(-1, keepdims=True)
     out = np.zeros_like(tokens)
     routed = np.zeros(e)
+    tops = [np.argsort(-probs[t], kind="stable")[:k] for t in range(len(tokens))]
+    kept = np.ones((len(tokens), k), bool)
+    capacity = moe_capacity(spec, y.shape[1])
+    if capacity is not None:  # per sequence: every position's first choice in order, then the second choices, ...
+        for row in range(y.shape[0]):
+            taken = np.zeros(e, int)
+            for j in range(k):
+                for t in range(row * y.shape[1], (row + 1) * y.shape[1]):
+                    kept[t, j] = taken[tops[t][j]] < capacity
+                    taken[tops[t][j]] += 1
     for t, x in enumerate(tokens):  # one token at a time: no batching, no dispatch
-        top = np.argsort(-probs[t], kind="stable")[:k]
+        top = tops[t]
         gates = probs[t, top] / probs[t, top].sum()
         for j, expert in enumerate(top):
             routed[expert] += 1
-            out[t] += gates[j] * _swiglu(x, *(w[p + f"mlp.experts.{m}.weight"][expert] for m in ("gate_proj", "up_proj", "down_proj")))
+            if kept[t, j]:
+                out[t] += gates[j] * _swiglu(x, *(w[p + f"mlp.experts.{m}.weight"][expert] for m in ("gate_proj", "up_proj", "down_proj")))
     n = len(tokens)
     aux = e * float(np.sum(routed / n * probs.mean(0)))
     return out.reshape(y.shape), aux

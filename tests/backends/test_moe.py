@@ -12,7 +12,7 @@ import numpy_reference as ref  # noqa: E402  (tests/backends is the rootdir of t
 from mf_testing import tiny_config  # noqa: E402
 from mindfoundry.backends.base import create_backend  # noqa: E402
 from mindfoundry.data.dataset.packing import IGNORE_INDEX  # noqa: E402
-from mindfoundry.model.spec import ModelSpec, init_weights, module_classes, module_names  # noqa: E402
+from mindfoundry.model.spec import ModelSpec, init_weights, module_classes, moe_capacity, module_names  # noqa: E402
 from mindfoundry.train.schedule import step_scalars  # noqa: E402
 
 MOE = {"moe": {"num_experts": 4, "top_k": 2}}
@@ -194,3 +194,71 @@ def test_torch_refuses_moe_layouts_it_cannot_run() -> None:
     for layout in (Layout(tp=2), Layout(pp=2), Layout(cp=2)):
         with pytest.raises(NotImplementedError, match="mixture-of-experts"):
             check_moe_layout(moe, layout)
+
+
+# -- capacity (model.moe.capacity_factor): MindSpore routes tokens into per-expert buffers --------------------------
+CAPACITY = {"moe": {"num_experts": 4, "top_k": 2, "capacity_factor": 0.75}}  # 6 of a sequence's 32 pairs per expert
+
+
+@pytest.fixture(scope="module")
+def capacity_engines(engines):  # after `engines`: MindSpore's device is set by the first backend of the session
+    out = {}
+    for name in ("mindspore", "torch"):
+        cfg = tiny_config(model=CAPACITY, train={"grad_accum": 2, "micro_batch_size": 2}).model_copy(update={"backend": name})
+        spec = ModelSpec.from_config(cfg.model)
+        out[name] = (create_backend(cfg, spec), cfg, spec)
+    return out
+
+
+def test_capacity_drops_the_late_pairs_on_both_engines(capacity_engines) -> None:
+    """Both engines equal the numpy reference (pair by pair, per sequence) with pairs dropped, and train alike."""
+    ids, labels = batches()
+    spec = capacity_engines["torch"][2]
+    assert moe_capacity(spec, 16) == 6
+    weights = init_weights(spec, 11)
+    want = ref.forward(spec, weights, ids[0, 0])
+    unlimited = ref.forward(ModelSpec.from_config(tiny_config(model=MOE).model), weights, ids[0, 0])
+    assert np.abs(want - unlimited).max() > 1e-3  # pairs were dropped: a different function
+    losses: dict[str, list[float]] = {}
+    for name, (backend, cfg, _) in capacity_engines.items():
+        backend.load_weights(weights)
+        logits = backend.logits(ids[0, 0])
+        assert np.abs(logits - want).max() < 1e-6 * np.abs(want).max(), name  # measured 2.1e-7 (MindSpore), 2.3e-7 (torch)
+        losses[name] = []
+        for t in range(1, STEPS + 1):
+            valid = int((labels[t - 1] != IGNORE_INDEX).sum())
+            losses[name].append(backend.train_step(ids[t - 1], labels[t - 1], step_scalars(t, STEPS, cfg.optim, valid)).loss)
+    assert losses["mindspore"][0] == pytest.approx(reference_loss(spec, weights, ids[0], labels[0]), rel=1e-5)
+    ms, pt = np.array(losses["mindspore"]), np.array(losses["torch"])
+    assert np.all(np.abs(ms / pt - 1) < 1e-5)
+    w_ms, w_pt = capacity_engines["mindspore"][0].weights(), capacity_engines["torch"][0].weights()
+    assert max(float(np.abs(w_ms[k] - w_pt[k]).max()) for k in w_ms) < 1e-4
+    assert pt[-1] < pt[0] - 0.3
+
+
+def test_mindspore_runs_experts_on_capacity_rows_only(capacity_engines, engines) -> None:
+    """The routed MoE's experts see E * capacity rows per sequence (not E * S), and a capacity that can never be
+    reached is the unlimited model: same logits as every expert on every token."""
+    import mindspore as ms
+
+    ids = batches()[0][0, 0]  # 2 sequences of 16
+    for backends, rows in ((capacity_engines, 2 * 6), (engines, 2 * 16)):
+        backend = backends["mindspore"][0]
+        seen = []
+        cell = dict(backend.model.cells_and_names())["layers.0.mlp.experts.gate_proj"]
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+        handle = cell.register_forward_hook(lambda _c, inputs, _o: seen.append(tuple(inputs[0].shape)))
+        try:
+            backend.model(ms.Tensor(ids.astype(np.int32)))
+        finally:
+            handle.remove()
+            ms.set_context(mode=ms.GRAPH_MODE)
+        assert seen == [(4, rows, 64)]
+    full = tiny_config(model={"moe": {**MOE["moe"], "capacity_factor": 2.0}}).model_copy(update={"backend": "mindspore"})
+    spec = ModelSpec.from_config(full.model)
+    assert moe_capacity(spec, 16) == 16
+    routed, dense = create_backend(full, spec), engines["mindspore"][0]
+    for backend in (routed, dense):
+        backend.load_weights(init_weights(spec, 11))
+    a, b = routed.logits(ids), dense.logits(ids)
+    assert np.array_equal(a, b)  # the same products on rows of the same shapes, gathered: bit-identical

@@ -280,6 +280,7 @@ def to_yaml(cfg: RunConfig) -> str:
 #: by 0.1.0 keeps its identity and resumes (tests/checkpoint/test_legacy_resume.py); set to anything else, it counts.
 ADDED_KEYS: dict[str, Any] = {
     "parallel.grad_fusion_groups": None,
+    "model.moe.capacity_factor": None,
     "train.flash_attention": "auto",
     "model.objective": "clm",
     "model.mlm": {"mask_rate": 0.15, "mask_token_rate": 0.8, "random_token_rate": 0.1},

@@ -23,6 +23,11 @@ class MoEConfig(Section):
     aux_loss_weight: float = Field(0.01, ge=0, description="Weight of the load-balancing loss (num_experts * sum_e f_e * P_e, "
                                                           "top_k at perfect balance) added to the training loss; 0 = off.")
     every: int = Field(1, ge=1, description="MoE in every `every`-th block (blocks every-1, 2*every-1, ...; 1 = all); the others stay dense.")
+    capacity_factor: float | None = Field(None, gt=0, description=(
+        "null = no capacity limit (every token reaches its top_k experts). A number c: each expert takes at most "
+        "ceil(c * top_k * seq_len / num_experts) (token, expert) pairs per sequence, first choices first; the rest are "
+        "dropped (GShard/MindFormers). The MindSpore engine then routes tokens (static shapes, E * capacity rows per "
+        "sequence instead of every expert on every token); 1.0-2.0 is usual."))
 
     @model_validator(mode="after")
     def _experts(self) -> "MoEConfig":

@@ -37,8 +37,14 @@ The MoE arithmetic, the same in both engines (and in tests/backends/numpy_refere
 
 - router: p = softmax(x @ router.weight^T) over all E experts (float32); the k largest p are kept
   and renormalized to sum to 1 (Mixtral's order: softmax, then top-k; the same as a softmax over
-  the k top logits); output = sum_j w_j * SwiGLU_{e_j}(x), summed in top-k order. No capacity limit
-  and no token dropping: every token reaches its k experts, so expert parallelism is exact.
+  the k top logits); output = sum_j w_j * SwiGLU_{e_j}(x), summed in top-k order. By default no
+  capacity limit and no token dropping: every token reaches its k experts, so expert parallelism is exact.
+- capacity (``model.moe.capacity_factor`` = c, optional): per sequence of S positions, expert e takes at
+  most C = min(S, ceil(c * k * S / E)) of the (position, slot) pairs routed to it, in priority order
+  "every position's first choice (positions in order), then every second choice, ..."; a pair beyond
+  C is dropped: its term w_j * SwiGLU_{e_j}(x) is left out (the other slots keep their w_j; the block
+  input still passes through the residual). Per sequence, so it does not depend on how sequences
+  are grouped into micro-batches or ranks. Routing statistics (f_e below) count routed, not kept, pairs.
 - load-balancing loss (Switch / Mixtral): aux = E * sum_e f_e * P_e over the N token positions of
   one micro-batch of one data-parallel rank (its train.micro_batch_size sequences, padding
   positions included), with f_e = (tokens that route to e) / N (no gradient; sums to k) and
@@ -63,6 +69,7 @@ Two objectives share every block, parameter and name (``model.objective``):
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -99,6 +106,7 @@ class ModelSpec:
     moe_every: int = 1
     moe_aux_loss_weight: float = 0.01
     objective: Literal["clm", "mlm"] = "clm"  # model.objective
+    moe_capacity_factor: float | None = None  # model.moe.capacity_factor; None = no capacity limit
 
     @classmethod
     def from_config(cls, m: ModelConfig) -> "ModelSpec":
@@ -109,7 +117,7 @@ class ModelSpec:
             n_kv_heads=m.n_kv_heads, ffn_dim=m.ffn_dim, max_seq_len=m.max_seq_len,
             rope_theta=m.rope_theta, norm_eps=m.norm_eps, tie_embeddings=m.tie_embeddings,
             init_std=m.init_std, num_experts=m.moe.num_experts, moe_top_k=m.moe.top_k, moe_every=m.moe.every,
-            moe_aux_loss_weight=m.moe.aux_loss_weight, objective=m.objective,
+            moe_aux_loss_weight=m.moe.aux_loss_weight, objective=m.objective, moe_capacity_factor=m.moe.capacity_factor,
         )
 
     @property
@@ -131,6 +139,14 @@ def visible_keys(spec: ModelSpec, ids: np.ndarray) -> np.ndarray:
     if spec.causal:
         return np.broadcast_to(np.tril(np.ones((s, s), bool)), (b, s, s))
     return (ids != PAD_ID)[:, None, :] | np.eye(s, dtype=bool)[None]
+
+
+def moe_capacity(spec: ModelSpec, seq_len: int) -> int | None:
+    """(position, slot) pairs each expert takes per sequence of `seq_len` positions; None without a capacity limit.
+    Never more than seq_len: the top_k experts of a position are distinct, so no expert gets more pairs than that."""
+    if spec.moe_capacity_factor is None:
+        return None
+    return min(seq_len, math.ceil(spec.moe_capacity_factor * spec.moe_top_k * seq_len / spec.num_experts))
 
 
 def is_moe_layer(spec: ModelSpec, i: int) -> bool:
@@ -194,8 +210,9 @@ def module_names(spec: ModelSpec) -> list[str]:
     dump selections and fault injections are checked before a run starts, without an engine.
     In a MoE block, ``mlp.router`` outputs the router logits [tokens, E] and ``mlp.experts`` (with
     its ``gate_proj``/``up_proj``/``down_proj``) the expert computations; their shapes are
-    engine-specific (torch runs each expert on its routed tokens, MindSpore every expert on every
-    token), the ``mlp`` output [B, S, d_model] is the same in both.
+    engine-specific (torch runs each expert on its routed tokens; MindSpore on per-expert buffers of
+    capacity rows with a capacity limit, else every expert on every token), the ``mlp`` output
+    [B, S, d_model] is the same in both.
     """
     attn = ["attn_norm", "attn", "attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp_norm", "mlp"]
     dense = ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]

@@ -45,7 +45,7 @@ Other parts of the plan:
   dp_shard ranks (``optimizer_level: level3``, ``optimizer_weight_shard_size: dp_shard``; FSDP);
   ``optimizer_shard`` alone shards the optimizer state over all dp ranks (``level1``, ZeRO-1).
   MindSpore has one shard-group size, so with both, the optimizer state is sharded over dp_shard
-  only. MindSpore shards the state of ``nn.Optimizer`` subclasses; the engine's AdamW is a plain Cell.
+  only. MindSpore shards the state of ``nn.Optimizer`` subclasses, which the engine's AdamW is.
 - context parallelism: the sequence is split contiguously (rank c holds chunk c). The
   load-balanced causal layout of the layout rules (chunks i and 2*cp-1-i) is not expressible as a
   shard() strategy: the causal work per cp rank is unbalanced.
@@ -53,16 +53,20 @@ Other parts of the plan:
   ``[E, out, in]`` are split over ``ep`` ranks along E, and the ``(E, N, in)`` token copies along E by
   ep and along the tokens by the remaining ``dp*cp/ep`` data ranks; the ffn dimension by tp as in
   the dense MLP: gate/up ``((ep, dp*cp/ep, 1), (ep, tp, 1))``, down ``((ep, dp*cp/ep, tp), (ep, 1, tp))``
-  (:attr:`StrategyPlan.experts`); the router is replicated ``((dp*cp, 1), (1, 1))``. The model runs
-  every expert on every token (model.py: no routed dispatch or AlltoAll yet), so this splits the
-  expert weights and work, not a token dispatch. ``ep > 1`` on a dense model is refused.
+  (:attr:`StrategyPlan.experts`); the router is replicated ``((dp*cp, 1), (1, 1))``. With
+  ``model.moe.capacity_factor`` the model routes tokens into per-expert buffers of (E, B*capacity)
+  rows (model.py :meth:`MoE.routed`): the buffers are built split by tokens and consumed split by
+  experts, the redistribution the compiler implements as an AlltoAll. Without a capacity limit every
+  expert runs on every token, so this splits the expert weights and work, not a token dispatch.
+  ``ep > 1`` on a dense model is refused.
 - inputs: ``dataset_strategy: full_batch`` -- every rank feeds the whole global batch and the
   strategies slice it.
 
 None of this runs on CPU (SEMI_AUTO_PARALLEL fails there with 'Invalid backend: CPU'); the tests
 check the construction, that the model's primitives and Cells take the strategies, and that
-MindSpore 2.10 accepts the context. The MindSpore engine does not use it yet
-(:func:`mindfoundry.backends.mindspore.distributed.refusal`).
+MindSpore 2.10 accepts the context. The engine applies it on Ascend/GPU through :mod:`.semi_auto`
+(refused on CPU: :func:`mindfoundry.backends.mindspore.distributed.refusal`); :func:`parameter_layouts`
+gives the tensor layout each parameter's checkpoint slices follow.
 """
 
 from __future__ import annotations

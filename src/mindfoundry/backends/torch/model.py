@@ -36,7 +36,7 @@ from torch.utils.checkpoint import checkpoint
 from mindfoundry.backends.torch.chunked_loss import chunked_nll
 from mindfoundry.backends.torch.distributed import full_value
 from mindfoundry.data.dataset.packing import IGNORE_INDEX
-from mindfoundry.model.spec import PAD_ID, ModelSpec, is_moe_layer, rope_tables
+from mindfoundry.model.spec import PAD_ID, ModelSpec, is_moe_layer, moe_capacity, rope_tables
 
 
 def _run(fn: Callable[..., torch.Tensor], recompute: bool, *args: torch.Tensor | None) -> torch.Tensor:
@@ -192,8 +192,21 @@ class Experts(nn.Module):
         return self.down_proj(_run(_swiglu, self.recompute_act, self.gate_proj(x, counts), self.up_proj(x, counts)), counts)
 
 
+def kept_pairs(top_e: torch.Tensor, num_experts: int, capacity: int) -> torch.Tensor:
+    """bool (B, S, k): whether each (position, slot) pair fits its expert's per-sequence capacity (model/spec.py:
+    first choices of every position first, then second choices, ...)."""
+    b, s, k = top_e.shape
+    slots = top_e.transpose(1, 2).reshape(b, k * s)  # priority order
+    hot = F.one_hot(slots, num_experts)
+    place = ((hot.cumsum(1) - hot) * hot).sum(-1)  # earlier pairs routed to the same expert
+    return (place < capacity).view(b, k, s).transpose(1, 2)
+
+
 class MoE(nn.Module):
-    """Top-k softmax router + SwiGLU experts, no capacity limit (see model/spec.py for the definition).
+    """Top-k softmax router + SwiGLU experts (see model/spec.py for the definition, capacity included).
+
+    With a capacity limit every pair still goes through its expert and the dropped ones are zeroed: the same function
+    as the MindSpore engine's routed buffers (this engine's dispatch already runs each expert on its routed rows only).
 
     ``token_group`` (set by :mod:`.expert_parallel` when the sequences of one micro-batch are split
     over ranks, i.e. context parallelism) lists the process groups the routing counts are summed
@@ -204,6 +217,7 @@ class MoE(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.num_experts, self.top_k = spec.num_experts, spec.moe_top_k
+        self.spec = spec
         self.router = nn.Linear(spec.d_model, spec.num_experts, bias=False)
         self.experts = Experts(spec)
         self.token_group = None
@@ -219,6 +233,9 @@ class MoE(nn.Module):
         gates = top_p / top_p.sum(-1, keepdim=True)
         self.aux = self._balance(probs, top_e) if self.training and torch.is_grad_enabled() else None
         y = self.dispatch(tokens, top_e)  # (N, k, C): each token's j-th expert output
+        capacity = moe_capacity(self.spec, s)
+        if capacity is not None:  # the pairs past an expert's capacity: their term left out (and no gradient through it)
+            y = y * kept_pairs(top_e.view(b, s, -1), self.num_experts, capacity).reshape(b * s, -1, 1).to(y.dtype)
         out = (gates.unsqueeze(-1) * y).sum(1)
         return out.to(x.dtype).reshape(b, s, c)
 
