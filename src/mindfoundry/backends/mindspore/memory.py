@@ -19,7 +19,8 @@ from typing import Iterator
 
 from mindspore import nn
 
-from mindfoundry.backends.mindspore.model import LossCell, MoE, Transformer
+from mindfoundry.backends.mindspore.model import LossCell, Transformer
+from mindfoundry.backends.mindspore.moe import MoE
 from mindfoundry.config.memory import MemoryConfig
 
 
