@@ -19,8 +19,10 @@ from safetensors.numpy import load_file
 
 from mf_testing import tiny_config
 from mindfoundry.backends.mindspore.strategies import parameter_layouts, plan_strategies
+from mindfoundry.checkpoint.convert import export_checkpoint
 from mindfoundry.checkpoint.rank_slices import STRATEGY_FILE, read_rank_slices, write_rank_slices, write_strategy
 from mindfoundry.checkpoint.store import CheckpointError, Retention, load_checkpoint, save_checkpoint
+from mindfoundry.cli.main import main
 from mindfoundry.model.spec import ModelSpec, init_weights
 from mindfoundry.parallel.tensor_layout import TensorLayout, merge_slices, rank_slice
 
@@ -111,7 +113,7 @@ def test_mindspore_transform_checkpoints_agrees(tmp_path: Path) -> None:
             assert np.array_equal(merged[n], a), (name, n)
 
 
-def test_sharded_checkpoint_folder_loads_as_full_arrays(tmp_path: Path) -> None:
+def test_sharded_checkpoint_folder_loads_as_full_arrays(tmp_path: Path, capsys) -> None:
     """A committed step folder whose tensors are rank slices verifies and loads full, with no engine's reader."""
     weights, moments, layouts, devices = _state("pp2_tp2_dp2_zero1")
 
@@ -123,6 +125,13 @@ def test_sharded_checkpoint_folder_loads_as_full_arrays(tmp_path: Path) -> None:
     ckpt = load_checkpoint(path)  # no read_shards: the rank-slice form needs none
     assert all(np.array_equal(ckpt.weights[n], a) for n, a in weights.items())
     assert all(np.array_equal(ckpt.optimizer[n], a) for n, a in moments.items())
+    # the weights alone, one file: byte for byte the model.safetensors of a full-format checkpoint of the same state
+    full = save_checkpoint(tmp_path / "full", 3, weights, moments, {"adam_step": 3})
+    out = export_checkpoint(path, tmp_path / "weights.safetensors")
+    assert out.read_bytes() == (full / "model.safetensors").read_bytes()
+    assert main(["ckpt", "inspect", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "model/ (sharded, 8 shard files, rank_slices)" in text and f"{len(weights)} tensors" in text
 
 
 def test_damaged_or_incomplete_slices_are_named(tmp_path: Path) -> None:
