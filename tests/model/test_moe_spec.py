@@ -7,7 +7,7 @@ import pytest
 from mf_testing import tiny_config
 from mindfoundry.config.load import ConfigError, validate
 from mindfoundry.model.spec import (
-    ModelSpec, decays, flops_per_token, init_weights, is_moe_layer, module_names, num_active_parameters, num_parameters,
+    ModelSpec, decays, flops_per_token, init_weights, is_moe_layer, module_names, moe_capacity, num_active_parameters, num_parameters,
     parameter_shapes,
 )
 
@@ -73,6 +73,8 @@ def test_moe_init() -> None:
     ({"num_experts": 1}, "num_experts=1"),
     ({"num_experts": 4, "every": 0}, "every"),
     ({"num_experts": 4, "aux_loss_weight": -1}, "aux_loss_weight"),
+    ({"num_experts": 4, "capacity_factor": 0}, r"model.moe.capacity_factor=0: Input should be greater than 0"),
+    ({"capacity_factor": 1.25}, r"capacity_factor=1.25 limits experts, but the model is dense"),
 ])
 def test_moe_config_validation(moe: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -87,3 +89,12 @@ def test_moe_cross_field_rules() -> None:
     with pytest.raises(ConfigError, match="parallel.ep=2 spreads experts, but the model is dense"):
         tiny_config(parallel={"dp_shard": 2, "ep": 2})
     assert tiny_config(model={"moe": {"num_experts": 4}}, parallel={"dp_shard": 2, "ep": 2}).parallel.ep == 2
+
+
+def test_capacity_per_sequence() -> None:
+    """ceil(c * top_k * S / E), never above S (a position's top_k experts are distinct)."""
+    moe = {"num_experts": 8, "top_k": 2}
+    assert moe_capacity(spec(moe=moe), 512) is None  # no limit by default
+    assert moe_capacity(spec(moe={**moe, "capacity_factor": 1.25}), 512) == 160
+    assert moe_capacity(spec(moe={**moe, "capacity_factor": 1.25}), 13) == 5  # ceil(4.0625)
+    assert moe_capacity(spec(moe={**moe, "capacity_factor": 8.0}), 512) == 512

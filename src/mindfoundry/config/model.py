@@ -35,6 +35,9 @@ class MoEConfig(Section):
             raise ValueError("num_experts=1 is a dense FFN with a router: use num_experts: 0 (dense) or >= 2")
         if self.num_experts and self.top_k > self.num_experts:
             raise ValueError(f"top_k={self.top_k} exceeds num_experts={self.num_experts}: use top_k <= num_experts")
+        if self.capacity_factor is not None and not self.num_experts:
+            raise ValueError(f"capacity_factor={self.capacity_factor} limits experts, but the model is dense (num_experts: 0): "
+                             "remove capacity_factor, or set num_experts")
         return self
 
 
