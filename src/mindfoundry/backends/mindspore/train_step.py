@@ -61,9 +61,21 @@ class AdamW(nn.Optimizer):
         return lr
 
 
+#: Partial sums per squared norm: MindSpore's CPU ReduceSum of a whole tensor to a scalar runs on one thread,
+#: a reduction along an axis on all of them (27.8M values: 117 ms -> 15 ms, as accurate: 6e-8 relative).
+NORM_PARTS = 512
+
+
+def _sum_of_squares(g):
+    n = g.size
+    if n % NORM_PARTS:
+        return (g * g).sum()
+    return (g * g).reshape(NORM_PARTS, n // NORM_PARTS).sum(1).sum()
+
+
 def squared_norms(grads):
     """Per-parameter squared L2 norms, stacked (the global norm and per-layer monitoring share them)."""
-    return ops.stack([(g * g).sum() for g in grads])
+    return ops.stack([_sum_of_squares(g) for g in grads])
 
 
 class TrainStep(nn.Cell):
