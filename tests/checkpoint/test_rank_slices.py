@@ -142,6 +142,11 @@ def test_damaged_or_incomplete_slices_are_named(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match=r"no slice from rank\(s\) \[3\].*copy every rank's file"):
         read_rank_slices(folder)
     (tmp_path / "rank_3.safetensors").rename(folder / "rank_3.safetensors")
+    good = (folder / "rank_1.safetensors").read_bytes()
+    (folder / "rank_1.safetensors").write_bytes(good[:100])  # truncated
+    with pytest.raises(CheckpointError, match=r"rank_1.safetensors: unreadable slice file"):
+        read_rank_slices(folder)
+    (folder / "rank_1.safetensors").write_bytes(good)
 
     # a replica that differs (files of two steps mixed): the norm weight's rank 0 and rank 2 hold the same piece
     other = {n: a + 1 for n, a in weights.items()}

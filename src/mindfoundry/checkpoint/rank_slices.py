@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import json
 import re
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Mapping
 
 import numpy as np
 from safetensors import SafetensorError, safe_open
-from safetensors.numpy import load_file
 
 from mindfoundry.checkpoint.store import CheckpointError, write_safetensors
 from mindfoundry.parallel.tensor_layout import (STRATEGY_FILE, TensorLayout, TensorLayoutError, merge_slices, rank_file_name, rank_slice,
@@ -114,26 +114,33 @@ def stored_shapes(folder: str | Path) -> dict[str, tuple[int, ...]]:
 
 
 def read_rank_slices(folder: str | Path) -> dict[str, np.ndarray]:
-    """Every tensor of a rank-slice shard folder, merged to its full shape (bit for bit; replicas checked equal)."""
+    """Every tensor of a rank-slice shard folder, merged to its full shape (bit for bit; replicas checked equal).
+
+    The rank files are read tensor by tensor, so besides the result only one tensor's slices are in memory."""
     folder = Path(folder)
     layouts = _layouts(folder)
-    per_rank: dict[int, dict[str, np.ndarray]] = {}
-    for rank, path in _rank_files(folder).items():
-        try:
-            per_rank[rank] = load_file(str(path))
-        except (SafetensorError, OSError) as exc:
-            raise CheckpointError(f"{path}: unreadable slice file ({exc})") from None
-    names = sorted({n for tensors in per_rank.values() for n in tensors})
-    merged = {}
-    for name in names:
-        lay = _layout_for(name, layouts, folder)
-        held = {r: t[name] for r, t in per_rank.items() if name in t}
-        first = held.get(lay.ranks().start)
-        if first is None:
-            raise CheckpointError(f"{folder}: '{name}' is missing from {rank_file(folder, lay.ranks().start).name} "
-                                  f"(pipeline stage {lay.stage} starts at that rank): copy every rank's file into the folder")
-        try:
-            merged[name] = merge_slices(held, lay, lay.full_shape(first.shape), name)
-        except TensorLayoutError as exc:
-            raise CheckpointError(f"{folder}: {exc}") from None
+    with ExitStack() as stack:
+        files = {}
+        for rank, path in _rank_files(folder).items():
+            try:
+                files[rank] = stack.enter_context(safe_open(str(path), framework="numpy"))
+            except (SafetensorError, OSError) as exc:
+                raise CheckpointError(f"{path}: unreadable slice file ({exc})") from None
+        held_by = {}
+        for rank, f in files.items():
+            for name in f.keys():
+                held_by.setdefault(name, []).append(rank)
+        merged = {}
+        for name in sorted(held_by):
+            lay = _layout_for(name, layouts, folder)
+            if lay.ranks().start not in held_by[name]:
+                raise CheckpointError(f"{folder}: '{name}' is missing from {rank_file(folder, lay.ranks().start).name} "
+                                      f"(pipeline stage {lay.stage} starts at that rank): copy every rank's file into the folder")
+            try:
+                held = {r: files[r].get_tensor(name) for r in held_by[name]}
+                merged[name] = merge_slices(held, lay, lay.full_shape(held[lay.ranks().start].shape), name)
+            except TensorLayoutError as exc:
+                raise CheckpointError(f"{folder}: {exc}") from None
+            except SafetensorError as exc:
+                raise CheckpointError(f"{folder}: unreadable slice of '{name}' ({exc})") from None
     return merged

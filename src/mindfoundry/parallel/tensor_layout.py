@@ -80,16 +80,23 @@ class TensorLayout:
         return tuple(0 if d == -1 else coords[len(self.dev_matrix) - 1 - d] for d in self.tensor_map)
 
     def _opt_piece(self, local: int) -> tuple[int, int]:
-        """(piece, pieces): which share of the slice's first dimension the parallel optimizer leaves `local`."""
+        """(piece, pieces): which share of the slice's first dimension the parallel optimizer leaves `local`.
+
+        The ranks holding the same slice differ only in the grid dimensions the tensor is not split along; in rank
+        order they count up in those coordinates (mixed radix), and each group of opt_shard_size of them splits it."""
         if self.opt_shard_size == 0:
             return 0, 1
-        chunk = self._chunk(local)
-        replicas = [r for r in range(self.stage_devices) if self._chunk(r) == chunk]
-        size = len(replicas) if self.opt_shard_size == -1 else self.opt_shard_size
-        if size < 1 or len(replicas) % size:
-            raise TensorLayoutError(f"opt_weight_shard_size {self.opt_shard_size} does not divide the {len(replicas)} "
+        coords = self._coordinates(local)
+        split_axes = {len(self.dev_matrix) - 1 - d for d in self.tensor_map if d != -1}
+        index, replicas = 0, 1
+        for axis, size in enumerate(self.dev_matrix):
+            if axis not in split_axes:
+                index, replicas = index * size + coords[axis], replicas * size
+        size = replicas if self.opt_shard_size == -1 else self.opt_shard_size
+        if size < 1 or replicas % size:
+            raise TensorLayoutError(f"opt_weight_shard_size {self.opt_shard_size} does not divide the {replicas} "
                                     f"replicas of a slice (dev_matrix {list(self.dev_matrix)}, tensor_map {list(self.tensor_map)})")
-        return replicas.index(local) % size, size
+        return index % size, size
 
     def check(self, shape: tuple[int, ...], name: str) -> None:
         """Refuse a layout that does not split `shape` evenly (MindSpore's strategy files only hold even splits)."""

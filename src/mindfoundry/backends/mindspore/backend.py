@@ -84,7 +84,7 @@ class MindSporeBackend:
         if p.plan is not None:  # Ascend/GPU only (refused on CPU): strategies, pipeline wrapper
             loss_cell, accum = semi_auto.wrap_loss(p.plan, self.model, loss_cell)
             reducer = semi_auto.grad_reducer(p.plan, ordered)
-        self.cfg = cfg
+        self.strategy_dir = semi_auto.strategy_dir(cfg)  # where the compiler writes each rank's layouts (semi-auto)
         self.step_cell = TrainStep(loss_cell, self.optimizer, accum, self.clip, p.data_parallel, reducer)
         self._eager_step: TrainStep | None = None  # the debug (hooked, PYNATIVE) step, built on first use
         self.forward = _Forward(self.model)  # in GRAPH_MODE, calling a Cell compiles it once per input shape
@@ -125,8 +125,8 @@ class MindSporeBackend:
             raise ValueError("checkpoint.format: sharded is the form of semi-auto layouts in the MindSpore engine")
         text = distributed.broadcast_text(None if folders is None else "\n".join(map(str, folders)))
         moments = {p.name: p for p in list(self.optimizer.exp_avg) + list(self.optimizer.exp_avg_sq)}
-        semi_auto.save_rank_slices(tuple(Path(f) for f in text.split("\n")), self.params, moments, self.rank, self.cfg,
-                                   plan.layout.pp)
+        semi_auto.save_rank_slices(tuple(Path(f) for f in text.split("\n")), self.params, moments, self.rank,
+                                   self.strategy_dir, plan.layout.pp)
         distributed.all_reduce_sum([0.0])  # a barrier: every rank's files are written when rank 0 commits
 
     # -- compute -----------------------------------------------------------------------------

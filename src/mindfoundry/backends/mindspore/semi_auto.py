@@ -106,8 +106,9 @@ def step_batch(plan: StrategyPlan, array: np.ndarray) -> np.ndarray:
 
 
 def save_rank_slices(folders: tuple[Path, Path], weights: dict[str, Parameter], moments: dict[str, Parameter],
-                     rank: int, cfg: RunConfig, pipeline_stages: int) -> None:
-    """This rank's slices (the parameters' local data) into the two shard folders; rank 0 adds the strategy file."""
+                     rank: int, strategies: Path, pipeline_stages: int) -> None:
+    """This rank's slices (the parameters' local data) into the two shard folders; rank 0 adds the strategy file,
+    merged over the pipeline stages from the compiler's per-rank files in `strategies`."""
     from safetensors.numpy import save_file
 
     for folder, params in zip(folders, (weights, moments)):
@@ -116,7 +117,7 @@ def save_rank_slices(folders: tuple[Path, Path], weights: dict[str, Parameter], 
     if rank == 0:
         merged = folders[0] / STRATEGY_FILE
         if pipeline_stages > 1:
-            ms.merge_pipeline_strategys(str(strategy_dir(cfg)), str(merged))
+            ms.merge_pipeline_strategys(str(strategies), str(merged))
         else:
-            shutil.copyfile(strategy_dir(cfg) / "rank_0.json", merged)
+            shutil.copyfile(strategies / "rank_0.json", merged)
         shutil.copyfile(merged, folders[1] / STRATEGY_FILE)
