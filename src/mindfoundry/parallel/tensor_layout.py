@@ -63,9 +63,13 @@ class TensorLayout:
         """The global ranks that hold a slice."""
         return range(self.stage * self.stage_devices, (self.stage + 1) * self.stage_devices)
 
+    def _axes(self) -> tuple[int | None, ...]:
+        """Per tensor dimension, the grid axis (index into dev_matrix) it is split along, None when whole."""
+        return tuple(None if d == -1 else len(self.dev_matrix) - 1 - d for d in self.tensor_map)
+
     def splits(self) -> tuple[int, ...]:
         """Model-parallel pieces per tensor dimension."""
-        return tuple(1 if d == -1 else self.dev_matrix[len(self.dev_matrix) - 1 - d] for d in self.tensor_map)
+        return tuple(1 if axis is None else self.dev_matrix[axis] for axis in self._axes())
 
     def _coordinates(self, local: int) -> list[int]:
         out = []
@@ -77,26 +81,34 @@ class TensorLayout:
     def _chunk(self, local: int) -> tuple[int, ...]:
         """The model-parallel chunk index per tensor dimension of local rank `local`."""
         coords = self._coordinates(local)
-        return tuple(0 if d == -1 else coords[len(self.dev_matrix) - 1 - d] for d in self.tensor_map)
+        return tuple(0 if axis is None else coords[axis] for axis in self._axes())
 
-    def _opt_piece(self, local: int) -> tuple[int, int]:
-        """(piece, pieces): which share of the slice's first dimension the parallel optimizer leaves `local`.
-
-        The ranks holding the same slice differ only in the grid dimensions the tensor is not split along; in rank
-        order they count up in those coordinates (mixed radix), and each group of opt_shard_size of them splits it."""
+    @property
+    def opt_pieces(self) -> int:
+        """How many pieces the parallel optimizer cuts each slice's first dimension into (1: not sharded)."""
         if self.opt_shard_size == 0:
-            return 0, 1
-        coords = self._coordinates(local)
-        split_axes = {len(self.dev_matrix) - 1 - d for d in self.tensor_map if d != -1}
-        index, replicas = 0, 1
-        for axis, size in enumerate(self.dev_matrix):
-            if axis not in split_axes:
-                index, replicas = index * size + coords[axis], replicas * size
+            return 1
+        replicas = self.stage_devices // math.prod(self.splits())
         size = replicas if self.opt_shard_size == -1 else self.opt_shard_size
         if size < 1 or replicas % size:
             raise TensorLayoutError(f"opt_weight_shard_size {self.opt_shard_size} does not divide the {replicas} "
                                     f"replicas of a slice (dev_matrix {list(self.dev_matrix)}, tensor_map {list(self.tensor_map)})")
-        return index % size, size
+        return size
+
+    def _opt_piece(self, local: int) -> int:
+        """Which of the :attr:`opt_pieces` of its slice's first dimension local rank `local` holds.
+
+        The ranks holding the same slice differ only in the grid axes the tensor is not split along; in rank order
+        they count up in those coordinates (mixed radix), and each group of opt_pieces of them splits it."""
+        pieces = self.opt_pieces
+        if pieces == 1:
+            return 0
+        coords, split_axes = self._coordinates(local), set(self._axes())
+        index = 0
+        for axis, size in enumerate(self.dev_matrix):
+            if axis not in split_axes:
+                index = index * size + coords[axis]
+        return index % pieces
 
     def check(self, shape: tuple[int, ...], name: str) -> None:
         """Refuse a layout that does not split `shape` evenly (MindSpore's strategy files only hold even splits)."""
@@ -107,7 +119,7 @@ class TensorLayout:
             raise TensorLayoutError(f"'{name}': tensor_map {list(self.tensor_map)} points outside dev_matrix {list(self.dev_matrix)}")
         if any(n % k for n, k in zip(shape, self.splits())):
             raise TensorLayoutError(f"'{name}': shape {list(shape)} does not split evenly {list(self.splits())} ways")
-        _, pieces = self._opt_piece(0)
+        pieces = self.opt_pieces
         first = shape[0] // self.splits()[0] if shape else 1
         if first % pieces:
             raise TensorLayoutError(f"'{name}': the parallel optimizer's {pieces} pieces do not divide the slice's first "
@@ -117,7 +129,7 @@ class TensorLayout:
         """The full tensor's shape from the shape of one rank's slice."""
         full = [k * n for k, n in zip(self.splits(), local_shape)]
         if full:
-            full[0] *= self._opt_piece(0)[1]
+            full[0] *= self.opt_pieces
         return tuple(full)
 
     def region(self, shape: tuple[int, ...], rank: int) -> tuple[slice, ...]:
@@ -130,9 +142,8 @@ class TensorLayout:
         for n, k, c in zip(shape, self.splits(), self._chunk(local)):
             out.append(slice(c * (n // k), (c + 1) * (n // k)))
         if out:
-            piece, pieces = self._opt_piece(local)
-            first = out[0]
-            step = (first.stop - first.start) // pieces
+            piece, first = self._opt_piece(local), out[0]
+            step = (first.stop - first.start) // self.opt_pieces
             out[0] = slice(first.start + piece * step, first.start + (piece + 1) * step)
         return tuple(out)
 

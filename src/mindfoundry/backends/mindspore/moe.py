@@ -97,7 +97,6 @@ class MoE(nn.Cell):
         aux = self.num_experts * ((routed / n) * probs.sum(0)).sum()
         return out.reshape(b, s, c), aux
 
-
     def routed(self, x, top_e, capacity: int):
         """Each (position, slot) pair through its expert with a per-sequence capacity: (B, S, C) -> (B, S, k, C), a
         dropped pair's row zero. Static shapes: every expert gets a buffer of `capacity` rows per sequence.

@@ -71,14 +71,13 @@ gives the tensor layout each parameter's checkpoint slices follow.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.model.spec import ModelSpec, is_moe_layer, parameter_shapes
 from mindfoundry.parallel.layout import Layout, LayoutError, layout_problems
-from mindfoundry.parallel.tensor_layout import TensorLayout
+from mindfoundry.parallel.tensor_layout import TensorLayout, TensorLayoutError
 
 Strategy = tuple[tuple[int, ...], ...]
 
@@ -203,19 +202,19 @@ def parameter_layouts(plan: StrategyPlan, spec: ModelSpec) -> dict[str, TensorLa
             maps[weight] = (2 if w[0] > 1 else -1,) + tuple(0 if k > 1 else -1 for k in w[1:])
         else:  # [out, in] on the (dp*cp, tp) grid: tp is grid index 0
             maps[weight] = tuple(0 if k > 1 else -1 for k in w)
-    opt = plan.context.get("parallel_optimizer_config", {}).get("optimizer_weight_shard_size", 0) if plan.context[
-        "enable_parallel_optimizer"] else 0
+    opt = plan.context["parallel_optimizer_config"]["optimizer_weight_shard_size"] if plan.context["enable_parallel_optimizer"] else 0
     out = {}
     for name, shape in parameter_shapes(spec).items():
         tensor_map = maps.get(name, (-1,) * len(shape))
         grid = (lay.ep, rows // lay.ep, lay.tp) if len(tensor_map) == 3 else (rows, lay.tp)
         stage = max((s for cell, s in plan.stages.items() if name.startswith(cell + ".")), default=0)
-        layout = TensorLayout(grid, tensor_map, 0, stage)
-        replicas = layout.stage_devices // math.prod(layout.splits())
-        group = replicas if opt == -1 else opt
-        first = shape[0] // layout.splits()[0]
-        if opt and group > 1 and replicas % group == 0 and first % group == 0:
-            layout = TensorLayout(grid, tensor_map, opt, stage)
+        layout = TensorLayout(grid, tensor_map, opt, stage)
+        try:
+            pieces = layout.opt_pieces
+        except TensorLayoutError:  # the replicas do not divide into groups of that size
+            pieces = 1
+        if pieces == 1 or (shape[0] // layout.splits()[0]) % pieces:
+            layout = TensorLayout(grid, tensor_map, 0, stage)
         out[name] = layout
     return out
 
