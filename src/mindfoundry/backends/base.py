@@ -134,9 +134,10 @@ class Backend(Protocol):
 
 
 class ShardedCheckpoints(Protocol):
-    """Optional, for ``checkpoint.format: sharded``: each rank writes and reads only its own shards of the weights
-    and AdamW moments, so no process ever holds the full state. ``shard_format`` names the form on disk
-    ("torch.distributed.checkpoint" for the torch engine, "rank_slices" for MindSpore's semi-auto parallel)."""
+    """Optional, for ``checkpoint.format: sharded`` (the torch engine): each rank writes and reads only its own
+    shards of the weights and AdamW moments, so no process ever holds the full state. ``shard_format`` names the
+    form on disk that load_sharded reads ("torch.distributed.checkpoint"). (MindSpore's semi-auto engine has only
+    ``save_sharded``: its "rank_slices" folders are read back as full arrays, :mod:`mindfoundry.checkpoint.rank_slices`.)"""
 
     shard_format: str
 
@@ -168,12 +169,12 @@ def read_shard_folder(folder: Path) -> dict[str, np.ndarray]:
     return read_full(folder)
 
 
-def supports_sharded(backend: object, form: str | None = None) -> bool:
-    """Whether `backend` implements :class:`ShardedCheckpoints` (the torch engine; MindSpore under semi-auto parallel),
-    and, given a shard `form` (:func:`mindfoundry.checkpoint.store.shard_format`), reads that form itself."""
+def supports_sharded(backend: object, form: str) -> bool:
+    """Whether `backend` implements :class:`ShardedCheckpoints` and reads shard `form`
+    (:func:`mindfoundry.checkpoint.store.shard_format`) itself; any other backend gets the checkpoint as full arrays."""
     if not (callable(getattr(backend, "save_sharded", None)) and callable(getattr(backend, "load_sharded", None))):
         return False
-    return form is None or getattr(backend, "shard_format", None) == form
+    return getattr(backend, "shard_format", None) == form
 
 
 def check_state_names(

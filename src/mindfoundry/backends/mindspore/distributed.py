@@ -19,8 +19,9 @@ Ascend, nccl on GPU). In the scheduler it runs the rendezvous and the process ex
 the workers are done, so everything before it runs N + 1 times: :func:`setup` is the first thing the
 backend does, before any Tensor exists (which Ascend also requires).
 
-Pure data parallelism (``dp_replicate``, one process per replica) runs everywhere in ``DATA_PARALLEL`` mode with ``gradients_mean=False``: every rank trains on its
-slice of the global batch and the compiled step sums the gradients over the ranks with
+Pure data parallelism (``dp_replicate``, one process per replica) runs everywhere in
+``DATA_PARALLEL`` mode with ``gradients_mean=False``: every rank trains on its slice of the global
+batch and the compiled step sums the gradients over the ranks with
 ``nn.DistributedGradReducer(mean=False)`` -- summed, not averaged, because each micro-batch loss is
 already scaled by 1 / (valid tokens of the *global* batch). Weights and optimizer state stay
 replicated. Every other layout runs in SEMI_AUTO_PARALLEL mode (:mod:`.semi_auto`; Ascend/GPU, refused on
