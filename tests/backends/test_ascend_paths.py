@@ -68,7 +68,8 @@ def test_flash_masks_hide_what_the_additive_mask_hides(objective: str) -> None:
         if objective == "clm":  # the kernel's compressed causal triangle (sparse_mode 2), whatever the length
             assert flash.shape == (FLASH_CAUSAL_MASK, FLASH_CAUSAL_MASK) and flash.dtype == ms.uint8
             assert np.array_equal(flash.asnumpy()[:16, :16].astype(bool), hidden[0])
-            assert np.array_equal(additive.asnumpy() < -1e8, hidden[0])
+            assert additive.shape == (2, spec.n_kv_heads, spec.n_heads // spec.n_kv_heads, 16, 16)  # broadcast to the scores
+            assert np.array_equal(additive.asnumpy() < -1e8, np.broadcast_to(hidden[:, None, None], additive.shape))
         else:  # the padding keys of each row, every position keeping itself (sparse_mode 0, (B, 1, S, S))
             assert flash.shape == (2, 1, 16, 16) and flash.dtype == ms.uint8
             assert np.array_equal(flash.asnumpy()[:, 0].astype(bool), hidden)

@@ -1,9 +1,10 @@
 """The `memory` section applied to the MindSpore engine, before the train step is compiled.
 
 - full: ``Cell.recompute()`` on each chosen block (everything inside recomputed, the block's output kept);
-- selective: primitive-level ``recompute()`` on the attention core's primitives (scores matmul, scale,
-  mask, cast, softmax) and on the SwiGLU's SiLU, so the (B, H, S, S) scores and probabilities and the
-  SiLU output are recomputed from the kept projection outputs, as Megatron's selective recompute does;
+- selective: primitive-level ``recompute()`` on the SwiGLU's SiLU, so its output is recomputed from the kept
+  projection outputs, as Megatron's selective recompute does; the other half of Megatron's selective
+  recompute, the attention core's (B, H, S, S) scores and probabilities, needs no mark: the core's own
+  backward always recomputes them (:mod:`.attention`);
 - loss_chunk: the loss cell's :class:`~.model.ChunkNLL` recomputed, so one chunk's logits exist at a time.
 
 What this saves depends on the device: MindSpore's recompute pass acts in GRAPH_MODE on Ascend; on
@@ -25,15 +26,12 @@ from mindfoundry.config.memory import MemoryConfig
 
 
 def apply_memory(model: Transformer, loss_cell: LossCell, memory: MemoryConfig) -> None:
-    """Mark the chosen blocks (or their core primitives) and the loss chunks for recompute (in place)."""
+    """Mark the chosen blocks (or their SiLU) and the loss chunks for recompute (in place)."""
     for i in memory.recomputed_layers(len(model.layers)):
         block = model.layers[i]
         if memory.recompute == "full":
             block.recompute()
             continue
-        attn = block.attn
-        for prim in (attn.scores_matmul, attn.scale_mul, attn.mask_add, attn.scores_cast, attn.softmax):
-            prim.recompute()
         (block.mlp.experts if isinstance(block.mlp, MoE) else block.mlp).silu.recompute()
     if loss_cell.bounds:
         loss_cell.chunk_nll.recompute()

@@ -39,7 +39,8 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.ops import auto_generate as prims
 
-from mindfoundry.backends.mindspore.layers import F16, F32, Linear, cast_matmul, zeros_weight
+from mindfoundry.backends.mindspore.attention import AttentionCore
+from mindfoundry.backends.mindspore.layers import F16, F32, Linear, cast_matmul, expand, zeros_weight
 from mindfoundry.backends.mindspore.moe import MoE
 from mindfoundry.data.dataset.packing import IGNORE_INDEX
 from mindfoundry.model.spec import PAD_ID, ModelSpec, chunk_bounds, is_moe_layer, rope_tables
@@ -70,12 +71,17 @@ class RMSNorm(nn.Cell):
 
     def construct(self, x):
         var = ops.mean(x * x, -1, keep_dims=True)
-        return x * ops.rsqrt(var + self.eps) * self.weight
+        return x * expand(ops.rsqrt(var + self.eps), x) * expand(self.weight, x)
 
 
 def _rotate_half(x):
     mid = x.shape[-1] // 2
     return ops.cat((-x[..., mid:], x[..., :mid]), -1)
+
+
+def rope(x, cos, sin):
+    """x (B, n, S, D) rotated by the (S, D) tables."""
+    return x * expand(cos, x) + _rotate_half(x) * expand(sin, x)
 
 
 class Attention(nn.Cell):
@@ -93,10 +99,8 @@ class Attention(nn.Cell):
         self.o_proj = Linear(spec.n_heads * spec.head_dim, spec.d_model, compute)
         self.scale = 1.0 / float(np.sqrt(spec.head_dim))
         self.compute = compute
-        # The attention core's primitives (the ops.matmul / softmax kernels), as instances selective recompute can mark
-        self.scores_matmul, self.scale_mul, self.mask_add = ops.BatchMatMul(transpose_b=True), prims.Mul(), prims.Add()
-        self.probs_matmul = ops.BatchMatMul()  # transposes as kernel flags: no Transpose ops in the backward
-        self.scores_cast, self.softmax = prims.Cast(), prims.Softmax(axis=(-1,))
+        # Held outside the Cell tree, so that module paths (hooks, dumps) stay the torch model's: it has no parameters.
+        object.__setattr__(self, "core", AttentionCore(spec.n_heads // spec.n_kv_heads, compute))
 
     def _heads(self, x, n):
         b, s, _ = x.shape
@@ -107,8 +111,7 @@ class Attention(nn.Cell):
         q = self._heads(self.q_proj(x), self.n_heads)  # (B, H, S, D)
         k = self._heads(self.k_proj(x), self.n_kv_heads)  # (B, K, S, D)
         v = self._heads(self.v_proj(x), self.n_kv_heads)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
         if self.flash:
             out = ops.flash_attention_score(q.astype(self.compute), k.astype(self.compute), v.astype(self.compute), self.n_heads,
                                             attn_mask=mask, scalar_value=self.scale, input_layout="BNSD",
@@ -121,21 +124,14 @@ class Attention(nn.Cell):
 
         Grouped-query heads without copies of the keys/values: query head h = k*G + g uses kv head k, so
         (B, H, S, D) reshapes for free to (B, K, G*S, D) and multiplies the K kv heads directly; scores
-        are viewed as (B, K, G, S, L) for the (S, L) mask and the softmax.
+        are viewed as (B, K, G, S, L) for the (S, L) mask and the softmax (:class:`.attention.AttentionCore`).
         """
         b, _, s, _ = q.shape
-        kv, length = k.shape[1], k.shape[2]
-        group = self.n_heads // kv
+        kv = k.shape[1]
         # 1/sqrt(D) on the queries, not on the D/L times larger scores (exact when D is a power of 4); under fp16 it
         # also keeps q.k far from float16's 65504. Softmax statistics stay float32.
-        q = self.scale_mul(q.reshape(b, kv, group * s, self.head_dim), self.scale)
-        if self.compute is not None:
-            scores = self.scores_cast(self.scores_matmul(q.astype(self.compute), k.astype(self.compute)), F32)
-        else:
-            scores = self.scores_matmul(q, k)  # (B, K, G*S, L)
-        scores = self.mask_add(scores.reshape(b, kv, group, s, length), mask)
-        probs = self.softmax(scores).reshape(b, kv, group * s, length)
-        out = cast_matmul(self.probs_matmul, probs, v, self.compute)  # (B, K, G*S, D)
+        q = q.reshape(b, kv, (self.n_heads // kv) * s, self.head_dim) * self.scale
+        out = self.core(q, k, v, mask)  # (B, K, G*S, D): .attention's core, whose backward recomputes the probabilities
         out = out.reshape(b, self.n_heads, s, self.head_dim).transpose(0, 2, 1, 3).reshape(b, s, self.n_heads * self.head_dim)
         return self.o_proj(out)
 
@@ -145,8 +141,7 @@ class Attention(nn.Cell):
         q = self._heads(self.q_proj(x), self.n_heads)  # (1, H, T, D)
         k = self._heads(self.k_proj(x), self.n_kv_heads)  # (1, K, T, D)
         v = self._heads(self.v_proj(x), self.n_kv_heads)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
         keep = (1.0 - write.sum(0)).reshape(1, 1, -1, 1)  # positions not written now keep their cached values
         k_cache = k_cache * keep + ops.matmul(write.transpose(1, 0), k)  # (L, T) @ (1, K, T, D) -> (1, K, L, D)
         v_cache = v_cache * keep + ops.matmul(write.transpose(1, 0), v)
@@ -229,7 +224,7 @@ class Transformer(nn.Cell):
 
     def tables(self, ids):
         """RoPE cos/sin and the attention mask for the (B, S) batch `ids`: the additive causal (S, S) constant, or
-        (mlm) -1e9 on the padding keys (B, 1, 1, S, S), broadcast over the kv heads and query groups of _attend; with
+        (mlm) -1e9 on the padding keys, broadcast to the (B, K, G, S, S) scores of _attend; with
         flash, FlashAttentionScore's uint8 mask (the (2048, 2048) causal triangle, or (B, 1, S, S) padding keys)."""
         b, s = ids.shape
         if self.flash:
@@ -237,9 +232,12 @@ class Transformer(nn.Cell):
                 return self.cos[:s], self.sin[:s], self.flash_table
             return self.cos[:s], self.sin[:s], (ids == PAD_ID).astype(ms.uint8).reshape(b, 1, 1, s) * self.flash_table[:s, :s]
         if self.causal:
-            return self.cos[:s], self.sin[:s], self.mask_table[:s, :s]
-        padding = (ids == PAD_ID).astype(F32).reshape(b, 1, 1, 1, s) * -1e9
-        return self.cos[:s], self.sin[:s], padding * self.mask_table[:s, :s]
+            mask = self.mask_table[:s, :s]
+        else:
+            mask = (ids == PAD_ID).astype(F32).reshape(b, 1, 1, 1, s) * -1e9 * self.mask_table[:s, :s]
+        # broadcast once to the (B, K, G, S, S) scores, not in each layer's forward and recomputation (layers.expand)
+        kv = self.spec.n_kv_heads
+        return self.cos[:s], self.sin[:s], ops.broadcast_to(mask, (b, kv, self.spec.n_heads // kv, s, s))
 
     def construct(self, ids):
         cos, sin, mask = self.tables(ids)
@@ -319,7 +317,7 @@ def token_nll(logits, labels):
     target = labels.reshape(-1)
     valid = (target != IGNORE_INDEX).astype(ms.float32)
     peak = ops.stop_gradient(flat.max(axis=-1, keepdims=True))
-    lse = ops.log(ops.exp(flat - peak).sum(-1)) + peak.squeeze(-1)
+    lse = ops.log(ops.exp(flat - expand(peak, flat)).sum(-1)) + peak.squeeze(-1)
     picked = ops.gather_elements(flat, 1, ops.maximum(target, 0).reshape(-1, 1)).squeeze(-1)
     return (lse - picked) * valid, valid
 
