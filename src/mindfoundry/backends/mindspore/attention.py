@@ -43,7 +43,7 @@ class AttentionCore(nn.Cell):
         scores = cast_matmul(self.scores_matmul, q, k, self.compute)  # (B, K, G*S, L)
         scores = scores.reshape(b, kv, self.group, rows // self.group, length)
         if mask.shape != scores.shape:  # the training forward broadcasts its mask once for all layers (Transformer.tables)
-            mask = expand(mask, scores)
+            mask = expand(mask, scores.shape)
         scores = self.mask_add(scores, mask)
         return self.softmax(scores).reshape(b, kv, rows, length)
 
@@ -56,7 +56,7 @@ class AttentionCore(nn.Cell):
         dv = cast_matmul(self.transposed_matmul, probs, dout, self.compute)  # (B, K, L, D)
         dprobs = cast_matmul(self.scores_matmul, dout, v, self.compute)  # (B, K, G*S, L)
         rowsum = (dout * out).sum(-1, keepdims=True)  # (B, K, G*S, 1): sum over keys of dprobs * probs
-        dscores = probs * (dprobs - expand(rowsum, dprobs))
+        dscores = probs * (dprobs - expand(rowsum, dprobs.shape))
         dq = cast_matmul(self.probs_matmul, dscores, k, self.compute)
         dk = cast_matmul(self.transposed_matmul, dscores, q, self.compute)
         return dq, dk, dv, ops.zeros_like(mask)

@@ -14,8 +14,8 @@ def zeros_weight(*shape: int) -> Parameter:
     return Parameter(Tensor(np.zeros(shape, dtype=np.float32)), name="weight")
 
 
-def expand(x, like):
-    """`x` broadcast to the shape of `like` as a tensor of its own (a Tile), for a binary op between equal shapes.
+def expand(x, shape: tuple):
+    """`x` broadcast to `shape` as a tensor of its own (a Tile), for a binary op between equal shapes.
 
     MindSpore 2.10's CPU kernels for Add/Sub/Mul on operands of different shapes keep about four times the
     result's size resident until the compiled step ends, where the same op on equal shapes reuses its buffers
@@ -23,8 +23,8 @@ def expand(x, like):
     (which is ~10x slower when it expands the last axis) or the broadcasting op itself (docs/benchmarks.md).
     The values are the same either way: broadcasting copies.
     """
-    shape = (1,) * (len(like.shape) - len(x.shape)) + x.shape
-    return ops.tile(x.reshape(shape), tuple(n // m for n, m in zip(like.shape, shape)))
+    own = (1,) * (len(shape) - len(x.shape)) + x.shape
+    return ops.tile(x.reshape(own), tuple(n // m for n, m in zip(shape, own)))
 
 
 def cast_matmul(matmul, x, y, compute):

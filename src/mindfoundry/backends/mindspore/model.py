@@ -71,7 +71,7 @@ class RMSNorm(nn.Cell):
 
     def construct(self, x):
         var = ops.mean(x * x, -1, keep_dims=True)
-        return x * expand(ops.rsqrt(var + self.eps), x) * expand(self.weight, x)
+        return x * expand(ops.rsqrt(var + self.eps), x.shape) * expand(self.weight, x.shape)
 
 
 def _rotate_half(x):
@@ -81,7 +81,7 @@ def _rotate_half(x):
 
 def rope(x, cos, sin):
     """x (B, n, S, D) rotated by the (S, D) tables."""
-    return x * expand(cos, x) + _rotate_half(x) * expand(sin, x)
+    return x * expand(cos, x.shape) + _rotate_half(x) * expand(sin, x.shape)
 
 
 class Attention(nn.Cell):
@@ -237,7 +237,7 @@ class Transformer(nn.Cell):
             mask = (ids == PAD_ID).astype(F32).reshape(b, 1, 1, 1, s) * -1e9 * self.mask_table[:s, :s]
         # broadcast once to the (B, K, G, S, S) scores, not in each layer's forward and recomputation (layers.expand)
         kv = self.spec.n_kv_heads
-        return self.cos[:s], self.sin[:s], ops.broadcast_to(mask, (b, kv, self.spec.n_heads // kv, s, s))
+        return self.cos[:s], self.sin[:s], expand(mask, (b, kv, self.spec.n_heads // kv, s, s))
 
     def construct(self, ids):
         cos, sin, mask = self.tables(ids)
@@ -317,7 +317,7 @@ def token_nll(logits, labels):
     target = labels.reshape(-1)
     valid = (target != IGNORE_INDEX).astype(ms.float32)
     peak = ops.stop_gradient(flat.max(axis=-1, keepdims=True))
-    lse = ops.log(ops.exp(flat - expand(peak, flat)).sum(-1)) + peak.squeeze(-1)
+    lse = ops.log(ops.exp(flat - expand(peak, flat.shape)).sum(-1)) + peak.squeeze(-1)
     picked = ops.gather_elements(flat, 1, ops.maximum(target, 0).reshape(-1, 1)).squeeze(-1)
     return (lse - picked) * valid, valid
 

@@ -20,7 +20,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 from mindspore.ops import auto_generate as prims
 
-from mindfoundry.backends.mindspore.layers import F32, Linear, zeros_weight
+from mindfoundry.backends.mindspore.layers import F32, Linear, expand, zeros_weight
 from mindfoundry.model.spec import ModelSpec, moe_capacity
 
 
@@ -92,7 +92,7 @@ class MoE(nn.Cell):
             picked = ops.gather_elements(every, 1, ops.broadcast_to(top_e.reshape(n, k, 1), (n, k, c)))  # (N, k, C)
         else:
             picked = self.routed(x, top_e.reshape(b, s, k), capacity).reshape(n, k, c)
-        out = (gates.reshape(n, k, 1) * picked).sum(1)
+        out = (expand(gates.reshape(n, k, 1), picked.shape) * picked).sum(1)
         routed = ops.stop_gradient(ops.one_hot(top_e.reshape(-1), self.num_experts, Tensor(1.0, F32), Tensor(0.0, F32)).sum(0))
         aux = self.num_experts * ((routed / n) * probs.sum(0)).sum()
         return out.reshape(b, s, c), aux
