@@ -8,6 +8,8 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 F16, F32 = ms.float16, ms.float32
+#: One Tile primitive for expand (a bprop graph cannot create one through ops.tile, nor iterate a zip)
+_TILE = ops.Tile()
 
 
 def zeros_weight(*shape: int) -> Parameter:
@@ -24,7 +26,7 @@ def expand(x, shape: tuple):
     The values are the same either way: broadcasting copies.
     """
     own = (1,) * (len(shape) - len(x.shape)) + x.shape
-    return ops.tile(x.reshape(own), tuple(n // m for n, m in zip(shape, own)))
+    return _TILE(x.reshape(own), tuple(shape[i] // own[i] for i in range(len(shape))))
 
 
 def cast_matmul(matmul, x, y, compute):

@@ -36,12 +36,13 @@ from __future__ import annotations
 
 import mindspore as ms
 import numpy as np
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Tensor, nn, ops
 from mindspore.ops import auto_generate as prims
 
 from mindfoundry.backends.mindspore.attention import AttentionCore
 from mindfoundry.backends.mindspore.layers import F16, F32, Linear, cast_matmul, expand, zeros_weight
 from mindfoundry.backends.mindspore.moe import MoE
+from mindfoundry.backends.mindspore.norm import RMSNorm
 from mindfoundry.data.dataset.packing import IGNORE_INDEX
 from mindfoundry.model.spec import PAD_ID, ModelSpec, chunk_bounds, is_moe_layer, rope_tables
 
@@ -61,17 +62,6 @@ class Embedding(nn.Cell):
 
     def construct(self, ids):
         return ops.gather(self.weight, ids, 0)
-
-
-class RMSNorm(nn.Cell):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = Parameter(Tensor(np.ones(dim, dtype=np.float32)), name="weight")
-        self.eps = eps
-
-    def construct(self, x):
-        var = ops.mean(x * x, -1, keep_dims=True)
-        return x * expand(ops.rsqrt(var + self.eps), x.shape) * expand(self.weight, x.shape)
 
 
 def _rotate_half(x):
