@@ -4,12 +4,13 @@
 1/sqrt(D), against the K kv heads' (B, K, L, D) keys and values; the scores are viewed as
 (B, K, G, S, L) for the (S, L) mask and the softmax (see :meth:`.model.Attention._attend`).
 
-Why a hand-written backward (``bprop``): MindSpore's automatic one keeps the (B, H, S, L) scores and
-probabilities of every layer from the forward to the backward and differentiates the softmax as
-``p * (dp - rowsum(dp * p))``, a reduction over the L keys of a (B, H, S, L) product. This backward
-keeps only the core's inputs and output, recomputes the probabilities of one layer at a time, and takes
-the row sums as ``rowsum(dout * out)`` over the D channels (the same number: ``sum_j p_ij dp_ij =
-dout_i . sum_j p_ij v_j``), as FlashAttention's backward does. At the 27.8M-parameter bench size's
+Why a hand-written backward (``bprop``): MindSpore's automatic one differentiates the softmax as
+``p * (dp - rowsum(dp * p))``, a reduction over the L keys of a (B, H, S, L) product, from the
+probabilities the forward produced. This backward needs only the core's inputs and output: it
+recomputes one layer's probabilities at a time and takes the row sums as ``rowsum(dout * out)`` over
+the D channels (the same number: ``sum_j p_ij dp_ij = dout_i . sum_j p_ij v_j``), as FlashAttention's
+backward does. (On the whole CPU step this did not lower the peak memory: what MindSpore held there was
+the broadcasting kernels' workspace, :func:`.layers.expand`.) At the 27.8M-parameter bench size's
 shapes one layer's core runs forward + backward in 75-80 ms against 91-100 ms (docs/benchmarks.md);
 the gradients are the same up to float32 rounding (2.3e-7 of the largest; the engines' agreement tests
 hold them against torch).

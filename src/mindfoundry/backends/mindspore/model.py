@@ -25,9 +25,13 @@ position keeps itself), the same visibility as the additive mask of the CPU path
 Mixture-of-experts blocks are :mod:`.moe`'s (routed with a capacity limit, else every expert on every
 token).
 
-Memory options (:mod:`.memory` applies them; the arithmetic never changes): the attention core
-(scores, mask, softmax) and the SwiGLU activation run through primitive instances of their own,
-which selective recompute marks; full recompute is ``Cell.recompute()`` on the chosen blocks; with
+The dense attention core (:mod:`.attention`) and RMSNorm (:mod:`.norm`) differentiate through backwards of their
+own, and every binary op on unequal shapes broadcasts first (:func:`.layers.expand`): MindSpore's CPU kernels
+are slow or hold memory otherwise (docs/benchmarks.md).
+
+Memory options (:mod:`.memory` applies them; the arithmetic never changes): the SwiGLU activation runs through
+a primitive instance of its own, which selective recompute marks (the attention core always recomputes its
+probabilities in its backward); full recompute is ``Cell.recompute()`` on the chosen blocks; with
 ``loss_chunk`` the :class:`LossCell` computes the head and the loss in chunks of positions
 (:class:`ChunkNLL`, recomputed in the backward).
 """

@@ -52,7 +52,6 @@ class RMSNorm(nn.Cell):
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = Parameter(Tensor(np.ones(dim, dtype=np.float32)), name="weight")
-        self.eps = eps
         # Held outside the Cell tree, so that module paths (hooks, dumps) stay the torch model's: it has no parameters.
         object.__setattr__(self, "core", RMSNormCore(eps))
 
