@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Callable
@@ -21,6 +22,7 @@ HASH_FILE = "config.sha256"
 RESUME_MUTABLE = ("monitor", "generate", "checkpoint", "backend", "device", "debug", "run_dir", "eval", "memory",
                   "model.init_from")  # the initial weights' origin matters only before the first checkpoint  # may change between resumes
 METRICS_FILE = "metrics.jsonl"
+PARTIAL = ".partial"  # suffix of a claim file being written (os.replace makes it whole)
 
 
 class RunDirError(MindFoundryError, RuntimeError):
@@ -45,8 +47,23 @@ def _has_trained(run_dir: Path) -> bool:
 
 
 def _holds_anything(run_dir: Path) -> bool:
-    """Whether RUN_DIR holds more than its lock file."""
-    return run_dir.is_dir() and any(p.name != LOCK_FILE for p in run_dir.iterdir())
+    """Whether RUN_DIR holds more than its lock file and the identity a stopped claim was writing."""
+    return run_dir.is_dir() and any(p.name not in (LOCK_FILE, HASH_FILE + PARTIAL) for p in run_dir.iterdir())
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """PATH holds TEXT entirely or keeps what it held: a stop (signal, kill) mid-write leaves only PATH.partial."""
+    partial = path.with_name(path.name + PARTIAL)
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, path)
+
+
+def _claim(run_dir: Path, cfg: RunConfig) -> None:
+    """Mark RUN_DIR as this config's run. The identity is written first: it is what makes the folder a MindFoundry
+    run, so a start-up stopped between the two files leaves a run the next start adopts (and writes the config of)
+    instead of a folder with a config.yaml it must refuse as foreign."""
+    _write_whole(run_dir / HASH_FILE, run_identity(cfg) + "\n")
+    _write_whole(run_dir / CONFIG_FILE, to_yaml(cfg))
 
 
 def prepare_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool, log: Callable[[str], None] = print) -> Path:
@@ -82,6 +99,5 @@ def prepare_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool, log: Calla
                     f"run directory '{run_dir}' already holds a run of this config: pass --resume auto to continue it, "
                     "or --overwrite to start over (the old run is moved aside)"
                 )
-    (run_dir / CONFIG_FILE).write_text(to_yaml(cfg), encoding="utf-8")
-    stored.write_text(run_identity(cfg) + "\n", encoding="utf-8")
+    _claim(run_dir, cfg)
     return run_dir
