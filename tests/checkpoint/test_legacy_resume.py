@@ -52,7 +52,11 @@ def test_previous_release_checkpoint_resumes_bit_exactly(engine: str, tmp_path: 
     final = tmp_path / "run" / "checkpoints" / "step_00000006"
     digests = {name: tensor_digest(final / f"{name}.safetensors") for name in ("model", "optimizer")}
     if engine == "torch":
-        assert digests == expected["final_sha256"]
+        # bit for bit what 0.1.0 wrote on a CPU of the same kind: torch's CPU kernels round differently per instruction set
+        # (0.1.0 itself, rerun on an AVX-512 FP16 Xeon, wrote the second digests; the losses above are the same floats)
+        known = [expected["final_sha256"]] + [{k: d[k] for k in digests} for d in expected.get("final_sha256_elsewhere", [])]
+        assert digests in known, (f"final tensors {digests} are none of 0.1.0's on the CPUs it ran on; if this is a new kind "
+                                  "of CPU, rerun f26e99a's resume on it and add its digests to expected.json")
     else:
         assert_close_to_old_final(final)
     # the checkpoint format is unchanged: trainer_state.json has the old release's keys, section by section
