@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mindfoundry.config.load import to_yaml
-from mindfoundry.train.run_lock import release
+from mindfoundry.train.run_lock import LOCK_FILE, release
 from mindfoundry.train.rundir import CONFIG_FILE, HASH_FILE, prepare_run_dir, run_identity
 from mindfoundry.train.stop import Preempted
 from mf_testing import tiny_config
@@ -53,7 +53,7 @@ def test_a_claim_stopped_at_any_file_operation_is_adopted_by_the_next_start(resu
         assert prepare_run_dir(cfg, resume=resume, overwrite=False, log=lambda _: None) == run_dir
         assert (run_dir / CONFIG_FILE).read_text(encoding="utf-8") == to_yaml(cfg)
         assert (run_dir / HASH_FILE).read_text() == run_identity(cfg) + "\n"
-        assert sorted(p.name for p in run_dir.iterdir()) == sorted([".lock", CONFIG_FILE, HASH_FILE])
+        assert sorted(p.name for p in run_dir.iterdir()) == sorted([LOCK_FILE, CONFIG_FILE, HASH_FILE])
         release(run_dir)
         if finished:
             break
