@@ -26,11 +26,17 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/mindfoundry run configs/demo.yaml --resume auto
 
+# Two workers (pytest-xdist) on this project's 2-core machine: most test time is single-threaded (graph compiles,
+# process start-up, waiting on launched ranks), so the suite takes ~0.6 of its serial time. --maxschedchunk 1 hands out
+# tests one at a time (xdist's default sends each worker a run of consecutive tests, which put every slow test on one
+# worker); tests/conftest.py puts the slow ones first. TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxschedchunk 1
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxschedchunk 1 -m "not slow"
 
 bench: $(STAMP)
 	$(PY) bench/train_throughput.py

@@ -1,11 +1,13 @@
 """Our two engines against two plain loops on identical shapes, measured so that the ratios hold (CPU).
 
     .venv/bin/python bench/peers.py [--sizes demo peer large] [--pairs 7] [--warmup 2] [--threads 2]
-                                    [--contenders mf-mindspore mf-torch naive-mindspore plain-torch]
+                                    [--contenders mf-mindspore mf-torch naive-mindspore plain-torch mf-torch-compiled]
 
 Contenders, each in a process of its own (so no two runtimes' thread pools compete):
 - ``mf-mindspore`` / ``mf-torch``: MindFoundry's train step built as the trainer builds it
   (load_run_config -> ModelSpec -> create_backend -> load_weights -> backend.train_step).
+- ``mf-torch-compiled`` (not in the default set): the torch engine with ``train.compile: true`` (torch.compile of the
+  model; its first step includes Inductor's compile).
 - ``naive-mindspore``: the tutorial-style MindSpore GPT loop (bench/naive_reference.py: MHA, GELU MLP,
   untied head, nn.AdamWeightDecay in TrainOneStepCell), on the same d_model / layers / heads / seq.
 - ``plain-torch``: a nanoGPT-style PyTorch loop on our exact architecture (bench/plain_torch.py).
@@ -43,8 +45,12 @@ SIZES = {
               "model.ffn_dim=1408", "model.max_seq_len=512", "train.seq_len=512", "train.micro_batch_size=4"],
 }
 CONTENDERS = ["mf-mindspore", "mf-torch", "naive-mindspore", "plain-torch"]
+OPTIONAL = ["mf-torch-compiled"]
 PAIRS = [("mf-mindspore", "mf-torch"), ("mf-mindspore", "naive-mindspore"), ("mf-torch", "plain-torch"),
-         ("mf-mindspore", "plain-torch")]
+         ("mf-mindspore", "plain-torch"), ("mf-torch-compiled", "plain-torch"), ("mf-torch-compiled", "mf-torch"),
+         ("mf-mindspore", "mf-torch-compiled")]
+#: contender -> extra config overrides of our engines
+ENGINE_SETTINGS = {"mf-torch-compiled": ["train.compile=true"]}
 
 
 def _pin_threads(name: str, threads: int) -> None:
@@ -100,7 +106,8 @@ def build_contender(name: str, size: str):
     from mindfoundry.model.spec import ModelSpec, flops_per_token, init_weights, num_parameters
     from mindfoundry.parallel.layout import load_run_config
 
-    cfg = load_run_config(ROOT / "configs" / "demo.yaml", SIZES[size] + [f"backend={name.split('-')[1]}"])
+    cfg = load_run_config(ROOT / "configs" / "demo.yaml",
+                          SIZES[size] + [f"backend={name.split('-')[1]}"] + ENGINE_SETTINGS.get(name, []))
     spec, t = ModelSpec.from_config(cfg.model), cfg.train
     mb, seq = t.micro_batch_size, t.seq_len
     rng = np.random.default_rng(cfg.seed)
@@ -245,11 +252,11 @@ def run_size(size: str, names: list[str], args) -> dict:
     print(f"GEMM {args.gemm_size}^3 fp32, sustained GFLOP/s before/after: "
           + ", ".join(f"{k} {before[k]:.0f}/{after[k]:.0f}" for k in gemm) + f"  -> peak {peak:.0f}")
     print(f"load average (1 min) before {load_before:.2f}, after {load_after:.2f}")
-    hdr = f"{'contender':<16} {'params':>11} {'GFLOP/tok':>9} {'step s':>8} {'tokens/s':>9} {'MFU':>6} {'1st step s':>10} {'peak RSS MiB':>12}"
+    hdr = f"{'contender':<18} {'params':>11} {'GFLOP/tok':>9} {'step s':>8} {'tokens/s':>9} {'MFU':>6} {'1st step s':>10} {'peak RSS MiB':>12}"
     print(hdr)
     print("-" * len(hdr))
     for n in names:
-        print(f"{n:<16} {info[n]['params']:>11,} {info[n]['flops_per_token'] / 1e9:>9.4f} {step_s[n]:>8.3f} {tps[n]:>9.0f} "
+        print(f"{n:<18} {info[n]['params']:>11,} {info[n]['flops_per_token'] / 1e9:>9.4f} {step_s[n]:>8.3f} {tps[n]:>9.0f} "
               f"{mfu[n]:>6.1%} {info[n]['first_step_s']:>10.1f} {hwm[n]:>12.0f}")
     for k, r in ratios.items():
         print(f"tokens/s {k}: {r['median']:.2f}x (range {r['min']:.2f}-{r['max']:.2f})")
@@ -262,7 +269,7 @@ def run_size(size: str, names: list[str], args) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", nargs="+", default=["demo", "peer", "large"], choices=list(SIZES))
-    ap.add_argument("--contenders", nargs="+", default=CONTENDERS, choices=CONTENDERS)
+    ap.add_argument("--contenders", nargs="+", default=CONTENDERS, choices=CONTENDERS + OPTIONAL)
     ap.add_argument("--pairs", type=int, default=7, help="timed rounds (each contender one step per round)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps per contender; the first compiles")
     ap.add_argument("--threads", type=int, default=2, help="threads per process, pinned in every runtime")

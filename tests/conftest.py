@@ -73,3 +73,13 @@ def make_config():
 def tiny():
     cfg = tiny_config()
     return cfg, ModelSpec.from_config(cfg.model)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Slow tests (multi-process launches, multi-minute soaks) first, the rest in file order.
+
+    `make test` runs the suite on two workers (pytest-xdist, `-n 2`), which hand out tests in collection order: a
+    multi-minute test collected last would run alone while the other worker idles. Started first, the long tests
+    spread over both workers and the short ones fill the gaps. The sort is stable, so every worker collects the
+    same order (xdist requires it)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -256,7 +256,9 @@ class Trainer:
             sinks.append(MindInsightSink(self.run_dir / "mindinsight", scalars))
         logger = MetricsLogger(sinks)
         flops_tok = flops_per_token(self.spec, t.seq_len)
-        self.peak = self._device_peak()
+        # MFU is only in rank 0's records; on a CPU the peak is a timed GEMM, which other ranks measuring at the same moment
+        # would slow (and their own start with it)
+        self.peak = self._device_peak() if self.is_main else None
         logger.log({"event": "start" if self.progress.step == 0 else "resume", "step": self.progress.step, "backend": self.backend.name,
                     "parameters": num_parameters(self.spec), "flops_per_token": flops_tok,
                     "validation_samples": len(self.val_samples), "memory": cfg.memory.describe(self.spec.n_layers)})

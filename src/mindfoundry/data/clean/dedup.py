@@ -35,13 +35,15 @@ from array import array
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-from datasketch import LeanMinHash, MinHashLSH
 
 from mindfoundry.data.clean.text import CJK_RANGES, canonical, units
 from mindfoundry.data.document import Document
+
+if TYPE_CHECKING:
+    from datasketch import LeanMinHash
 
 Verify = Literal["none", "signature", "exact"]
 Shingle = Literal["chars", "words"]
@@ -173,6 +175,8 @@ class Signer:
 
 def lean_minhash(hashvalues: np.ndarray, seed: int) -> LeanMinHash:
     """A signature in the form ``datasketch.MinHashLSH`` indexes."""
+    from datasketch import LeanMinHash  # imported where used: datasketch brings scipy (~0.6 s), see Deduplicator
+
     return LeanMinHash(seed=seed, hashvalues=hashvalues, scheme="legacy")  # only the values matter to the LSH
 
 
@@ -204,6 +208,10 @@ class Deduplicator:
         self.exact, self.near, self.threshold, self.verify = exact, near, threshold, verify
         self.seed, self.max_examples = seed, max_examples
         self.signer = Signer(shingle=shingle, char_ngram=char_ngram, word_ngram=word_ngram, num_perm=num_perm, seed=seed)
+        # imported here, not with the module: datasketch imports scipy (~0.6 s), which every training process that reuses
+        # prepared data (each rank, each restart) would otherwise pay through the prepare pipeline's imports
+        from datasketch import MinHashLSH
+
         self._lsh = MinHashLSH(num_perm=num_perm, params=(bands, rows))
         self._ids: list[str] = []
         self._sources: list[str] = []
