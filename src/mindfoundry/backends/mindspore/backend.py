@@ -24,7 +24,7 @@ from mindspore import Tensor, nn
 from mindfoundry.backends.base import BackendUnavailable, StepOutput, StepScalars, check_state_names, device_memory_record
 from mindfoundry.backends.mindspore import distributed, memory, probe_hooks, semi_auto
 from mindfoundry.backends.mindspore.model import CachedDecode, LossCell, Transformer, eval_sums
-from mindfoundry.backends.mindspore.train_step import AdamW, TrainStep, scalar
+from mindfoundry.backends.mindspore.train_step import AccumulatingStep, AdamW, TrainStep, scalar
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.debug.probe import Probe
 from mindfoundry.model.spec import ModelSpec, module_boundaries, parameter_shapes
@@ -85,7 +85,10 @@ class MindSporeBackend:
             loss_cell, accum = semi_auto.wrap_loss(p.plan, self.model, loss_cell)
             reducer = semi_auto.grad_reducer(p.plan, ordered)
         self.strategy_dir = semi_auto.strategy_dir(cfg)  # where the compiler writes each rank's layouts (semi-auto)
-        self.step_cell = TrainStep(loss_cell, self.optimizer, accum, self.clip, p.data_parallel, reducer)
+        step = TrainStep(loss_cell, self.optimizer, accum, self.clip, p.data_parallel, reducer)
+        # several micro-batches: looped on the host, so the compiled graphs do not grow with grad_accum (semi-auto
+        # layouts keep the in-graph loop: their gradients are the compiler's slices, not run here)
+        self.step_cell = AccumulatingStep(step) if accum > 1 and p.plan is None else step
         self._eager_step: TrainStep | None = None  # the debug (hooked, PYNATIVE) step, built on first use
         self.forward = _Forward(self.model)  # in GRAPH_MODE, calling a Cell compiles it once per input shape
         self._decode: CachedDecode | None = None  # cached generation, compiled once per number of new tokens

@@ -113,6 +113,10 @@ class TrainStep(nn.Cell):
 
     def construct(self, ids, labels, scale, lr, step_size, bc2_sqrt, loss_limit, grad_limit, grad_unscale):
         loss, grads = self.accumulate(ids, labels, scale)
+        return self.reduce_and_update(loss, grads, lr, step_size, bc2_sqrt, loss_limit, grad_limit, grad_unscale)
+
+    def reduce_and_update(self, loss, grads, lr, step_size, bc2_sqrt, loss_limit, grad_limit, grad_unscale):
+        """The summed loss and gradients over the ranks (data parallel, pipeline), then :meth:`update`."""
         if self.data_parallel:
             loss, grads = self.loss_reducer(loss.reshape((1,))).reshape(()), self.grad_reducer(grads)
         if self.pipeline_reducer is not None:
@@ -144,6 +148,71 @@ class TrainStep(nn.Cell):
             factor = factor * ops.minimum(self.clip_norm / (norm + 1e-6), 1.0)
         self.optimizer(grads, factor, lr, step_size, bc2_sqrt, apply)
         return loss, norm, apply, grad_sq
+
+
+class _MicroBatch(nn.Cell):
+    """One micro-batch's loss and gradients; the gradients are added into `sums` (in place), the loss returned."""
+
+    def __init__(self, step: TrainStep, sums: ParameterTuple):
+        super().__init__(auto_prefix=False)
+        self.grad_fn = step.grad_fn
+        self.sums = sums
+
+    def construct(self, ids, labels, scale):
+        loss, grads = self.grad_fn(ids, labels, scale)
+        for i in range(len(grads)):
+            loss = ops.depend(loss, ops.assign(self.sums[i], self.sums[i] + grads[i]))
+        return loss
+
+
+class _Zero(nn.Cell):
+    """Sets every accumulation buffer to zero."""
+
+    def __init__(self, sums: ParameterTuple):
+        super().__init__(auto_prefix=False)
+        self.sums = sums
+
+    def construct(self):
+        done = True
+        for i in range(len(self.sums)):
+            done = ops.depend(done, ops.assign(self.sums[i], ops.zeros_like(self.sums[i])))
+        return done
+
+
+class _SummedUpdate(nn.Cell):
+    """The step's reduction and update (:meth:`TrainStep.reduce_and_update`) on the buffers' sums."""
+
+    def __init__(self, step: TrainStep, sums: ParameterTuple):
+        super().__init__(auto_prefix=False)
+        self.step = step
+        self.sums = sums
+
+    def construct(self, loss, lr, step_size, bc2_sqrt, loss_limit, grad_limit, grad_unscale):
+        return self.step.reduce_and_update(loss, tuple(self.sums), lr, step_size, bc2_sqrt, loss_limit, grad_limit, grad_unscale)
+
+
+class AccumulatingStep:
+    """:class:`TrainStep`'s call with the micro-batches looped on the host: for ``train.grad_accum`` > 1 outside semi-auto.
+
+    TrainStep's Python loop over micro-batches unrolls inside the compiled graph, so its compile time and the
+    memory the compiled graph holds grow with grad_accum (demo-sized model: first step 36 s and 1.25 GiB peak at
+    1 micro-batch, 120 s and 3.6 GiB at 8; docs/benchmarks.md). Here one graph runs a micro-batch and adds its
+    gradients into buffers (one set of float32 gradients, which the unrolled graph also holds), a second graph reduces
+    and applies the sums; both compile once whatever grad_accum is. The arithmetic is TrainStep's: losses and
+    gradients summed in micro-batch order from zero (0 + g is g), so the two give the same floats.
+    """
+
+    def __init__(self, step: TrainStep):
+        self.accum = step.accum
+        sums = step.optimizer.params.clone(prefix="grad_sum", init="zeros")
+        self.zero, self.micro, self.apply = _Zero(sums), _MicroBatch(step, sums), _SummedUpdate(step, sums)
+
+    def __call__(self, ids, labels, scale, *scalars):
+        self.zero()
+        loss = self.micro(ids[0], labels[0], scale)
+        for i in range(1, self.accum):
+            loss = loss + self.micro(ids[i], labels[i], scale)
+        return self.apply(loss, *scalars)
 
 
 def scalar(value: float) -> Tensor:
