@@ -20,6 +20,13 @@ thread exists (threads inherit the mask; numpy's BLAS starts one at import), and
 takes it with ``sigwaitinfo`` and hands it to the main thread as SIGINT: the native handler never
 runs. Child processes inherit the blocked SIGINT (data workers stop through their parent).
 
+A process forked from a training process (a library's worker pool: MindSpore's summary writer and
+its pool, its profiler's parsers) is not that process: it gets back the handlers from before
+:meth:`StopSignals.install`. With ours, the SIGTERM by which ``multiprocessing.Pool.terminate`` ends
+its workers was only noted (training phase) or raised inside the pool's queue lock (start-up), the
+worker lived on and the pool's join waited for ever: a CI run hung 10 min closing MindSpore's
+``SummaryRecord``.
+
 This module imports only the standard library: the program's entry point imports it first.
 """
 
@@ -88,6 +95,11 @@ class StopSignals:
             signal.signal(s, handler)
         self._previous, self.installed = {}, False
 
+    def after_fork_in_child(self) -> None:
+        """A forked child does not stop the way its parent does (module docstring): the handlers from before install."""
+        if self.installed:
+            self.uninstall()
+
     def enter(self, phase: Phase) -> None:
         self.phase = phase
 
@@ -116,3 +128,4 @@ class StopSignals:
 
 #: The one handler of this process (the CLI installs it for `train` and `run`; the trainer otherwise).
 signals = StopSignals()
+os.register_at_fork(after_in_child=signals.after_fork_in_child)
