@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from peers import SIZES, _gemm, _pin_threads  # bench/ is on sys.path when run as a script
+from peers import SIZES, _gemm, _pin_threads, pinned_env  # bench/ is on sys.path when run as a script
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -136,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args.worker, args.size, args.threads, args.repeats)
         return 0
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    env = pinned_env(args.threads)
     results = {}
     for runtime in args.runtime:  # one process each: no two runtimes' thread pools compete
         proc = subprocess.run([sys.executable, __file__, "--worker", runtime, "--size", args.size, "--threads",

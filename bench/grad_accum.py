@@ -22,10 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from memory import proc_status  # noqa: E402
-from peers import ROOT, SIZES  # noqa: E402
+from peers import ROOT, SIZES, _pin_threads, pinned_env  # noqa: E402
 
 
-def measure(engine: str, size: str, accum: int, steps: int) -> dict:
+def measure(engine: str, size: str, accum: int, steps: int, threads: int) -> dict:
     """One grad_accum value in this process."""
     import numpy as np
 
@@ -34,6 +34,7 @@ def measure(engine: str, size: str, accum: int, steps: int) -> dict:
     from mindfoundry.parallel.layout import load_run_config
     from mindfoundry.train.schedule import step_scalars
 
+    _pin_threads(engine, threads)
     cfg = load_run_config(ROOT / "configs" / "demo.yaml", SIZES[size] + [f"backend={engine}", f"train.grad_accum={accum}"])
     spec, t = ModelSpec.from_config(cfg.model), cfg.train
     backend = create_backend(cfg, spec)
@@ -67,14 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        print(json.dumps(measure(args.engine, args.size, args.worker, args.steps)), flush=True)
+        print(json.dumps(measure(args.engine, args.size, args.worker, args.steps, args.threads)), flush=True)
         return 0
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads), "GLOG_v": "3",
-           "PYTHONPATH": os.environ.get("PYTHONPATH", str(ROOT / "src"))}  # a PYTHONPATH given measures that code
+    # a PYTHONPATH given measures that code
+    env = pinned_env(args.threads, GLOG_v="3", PYTHONPATH=os.environ.get("PYTHONPATH", str(ROOT / "src")))
     rows = []
     for accum in args.accum:
         out = subprocess.run([sys.executable, __file__, "--engine", args.engine, "--size", args.size, "--steps", str(args.steps),
-                              "--worker", str(accum)], env=env, capture_output=True, text=True, cwd=ROOT)
+                              "--threads", str(args.threads), "--worker", str(accum)], env=env, capture_output=True, text=True, cwd=ROOT)
         if out.returncode:
             raise SystemExit(f"grad_accum={accum} failed:\n{out.stderr[-3000:]}")
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))

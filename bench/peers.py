@@ -53,6 +53,12 @@ PAIRS = [("mf-mindspore", "mf-torch"), ("mf-mindspore", "naive-mindspore"), ("mf
 ENGINE_SETTINGS = {"mf-torch-compiled": ["train.compile=true"]}
 
 
+def pinned_env(threads: int, **extra: str) -> dict[str, str]:
+    """This process's environment for a bench worker: OpenMP and MKL pinned to `threads` (read when a runtime starts,
+    so set before the worker process exists), plus `extra`."""
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), **extra}
+
+
 def _pin_threads(name: str, threads: int) -> None:
     """The runtime's own thread count (the env of the process pins OpenMP/MKL as well)."""
     if "torch" in name:
@@ -184,8 +190,7 @@ class Contender:
     """The coordinator's handle on one worker process."""
 
     def __init__(self, name: str, size: str, threads: int, warmup: int):
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "GLOG_v": "3",
-               "PYTHONPATH": str(ROOT / "src")}
+        env = pinned_env(threads, GLOG_v="3", PYTHONPATH=str(ROOT / "src"))
         self.name = name
         self.proc = subprocess.Popen([sys.executable, __file__, "--worker", name, "--size", size, "--threads", str(threads),
                                       "--warmup", str(warmup)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
