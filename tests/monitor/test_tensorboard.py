@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -77,6 +79,11 @@ def test_resume_drops_the_crashed_attempts_later_steps(tmp_path):
     for step, loss in ((4, 4.0), (5, 99.0), (6, 98.0)):
         first.write({"step": step, "loss": loss, "time": 100.0 + step})
     first.close()
+    # TensorBoard reads a folder's event files in name order: events.out.tfevents.<unix second>.<host>.<pid>.<writer
+    # count>. A resumed attempt is a new process seconds later, so its file sorts after the crashed one's; two writers of
+    # one process in one second sort by the count as text (uid 10 before 9: this failed under pytest -n 2, where a
+    # worker had opened 9 writers before). Open the second in a later second, as a restart does.
+    time.sleep(math.floor(time.time()) + 1.01 - time.time())
     second = TensorBoardSink(tmp_path / "tb")
     second.write({"event": "resume", "step": 4, "backend": "mindspore", "time": 200.0})
     for step, loss in ((5, 3.5), (6, 3.25)):
