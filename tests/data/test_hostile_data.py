@@ -17,12 +17,13 @@ from mf_testing import tiny_run_tree
 
 
 @pytest.mark.parametrize("change,expect", [
-    ("rewrite", "changed between two passes of prepare .*nothing of this prepare was kept"),
-    ("truncate", "changed between two passes of prepare"),
-    ("append", "changed between two passes of prepare"),
-    ("delete", "does not exist"),
+    ("rewrite", "changed since prepare listed it .*no output was written"),
+    ("truncate", "changed since prepare listed it"),
+    ("append", "changed since prepare listed it"),
+    ("delete", r"\(No such file or directory\): fix it or remove it"),
 ])
-def test_a_source_file_changed_between_passes_fails_prepare_and_keeps_nothing(corpus_dir, tmp_path, monkeypatch, change, expect) -> None:
+def test_a_source_file_changed_after_it_was_listed_fails_prepare_and_writes_nothing(corpus_dir, tmp_path, monkeypatch,
+                                                                                    change, expect) -> None:
     import mindfoundry.data.prepare.pipeline as pipeline
 
     corpus = tmp_path / "corpus"
@@ -31,9 +32,9 @@ def test_a_source_file_changed_between_passes_fails_prepare_and_keeps_nothing(co
     cfg_path = tmp_path / "run.yaml"
     cfg_path.write_text(yaml.safe_dump(tiny_run_tree(corpus, tmp_path / "run")))
     cfg = load_config(cfg_path)
-    real_plan = pipeline.plan_corpus
+    real_plan = pipeline.plan_inputs
 
-    def plan_then_change(*args, **kwargs):  # the real first pass; then someone writes the file
+    def plan_then_change(*args, **kwargs):  # the real listing; then someone writes the file before it is read
         plan = real_plan(*args, **kwargs)
         text = victim.read_text()
         if change == "rewrite":  # same size, other content
@@ -46,7 +47,7 @@ def test_a_source_file_changed_between_passes_fails_prepare_and_keeps_nothing(co
             victim.write_text(text + json.dumps({"text": "one more document " * 20}) + "\n")
         return plan
 
-    monkeypatch.setattr(pipeline, "plan_corpus", plan_then_change)
+    monkeypatch.setattr(pipeline, "plan_inputs", plan_then_change)
     with pytest.raises(DataSourceError, match=rf"'{victim}' {expect}"):
         pipeline.prepare_data(cfg, log=lambda _: None)
     data = Path(cfg.data.output_dir)

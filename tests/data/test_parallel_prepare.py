@@ -1,4 +1,4 @@
-"""`prepare` on worker processes writes exactly what one process writes."""
+"""The staged `prepare` writes the same bytes however its tasks run: one process, a pool, any task size."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from mindfoundry.config.load import load_config
 from mindfoundry.data.clean import curate
-from mindfoundry.data.workers import resolve_workers
+from mindfoundry.data.execute import resolve_workers
 from mindfoundry.data.prepare.pipeline import data_identity, prepare_data
 
 TIMING_KEYS = {"created", "timings"}
@@ -24,35 +24,47 @@ def without_timings(manifest: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.parametrize("verify", ["signature", "exact"])  # "exact" also rereads the corpus through the pool
-def test_two_workers_write_byte_identical_data(tiny_run, monkeypatch, verify: str) -> None:
-    monkeypatch.setattr(curate, "CHUNK_DOCUMENTS", 7)  # many chunks per source: results must come back in order
+def output_files(folder: Path) -> dict[str, bytes]:
+    """Every file of a prepared folder but the manifest, by relative path."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file() and p.name != "manifest.json"}
+
+
+def assert_same_output(one: Path, two: Path) -> None:
+    files = output_files(one)
+    assert files.keys() == output_files(two).keys()
+    assert sum(name.endswith((".bin", ".idx")) for name in files) == 8  # 2 sources x 2 splits x (.bin, .idx)
+    for name, data in files.items():
+        assert (two / name).read_bytes() == data, name  # shards, tokenizer.json, drops.jsonl.gz
+    m1, m2 = (json.loads((d / "manifest.json").read_text(encoding="utf-8")) for d in (one, two))
+    assert m1["dedup"]["documents"] > 0 and m1["cleaning"]["totals"]
+    assert without_timings(m1) == without_timings(m2)
+
+
+@pytest.mark.parametrize("verify", ["signature", "exact"])  # "exact" also reads candidate texts back from the stores
+def test_two_workers_and_small_tasks_write_byte_identical_data(tiny_run, monkeypatch, verify: str) -> None:
+    monkeypatch.setattr(curate, "CHUNK_DOCUMENTS", 7)  # many chunks per task: drop-log lines must stay in order
     outputs, logs = {}, {}
-    for workers in (1, 2):
-        cfg = load_config(tiny_run(f"w{workers}", data__workers=workers))
+    # one process and one task per source; two processes and a task per file of the 40-file source
+    for workers, task_bytes in ((1, 64 * 2**20), (2, 2**16)):
+        cfg = load_config(tiny_run(f"w{workers}", data__workers=workers, data__task_bytes=task_bytes))
         cfg.data.dedup.verify = verify
         logs[workers] = []
         prepare_data(cfg, log=logs[workers].append)
         outputs[workers] = Path(cfg.data.output_dir)
-
-    one, two = outputs[1], outputs[2]
-    files = sorted(str(p.relative_to(one)) for p in one.rglob("*") if p.is_file())
-    assert files == sorted(str(p.relative_to(two)) for p in two.rglob("*") if p.is_file())
-    shards = [f for f in files if f.endswith((".bin", ".idx"))]
-    assert len(shards) == 8  # 2 sources x 2 splits x (.bin, .idx)
-    for name in [*shards, "tokenizer.json"]:
-        assert (one / name).read_bytes() == (two / name).read_bytes(), name
-    m1, m2 = (json.loads((d / "manifest.json").read_text(encoding="utf-8")) for d in (one, two))
-    assert m1["dedup"]["documents"] > 0 and m1["cleaning"]["totals"]
-    assert without_timings(m1) == without_timings(m2)
-    # no terminal here: each pass reports one plain line of documents per source
-    assert any(line.startswith("shards: code ") and " documents in " in line for line in logs[2])
+    assert_same_output(outputs[1], outputs[2])
+    tasks = {w: next(line for line in logs[w] if line.startswith("read: ")) for w in (1, 2)}
+    # one task per source; then code.jsonl is one task and the 40 asyncio files six runs of >= 64 KiB
+    assert tasks[1].startswith("read: 2/2 tasks") and tasks[2].startswith("read: 7/7 tasks"), tasks
+    # no terminal here: each stage reports one plain line of tasks and documents
+    assert any(line.startswith("shards: 3/3 tasks, ") and " documents, " in line for line in logs[2])
+    assert not (outputs[2].parent / ".data.work").exists()  # the work area is gone once the output is in place
 
 
-def test_workers_is_not_part_of_the_data_identity(tiny_run) -> None:
+def test_how_prepare_runs_is_not_part_of_the_data_identity(tiny_run) -> None:
     cfg = load_config(tiny_run("id"))
     prepare_data(cfg, log=lambda _: None)
-    cfg.data.workers = 2
+    cfg.data.workers, cfg.data.task_bytes, cfg.data.executor = 2, 2**16, "ray"
+    cfg.data.work_dir = str(Path(cfg.data.output_dir).parent / "elsewhere")
     logs: list[str] = []
     prepare_data(cfg, log=logs.append)
     assert data_identity(cfg) == data_identity(load_config(tiny_run("id")))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -68,7 +68,21 @@ class TokenizerConfig(Section):
 
     path: str | None = Field(None, description="Existing tokenizer.json to load instead of training one.")
     min_frequency: int = Field(2, ge=1, description="Minimum pair frequency for a BPE merge.")
-    train_max_bytes: int | None = Field(50_000_000, ge=1, description="Cap on training-split bytes fed to tokenizer training.")
+    sample_bytes: int | None = Field(50_000_000, ge=1, description="Training-split bytes tokenizer training reads (the first of each "
+                                                                   "source, in turn): bounds its time and memory; null = all.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_name(cls, values: Any) -> Any:
+        """``train_max_bytes``, this key's name until 0.2, is still read (configs and runs written before keep working)."""
+        if isinstance(values, dict) and "train_max_bytes" in values:
+            values = dict(values)
+            old = values.pop("train_max_bytes")
+            if "sample_bytes" in values and values["sample_bytes"] != old:
+                raise ValueError(f"train_max_bytes={old!r} (the old name of sample_bytes) conflicts with "
+                                 f"sample_bytes={values['sample_bytes']!r}: keep one of the two keys")
+            values["sample_bytes"] = old
+        return values
 
 
 class MixtureConfig(Section):
@@ -92,6 +106,19 @@ class MixtureConfig(Section):
         return v
 
 
+class RayConfig(Section):
+    """Where and how ``data.executor: ray`` runs the tasks of `prepare` (mindfoundry.data.execute.ray_cluster)."""
+
+    address: str = Field(
+        "local", min_length=1, pattern=r"^(local|auto|ray://\S+|[^\s/:]+:\d+)$",
+        description="local (start a Ray instance on this machine), auto (join this machine's cluster), "
+                    "ray://HOST:10001 (Ray Client) or HOST:6379.")
+    num_cpus_per_task: float = Field(1.0, gt=0, le=1024, description="CPUs Ray reserves for each task.")
+    memory_per_task_mb: int | None = Field(None, ge=1, description="Memory Ray reserves for each task (MiB); null = none.")
+    max_retries: int = Field(3, ge=0, le=100, description="Times a task is retried when its worker process or node dies.")
+    object_store_mb: int = Field(256, ge=64, description="Object store of a local instance (MiB): tasks pass only small results.")
+
+
 class DataConfig(Section):
     """Raw text in, tokenized Megatron shards out."""
 
@@ -103,10 +130,20 @@ class DataConfig(Section):
     mixture: MixtureConfig | None = Field(None, description="Sample categories by target ratios; null = one stream over all sources, in proportion to their size.")
     clean: CleanConfig = Field(default_factory=CleanConfig, description="Cleaning blocks applied to every document before dedup, split and tokenization.")
     dedup: DedupConfig = Field(default_factory=DedupConfig, description="Exact and near-duplicate removal over the whole corpus, before the split.")
-    workers: int = Field(1, ge=0, description="Processes for `prepare`'s per-document work (cleaning, MinHash, tokenization); 0 = all cores. "
+    workers: int = Field(1, ge=0, description="Processes for `prepare`'s tasks (data.executor: local; with ray, the most tasks in flight "
+                                              "and a local instance's CPUs); 0 = all cores. "
                                               "The output is byte-identical for any value, so it is not part of the data identity.")
+    executor: Literal["local", "ray"] = Field(
+        "local", description="What runs `prepare`'s tasks: a process pool on this machine, or Ray (one machine or a cluster; "
+                             "see data.ray). The output is byte-identical either way.")
+    ray: RayConfig = Field(default_factory=RayConfig, description="The Ray cluster and per-task resources (data.executor: ray).")
+    work_dir: str | None = Field(None, description="Where `prepare` keeps its stages' files until the output is complete (finished "
+                                                   "tasks survive a kill and are skipped by the next run); null = a hidden folder "
+                                                   "next to output_dir. On a cluster: shared storage.")
+    task_bytes: int = Field(64 * 2**20, ge=2**16, description="Input bytes per read task: a source's files are grouped into tasks "
+                                                             "of about this much (a bigger file is one task). Not in the identity.")
 
-    @field_validator("output_dir")
+    @field_validator("output_dir", "work_dir")
     @classmethod
     def _output_dir(cls, v: str | None) -> str | None:
         return checked_path(v)

@@ -293,8 +293,14 @@ ADDED_KEYS: dict[str, Any] = {
 }
 
 
+#: Keys renamed after release 0.1.0 (dotted new name -> old last part). Identity hashes use the old name, so a run or
+#: a prepared data folder made before the rename keeps its identity; the config itself reads both names.
+RENAMED_KEYS: dict[str, str] = {"data.tokenizer.sample_bytes": "train_max_bytes"}
+
+
 def identity_view(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A dumped config (or the section at ``prefix``, e.g. ``"data."``) without the :data:`ADDED_KEYS` at their defaults."""
+    """A dumped config (or the section at ``prefix``, e.g. ``"data."``) without the :data:`ADDED_KEYS` at their defaults,
+    with the :data:`RENAMED_KEYS` under their old names."""
     def strip(node: Any, path: list[str], default: Any) -> None:
         if isinstance(node, list):
             for item in node:
@@ -310,6 +316,15 @@ def identity_view(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     for key, default in ADDED_KEYS.items():
         if key.startswith(prefix):
             strip(view, key.removeprefix(prefix).split("."), default)
+    for key, old in RENAMED_KEYS.items():
+        if not key.startswith(prefix):
+            continue
+        *parents, new = key.removeprefix(prefix).split(".")
+        node: Any = view
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and new in node:
+            node[old] = node.pop(new)
     return view
 
 

@@ -20,7 +20,9 @@ HASH_FILE = "config.sha256"
 #: What may change between a run and its continuation without making it another run (a checkpoint
 #: continues on either engine: the formats are shared).
 RESUME_MUTABLE = ("monitor", "generate", "checkpoint", "backend", "device", "debug", "run_dir", "eval", "memory",
-                  "model.init_from")  # the initial weights' origin matters only before the first checkpoint  # may change between resumes
+                  "model.init_from",  # the initial weights' origin matters only before the first checkpoint
+                  # how `prepare` runs, never what it writes (mindfoundry.data.prepare.pipeline.data_identity)
+                  "data.executor", "data.ray", "data.work_dir", "data.task_bytes")
 METRICS_FILE = "metrics.jsonl"
 PARTIAL = ".partial"  # suffix of a claim file being written (os.replace makes it whole)
 

@@ -101,6 +101,12 @@ class BlockStats:
         self.dropped.update(other.dropped)
         self.edits.update(other.edits)
 
+    @classmethod
+    def from_dict(cls, value: dict[str, Any]) -> BlockStats:
+        """The counts :meth:`to_dict` wrote (a task's result, read back by the process that adds them up)."""
+        return cls(value["seen"], value["kept"], value["changed"], value["chars_removed"], Counter(value["dropped"]),
+                   Counter(value["edits"]))
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready counts with reasons sorted by name (stable manifests)."""
         return {

@@ -26,8 +26,10 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+import numpy as np
 
 from mindfoundry.config.clean import BoilerplateConfig
 from mindfoundry.data.clean.base import Transform
@@ -44,13 +46,35 @@ def line_key(line: str) -> int:
 
 @dataclass(frozen=True)
 class FrequentLines:
-    """The pre-pass's verdict: keys of boilerplate body lines (corpus-wide) and of edge lines (per source)."""
+    """The corpus-wide verdict: keys of boilerplate body lines (corpus-wide) and of edge lines (per source),
+    each a sorted ``uint64`` array (8 bytes a line, however many the corpus has)."""
 
-    body: frozenset[int] = frozenset()
-    edges: frozenset[int] = frozenset()
+    body: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    edges: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
 
     def __bool__(self) -> bool:
-        return bool(self.body or self.edges)
+        return bool(len(self.body) or len(self.edges))
+
+    @staticmethod
+    def _holds(keys: np.ndarray, key: int) -> bool:
+        at = int(np.searchsorted(keys, np.uint64(key)))
+        return at < len(keys) and int(keys[at]) == key
+
+    def body_line(self, key: int) -> bool:
+        return self._holds(self.body, key)
+
+    def edge_line(self, key: int) -> bool:
+        return self._holds(self.edges, key)
+
+
+def frequent_body(documents: np.ndarray, min_documents: int) -> np.ndarray:
+    """Which of the document counts of body lines make them boilerplate."""
+    return documents >= min_documents
+
+
+def frequent_edge(documents: np.ndarray, source_documents: np.ndarray, min_documents: int, min_source_share: float) -> np.ndarray:
+    """Which of the document counts of edge lines (with their sources' counted documents) make them boilerplate."""
+    return (documents >= min_documents) & (documents >= min_source_share * source_documents)
 
 
 def edge_key(source: str, norm: str) -> int:
@@ -119,11 +143,13 @@ class LineCounter:
     def frequent(self, min_documents: int, min_source_share: float) -> FrequentLines:
         """Body lines found in at least ``min_documents`` documents; edge lines found in at least that many
         and in at least ``min_source_share`` of their source's documents."""
-        def enough(key: int, n: int) -> bool:
-            return n >= min_documents and n >= min_source_share * self.source_documents[self.edge_source[key]]
-
-        return FrequentLines(frozenset(key for key, n in self.body.items() if n >= min_documents),
-                             frozenset(key for key, n in self.edges.items() if enough(key, n)))
+        body = np.fromiter(self.body.keys(), np.uint64, len(self.body))
+        body_counts = np.fromiter(self.body.values(), np.int64, len(self.body))
+        edges = np.fromiter(self.edges.keys(), np.uint64, len(self.edges))
+        edge_counts = np.fromiter(self.edges.values(), np.int64, len(self.edges))
+        sources = np.fromiter((self.source_documents[self.edge_source[key]] for key in self.edges), np.int64, len(self.edges))
+        return FrequentLines(np.sort(body[frequent_body(body_counts, min_documents)]),
+                             np.sort(edges[frequent_edge(edge_counts, sources, min_documents, min_source_share)]))
 
 
 class BoilerplateRemover(Transform):
@@ -170,9 +196,9 @@ class BoilerplateRemover(Transform):
         head, tail, body = _lines(doc.text, self.min_line_chars, self.edge_lines)
         found = {}
         for edge in (head, tail):
-            frequent = [edge_key(doc.source, norm) in self.frequent_lines.edges for _, norm in edge]
+            frequent = [self.frequent_lines.edge_line(edge_key(doc.source, norm)) for _, norm in edge]
             found.update({raw: "edge_line" for (raw, _), keep in zip(edge, _runs(frequent, self.edge_block_lines), strict=True) if keep})
         if self.body_lines:
             found.update({raw: "repeated_line" for raw, norm in body
-                          if raw not in found and line_key(norm) in self.frequent_lines.body})
+                          if raw not in found and self.frequent_lines.body_line(line_key(norm))})
         return found

@@ -13,16 +13,22 @@ document (a split by content hash only keeps *identical* texts together).
   folded, punctuation and spacing reduced to one space between Latin words and none around CJK
   characters), which survive the scattered character edits that break word n-grams; or, with
   ``shingle: words``, ``word_ngram``-grams of units (a word or a CJK character). Shingles are
-  hashed and min-hashed in numpy (:func:`signature`), an LSH index with ``bands`` x ``rows``
-  (``datasketch.MinHashLSH``) proposes candidate pairs, and a pair counts when its Jaccard
+  hashed and min-hashed in numpy (:func:`signature`), locality-sensitive hashing with ``bands`` x
+  ``rows`` proposes candidate pairs (two documents whose signatures agree on every row of some
+  band: :func:`band_keys`), and a pair counts when its Jaccard
   similarity reaches ``threshold``: estimated from the full signatures (``verify="signature"``),
   computed exactly from the shingles (``verify="exact"``, one more read of the corpus for the
   documents in candidate pairs only), or taken on the LSH's word (``verify="none"``).
 
-Documents are considered in stream order and the first one wins: a document is dropped when it
-matches a document that is kept, so chains (A~B, B~C, A!~C) do not remove C. A *cluster* is a
-kept document with the documents dropped in its favour. Memory holds ids, hashes, signatures
-and the LSH tables, never texts.
+Documents are considered in stream order and the first one wins (:func:`first_kept_wins`): a
+document is dropped when it matches a document that is kept, so chains (A~B, B~C, A!~C) do not
+remove C. A *cluster* is a kept document with the documents dropped in its favour.
+
+:class:`Deduplicator` decides in memory (ids, hashes, signatures and the LSH tables, never texts):
+the reference, and what the labelled benchmark runs. `prepare` decides the same way from files,
+in stages that hold only a share of the corpus each (:mod:`mindfoundry.data.prepare.stage_dedup`),
+with the same pieces: :class:`Signer`, :func:`band_keys`, :func:`signature_similarity`,
+:func:`first_kept_wins` and :class:`Clusters`.
 """
 
 from __future__ import annotations
@@ -35,15 +41,12 @@ from array import array
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from mindfoundry.data.clean.text import CJK_RANGES, canonical, units
 from mindfoundry.data.document import Document
-
-if TYPE_CHECKING:
-    from datasketch import LeanMinHash
 
 Verify = Literal["none", "signature", "exact"]
 Shingle = Literal["chars", "words"]
@@ -173,11 +176,93 @@ class Signer:
         return signature(self.hashes(text), self.perms)
 
 
-def lean_minhash(hashvalues: np.ndarray, seed: int) -> LeanMinHash:
-    """A signature in the form ``datasketch.MinHashLSH`` indexes."""
-    from datasketch import LeanMinHash  # imported where used: datasketch brings scipy (~0.6 s), see Deduplicator
+def band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """``(bands, n)`` keys of the LSH bands of ``n`` signatures (rows of ``signatures``): band ``b`` is rows
+    ``b*rows .. b*rows+rows-1`` of a signature, and two signatures share band ``b``'s bucket when their keys
+    there are equal. A key is the band's values folded into 64 bits (xor, multiply by an odd constant, a final
+    mix): equal bands give equal keys, and unequal ones collide with probability about 2**-64."""
+    values = np.asarray(signatures, dtype=np.uint64)
+    keys = np.empty((bands, len(values)), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for band in range(bands):
+            key = np.full(len(values), np.uint64(band + 1) * _MIX, dtype=np.uint64)
+            for row in range(band * rows, band * rows + rows):
+                key = (key ^ values[:, row]) * _ROLL
+            key ^= key >> np.uint64(31)
+            keys[band] = key * _MIX
+    return keys
 
-    return LeanMinHash(seed=seed, hashvalues=hashvalues, scheme="legacy")  # only the values matter to the LSH
+
+def signature_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The Jaccard similarity two MinHash signatures estimate: the share of permutations where they agree
+    (row by row for two arrays of signatures)."""
+    return np.mean(a == b, axis=-1)
+
+
+Pair = tuple[int, int, float | None]  # (earlier, later, Jaccard or None)
+
+
+def first_kept_wins(pairs: Iterable[Pair]) -> dict[int, tuple[int, float | None]]:
+    """``{dropped: (kept, Jaccard)}`` from matching pairs sorted by (later, earlier): in corpus order, a document
+    is dropped for the first earlier document it matches that is itself kept (so A~B, B~C, A!~C keeps C)."""
+    dropped: dict[int, tuple[int, float | None]] = {}
+    for earlier, later, score in pairs:
+        if later not in dropped and earlier not in dropped:
+            dropped[later] = (earlier, score)
+    return dropped
+
+
+@dataclass
+class Clusters:
+    """Clusters of one kind (a kept document and the copies dropped for it): how many, their sizes, and the
+    ``max_examples`` largest (ties: the earlier kept document first). Partial counts :meth:`merge`."""
+
+    max_examples: int
+    removed: int = 0
+    sizes: Counter[int] = field(default_factory=Counter)
+    largest: list[tuple[int, int, list[int]]] = field(default_factory=list)  # (-size, kept, sorted copies)
+
+    def add(self, kept: int, copies: list[int]) -> None:
+        self.removed += len(copies)
+        self.sizes[len(copies) + 1] += 1
+        self._keep([(-len(copies), kept, sorted(copies))])
+
+    def merge(self, other: Clusters) -> None:
+        self.removed += other.removed
+        self.sizes.update(other.sizes)
+        self._keep(other.largest)
+
+    def _keep(self, more: list[tuple[int, int, list[int]]]) -> None:
+        self.largest = sorted(self.largest + more, key=lambda item: item[:2])[: self.max_examples]
+
+    def report(self, name: Callable[[int], str]) -> dict[str, Any]:
+        """The manifest's form: ``removed``, ``clusters``, ``cluster_sizes`` and ``examples`` (ids, kept first)."""
+        return {
+            "removed": self.removed,
+            "clusters": sum(self.sizes.values()),
+            "cluster_sizes": {str(size): n for size, n in sorted(self.sizes.items())},
+            "examples": [[name(kept), *(name(i) for i in copies)] for _, kept, copies in self.largest],
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {"removed": self.removed, "sizes": {str(k): v for k, v in self.sizes.items()},
+                "largest": [[size, kept, copies] for size, kept, copies in self.largest]}
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any], max_examples: int) -> Clusters:
+        return cls(max_examples, value["removed"], Counter({int(k): v for k, v in value["sizes"].items()}),
+                   [(size, kept, copies) for size, kept, copies in value["largest"]])
+
+    @classmethod
+    def of(cls, dropped: dict[int, int], max_examples: int) -> Clusters:
+        """The clusters of ``{dropped: kept}``."""
+        members: dict[int, list[int]] = defaultdict(list)
+        for index, kept in dropped.items():
+            members[kept].append(index)
+        clusters = cls(max_examples)
+        for kept, copies in members.items():
+            clusters.add(kept, copies)
+        return clusters
 
 
 class Deduplicator:
@@ -208,11 +293,8 @@ class Deduplicator:
         self.exact, self.near, self.threshold, self.verify = exact, near, threshold, verify
         self.seed, self.max_examples = seed, max_examples
         self.signer = Signer(shingle=shingle, char_ngram=char_ngram, word_ngram=word_ngram, num_perm=num_perm, seed=seed)
-        # imported here, not with the module: datasketch imports scipy (~0.6 s), which every training process that reuses
-        # prepared data (each rank, each restart) would otherwise pay through the prepare pipeline's imports
-        from datasketch import MinHashLSH
-
-        self._lsh = MinHashLSH(num_perm=num_perm, params=(bands, rows))
+        self.bands, self.rows = bands, rows
+        self._buckets: list[dict[int, list[int]]] = [{} for _ in range(bands)]  # per band: key -> indices
         self._ids: list[str] = []
         self._sources: list[str] = []
         self._paths: list[str] = []
@@ -247,7 +329,7 @@ class Deduplicator:
             if reread is None:
                 raise ValueError("verify='exact' needs reread: a callable that yields the same documents again")
             pairs = self._exact_pairs(reread())
-        near_of = self._greedy(pairs)
+        near_of = first_kept_wins(sorted(pairs, key=lambda pair: (pair[1], pair[0])))
         self._seconds += time.perf_counter() - start
         dropped: dict[str, Literal["exact", "near"]] = {self._ids[i]: "exact" for i in self._exact_of}
         dropped.update({self._ids[i]: "near" for i in near_of})
@@ -260,16 +342,18 @@ class Deduplicator:
 
     def _match_and_insert(self, index: int, hashes: np.ndarray) -> None:
         """Record the pairs a signature forms with earlier documents, then index it."""
-        lean = lean_minhash(hashes, self.seed)
-        candidates = self._lsh.query(lean)
-        self._lsh.insert(index, lean, check_duplication=False)
+        candidates: set[int] = set()
+        for bucket, key in zip(self._buckets, band_keys(hashes[None, :], self.bands, self.rows)[:, 0].tolist(), strict=True):
+            members = bucket.setdefault(key, [])
+            candidates.update(members)
+            members.append(index)
         self._candidates += len(candidates)
         if self.verify == "signature":
             self._signatures[index] = hashes
-            scored = ((c, float(np.mean(self._signatures[c] == hashes))) for c in candidates)
+            scored = ((c, float(signature_similarity(self._signatures[c], hashes))) for c in sorted(candidates))
             self._pairs.extend((c, index, score) for c, score in scored if score >= self.threshold)
         else:
-            self._pairs.extend((c, index, None) for c in candidates)
+            self._pairs.extend((c, index, None) for c in sorted(candidates))
 
     def add_signed(self, doc_id: str, origin: dict[str, Any], key: int | None, hashes: np.ndarray | None,
                    seconds: float = 0.0) -> None:
@@ -307,18 +391,6 @@ class Deduplicator:
         scored = ((a, b, jaccard(sets[a], sets[b])) for a, b, _ in self._pairs)
         return [(a, b, score) for a, b, score in scored if score >= self.threshold]
 
-    def _greedy(self, pairs: list[tuple[int, int, float | None]]) -> dict[int, tuple[int, float | None]]:
-        """``{dropped index: (kept index, Jaccard)}``: in stream order, drop a document matching a kept one."""
-        earlier: dict[int, list[tuple[int, float | None]]] = defaultdict(list)
-        for a, b, score in pairs:
-            earlier[max(a, b)].append((min(a, b), score))
-        near_of: dict[int, tuple[int, float | None]] = {}
-        for later in sorted(earlier):
-            kept = [match for match in earlier[later] if match[0] not in near_of]
-            if kept:
-                near_of[later] = min(kept, key=lambda match: match[0])
-        return near_of
-
     def _report(self, near_of: dict[int, int], *, verified_pairs: int) -> dict[str, Any]:
         documents = len(self._ids)
         by_source: dict[str, Counter[str]] = defaultdict(Counter)
@@ -328,23 +400,11 @@ class Deduplicator:
         return {
             "documents": documents,
             "kept": documents - len(self._exact_of) - len(near_of),
-            "exact": self._cluster_report(self._exact_of),
-            "near": dict(self._cluster_report(near_of), candidate_pairs=self._candidates, verified_pairs=verified_pairs),
+            "exact": Clusters.of(self._exact_of, self.max_examples).report(self._ids.__getitem__),
+            "near": dict(Clusters.of(near_of, self.max_examples).report(self._ids.__getitem__),
+                         candidate_pairs=self._candidates, verified_pairs=verified_pairs),
             "removed_by_source": {name: dict(counts) for name, counts in sorted(by_source.items())},
             "seconds": round(self._seconds, 3),
             "documents_per_second": round(documents / self._seconds) if self._seconds else None,
         }
 
-    def _cluster_report(self, dropped: dict[int, int]) -> dict[str, Any]:
-        """Clusters (a kept document and the copies dropped for it): count, size histogram, examples."""
-        members: dict[int, list[int]] = defaultdict(list)
-        for index, kept in dropped.items():
-            members[kept].append(index)
-        sizes = Counter(len(m) + 1 for m in members.values())
-        largest = sorted(members.items(), key=lambda item: (-len(item[1]), item[0]))[: self.max_examples]
-        return {
-            "removed": len(dropped),
-            "clusters": len(members),
-            "cluster_sizes": {str(size): n for size, n in sorted(sizes.items())},
-            "examples": [[self._ids[kept], *(self._ids[i] for i in sorted(copies))] for kept, copies in largest],
-        }

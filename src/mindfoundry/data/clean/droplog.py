@@ -6,18 +6,23 @@ A line names the document by ``source``, ``path`` (relative to the source's root
 ``excerpt`` (the document for a drop, the changed span for an edit). A dedup drop also names the
 twin that stays (``kept``) and their ``jaccard``. The shard pass writes it next to the shards,
 so it lists exactly the documents that are in the sources but not in the shards.
+
+The stages of `prepare` each write their lines with the document's ordinal in its read task
+(:func:`write_numbered`); the shard stage merges them into a task's part (:func:`write_part`) and
+the parts become the log (:func:`assemble`).
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import shutil
 import zlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, IO
+from typing import Any
 
 from mindfoundry.errors import InputMissingError, MindFoundryError
 
@@ -28,27 +33,43 @@ class DropLogError(MindFoundryError, ValueError):
     """A drop log that cannot be read."""
 
 
-class DropLog:
-    """Appends drop-log lines to a gzip file (a callable, as :func:`~mindfoundry.data.clean.curate.curate` takes)."""
+NumberedLine = tuple[int, dict[str, Any]]  # (the document's ordinal in its read task, drop-log line)
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._fh: IO[str] = gzip.open(path, "wt", encoding="utf-8")
-        self.lines = 0
 
-    def __call__(self, events: list[dict[str, Any]]) -> None:
-        for line in events:
-            self._fh.write(json.dumps(line, ensure_ascii=False) + "\n")
-        self.lines += len(events)
+def write_numbered(path: Path, lines: Iterable[NumberedLine]) -> int:
+    """Drop-log lines of one task, each with its document's ordinal (how stages merge their lines), as JSON lines."""
+    count = 0
+    with open(path, "w", encoding="utf-8") as fh:
+        for ordinal, line in lines:
+            fh.write(json.dumps([ordinal, line], ensure_ascii=False) + "\n")
+            count += 1
+    return count
 
-    def close(self) -> None:
-        self._fh.close()
 
-    def __enter__(self) -> DropLog:
-        return self
+def read_numbered(path: Path) -> Iterator[NumberedLine]:
+    with open(path, encoding="utf-8") as fh:
+        for raw in fh:
+            ordinal, line = json.loads(raw)
+            yield ordinal, line
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+
+def write_part(path: Path, lines: Iterable[dict[str, Any]]) -> int:
+    """One task's finished drop-log lines, in document order, as the drop log's text (uncompressed)."""
+    count = 0
+    with open(path, "w", encoding="utf-8") as fh:
+        for line in lines:
+            fh.write(json.dumps(line, ensure_ascii=False) + "\n")
+            count += 1
+    return count
+
+
+def assemble(parts: Iterable[Path], out: Path) -> None:
+    """The drop log: the parts in corpus order, gzip-compressed with no time stamp or name in its header, so the
+    same lines always give the same bytes."""
+    with open(out, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as fh:
+        for part in parts:
+            with open(part, "rb") as src:
+                shutil.copyfileobj(src, fh, 1 << 20)
 
 
 def read_drops(path: Path) -> Iterator[dict[str, Any]]:

@@ -19,7 +19,7 @@ block through its section class.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from mindfoundry.config.clean import CLEAN_BLOCKS, GOPHER_DUPLICATE_NGRAMS
@@ -98,16 +98,16 @@ def build_pipeline(
     profile: str,
     *,
     frequent_lines: FrequentLines = FrequentLines(),
-    until: str | None = None,
+    sections: Sequence[str] = CLEAN_BLOCKS,
 ) -> CleaningPipeline:
     """The pipeline of one source: the active blocks of ``profile`` configured by ``settings``.
 
-    ``frequent_lines`` are the boilerplate line keys from the corpus-wide pre-pass. ``until``
-    stops before the named block (the boilerplate pre-pass counts lines as that block sees them).
+    ``frequent_lines`` are the boilerplate line keys counted over the whole corpus. ``sections`` limits
+    the pipeline to those blocks (the part before the boilerplate block, whose input is what the
+    lines are counted on, or the part from it on: :func:`~mindfoundry.data.clean.curate.source_pipeline`).
     """
     blocks: list[Block] = []
     for name in active_sections(settings, profile):
-        if name == until:
-            break
-        blocks.extend(cls.build(dict(settings[name]), frequent_lines) for cls in SECTION_BLOCKS[name])
+        if name in sections:
+            blocks.extend(cls.build(dict(settings[name]), frequent_lines) for cls in SECTION_BLOCKS[name])
     return CleaningPipeline(blocks)

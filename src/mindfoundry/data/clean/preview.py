@@ -10,14 +10,16 @@ drop-log lines (:mod:`~mindfoundry.data.clean.droplog`) of every dropped or edit
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
 from mindfoundry.config.data import DataConfig
 from mindfoundry.data.clean.boilerplate import LineCounter
-from mindfoundry.data.clean.curate import Chunk, CorpusPlan, Curation, clean_profile, read_source, runs_block
+from mindfoundry.data.clean.curate import CUT, clean_chunk, clean_profile, runs_block, source_pipeline
 from mindfoundry.data.ingest.files import SourceStats
+from mindfoundry.data.ingest.inputs import read_source
 from mindfoundry.errors import MindFoundryError
 
 
@@ -41,20 +43,20 @@ def preview_cleaning(data: DataConfig, n: int) -> tuple[list[SourcePreview], int
     ``min_documents`` used over the previewed documents."""
     if n < 1:
         raise PreviewError(f"--preview needs at least 1 document per source, got {n}")
-    docs = [list(itertools.islice(read_source(src, SourceStats()), n)) for src in data.sources]
+    docs = [list(enumerate(itertools.islice(read_source(data, i, SourceStats()), n))) for i in range(len(data.sources))]
     settings = data.clean.boilerplate
-    counted = [i for i, src in enumerate(data.sources) if runs_block(data, src, "boilerplate")]
+    counted = [i for i, src in enumerate(data.sources) if runs_block(data, src, CUT)]
     min_documents = max(2, min(settings.min_documents, sum(len(docs[i]) for i in counted) // 2))
     counter = LineCounter(settings.min_line_chars, settings.edge_lines)
-    before_boilerplate = Curation(data, CorpusPlan(), until="boilerplate")
+    first = [clean_chunk(source_pipeline(data, src, "before"), docs[i]) for i, src in enumerate(data.sources)]
     for i in counted:
-        for doc in before_boilerplate.apply(Chunk(i, docs[i]), list).value:
+        for _, doc in first[i][0]:
             counter.add(doc.text, doc.source)
-    plan = CorpusPlan(frequent_lines=counter.frequent(min_documents, settings.min_source_share))
-    curation = Curation(data, plan, log_events=True)
+    lines = counter.frequent(min_documents, settings.min_source_share)
     previews = []
     for i, src in enumerate(data.sources):
-        result = curation.apply(Chunk(i, docs[i]), len)
-        previews.append(SourcePreview(src.name, clean_profile(data, src), read=len(docs[i]), kept=result.value,
-                                      events=result.events))
+        (kept_before, lines_before), pipeline = first[i], source_pipeline(data, src, "from", lines)
+        kept, lines_after = clean_chunk(pipeline, kept_before)
+        events = [line for _, line in heapq.merge(lines_before, lines_after, key=lambda item: item[0])]
+        previews.append(SourcePreview(src.name, clean_profile(data, src), read=len(docs[i]), kept=len(kept), events=events))
     return previews, min_documents

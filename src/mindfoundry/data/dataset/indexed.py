@@ -27,6 +27,7 @@ import dataclasses
 import enum
 import hashlib
 import os
+import shutil
 import struct
 from array import array
 from collections.abc import Sequence
@@ -44,6 +45,7 @@ __all__ = [
     "IndexedDatasetWriter",
     "ShardError",
     "ShardInfo",
+    "concatenate_shards",
     "dtype_for_vocab",
     "verify_tokens",
 ]
@@ -496,3 +498,65 @@ def _token_range(tokens: np.ndarray) -> tuple[int, int]:
         lo = min(lo, int(chunk.min()))
         hi = max(hi, int(chunk.max()))
     return lo, hi
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """``target`` as a hard link to ``source`` (no bytes copied), or a copy across file systems."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
+def concatenate_shards(parts: Sequence[tuple[str | Path, ShardInfo]], path_prefix: str | Path) -> ShardInfo:
+    """One shard holding the documents of ``parts`` (each a prefix and the info its writer returned), in order.
+
+    The ``.bin`` files are concatenated and the ``.idx`` written section by section (all lengths, then all
+    pointers, then the document indices), one part at a time, so memory holds one part's index, not the
+    whole shard's; the result is byte for byte what one writer given every document would write. A single
+    part is linked, not copied.
+    """
+    if not parts:
+        raise ValueError("no shard to concatenate")
+    bin_path, idx_path = _shard_paths(path_prefix)
+    bin_path.parent.mkdir(parents=True, exist_ok=True)
+    if len(parts) == 1:
+        prefix, info = parts[0]
+        for source, target in zip(_shard_paths(prefix), (bin_path, idx_path), strict=True):
+            _link_or_copy(source, target)
+        return dataclasses.replace(info, path_prefix=str(path_prefix))
+    shards = [IndexedDataset(prefix) for prefix, _ in parts]
+    dtypes = {ds.dtype for ds in shards}
+    if len(dtypes) != 1:
+        raise ValueError(f"shards of different dtypes cannot be concatenated: {sorted(d.name for d in dtypes)}")
+    dtype = shards[0].dtype
+    bin_hash = hashlib.sha256()
+    with open(bin_path, "wb") as out:
+        for ds in shards:
+            with open(ds.bin_path, "rb") as src:
+                while chunk := src.read(1 << 22):
+                    out.write(chunk)
+                    bin_hash.update(chunk)
+        out.flush()
+        os.fsync(out.fileno())
+    count = sum(len(ds) for ds in shards)
+    idx_hash = hashlib.sha256()
+
+    def write(f: BinaryIO, data: bytes) -> None:
+        f.write(data)
+        idx_hash.update(data)
+
+    with open(idx_path, "wb") as f:
+        write(f, _HEADER.pack(_MAGIC, _VERSION, int(DType.from_numpy(dtype)), count, count + 1))
+        for ds in shards:
+            write(f, np.asarray(ds.sequence_lengths, dtype=_LENGTH_DTYPE).tobytes())
+        offset = 0
+        for ds in shards:
+            write(f, (np.asarray(ds.sequence_pointers, dtype=_POINTER_DTYPE) + offset).tobytes())
+            offset += ds.num_tokens * dtype.itemsize
+        for start in range(0, count + 1, 1 << 20):
+            write(f, np.arange(start, min(start + (1 << 20), count + 1), dtype=_POINTER_DTYPE).tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+    return ShardInfo(path_prefix=str(path_prefix), num_documents=count, num_tokens=sum(ds.num_tokens for ds in shards),
+                     dtype=dtype.name, bin_sha256=bin_hash.hexdigest(), idx_sha256=idx_hash.hexdigest())

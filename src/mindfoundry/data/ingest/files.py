@@ -29,7 +29,7 @@ import json
 import os
 import re
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,20 +59,24 @@ class DataSourceError(MindFoundryError, ValueError):
 
 @dataclass
 class FileLedger:
-    """Each source file's size, modification time and sha256 as the first pass of a `prepare` found it.
+    """Each source file's size and modification time as `prepare` listed it (and its sha256 once read).
 
-    `prepare` reads every file several times (boilerplate counts, dedup, tokenizer, shards); a file
-    rewritten, truncated or appended to between or during those passes used to be accepted with the
-    passes disagreeing (28, 0 and 30 documents of one file). Every later opening, and the end of
-    every reading, is checked against the first: a change is an error naming the file.
+    `prepare` lists the files when it plans its tasks and reads each once, maybe much later and on
+    another machine: a file rewritten, truncated or appended to in between, or while it is read,
+    must not be taken for the file that was listed. Every opening, and the end of every reading,
+    is checked against the listing: a change is an error naming the file.
     """
 
-    seen: dict[str, tuple[int, int, str]] = field(default_factory=dict)
+    seen: dict[str, tuple[int, int, str | None]] = field(default_factory=dict)
+
+    def expect(self, path: Path, size: int, mtime_ns: int) -> None:
+        """The file as listed (its content not yet hashed)."""
+        self.seen[str(path)] = (size, mtime_ns, None)
 
     def check(self, path: Path, size: int, mtime_ns: int, sha256: str) -> None:
         first = self.seen.setdefault(str(path), (size, mtime_ns, sha256))
-        if first != (size, mtime_ns, sha256):
-            raise _changed(path, first, (size, mtime_ns, sha256), "between two passes of prepare")
+        if first[:2] != (size, mtime_ns) or first[2] not in (None, sha256):
+            raise _changed(path, first, (size, mtime_ns, sha256), "since prepare listed it")
 
     def check_unchanged(self, path: Path) -> None:
         """After a file was read to its end: its size and modification time are still those it was opened with."""
@@ -82,11 +86,11 @@ class FileLedger:
             raise _changed(path, first, (st.st_size, st.st_mtime_ns, "?"), "while prepare was reading it")
 
 
-def _changed(path: Path, first: tuple[int, int, str], now: tuple[int, int, str], when: str) -> MindFoundryError:
+def _changed(path: Path, first: tuple[int, int, str | None], now: tuple[int, int, str], when: str) -> MindFoundryError:
     what = (f"{first[0]:,} -> {now[0]:,} bytes" if first[0] != now[0] else "modified" if first[1] != now[1]
             else "same size and time, different content")
     return DataSourceError(f"source file '{path}' changed {when} ({what}): prepare again once nothing writes it "
-                           f"(nothing of this prepare was kept)")
+                           f"(no output was written; the work done on the old file is discarded)")
 
 
 @dataclass
@@ -109,7 +113,7 @@ class SourceStats:
     skipped_missing_text: int = 0
     files: list[dict[str, str | int]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    ledger: FileLedger | None = None  # shared by the passes of one prepare
+    ledger: FileLedger | None = None  # the files as prepare listed them
 
     def counters(self) -> dict[str, int]:
         """The numeric counters (what a report shows per source)."""
@@ -170,19 +174,34 @@ def read_files(
     Patterns are resolved immediately, so a missing path raises :class:`DataSourceError` at call
     time rather than at the first ``next()``.
     """
-    if isinstance(patterns, str):
-        raise DataSourceError(
-            f"patterns must be a list of paths, not a single string: use [{patterns!r}]"
-        )
+    files = resolve_files(patterns)
+    return read_listed(files, files_root(files), name=name, category=category, text_field=text_field, txt_mode=txt_mode,
+                       stats=stats)
+
+
+def read_listed(files: Sequence[Path], root: Path, *, name: str, category: str, text_field: str = "text",
+                txt_mode: TxtMode = "file", stats: SourceStats) -> Iterator[Document]:
+    """Stream documents from resolved ``files`` (:func:`resolve_files`), their ids relative to ``root``: a part of
+    a source's files read with the ids the whole source would give them (see :func:`read_files`)."""
     if txt_mode not in ("file", "line"):
         raise DataSourceError(f"txt_mode must be 'file' or 'line', got {txt_mode!r}")
     if not name:
         raise DataSourceError("a source needs a non-empty name (it prefixes document ids)")
-    files = _resolve_patterns(patterns)
-    root = Path(os.path.commonpath([path.parent for path in files]))
-    return count_emitted(
-        _read_resolved(files, root, name, category, text_field, txt_mode, stats), stats
-    )
+    return count_emitted(_read_resolved(list(files), root, name, category, text_field, txt_mode, stats), stats)
+
+
+def resolve_files(patterns: Sequence[str]) -> list[Path]:
+    """Every file the patterns name, in reading order (see :func:`read_files`); DataSourceError for a bad pattern."""
+    if isinstance(patterns, str):
+        raise DataSourceError(
+            f"patterns must be a list of paths, not a single string: use [{patterns!r}]"
+        )
+    return _resolve_patterns(patterns)
+
+
+def files_root(files: Sequence[Path]) -> Path:
+    """The deepest folder holding every file: what document ids are relative to."""
+    return Path(os.path.commonpath([path.parent for path in files]))
 
 
 def _resolve_patterns(patterns: Sequence[str]) -> list[Path]:
@@ -292,7 +311,8 @@ def line_records(path: Path, stats: SourceStats) -> Iterator[tuple[int, str]]:
 
     A UTF-8 byte-order mark (common in files saved on Windows) is dropped from the first line.
     """
-    with _decompression_errors(path), _open_binary(path) as fh:
+    number = 0
+    with _decompression_errors(path, lambda: number), _open_binary(path) as fh:
         for number, raw in enumerate(fh, start=1):
             if number == 1:
                 raw = raw.removeprefix(codecs.BOM_UTF8)
@@ -432,13 +452,16 @@ class _ZstdReader(io.RawIOBase):
 
 
 @contextmanager
-def _decompression_errors(path: Path) -> Iterator[None]:
-    """Report a corrupt or truncated ``.gz``/``.zst`` file as a :class:`DataSourceError` naming it."""
+def _decompression_errors(path: Path, lines_read: Callable[[], int] | None = None) -> Iterator[None]:
+    """Report a corrupt or truncated ``.gz``/``.zst`` file as a :class:`DataSourceError` naming it (and, for a file
+    read by lines, how many lines were whole: the records before the damage)."""
     try:
         yield
     except (gzip.BadGzipFile, EOFError, zlib.error, zstandard.ZstdError) as exc:
         kind = "zstd" if path.name.endswith(".zst") else "gzip"
-        raise DataSourceError(f"{path}: corrupt or truncated {kind} data ({exc})") from exc
+        where = f" after line {lines_read():,}" if lines_read is not None else ""
+        raise DataSourceError(f"{path}: corrupt or truncated {kind} data{where} ({exc}): "
+                              "replace the file or remove it from the source's paths") from exc
 
 
 def decode(data: bytes, stats: SourceStats) -> str | None:

@@ -1,43 +1,55 @@
 """`mindfoundry prepare`: raw text -> clean -> dedup -> split by document -> BPE tokenizer -> Megatron shards.
 
-Streaming passes over the sources keep memory bounded (see :mod:`mindfoundry.data.clean.curate`): a
-pre-pass counts boilerplate lines and decides dedup (hashes and ids only), then one pass feeds
-the training split of the curated corpus to the tokenizer trainer and a last one tokenizes every
-curated document into its split's shard. Everything is written into a temporary folder that is
-renamed into place only when complete; the manifest records what each cleaning block and dedup
-removed, per source and why. ``data.workers`` processes do the per-document work of every pass
-(:mod:`mindfoundry.data.workers`); the parent reads, decides and writes in corpus order, so the
-output is byte-identical for any number of workers.
+A staged pipeline (its stages: :mod:`.stage_clean`, :mod:`.stage_dedup`, :mod:`.stage_tokens`), each
+stage a set of independent tasks over input shards (runs of a source's files, :mod:`.inputs`) or
+hash partitions (:mod:`.keyruns`) whose outputs live on disk in a work area
+(:mod:`~mindfoundry.data.execute.workdir`). The same stages run on a process pool of this machine
+(``data.executor: local``) or on a Ray cluster (``ray``); every task writes to a folder of its own
+and every decision that depends on order is made from (task, row) refs, so the output is
+byte-identical for any executor and number of workers. A task's folder is its completion marker:
+a `prepare` killed at any moment and started again skips what finished.
+
+Memory does not grow with the corpus: a read task holds its input's documents, a partition task
+its share of the keys, the dedup decision its pairs; this process (the driver) only hands out
+tasks and adds up their small results into the manifest.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import os
+import resource
 import shutil
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from functools import cached_property
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import numpy as np
-from tokenizers import Tokenizer
 
 import mindfoundry
 from mindfoundry.config.load import identity_view
 from mindfoundry.config.schema import RunConfig
-from mindfoundry.data.clean.curate import Chunk, ChunkResult, CorpusPlan, Curation, CuratedSource, CurationReport, cleaned_documents, curate, curated_sources, plan_corpus
-from mindfoundry.data.clean.droplog import DROPS_FILE, DropLog
-from mindfoundry.data.document import Document
-from mindfoundry.data.dataset.indexed import IndexedDatasetWriter, dtype_for_vocab
-from mindfoundry.data.workers import IN_FLIGHT_PER_WORKER, DocumentProgress, PassProgress, WorkerPool, resolve_workers
+from mindfoundry.data.clean.curate import clean_profile
+from mindfoundry.data.clean.droplog import DROPS_FILE
+from mindfoundry.data.dataset.indexed import dtype_for_vocab
 from mindfoundry.data.dataset.prepared import MANIFEST, SPLITS, TOKENIZER, DataError, PreparedData, load_prepared, read_manifest
-from mindfoundry.data.prepare.split import Split, split_documents
-from mindfoundry.data.prepare.tokenizer import encode_batch, load_tokenizer, tokenizer_hash, train_tokenizer, with_mask_token
+from mindfoundry.data.execute import create_executor
+from mindfoundry.data.execute.progress import StagesProgress
+from mindfoundry.data.execute.stage import TIMING, Stage
+from mindfoundry.data.execute.workdir import WorkDir, space_problem
+from mindfoundry.data.prepare.corpus import MERGE, TOKENIZER as TOKENIZER_STAGE, Corpus
+from mindfoundry.data.ingest.inputs import plan_inputs
+from mindfoundry.data.prepare.keyruns import partitions
+from mindfoundry.data.prepare.manifest import SourceSummary, cleaning, source_line
+from mindfoundry.data.prepare.stage_clean import BoilerplateStage, CleanStage, ReadStage
+from mindfoundry.data.prepare.stage_dedup import BandStage, DecideStage, Dedup, ExactStage, PairStage
+from mindfoundry.data.prepare.stage_tokens import MergeStage, ShardStage, TokenizerStage
+from mindfoundry.data.prepare.tokenizer import load_tokenizer, tokenizer_hash
+
+#: Keys of the data section that say how `prepare` runs, never what it writes.
+EXECUTION_KEYS = {"output_dir", "mixture", "workers", "executor", "ray", "work_dir", "task_bytes"}
+#: Stages whose task time counts as dedup's time in the manifest.
+DEDUP_STAGES = ("exact", "bands", "pairs", "decide")
 
 
 def data_identity(cfg: RunConfig) -> str:
@@ -55,180 +67,28 @@ def data_identity(cfg: RunConfig) -> str:
 
 def _data_section(cfg: RunConfig) -> dict[str, Any]:
     """The data config that shapes the shards (cleaning and dedup included; not where they go, not the
-    mixture, not how many processes make them: the output is the same for any ``workers``)."""
-    return cfg.data.model_dump(mode="json", exclude={"output_dir", "mixture", "workers"})
+    mixture, not how they are made: the output is the same for any executor, workers or task size)."""
+    return cfg.data.model_dump(mode="json", exclude=EXECUTION_KEYS)
 
 
 def _sha256_json(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
 
-def _training_texts(cfg: RunConfig, curation: Curation, pool: WorkerPool[Curation], stage: PassProgress) -> Iterator[str]:
-    """Curated training-split text, round-robin across sources so a byte cap still sees every source."""
-    sources = curated_sources(curation)
-    # Each source is its own stream (round-robin): they share the pool's read-ahead, each keeping some.
-    window = max(IN_FLIGHT_PER_WORKER, -(-IN_FLIGHT_PER_WORKER * pool.workers // len(sources)))
-
-    def train_split(source: CuratedSource) -> Iterator[str]:
-        docs = (doc for _, chunk in curate([source], pool, cleaned_documents, stage, window=window) for doc in chunk)
-        return (doc.text for split, doc in split_documents(docs, cfg.seed, cfg.data.validation_fraction) if split == "train")
-
-    budget = cfg.data.tokenizer.train_max_bytes
-    used = 0
-    for group in itertools.zip_longest(*(train_split(source) for source in sources)):
-        for text in group:
-            if text is None:
-                continue
-            if budget is not None and used >= budget:
-                return
-            used += len(text.encode("utf-8"))
-            yield text
-
-
-def _build_tokenizer(cfg: RunConfig, plan: CorpusPlan, progress: DocumentProgress, log: Callable[[str], None]):
-    tok_cfg = cfg.data.tokenizer
-    mlm = cfg.model.objective == "mlm"
-    if tok_cfg.path is not None:
-        tok = load_tokenizer(tok_cfg.path)
-        if tok.get_vocab_size() > cfg.model.vocab_size:
-            raise DataError(f"data.tokenizer.path={tok_cfg.path!r} has {tok.get_vocab_size()} tokens, more than "
-                            f"model.vocab_size={cfg.model.vocab_size}: raise model.vocab_size")
-        if mlm:
-            tok = with_mask_token(tok, cfg.model.vocab_size)
-        log(f"loaded tokenizer {tok_cfg.path} ({tok.get_vocab_size()} tokens{', mask token added' if mlm else ''})")
-        return tok, {"source": "loaded", "path": tok_cfg.path}
-    t0 = time.perf_counter()
-    curation = Curation(cfg.data, plan)
-    with (WorkerPool(resolve_workers(cfg.data.workers), curation) as pool,
-          progress.stage("tokenizer", [src.name for src in cfg.data.sources]) as stage):
-        tok = train_tokenizer(_training_texts(cfg, curation, pool, stage), cfg.model.vocab_size, min_frequency=tok_cfg.min_frequency,
-                              mask_token=mlm)
-    log(f"trained byte-level BPE: {tok.get_vocab_size()} tokens in {time.perf_counter() - t0:.1f}s")
-    return tok, {"source": "trained", "min_frequency": tok_cfg.min_frequency, "train_max_bytes": tok_cfg.train_max_bytes}
-
-
-#: One document of a shard-pass chunk: its split, token ids (ending with EOS), UTF-8 bytes of its text.
-Encoded = tuple[Split, np.ndarray, int]
-
-
-@dataclass(frozen=True)
-class ShardWork:
-    """What a worker needs to turn a chunk into shard entries (sent once to each worker)."""
-
-    curation: Curation
-    tokenizer_path: str
-    seed: int
-    validation_fraction: float
-
-    @cached_property
-    def tokenizer(self) -> Tokenizer:
-        """Loaded from the file, not pickled: the file keeps every setting (special-token handling)."""
-        return load_tokenizer(self.tokenizer_path)
-
-    def encode(self, docs: list[Document]) -> list[Encoded]:
-        """Split and tokenize curated documents, in order (one ``encode_batch`` for the whole chunk)."""
-        labelled = list(split_documents(docs, self.seed, self.validation_fraction))
-        ids = encode_batch(self.tokenizer, [doc.text for _, doc in labelled])
-        return [(split, tokens, len(doc.text.encode("utf-8"))) for (split, doc), tokens in zip(labelled, ids, strict=True)]
-
-
-def encoded_documents(work: ShardWork, chunk: Chunk) -> ChunkResult[list[Encoded]]:
-    """Task: the chunk curated, split and tokenized."""
-    return work.curation.apply(chunk, work.encode)
-
-
-class _SourceShards:
-    """One source's train/validation shards, written by the parent in corpus order."""
-
-    def __init__(self, curated: CuratedSource, out: Path, dtype: np.dtype) -> None:
-        self.curated = curated
-        self.writers = {split: IndexedDatasetWriter(out / split / curated.src.name, dtype) for split in SPLITS}
-        self.counts = {split: {"documents": 0, "tokens": 0, "bytes": 0} for split in SPLITS}
-
-    def add(self, encoded: list[Encoded]) -> None:
-        for split, ids, size in encoded:
-            self.writers[split].add_document(ids)
-            counts = self.counts[split]
-            counts["documents"] += 1
-            counts["tokens"] += len(ids)
-            counts["bytes"] += size
-
-    def finish(self, totals: dict, cleaning: CurationReport) -> dict:
-        """Finalize the shards, add them to ``totals``; return the source's manifest entry."""
-        src, curated = self.curated.src, self.curated
-        for split in SPLITS:
-            info = self.writers[split].finalize().to_dict()
-            del info["path_prefix"]  # the temporary folder's path; "path" is relative to the data folder
-            totals[split]["shards"].append(dict(info, path=f"{split}/{src.name}"))
-            for k in ("documents", "tokens", "bytes"):
-                totals[split][k] += self.counts[split][k]
-        kept = sum(c["documents"] for c in self.counts.values())
-        _check_source(curated, kept)
-        cleaning.add(curated)
-        return {
-            "name": src.name, "category": src.category, "builtin": src.builtin, "paths": src.paths,
-            "stats": curated.stats.counters(), "removed": curated.removed(), "kept": kept,
-            "files": curated.stats.files, "splits": self.counts,
-        }
-
-
-def _write_shards(cfg: RunConfig, plan: CorpusPlan, tokenizer_path: Path, dtype: np.dtype, out: Path, totals: dict,
-                  cleaning: CurationReport, progress: DocumentProgress) -> list[dict]:
-    """Tokenize every curated source into its train/validation shards, logging every document dropped or
-    edited on the way (:data:`~mindfoundry.data.clean.droplog.DROPS_FILE`); return their manifest entries.
-
-    Results arrive in corpus order, so each source's shards are finalized as soon as the stream
-    moves past it: only one source's files are open at a time.
-    """
-    work = ShardWork(Curation(cfg.data, plan, log_events=True), str(tokenizer_path), cfg.seed, cfg.data.validation_fraction)
-    sources = curated_sources(work.curation)
-    entries: list[dict] = []
-    shards = _SourceShards(sources[0], out, dtype)
-    with (WorkerPool(resolve_workers(cfg.data.workers), work) as pool, DropLog(out / DROPS_FILE) as drop_log,
-          progress.stage("shards", [src.name for src in cfg.data.sources]) as stage):
-        for curated, encoded in curate(sources, pool, encoded_documents, stage, drop_log=drop_log):
-            while shards.curated is not curated:  # the stream moved on: the sources before are complete
-                entries.append(shards.finish(totals, cleaning))
-                shards = _SourceShards(sources[len(entries)], out, dtype)
-            shards.add(encoded)
-    entries.append(shards.finish(totals, cleaning))
-    for curated in sources[len(entries):]:  # read no document at all: finish() says why
-        entries.append(_SourceShards(curated, out, dtype).finish(totals, cleaning))
-    return entries
-
-
-def _check_source(curated: CuratedSource, kept: int) -> None:
-    """A source that yields nothing is a mistake: say whether reading or curation emptied it."""
-    name, stats = curated.src.name, curated.stats
-    if stats.documents == 0:
-        notes = "; ".join(stats.notes)
-        raise DataError(f"source '{name}' produced no documents (read {len(stats.files)} files, skipped {stats.skipped_empty} empty, "
-                        f"{stats.skipped_too_long} too long, {stats.skipped_non_utf8} non-UTF-8, "
-                        f"{stats.skipped_missing_text} without the text field"
-                        f"{'; ' + notes if notes else ''}): check its paths and format")
-    if kept == 0:
-        reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(curated.removed().items(), key=lambda kv: -kv[1])[:3])
-        raise DataError(f"source '{name}': all {stats.documents} documents it read were removed ({reasons}): "
-                        f"relax those limits in data.clean, or set this source's clean.profile (e.g. 'code' or 'none')")
-
-
-def _source_line(entry: dict) -> str:
-    """One log line per source: read, skipped on reading, removed by curation, kept."""
-    stats = entry["stats"]
-    skipped = {k.removeprefix("skipped_"): n for k, n in stats.items() if k.startswith("skipped_") and n}
-    removed = sorted(entry["removed"].items(), key=lambda kv: -kv[1])
-    parts = [f"{entry['name']}: read {stats['documents']}"]
-    if skipped:
-        parts.append("skipped " + ", ".join(f"{n} {reason}" for reason, n in skipped.items()))
-    if removed:
-        top = ", ".join(f"{n} {reason}" for reason, n in removed[:4])
-        parts.append(f"removed {sum(n for _, n in removed)} ({top}{', ...' if len(removed) > 4 else ''})")
-    parts.append(f"kept {entry['kept']}")
-    return "; ".join(parts)
+def work_dir(cfg: RunConfig) -> Path:
+    """Where this config's `prepare` keeps its stages: ``data.work_dir``, else a hidden folder next to the output."""
+    if cfg.data.work_dir is not None:
+        return Path(cfg.data.work_dir)
+    out = Path(cfg.data.output_dir)
+    return out.with_name(f".{out.name}.work")
 
 
 def prepare_data(cfg: RunConfig, *, overwrite: bool = False, log: Callable[[str], None] = print) -> PreparedData:
-    """Prepare cfg.data.output_dir, or reuse it when it already holds data for this exact config."""
+    """Prepare cfg.data.output_dir, or reuse it when it already holds data for this exact config.
+
+    An interrupted `prepare` of the same config (and the same source files) resumes: its finished
+    tasks are kept. ``overwrite`` rebuilds from scratch (an existing output is moved aside).
+    """
     out = Path(cfg.data.output_dir)
     identity = data_identity(cfg)
     if (out / MANIFEST).is_file() and not overwrite:
@@ -238,11 +98,40 @@ def prepare_data(cfg: RunConfig, *, overwrite: bool = False, log: Callable[[str]
                             "pass --overwrite to rebuild it (the old folder is moved aside) or set data.output_dir")
         log(f"reusing prepared data in {out}")
         return load_prepared(out, cfg.model.vocab_size)
+    corpus = Corpus(cfg.data, tuple(plan_inputs(cfg.data)))
+    work = WorkDir(work_dir(cfg))
+    plan = _sha256_json([task.to_json() for task in corpus.inputs])
+    work.claim(identity, plan, fresh=overwrite, log=log)
+    try:
+        staged = _Prepare(cfg, corpus, work, log)
+        manifest = {"identity": identity, **staged.run()}
+        _publish(staged, manifest, out)
+    except OSError as exc:
+        problem = space_problem(exc, work.root)
+        if problem is None:
+            raise
+        raise problem from None
+    finally:
+        work.release()
+    work.remove()
+    t, v = manifest["splits"]["train"], manifest["splits"]["validation"]
+    log(f"prepared {out}: train {t['documents']} docs / {t['tokens']:,} tokens, validation {v['documents']} docs / {v['tokens']:,} tokens")
+    return load_prepared(out, cfg.model.vocab_size)
+
+
+def _publish(staged: _Prepare, manifest: dict[str, Any], out: Path) -> None:
+    """The output folder, assembled aside from the work area's files (hard links) and renamed into place."""
+    _remove_stale_assemblies(out)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     try:
-        manifest = {"identity": identity, **_build(cfg, tmp, log)}
+        for split in SPLITS:
+            (tmp / split).mkdir(parents=True)
+        for shard in staged.work.stage(MERGE).glob("task-*/*/*"):  # task-N/SPLIT/SOURCE.bin|idx
+            os.link(shard, tmp / shard.parent.name / shard.name)
+        drops = staged.work.task(MERGE, staged.stages[MERGE].tasks() - 1) / DROPS_FILE
+        os.link(drops, tmp / DROPS_FILE)
+        os.link(staged.work.task(TOKENIZER_STAGE, 0) / TOKENIZER, tmp / TOKENIZER)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -251,9 +140,177 @@ def prepare_data(cfg: RunConfig, *, overwrite: bool = False, log: Callable[[str]
         out.rename(out.with_name(f"{out.name}.old-{time.strftime('%Y%m%d-%H%M%S')}"))
     out.parent.mkdir(parents=True, exist_ok=True)
     os.replace(tmp, out)
-    t, v = manifest["splits"]["train"], manifest["splits"]["validation"]
-    log(f"prepared {out}: train {t['documents']} docs / {t['tokens']:,} tokens, validation {v['documents']} docs / {v['tokens']:,} tokens")
-    return load_prepared(out, cfg.model.vocab_size)
+
+
+def _remove_stale_assemblies(out: Path) -> None:
+    """Folders ``.NAME.tmp-PID`` that a killed `prepare` left (its process is gone): nothing reads them."""
+    for path in out.parent.glob(f".{out.name}.tmp-*"):
+        pid = path.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class _Prepare:
+    """The driver of one `prepare`: the stages in order on the configured executor, then the manifest."""
+
+    def __init__(self, cfg: RunConfig, corpus: Corpus, work: WorkDir, log: Callable[[str], None]) -> None:
+        self.cfg, self.corpus, self.work, self.log = cfg, corpus, work, log
+        self.stages: dict[str, Stage] = {}
+        self.timings: dict[str, Any] = {}
+        self.results: dict[str, list[dict[str, Any]]] = {}
+
+    def run(self) -> dict[str, Any]:
+        """Every stage, then the manifest (without its identity)."""
+        start, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+        data, corpus, work = self.cfg.data, self.corpus, self.work
+        with create_executor(data) as executor, StagesProgress(self.log) as progress:
+            self.log(f"prepare: {len(corpus.inputs)} read tasks over {len(data.sources)} sources, {executor.describe()}")
+            self.executor, self.progress = executor, progress
+            read = self._run(ReadStage(work, corpus))
+            summaries = self._summaries(read)
+            counted = [t for t, r in enumerate(read) if "line_entries" in r]
+            lines = partitions(sum(read[t]["line_entries"] for t in counted)) if counted else 0
+            if counted:
+                documents: dict[int, int] = {}
+                for t in counted:
+                    source = corpus.inputs[t].source
+                    documents[source] = documents.get(source, 0) + read[t]["line_documents"]
+                found = self._run(BoilerplateStage(work, corpus, lines, counted, documents))
+                self._log_boilerplate(found)
+            clean = self._run(CleanStage(work, corpus, lines))
+            for t, result in enumerate(clean):
+                summaries[corpus.inputs[t].source].add_blocks(result)
+            dedup = self._dedup(sum(r["kept"] for r in clean))
+            if dedup.decided:
+                report = self.results["decide"][0]["report"]
+                for summary in summaries:
+                    summary.dedup = report["removed_by_source"].get(summary.src.name, {})
+            for source, summary in enumerate(summaries):
+                summary.check_kept(sum(clean[t]["kept"] for t in corpus.tasks_of(source)) - sum(summary.dedup.values()))
+            options = {"seed": self.cfg.seed, "vocab_size": self.cfg.model.vocab_size, "mlm": self.cfg.model.objective == "mlm"}
+            tokenizer = self._run(TokenizerStage(work, corpus, dedup, **options))[0]
+            self._log_tokenizer(tokenizer)
+            for t, result in enumerate(self._run(ShardStage(work, corpus, dedup, **options))):
+                summaries[corpus.inputs[t].source].add_shards(result)
+            merged = self._run(MergeStage(work, corpus))
+        driver = resource.getrusage(resource.RUSAGE_SELF)
+        return self._manifest(summaries, merged, tokenizer, dedup, {
+            "executor": executor.describe(), "stages": self.timings, "total_s": round(time.perf_counter() - start, 2),
+            "driver_cpu_s": round(driver.ru_utime + driver.ru_stime - cpu.ru_utime - cpu.ru_stime, 2),
+            "driver_peak_rss_mib": round(driver.ru_maxrss / 1024, 1)})
+
+    def _run(self, stage: Stage) -> list[dict[str, Any]]:
+        """All tasks of ``stage``: those an earlier `prepare` finished are read back, the others run."""
+        self.stages[stage.name] = stage
+        self.work.clear_attempts(stage.name)
+        total = stage.tasks()
+        results: list[dict[str, Any] | None] = [None] * total
+        todo = []
+        for task in range(total):
+            if self.work.done(stage.name, task):
+                results[task] = stage.result(task)
+            else:
+                todo.append(task)
+        progress = self.progress.stage(stage.name, total, total - len(todo))
+        for task, result in self.executor.run(stage, todo):
+            results[task] = result
+            progress.advance(stage.documents(result), result[TIMING]["seconds"])
+        progress.close()
+        done = [r for r in results if r is not None]
+        timing = [r[TIMING] for r in done]
+        self.timings[stage.name] = dict(progress.summary(), cpu_s=round(sum(t["cpu_s"] for t in timing), 2),
+                                        peak_rss_mib=max((t["peak_rss_mib"] for t in timing), default=None))
+        self.results[stage.name] = done
+        return done
+
+    def _summaries(self, read: list[dict[str, Any]]) -> list[SourceSummary]:
+        """Per source, what its read tasks read (a source that read nothing is an error here, before more work)."""
+        data = self.cfg.data
+        summaries = [SourceSummary(src, clean_profile(data, src)) for src in data.sources]
+        for t, result in enumerate(read):
+            summaries[self.corpus.inputs[t].source].add_read(result)
+        for summary in summaries:
+            summary.check_read()
+        return summaries
+
+    def _dedup(self, cleaned: int) -> Dedup:
+        """The dedup stages that the settings ask for; where their decisions are."""
+        settings, work, corpus = self.cfg.data.dedup, self.work, self.corpus
+        if not settings.enabled:
+            return Dedup(work, 0, decided=False)
+        exact = partitions(cleaned) if settings.exact else 0
+        if exact:
+            self._run(ExactStage(work, corpus, exact))
+        if settings.near:
+            ranges = partitions(cleaned)
+            self._run(BandStage(work, corpus, ranges, exact))
+            self._run(PairStage(work, corpus, settings.bands * ranges))
+        report = self._run(DecideStage(work, corpus, exact, cleaned, pairs=settings.near))[0]["report"]
+        seconds = sum(self.timings[name]["task_seconds"] for name in DEDUP_STAGES if name in self.timings)
+        seconds += sum(r["sign_seconds"] for r in self.results["clean"])
+        report.update(seconds=round(seconds, 3), documents_per_second=round(cleaned / seconds) if seconds else None)
+        self.log(f"dedup: {report['documents']} documents, removed {report['exact']['removed']} exact and "
+                 f"{report['near']['removed']} near duplicates ({report['near']['clusters']} clusters) in {seconds:.1f}s")
+        return Dedup(work, exact, decided=True)
+
+    def _log_boilerplate(self, found: list[dict[str, Any]]) -> None:
+        body, edges = sum(r["body"] for r in found), sum(r["edges"] for r in found)
+        if body or edges:
+            settings = self.cfg.data.clean.boilerplate
+            self.log(f"boilerplate: {body} lines occur in >= {settings.min_documents} documents, "
+                     f"{edges} header/footer lines open or close >= {settings.min_source_share:.0%} of their source's")
+
+    def _log_tokenizer(self, result: dict[str, Any]) -> None:
+        if result["info"]["source"] == "loaded":
+            mlm = ", mask token added" if self.cfg.model.objective == "mlm" else ""
+            self.log(f"loaded tokenizer {result['info']['path']} ({result['vocab_size']} tokens{mlm})")
+        else:
+            self.log(f"trained byte-level BPE: {result['vocab_size']} tokens in {result['seconds']:.1f}s")
+
+    def _manifest(self, summaries: list[SourceSummary], merged: list[dict[str, Any]], tokenizer: dict[str, Any],
+                  dedup: Dedup, timings: dict[str, Any]) -> dict[str, Any]:
+        cfg = self.cfg
+        totals = {split: {"documents": 0, "tokens": 0, "bytes": 0, "shards": []} for split in SPLITS}
+        for summary in summaries:
+            for split in SPLITS:
+                for key in ("documents", "tokens", "bytes"):
+                    totals[split][key] += summary.splits[split][key]
+        for result in merged[:-1]:  # (source, split) in order; the last task is the drop log
+            totals[result["shard"]["path"].split("/", 1)[0]]["shards"].append(result["shard"])
+        entries = [summary.entry() for summary in summaries]
+        for entry in entries:
+            self.log(source_line(entry))
+        _check_splits(totals, cfg)
+        tok = load_tokenizer(self.work.task(TOKENIZER_STAGE, 0) / TOKENIZER)
+        data_section = _data_section(cfg)
+        dedup_report = self.results["decide"][0]["report"] if dedup.decided else {"enabled": False}
+        return {
+            "format": "mindfoundry.data/1", "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "mindfoundry": mindfoundry.__version__, "seed": cfg.seed, "validation_fraction": cfg.data.validation_fraction,
+            "dtype": str(dtype_for_vocab(cfg.model.vocab_size)), "vocab_size": cfg.model.vocab_size,
+            "tokenizer": dict(tokenizer["info"], file=TOKENIZER, sha256=tokenizer_hash(tok), vocab_size=tok.get_vocab_size()),
+            "data_config": data_section, "data_config_sha256": _sha256_json(data_section),
+            "sources": entries, "splits": totals, "cleaning": cleaning(summaries), "dedup": dedup_report,
+            "notes": [note for summary in summaries for note in summary.notes], "timings": timings,
+        }
+
+
+def _check_splits(totals: dict[str, Any], cfg: RunConfig) -> None:
+    if totals["train"]["documents"] == 0:
+        raise DataError("the corpus is empty after reading: no training documents; check data.sources")
+    if cfg.data.validation_fraction > 0 and totals["validation"]["documents"] == 0:
+        raise DataError(f"no document fell into the validation split (data.validation_fraction={cfg.data.validation_fraction}): "
+                        "raise the fraction or add documents")
 
 
 def wait_for_prepared(cfg: RunConfig, *, timeout_s: float = 24 * 3600, poll_s: float = 2.0) -> PreparedData:
@@ -273,50 +330,3 @@ def wait_for_prepared(cfg: RunConfig, *, timeout_s: float = 24 * 3600, poll_s: f
         raise DataError(f"'{out}' holds data prepared from a different data config than this rank's: "
                         "all ranks must run the same config")
     return load_prepared(out, cfg.model.vocab_size)
-
-
-def _build(cfg: RunConfig, tmp: Path, log: Callable[[str], None]) -> dict[str, Any]:
-    """The three streaming passes into ``tmp``; return the manifest (without its identity).
-
-    1. plan (:func:`~mindfoundry.data.clean.curate.plan_corpus`): boilerplate lines counted and dedup
-       decided over the whole corpus (hashes and ids only);
-    2. tokenizer: the training split of the curated corpus fed to the BPE trainer (skipped for a loaded one);
-    3. shards: every curated document split and tokenized into its source's train/validation shard.
-    Passes 2 and 3 stream the corpus through :func:`~mindfoundry.data.clean.curate.curate` on the worker
-    pool with their own task; the plan of pass 1 is what makes them decide the same way.
-    """
-    start = time.perf_counter()
-    dtype = dtype_for_vocab(cfg.model.vocab_size)
-    totals = {split: {"documents": 0, "tokens": 0, "bytes": 0, "shards": []} for split in SPLITS}
-    cleaning = CurationReport()
-    with DocumentProgress(log) as progress:
-        plan = plan_corpus(cfg.data, log, progress)
-        tok, tok_info = _build_tokenizer(cfg, plan, progress, log)
-        tok.save(str(tmp / TOKENIZER))
-        tokenizer_done = time.perf_counter()
-        sources = _write_shards(cfg, plan, tmp / TOKENIZER, dtype, tmp, totals, cleaning, progress)
-    for entry in sources:
-        log(_source_line(entry))
-    _check_splits(totals, cfg)
-    data_section = _data_section(cfg)
-    return {
-        "format": "mindfoundry.data/1", "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "mindfoundry": mindfoundry.__version__, "seed": cfg.seed, "validation_fraction": cfg.data.validation_fraction,
-        "dtype": str(dtype), "vocab_size": cfg.model.vocab_size,
-        "tokenizer": dict(tok_info, file=TOKENIZER, sha256=tokenizer_hash(tok), vocab_size=tok.get_vocab_size()),
-        "data_config": data_section, "data_config_sha256": _sha256_json(data_section),
-        "sources": sources, "splits": totals,
-        "cleaning": cleaning.blocks(),
-        "dedup": plan.dedup.report if plan.dedup is not None else {"enabled": False},
-        "notes": cleaning.notes,
-        "timings": {"pre_pass_s": round(plan.seconds, 2), "tokenizer_s": round(tokenizer_done - start - plan.seconds, 2),
-                    "shards_s": round(time.perf_counter() - tokenizer_done, 2), "total_s": round(time.perf_counter() - start, 2)},
-    }
-
-
-def _check_splits(totals: dict, cfg: RunConfig) -> None:
-    if totals["train"]["documents"] == 0:
-        raise DataError("the corpus is empty after reading: no training documents; check data.sources")
-    if cfg.data.validation_fraction > 0 and totals["validation"]["documents"] == 0:
-        raise DataError(f"no document fell into the validation split (data.validation_fraction={cfg.data.validation_fraction}): "
-                        "raise the fraction or add documents")

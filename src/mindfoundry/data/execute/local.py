@@ -1,0 +1,77 @@
+"""``data.executor: local``: a stage's tasks on a pool of processes of this machine (the default; no Ray needed).
+
+Workers start with ``forkserver`` (``spawn`` where unavailable), never ``fork``: the driver may
+already run the tokenizers library's Rust thread pool, and forking a threaded process can
+deadlock. The fork server imports :data:`PRELOAD` once, so starting the pool costs milliseconds
+instead of re-importing numpy and tokenizers in every worker. With one worker every task runs in
+this process, through the same :func:`~mindfoundry.data.execute.stage.run_task`.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from typing import Any
+
+from mindfoundry.data.execute.stage import Stage, run_task
+
+#: Modules the stages live in, imported once by the fork server.
+PRELOAD: tuple[str, ...] = ("mindfoundry.data.prepare.pipeline",)
+
+
+def _install() -> None:
+    # The pool is the parallelism: each worker tokenizes on one thread, so N workers use N cores
+    # instead of N times the tokenizers library's all-core thread pool.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOAD))
+    return ctx
+
+
+class LocalExecutor:
+    """Runs stages' tasks on ``workers`` processes; results come back as tasks finish."""
+
+    kind = "local"
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> LocalExecutor:
+        if self.workers > 1:
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=_context(), initializer=_install)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if self._pool is None:
+            return
+        if exc_type is not None:  # a failed task or a stop signal: do not wait for the running tasks to end
+            for process in list(getattr(self._pool, "_processes", {}).values()):
+                process.terminate()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def describe(self) -> str:
+        return f"local, {self.workers} process{'es' if self.workers > 1 else ''}"
+
+    def run(self, stage: Stage, tasks: Sequence[int]) -> Iterator[tuple[int, dict[str, Any]]]:
+        """``(task, result)`` of each of ``tasks``, in the order they finish."""
+        if self._pool is None:
+            for task in tasks:
+                yield task, run_task(stage, task, own_process=False)
+            return
+        pending: dict[Future[dict[str, Any]], int] = {self._pool.submit(run_task, stage, task): task for task in tasks}
+        try:
+            while pending:
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    yield pending.pop(future), future.result()
+        finally:
+            for future in pending:
+                future.cancel()

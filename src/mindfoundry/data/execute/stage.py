@@ -1,0 +1,106 @@
+"""A stage of the staged `prepare`: independent tasks, each writing a folder of its own, and how one task runs.
+
+A :class:`Stage` says how many tasks it has and what one task does (:meth:`Stage.run`: read the
+earlier stages' outputs, write into the folder it is given, return a small JSON result). It is
+one method, like datatrove's pipeline blocks, so an executor (:mod:`.local`, :mod:`.ray_cluster`)
+needs to know nothing about documents: it ships a stage and a task number to a process and
+:func:`run_task` there does the bookkeeping every task shares -- an attempt folder, the timing
+and memory figures, the completion marker (:mod:`.workdir`).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import socket
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, ClassVar
+
+from mindfoundry.data.execute.workdir import WorkDir, space_problem
+
+#: The key of a task's result that holds how long it ran where (left out of everything compared across runs).
+TIMING = "timing"
+
+
+class Stage(ABC):
+    """A set of tasks whose outputs the next stages read (see the module docstring).
+
+    Subclasses set :attr:`name` (the stage's folder and progress title) and write :meth:`tasks` and
+    :meth:`run`. A stage object travels to the workers by pickling, so it holds only settings and paths.
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, work: WorkDir) -> None:
+        self.work = work
+
+    @abstractmethod
+    def tasks(self) -> int:
+        """How many tasks the stage has (tasks are numbered from 0)."""
+
+    @abstractmethod
+    def run(self, task: int, out: Path) -> dict[str, Any]:
+        """Do task ``task``, writing its files into ``out``; return its result (JSON: counts, sizes), which
+        :meth:`result` reads back later, also after a resume."""
+
+    def output(self, task: int) -> Path:
+        """The folder a finished task of this stage wrote."""
+        return self.work.task(self.name, task)
+
+    def result(self, task: int) -> dict[str, Any]:
+        return self.work.result(self.name, task)
+
+    @staticmethod
+    def documents(result: dict[str, Any]) -> int:
+        """Documents a task went through, for progress (0 for tasks over keys or pairs)."""
+        return int(result.get("documents", 0))
+
+
+def _reset_peak_rss() -> None:
+    """Restart the kernel's high-water mark of this process (VmHWM), so a task's peak is its own."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+
+
+def _peak_rss_mib() -> float:
+    """The peak resident memory of this process since the last reset, in MiB."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_task(stage: Stage, task: int, own_process: bool = True) -> dict[str, Any]:
+    """Run one task of ``stage`` in this process and commit its folder; its result, with :data:`TIMING`.
+
+    ``own_process``: the process runs tasks only (a worker), so its peak memory is reset per task;
+    in the driver (one worker) it is not, and the figure is the driver's peak so far.
+    """
+    if stage.work.done(stage.name, task):  # an earlier attempt finished (a retried task whose result was lost)
+        return stage.result(task)
+    if own_process:
+        _reset_peak_rss()
+    start, cpu = time.perf_counter(), time.process_time()
+    attempt = stage.work.attempt(stage.name, task)
+    try:
+        result = stage.run(task, attempt)
+        result[TIMING] = {"seconds": round(time.perf_counter() - start, 3), "cpu_s": round(time.process_time() - cpu, 3),
+                          "peak_rss_mib": round(_peak_rss_mib(), 1), "host": socket.gethostname(), "pid": os.getpid()}
+        stage.work.commit(stage.name, task, attempt, result)
+    except OSError as exc:
+        shutil.rmtree(attempt, ignore_errors=True)
+        raise space_problem(exc, stage.work.root) or exc
+    except BaseException:
+        shutil.rmtree(attempt, ignore_errors=True)
+        raise
+    return result

@@ -1,0 +1,106 @@
+"""The input shards of `prepare`: each source's files cut into read tasks, in corpus order.
+
+A read task is a run of consecutive files of one source (about ``data.task_bytes`` of input; a
+bigger file is a task of its own), read with the ids the whole source gives them. A built-in
+source, and a source capped by ``max_documents`` / ``max_bytes`` (the cap counts from its first
+document), is one task. Tasks are numbered in corpus order -- sources in config order, files in
+reading order -- so every later stage can put documents back in that order from (task, row).
+
+The plan also lists every file's size and modification time: the read task refuses a file that
+changed since (:class:`~mindfoundry.data.ingest.files.FileLedger`), and a `prepare` started again
+compares its plan with the interrupted one's to know whether the finished tasks still hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mindfoundry.config.data import DataConfig, SourceConfig
+from mindfoundry.data.document import Document
+from mindfoundry.data.ingest.builtin import read_builtin
+from mindfoundry.data.ingest.files import DataSourceError, FileLedger, SourceStats, files_root, read_listed, resolve_files
+
+
+@dataclass(frozen=True)
+class InputTask:
+    """One read task: source number ``source`` and its files ``(path, size, mtime_ns)`` (none for a built-in)."""
+
+    source: int
+    files: tuple[tuple[str, int, int], ...]
+    root: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source, "files": [list(f) for f in self.files], "root": self.root}
+
+
+def plan_inputs(data: DataConfig) -> list[InputTask]:
+    """The read tasks of every source, in corpus order (a bad path is an error here, before any work)."""
+    return [task for index in range(len(data.sources)) for task in source_tasks(data, index)]
+
+
+def source_tasks(data: DataConfig, index: int) -> list[InputTask]:
+    """The read tasks of source number ``index``."""
+    src = data.sources[index]
+    if src.builtin is not None:
+        return [InputTask(index, (), "")]
+    files = resolve_files(src.paths)
+    root = str(files_root(files))
+    listed = [_listed(path) for path in files]
+    if src.max_documents is not None or src.max_bytes is not None:
+        return [InputTask(index, tuple(listed), root)]
+    tasks: list[InputTask] = []
+    group: list[tuple[str, int, int]] = []
+    for entry in listed:
+        group.append(entry)
+        if sum(size for _, size, _ in group) >= data.task_bytes:
+            tasks.append(InputTask(index, tuple(group), root))
+            group = []
+    if group:
+        tasks.append(InputTask(index, tuple(group), root))
+    return tasks
+
+
+def read_source(data: DataConfig, index: int, stats: SourceStats) -> Iterator[Document]:
+    """A whole source as its read tasks read it, one after the other (``prepare --preview``, benchmarks)."""
+    for task in source_tasks(data, index):
+        yield from read_input(task, data.sources[index], stats)
+
+
+def _listed(path: Path) -> tuple[str, int, int]:
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise DataSourceError(f"cannot read source file '{path}' ({exc.strerror or exc}): fix it or remove it "
+                              "from the source's paths") from None
+    return str(path), st.st_size, st.st_mtime_ns
+
+
+def read_input(task: InputTask, src: SourceConfig, stats: SourceStats) -> Iterator[Document]:
+    """The documents of one read task, as read (before cleaning), tagged with the source's category."""
+    category = src.resolved_category()
+    if src.builtin is not None:
+        docs = read_builtin(src.builtin, stats=stats, max_documents=src.max_documents, max_bytes=src.max_bytes)
+    else:
+        ledger = FileLedger()
+        for path, size, mtime_ns in task.files:
+            ledger.expect(Path(path), size, mtime_ns)
+        stats.ledger = ledger
+        docs = _capped(read_listed([Path(p) for p, _, _ in task.files], Path(task.root), name=src.name, category=category,
+                                   text_field=src.text_field, txt_mode=src.txt_mode, stats=stats),
+                       src.max_documents, src.max_bytes)
+    for doc in docs:
+        doc.category = category
+        yield doc
+
+
+def _capped(docs: Iterator[Document], max_documents: int | None, max_bytes: int | None) -> Iterator[Document]:
+    """First documents of a file source up to the caps (built-ins sample across the whole source instead)."""
+    total = 0
+    for i, doc in enumerate(docs):
+        if (max_documents is not None and i >= max_documents) or (max_bytes is not None and total >= max_bytes):
+            return
+        total += len(doc.text.encode("utf-8"))
+        yield doc

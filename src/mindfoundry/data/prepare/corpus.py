@@ -1,0 +1,56 @@
+"""What every stage of one `prepare` knows: the data config, the read tasks, the stages' names, document refs.
+
+A document of the cleaned corpus is named by a *ref*, ``task << 32 | row``: its read task and its
+row in that task's cleaned store. Read tasks are numbered in corpus order and rows keep reading
+order, so refs sort in corpus order -- the order dedup's "first copy wins" follows -- and a stage
+finds the documents of one task as a range of refs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mindfoundry.config.data import DataConfig, SourceConfig
+from mindfoundry.data.ingest.inputs import InputTask
+
+# The stages, in the order they run (each a folder of the work area).
+READ, BOILERPLATE, CLEAN, EXACT, BANDS, PAIRS, DECIDE, TOKENIZER, SHARDS, MERGE = (
+    "read", "boilerplate", "clean", "exact", "bands", "pairs", "decide", "tokenizer", "shards", "merge")
+
+ROW_BITS = 32
+
+
+def refs(task: int, rows: np.ndarray) -> np.ndarray:
+    """The refs of ``rows`` of read task ``task``."""
+    return (np.uint64(task) << np.uint64(ROW_BITS)) | rows.astype(np.uint64)
+
+
+def ref_task(ref: int) -> int:
+    return int(ref) >> ROW_BITS
+
+
+def ref_row(ref: int) -> int:
+    return int(ref) & ((1 << ROW_BITS) - 1)
+
+
+def task_refs(task: int) -> tuple[int, int]:
+    """``[low, high)`` of the refs of read task ``task``."""
+    return task << ROW_BITS, (task + 1) << ROW_BITS
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """The data config and its read tasks (:func:`~mindfoundry.data.ingest.inputs.plan_inputs`)."""
+
+    data: DataConfig
+    inputs: tuple[InputTask, ...]
+
+    def source(self, task: int) -> SourceConfig:
+        """The source read task ``task`` reads."""
+        return self.data.sources[self.inputs[task].source]
+
+    def tasks_of(self, source: int) -> list[int]:
+        """The read tasks of source number ``source``, in order."""
+        return [t for t, task in enumerate(self.inputs) if task.source == source]

@@ -1,0 +1,196 @@
+"""The cleaning stages of `prepare`: read and clean each input once, count boilerplate lines in between.
+
+1. :class:`ReadStage`, a task per read task: read the documents, run the blocks before the
+   boilerplate block, store what they keep (:mod:`.docstore`) and, for the sources that run the
+   boilerplate block, the document frequency of their lines as key runs (:mod:`.keyruns`: map);
+2. :class:`BoilerplateStage`, a task per key range: add up the counts of every read task and keep
+   the keys of boilerplate lines (reduce by key partition);
+3. :class:`CleanStage`, a task per read task: run the rest of the blocks on the stored documents
+   with those keys, store the cleaned corpus, and sign it for dedup: exact keys and the LSH band
+   keys as key runs, the MinHash signatures as an array (row = the document's row in the store).
+
+Every stage writes drop-log lines numbered by document ordinal; nothing re-reads a raw file or
+re-runs a block.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from array import array
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mindfoundry.config.data import DedupConfig
+from mindfoundry.data.clean.boilerplate import FrequentLines, LineCounter, frequent_body, frequent_edge
+from mindfoundry.data.clean.curate import CUT, chunked, clean_chunk, runs_block, source_pipeline
+from mindfoundry.data.clean.dedup import Signer, band_keys, exact_key
+from mindfoundry.data.clean.droplog import read_numbered, write_numbered
+from mindfoundry.data.execute.stage import Stage
+from mindfoundry.data.execute.workdir import WorkDir
+from mindfoundry.data.ingest.files import SourceStats
+from mindfoundry.data.prepare.corpus import BOILERPLATE, CLEAN, READ, Corpus
+from mindfoundry.data.prepare.docstore import DocReader, DocWriter
+from mindfoundry.data.ingest.inputs import read_input
+from mindfoundry.data.prepare.keyruns import gather, groups, key_range, write_run
+
+DOCS, EVENTS, SIGNATURES = "docs", "events.jsonl", "signatures.npy"
+
+
+class ReadStage(Stage):
+    """Read + the blocks before boilerplate + line counts (see the module docstring)."""
+
+    name = READ
+
+    def __init__(self, work: WorkDir, corpus: Corpus) -> None:
+        super().__init__(work)
+        self.corpus = corpus
+
+    def tasks(self) -> int:
+        return len(self.corpus.inputs)
+
+    def run(self, task: int, out: Path) -> dict[str, Any]:
+        data, src = self.corpus.data, self.corpus.source(task)
+        stats = SourceStats()
+        pipeline = source_pipeline(data, src, "before")
+        settings = data.clean.boilerplate
+        counter = LineCounter(settings.min_line_chars, settings.edge_lines) if runs_block(data, src, CUT) else None
+        store = DocWriter(out / DOCS, src.name, src.resolved_category())
+        lines: list[tuple[int, dict[str, Any]]] = []
+        for chunk in chunked(enumerate(read_input(self.corpus.inputs[task], src, stats))):
+            kept, chunk_lines = clean_chunk(pipeline, chunk)
+            lines += chunk_lines
+            for ordinal, doc in kept:
+                store.add(doc, ordinal)
+                if counter is not None:
+                    counter.add(doc.text, doc.source)
+        result = {"documents": stats.documents, "kept": store.close(), "stats": stats.counters(), "files": stats.files,
+                  "notes": stats.notes, "blocks": pipeline.report(), "lines": write_numbered(out / EVENTS, lines)}
+        if counter is not None:
+            result["line_documents"] = counter.source_documents[src.name]
+            result["line_entries"] = sum(write_run(out, name, np.fromiter(counts.keys(), np.uint64, len(counts)),
+                                                   np.fromiter(counts.values(), np.int64, len(counts)))
+                                         for name, counts in (("body", counter.body), ("edges", counter.edges)))
+        return result
+
+
+class BoilerplateStage(Stage):
+    """The document frequency of every line key, added up over the read tasks, one key range per task."""
+
+    name = BOILERPLATE
+
+    def __init__(self, work: WorkDir, corpus: Corpus, partitions: int, counted: list[int], source_documents: dict[int, int]) -> None:
+        super().__init__(work)
+        self.corpus, self.partitions = corpus, partitions
+        self.counted = counted  # the read tasks that counted lines
+        self.source_documents = source_documents  # per source: documents counted (those of two lines or more)
+
+    def tasks(self) -> int:
+        return self.partitions
+
+    def run(self, task: int, out: Path) -> dict[str, Any]:
+        settings = self.corpus.data.clean.boilerplate
+        low, high = key_range(task, self.partitions)
+        folders = [self.work.task(READ, t) for t in self.counted]
+        keys, counts, _ = _summed(*gather(folders, "body", low, high))
+        body = keys[frequent_body(counts, settings.min_documents)]
+        keys, counts, first_runs = _summed(*gather(folders, "edges", low, high))
+        sources = np.array([self.source_documents[self.corpus.inputs[self.counted[run]].source] for run in first_runs],
+                           dtype=np.int64)
+        edges = keys[frequent_edge(counts, sources, settings.min_documents, settings.min_source_share)]
+        np.save(out / "body.npy", body)
+        np.save(out / "edges.npy", edges)
+        return {"body": len(body), "edges": len(edges)}
+
+
+def _summed(keys: np.ndarray, counts: np.ndarray, runs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each distinct key once, sorted, with the sum of its counts and the first run it came from (edge keys
+    name their source: every run a key comes from reads that source)."""
+    order = np.argsort(keys, kind="stable")
+    keys, counts, runs = keys[order], counts[order], runs[order]
+    starts, _ = groups(keys)
+    return keys[starts], np.add.reduceat(counts, starts) if len(starts) else counts[:0], runs[starts]
+
+
+def frequent_lines(work: WorkDir, partitions: int) -> FrequentLines:
+    """The boilerplate keys the :class:`BoilerplateStage` found (its key ranges are in order: already sorted)."""
+    if not partitions:
+        return FrequentLines()
+    parts = [work.task(BOILERPLATE, t) for t in range(partitions)]
+    return FrequentLines(np.concatenate([np.load(p / "body.npy") for p in parts]),
+                         np.concatenate([np.load(p / "edges.npy") for p in parts]))
+
+
+class CleanStage(Stage):
+    """The blocks from boilerplate on, then the dedup keys and signatures (see the module docstring)."""
+
+    name = CLEAN
+
+    def __init__(self, work: WorkDir, corpus: Corpus, boilerplate_partitions: int) -> None:
+        super().__init__(work)
+        self.corpus, self.boilerplate_partitions = corpus, boilerplate_partitions
+
+    def tasks(self) -> int:
+        return len(self.corpus.inputs)
+
+    def run(self, task: int, out: Path) -> dict[str, Any]:
+        data, src = self.corpus.data, self.corpus.source(task)
+        lines = frequent_lines(self.work, self.boilerplate_partitions) if runs_block(data, src, CUT) else FrequentLines()
+        pipeline = source_pipeline(data, src, "from", lines)
+        read = self.work.task(READ, task)
+        store = DocWriter(out / DOCS, src.name, src.resolved_category())
+        signing = Signing(self.corpus.data.dedup)
+        new_lines: list[tuple[int, dict[str, Any]]] = []
+        reader = DocReader(read / DOCS)
+        for chunk in chunked(reader):
+            kept, chunk_lines = clean_chunk(pipeline, chunk)
+            new_lines += chunk_lines
+            for ordinal, doc in kept:
+                store.add(doc, ordinal)
+                signing.add(doc.text)
+        kept_count = store.close()
+        signing.write(out)
+        events = write_numbered(out / EVENTS, heapq.merge(read_numbered(read / EVENTS), new_lines, key=lambda item: item[0]))
+        return {"documents": len(reader), "kept": kept_count, "chars": store.chars, "blocks": pipeline.report(),
+                "lines": events, "sign_seconds": round(signing.seconds, 3)}
+
+
+class Signing:
+    """A task's dedup keys, document by document: exact keys and MinHash signatures, then the LSH band keys
+    (key runs whose value is the row) and the signatures (one array) that the dedup stages read."""
+
+    def __init__(self, settings: DedupConfig) -> None:
+        self.settings = settings
+        self.signer = Signer(shingle=settings.shingle, char_ngram=settings.char_ngram, word_ngram=settings.word_ngram,
+                             num_perm=settings.num_perm, seed=settings.seed)
+        self.exact_keys = array("Q")
+        self.signatures: list[np.ndarray] = []
+        self.seconds = 0.0
+
+    def add(self, text: str) -> None:
+        if not self.settings.enabled:
+            return
+        start = time.perf_counter()
+        if self.settings.exact:
+            self.exact_keys.append(exact_key(text))
+        if self.settings.near:
+            self.signatures.append(self.signer.sign(text).astype(np.uint32))
+        self.seconds += time.perf_counter() - start
+
+    def write(self, out: Path) -> None:
+        settings = self.settings
+        if not settings.enabled:
+            return
+        start = time.perf_counter()
+        if settings.exact:
+            keys = np.frombuffer(self.exact_keys, dtype=np.uint64)
+            write_run(out, "exact", keys, np.arange(len(keys), dtype=np.uint64))
+        if settings.near:
+            signatures = np.stack(self.signatures) if self.signatures else np.zeros((0, settings.num_perm), np.uint32)
+            np.save(out / SIGNATURES, signatures)
+            rows = np.arange(len(signatures), dtype=np.uint64)
+            for band, keys in enumerate(band_keys(signatures, settings.bands, settings.rows)):
+                write_run(out, f"band{band:03d}", keys, rows)
+        self.seconds += time.perf_counter() - start

@@ -1,0 +1,186 @@
+"""The last stages of `prepare`: the tokenizer, the per-task token shards, and their merge into the output.
+
+1. :class:`TokenizerStage`, one task: train the byte-level BPE on a bounded sample of the
+   training split (the first ``data.tokenizer.sample_bytes`` of it, taken from the sources in
+   turn, a document at a time), or load the configured one;
+2. :class:`ShardStage`, a task per read task: split the documents dedup kept, tokenize them into
+   this task's ``train`` / ``validation`` ``.bin/.idx`` parts, and write its part of the drop log
+   (the lines of both cleaning stages and dedup's, in document order);
+3. :class:`MergeStage`, a task per (source, split) and one for the drop log: each source's parts
+   concatenated in corpus order into ``SPLIT/SOURCE.bin|idx`` -- the one shard per source and split
+   that the loader, Megatron and the MindRecord export read -- and the parts of the drop log into
+   ``drops.jsonl.gz``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from mindfoundry.data.clean.curate import CHUNK_DOCUMENTS, dedup_event
+from mindfoundry.data.clean.droplog import DROPS_FILE, assemble, read_numbered, write_part
+from mindfoundry.data.dataset.indexed import IndexedDatasetWriter, ShardInfo, concatenate_shards, dtype_for_vocab
+from mindfoundry.data.dataset.prepared import SPLITS, TOKENIZER, DataError
+from mindfoundry.data.execute.stage import Stage
+from mindfoundry.data.execute.workdir import WorkDir
+from mindfoundry.data.prepare.corpus import CLEAN, MERGE, SHARDS, Corpus
+from mindfoundry.data.prepare.corpus import TOKENIZER as TOKENIZER_STAGE
+from mindfoundry.data.prepare.docstore import DocReader
+from mindfoundry.data.prepare.split import split_documents
+from mindfoundry.data.prepare.stage_clean import DOCS, EVENTS
+from mindfoundry.data.prepare.stage_dedup import CleanedDocuments, Dedup
+from mindfoundry.data.prepare.tokenizer import encode_batch, load_tokenizer, train_tokenizer, with_mask_token
+
+PART = "drops.jsonl"
+
+
+@contextmanager
+def _threads() -> Iterator[None]:
+    """BPE training on every core of this process (a pool worker tokenizes on one thread otherwise)."""
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "true"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["TOKENIZERS_PARALLELISM"]
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = before
+
+
+class _TokenStage(Stage):
+    """What the three stages share: the corpus, the run's seed and vocabulary, and where dedup's decisions are."""
+
+    def __init__(self, work: WorkDir, corpus: Corpus, dedup: Dedup, *, seed: int, vocab_size: int, mlm: bool) -> None:
+        super().__init__(work)
+        self.corpus, self.dedup = corpus, dedup
+        self.seed, self.vocab_size, self.mlm = seed, vocab_size, mlm
+
+    def kept(self, task: int) -> Iterator[tuple[int, Any]]:
+        """``(ordinal, document)`` of the documents of read task ``task`` that dedup kept, in order."""
+        drops = self.dedup.drops(task)
+        for row, item in enumerate(DocReader(self.work.task(CLEAN, task) / DOCS)):
+            if row not in drops:
+                yield item
+
+
+class TokenizerStage(_TokenStage):
+    """Train (or load) the tokenizer; one task (see the module docstring)."""
+
+    name = TOKENIZER_STAGE
+
+    def tasks(self) -> int:
+        return 1
+
+    def run(self, task: int, out: Path) -> dict[str, Any]:
+        settings = self.corpus.data.tokenizer
+        start = time.perf_counter()
+        if settings.path is not None:
+            tok = load_tokenizer(settings.path)
+            if tok.get_vocab_size() > self.vocab_size:
+                raise DataError(f"data.tokenizer.path={settings.path!r} has {tok.get_vocab_size()} tokens, more than "
+                                f"model.vocab_size={self.vocab_size}: raise model.vocab_size")
+            if self.mlm:
+                tok = with_mask_token(tok, self.vocab_size)
+            info = {"source": "loaded", "path": settings.path}
+        else:
+            with _threads():
+                tok = train_tokenizer(self._sample(settings.sample_bytes), self.vocab_size,
+                                      min_frequency=settings.min_frequency, mask_token=self.mlm)
+            info = {"source": "trained", "min_frequency": settings.min_frequency, "train_max_bytes": settings.sample_bytes}
+        tok.save(str(out / TOKENIZER))
+        return {"info": info, "vocab_size": tok.get_vocab_size(), "seconds": round(time.perf_counter() - start, 2)}
+
+    def _sample(self, budget: int | None) -> Iterator[str]:
+        """Training-split text from the sources in turn, a document at a time, until ``budget`` bytes."""
+        streams = [self._training_texts(source) for source in range(len(self.corpus.data.sources))]
+        used = 0
+        for group in itertools.zip_longest(*streams):
+            for text in group:
+                if text is None:
+                    continue
+                if budget is not None and used >= budget:
+                    return
+                used += len(text.encode("utf-8"))
+                yield text
+
+    def _training_texts(self, source: int) -> Iterator[str]:
+        fraction = self.corpus.data.validation_fraction
+        for task in self.corpus.tasks_of(source):
+            docs = (doc for _, doc in self.kept(task))
+            yield from (doc.text for split, doc in split_documents(docs, self.seed, fraction) if split == "train")
+
+
+class ShardStage(_TokenStage):
+    """One read task's token shards and drop-log part (see the module docstring)."""
+
+    name = SHARDS
+
+    def tasks(self) -> int:
+        return len(self.corpus.inputs)
+
+    def run(self, task: int, out: Path) -> dict[str, Any]:
+        tok = load_tokenizer(self.work.task(TOKENIZER_STAGE, 0) / TOKENIZER)
+        writers = {split: IndexedDatasetWriter(out / split, dtype_for_vocab(self.vocab_size)) for split in SPLITS}
+        counts = {split: {"documents": 0, "tokens": 0, "bytes": 0} for split in SPLITS}
+        fraction = self.corpus.data.validation_fraction
+        documents = 0
+        kept = self.kept(task)
+        while chunk := list(itertools.islice(kept, CHUNK_DOCUMENTS)):
+            labelled = list(split_documents((doc for _, doc in chunk), self.seed, fraction))
+            for (split, doc), ids in zip(labelled, encode_batch(tok, [doc.text for _, doc in labelled]), strict=True):
+                writers[split].add_document(ids)
+                counts[split]["documents"] += 1
+                counts[split]["tokens"] += len(ids)
+                counts[split]["bytes"] += len(doc.text.encode("utf-8"))
+            documents += len(chunk)
+        shards = {split: writers[split].finalize().to_dict() for split in SPLITS}
+        lines = write_part(out / PART, (line for _, line in heapq.merge(
+            read_numbered(self.work.task(CLEAN, task) / EVENTS), self._dedup_lines(task), key=lambda item: item[0])))
+        return {"documents": documents, "splits": counts, "shards": shards, "lines": lines}
+
+    def _dedup_lines(self, task: int) -> list[tuple[int, dict[str, Any]]]:
+        """The drop-log lines of the task's documents dedup dropped, with their ordinals, in order."""
+        drops = self.dedup.drops(task)
+        if not drops:
+            return []
+        store = DocReader(self.work.task(CLEAN, task) / DOCS)
+        documents = CleanedDocuments(self.work)
+        lines = []
+        for row in sorted(drops):
+            drop = drops[row]
+            lines.append((int(store.columns["ordinal"][row]),
+                          dedup_event(store.document(row), drop.kind, documents.origin(drop.kept), drop.jaccard,
+                                      self.corpus.data.dedup.threshold)))
+        return lines
+
+
+class MergeStage(Stage):
+    """Each source's parts into its shard per split, and the drop log (see the module docstring)."""
+
+    name = MERGE
+
+    def __init__(self, work: WorkDir, corpus: Corpus) -> None:
+        super().__init__(work)
+        self.corpus = corpus
+
+    def tasks(self) -> int:
+        return len(self.corpus.data.sources) * len(SPLITS) + 1
+
+    def run(self, task: int, out: Path) -> dict[str, Any]:
+        if task == self.tasks() - 1:
+            assemble((self.work.task(SHARDS, t) / PART for t in range(len(self.corpus.inputs))), out / DROPS_FILE)
+            return {"file": DROPS_FILE}
+        source, split_index = divmod(task, len(SPLITS))
+        split, name = SPLITS[split_index], self.corpus.data.sources[source].name
+        parts = [(self.work.task(SHARDS, t) / split, ShardInfo(**self.work.result(SHARDS, t)["shards"][split]))
+                 for t in self.corpus.tasks_of(source)]
+        info = concatenate_shards(parts, out / split / name).to_dict()
+        del info["path_prefix"]  # a path of the work area; "path" is relative to the data folder
+        return {"shard": dict(info, path=f"{split}/{name}")}
