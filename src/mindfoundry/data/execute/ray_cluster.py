@@ -16,11 +16,12 @@ The ``ray`` package is the ``ray`` extra (``pip install 'mindfoundry[ray]'``), i
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from mindfoundry.config.data import RayConfig
-from mindfoundry.data.execute.stage import Stage, run_task
+from mindfoundry.data.execute.stage import TIMING, Stage, run_task
 from mindfoundry.errors import MindFoundryError
 
 
@@ -46,6 +47,8 @@ class RayExecutor:
             raise RayExecutorError(f"data.executor: ray needs the ray package ({exc}): pip install 'mindfoundry[ray]' "
                                    "(or set data.executor: local)") from None
         address = self.settings.address
+        if address not in ("local", "auto"):
+            _check_reachable(address)
         if address == "local":  # an instance of this process's own, reachable from this machine only
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         try:
@@ -55,9 +58,7 @@ class RayExecutor:
             else:
                 ray.init(address=address, log_to_driver=False, configure_logging=False)
         except (ConnectionError, TimeoutError, RuntimeError, ValueError) as exc:
-            raise RayExecutorError(f"cannot reach the Ray cluster at data.ray.address={address!r} ({_first_line(exc)}): "
-                                   "start it (`ray start --head` on one node, `ray start --address=HEAD:6379` on the others), "
-                                   "fix the address, or set data.ray.address: local") from None
+            raise _unreachable(address, _first_line(exc)) from None
         self._ray = ray
         self.cpus = int(ray.cluster_resources().get("CPU", 1))
         return self
@@ -76,7 +77,7 @@ class RayExecutor:
         options: dict[str, Any] = {"num_cpus": self.settings.num_cpus_per_task, "max_retries": self.settings.max_retries}
         if self.settings.memory_per_task_mb is not None:
             options["memory"] = self.settings.memory_per_task_mb * 2**20
-        remote = ray.remote(run_task).options(**options)
+        remote = ray.remote(_run_on_node).options(**options)
         shipped = ray.put(stage)
         window = max(2 * (self.workers or self.cpus), 1)
         queue = list(tasks)[::-1]
@@ -103,6 +104,34 @@ class RayExecutor:
             if isinstance(cause, MindFoundryError):
                 raise cause from None
             raise
+
+
+def _run_on_node(stage: Stage, task: int) -> dict[str, Any]:
+    """:func:`run_task` in a Ray worker; its timing also names the Ray node it ran on."""
+    import ray
+
+    result = run_task(stage, task)
+    result[TIMING]["node"] = ray.get_runtime_context().get_node_id()
+    return result
+
+
+#: Seconds to wait for a cluster's port to answer (ray.init itself retries an unreachable HOST:PORT for ever).
+CONNECT_TIMEOUT_S = 10.0
+
+
+def _check_reachable(address: str) -> None:
+    """Refuse, in seconds and in one line, an address whose port nothing listens on."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise _unreachable(address, exc.strerror or str(exc)) from None
+
+
+def _unreachable(address: str, why: str) -> RayExecutorError:
+    return RayExecutorError(f"cannot reach the Ray cluster at data.ray.address={address!r} ({why}): start it "
+                            "(`ray start --head` on one node, `ray start --address=HEAD:6379` on the others), "
+                            "fix the address, or set data.ray.address: local")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -229,7 +229,9 @@ class _Prepare:
         done = [r for r in results if r is not None]
         timing = [r[TIMING] for r in done]
         self.timings[stage.name] = dict(progress.summary(), cpu_s=round(sum(t["cpu_s"] for t in timing), 2),
-                                        peak_rss_mib=max((t["peak_rss_mib"] for t in timing), default=None))
+                                        peak_rss_mib=max((t["peak_rss_mib"] for t in timing), default=None),
+                                        processes=len({(t["host"], t["pid"]) for t in timing}),
+                                        nodes=len({t.get("node", t["host"]) for t in timing}))
         self.results[stage.name] = done
         return done
 
