@@ -1,0 +1,130 @@
+"""A staged `prepare` killed (SIGKILL, driver and workers) in the middle of a stage resumes: the tasks that finished
+are kept and skipped, and the output is byte for byte an uninterrupted run's. Bad work areas are refused in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mindfoundry.config.load import load_config
+from mindfoundry.data.execute.workdir import WorkDirError
+from mindfoundry.data.ingest.builtin import read_builtin
+from mindfoundry.data.ingest.files import SourceStats
+from mindfoundry.data.ingest.inputs import plan_inputs
+from mindfoundry.data.prepare.pipeline import prepare_data, work_dir
+
+from mf_testing import tiny_run_tree
+from test_parallel_prepare import assert_same_output
+
+FILES = 12
+
+
+@pytest.fixture(scope="module")
+def news_files(tmp_path_factory) -> Path:
+    """People's Daily paragraphs in 12 .jsonl files of 400 documents: 12 read tasks of about a second's work."""
+    folder = tmp_path_factory.mktemp("news")
+    docs = [doc.text for doc, _ in zip(read_builtin("peoples_daily", stats=SourceStats()), range(FILES * 400))]
+    for i in range(FILES):
+        with open(folder / f"part-{i:02d}.jsonl", "w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in docs[i * 400:(i + 1) * 400])
+    return folder
+
+
+def config(tmp_path: Path, corpus_dir: Path, news: Path, name: str, workers: int) -> Path:
+    tree = tiny_run_tree(corpus_dir, tmp_path / name)
+    tree["data"]["sources"].append({"name": "news", "paths": [str(news)]})
+    tree["data"].update(workers=workers, task_bytes=2**16)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(tree, allow_unicode=True))
+    return path
+
+
+def finished(work: Path, stage: str) -> int:
+    folder = work / "stages" / stage
+    return sum(1 for p in folder.glob("task-*") if ".tmp-" not in p.name) if folder.is_dir() else 0
+
+
+def kill_when(cmd: list[str], work: Path, stage: str, least: int, total: int) -> None:
+    """Start `prepare` and SIGKILL its whole process group once ``stage`` has finished ``least`` (not all) tasks."""
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 300
+        while finished(work, stage) < least:
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert least <= finished(work, stage) < total, "the kill came after the stage ended: nothing to resume"
+
+
+@pytest.mark.slow
+def test_prepare_killed_in_two_stages_resumes_to_the_same_bytes(tmp_path, corpus_dir, news_files) -> None:
+    whole = load_config(config(tmp_path, corpus_dir, news_files, "whole", workers=1))
+    prepare_data(whole, log=lambda _: None)
+
+    path = config(tmp_path, corpus_dir, news_files, "killed", workers=2)
+    cfg = load_config(path)
+    work = work_dir(cfg)
+    cmd = [sys.executable, "-m", "mindfoundry.cli", "prepare", str(path)]
+    tasks = len(plan_inputs(cfg.data))  # each news file, code.jsonl, the asyncio folder in runs of >= 64 KiB
+    assert tasks > FILES
+    kill_when(cmd, work, "read", 3, tasks)
+    kept_reads = {p.name: p.stat().st_mtime_ns for p in (work / "stages" / "read").glob("task-*") if ".tmp-" not in p.name}
+    kill_when(cmd, work, "clean", 2, tasks)
+    assert {name: (work / "stages" / "read" / name).stat().st_mtime_ns for name in kept_reads} == kept_reads
+
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    log = proc.stdout + proc.stderr
+    assert f"resuming the prepare in {work}: finished tasks are kept" in log
+    assert f"read: {tasks}/{tasks} tasks ({tasks} done before)" in log, log  # nothing read twice
+    resumed = re.search(rf"clean: {tasks}/{tasks} tasks \((\d+) done before\)", log)
+    assert resumed and 2 <= int(resumed.group(1)) < tasks, log
+    assert_same_output(Path(whole.data.output_dir), Path(cfg.data.output_dir))
+    assert not work.exists()
+
+
+def test_a_work_dir_that_is_not_ours_or_not_writable_is_refused(tiny_run, tmp_path) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("a user's file")
+    cfg = load_config(tiny_run("foreign", data__work_dir=str(mine)))
+    with pytest.raises(WorkDirError, match=rf"'{mine}' holds files that are not a MindFoundry prepare's \(e.g. 'notes.txt'\): "
+                                           "choose an empty or new folder"):
+        prepare_data(cfg, log=lambda _: None)
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]  # nothing added, nothing removed
+
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where the work folder should go")
+    cfg = load_config(tiny_run("blocked", data__work_dir=str(blocked / "work")))
+    with pytest.raises(WorkDirError, match=rf"the prepare work folder '{blocked / 'work'}' is not writable \(.*\): set data.work_dir"):
+        prepare_data(cfg, log=lambda _: None)
+
+
+def test_a_second_prepare_on_the_same_work_dir_is_refused(tiny_run) -> None:
+    cfg = load_config(tiny_run("twice"))
+    from mindfoundry.data.execute.workdir import WorkDir
+
+    first = WorkDir(work_dir(cfg))
+    first.claim("x", "y", fresh=False, log=lambda _: None)
+    try:
+        with pytest.raises(WorkDirError, match=rf"another prepare \(pid {os.getpid()} on .*\) is working in '{work_dir(cfg)}'"):
+            prepare_data(cfg, log=lambda _: None)
+    finally:
+        first.release()
+    logs: list[str] = []
+    prepare_data(cfg, log=logs.append)  # the stale work of another identity is discarded, not trusted
+    assert f"discarding the earlier prepare's work in {work_dir(cfg)} (the data config changed)" in logs
