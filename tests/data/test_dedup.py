@@ -143,3 +143,59 @@ def _decode(data, shard, index: int) -> str:
     ids = shard[index].tolist()
     assert ids[-1] == eos_id(data.tokenizer)
     return data.tokenizer.decode(ids[:-1], skip_special_tokens=False)
+
+
+def _chain_corpus(folder: Path) -> list[tuple[str, list[str]]]:
+    """Three .jsonl files (three read tasks) of People's Daily text: for each of 6 long texts a chain of windows
+    (A~B, B~C, A!~C: 1000-character windows shifted by 150), exact copies (whitespace and case aside), in order."""
+    from mindfoundry.data.ingest.builtin import read_builtin
+    from mindfoundry.data.ingest.files import SourceStats
+
+    paragraphs = [d.text for d, _ in zip(read_builtin("peoples_daily", stats=SourceStats()), range(3000))]
+    joined, bases = "", []
+    for text in paragraphs:
+        joined += text
+        if len(joined) >= 1400:
+            bases.append(joined[:1400])
+            joined = ""
+    files: list[list[str]] = [[], [], []]
+    for i, base in enumerate(bases[:6]):
+        a, b, c = base[:1000], base[150:1150], base[300:1300]
+        files[0] += [a, bases[10 + i]]
+        files[1] += [b, "  " + a + "\n", bases[20 + i]]  # B; an exact copy of A
+        files[2] += [c, c.upper() if i % 2 else c, bases[30 + i]]  # C; a copy of C
+    for n, texts in enumerate(files):
+        (folder / f"part-{n}.jsonl").write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts),
+                                                encoding="utf-8")
+    return [(f"part-{n}.jsonl", texts) for n, texts in enumerate(files)]
+
+
+@needs_demo_text
+@pytest.mark.parametrize("verify", ["signature", "exact", "none"])
+def test_prepare_decides_as_the_in_memory_deduplicator(corpus_dir: Path, tmp_path: Path, verify: str) -> None:
+    """The staged dedup (key partitions, candidate pairs, one decision step) against Deduplicator over the same
+    documents: the same report (times aside) and the same drop-log lines, chains and exact copies across tasks."""
+    from mindfoundry.data.clean.droplog import read_drops
+
+    corpus = tmp_path / "chains"
+    corpus.mkdir()
+    files = _chain_corpus(corpus)
+    memory = Deduplicator(verify=verify)
+    docs = [Document(t, f"news:{name}:{i + 1}", "news", "news", name, i) for name, texts in files for i, t in enumerate(texts)]
+    memory.add_all(docs)
+    expected = memory.finish(reread=lambda: docs)
+    if verify == "exact":  # the chains are there: each B goes for its A, each C stays (its only kept match, B, went)
+        assert sum(1 for d in docs if expected.twins.get(d.id, None) and expected.twins[d.id].kind == "near") == 6
+    tree = tiny_run_tree(corpus_dir, tmp_path / "run")
+    tree["data"] = {"sources": [{"name": "news", "paths": [str(corpus)]}], "task_bytes": 1024, "validation_fraction": 0.2,
+                    "clean": {"enabled": False}, "dedup": {"verify": verify}}
+    data = prepare_data(validate(tree), log=lambda _: None)
+    timing = {"seconds", "documents_per_second"}
+    assert {k: v for k, v in data.manifest["dedup"].items() if k not in timing} == \
+        {k: v for k, v in expected.report.items() if k not in timing}
+    lines = [line for line in read_drops(Path(data.root) / "drops.jsonl.gz") if line["block"] == "dedup"]
+    assert [(line["path"], line["record"], line["reason"], line["kept"], line["jaccard"]) for line in lines] == [
+        (d.path, d.record, expected.twins[d.id].kind, expected.twins[d.id].kept,
+         None if expected.twins[d.id].jaccard is None else round(expected.twins[d.id].jaccard, 4))
+        for d in docs if d.id in expected.twins]
+    assert data.manifest["timings"]["stages"]["read"]["tasks"] == 3
