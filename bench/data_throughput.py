@@ -5,7 +5,8 @@
 Prepares the config's data first if needed (reused when present), then measures, in one run:
 
 1. reading + splitting: documents/s and MB/s of `read_source` -> `split_documents` over every source;
-   and the curation pre-pass (cleaning, boilerplate counts, exact + MinHash-LSH dedup): documents/s;
+   and curation as `prepare` runs it (its read, boilerplate and clean stages, and its dedup stages,
+   with one process, from a fresh `prepare`'s manifest timings): documents/s;
 2. tokenization: tokens/s of MindFoundry's `encode_batch` next to the raw Hugging Face
    `Tokenizer.encode_batch` on the same training texts in the same batches (`--repeats` passes
    each in ABBA order, fastest kept), and their ratio;
@@ -32,8 +33,8 @@ from rich.table import Table
 from mindfoundry.parallel.layout import load_run_config
 from mindfoundry.config.data import MixtureConfig
 from mindfoundry.config.schema import RunConfig
-from mindfoundry.data.clean.curate import CHUNK_DOCUMENTS, plan_corpus, read_source
-from mindfoundry.data.workers import DocumentProgress
+from mindfoundry.data.clean.curate import CHUNK_DOCUMENTS
+from mindfoundry.data.ingest.inputs import read_source
 from mindfoundry.data.dataset.loader import TrainLoader, training_source
 from mindfoundry.data.prepare.pipeline import prepare_data
 from mindfoundry.data.ingest.files import SourceStats
@@ -63,8 +64,8 @@ def bench_read(cfg: RunConfig) -> tuple[dict[str, float], list[str]]:
     texts: list[str] = []
     docs = 0
     t0 = time.perf_counter()
-    for src in cfg.data.sources:
-        for split, doc in split_documents(read_source(src, SourceStats()), cfg.seed, cfg.data.validation_fraction):
+    for index in range(len(cfg.data.sources)):
+        for split, doc in split_documents(read_source(cfg.data, index, SourceStats()), cfg.seed, cfg.data.validation_fraction):
             docs += 1
             if split == "train":
                 texts.append(doc.text)
@@ -155,15 +156,17 @@ def bench_mindrecord(data_dir: Path, shards: int) -> dict[str, float]:
 
 
 def bench_curation(cfg: RunConfig) -> dict[str, float]:
-    """The pre-pass as prepare runs it (cleaning every document, boilerplate counts, exact + MinHash-LSH
-    dedup over the cleaned corpus), one worker: documents/s overall and for dedup alone."""
-    t0 = time.perf_counter()
-    plan = plan_corpus(cfg.data.model_copy(update={"workers": 1}), lambda _: None, DocumentProgress(lambda _: None))
-    seconds = time.perf_counter() - t0
-    report = plan.dedup.report
-    return {"docs": report["documents"], "clean_dedup_docs_per_s": report["documents"] / seconds,
-            "dedup_docs_per_s": report["documents"] / report["seconds"], "seconds": seconds}
-
+    """Curation as prepare runs it, one process, from a fresh prepare's stage timings: documents/s of reading and
+    cleaning (read, boilerplate and clean stages) and of dedup (signing and the dedup stages)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = cfg.model_copy(deep=True)
+        fresh.data.output_dir, fresh.data.workers = str(Path(tmp) / "data"), 1
+        manifest = prepare_data(fresh, log=lambda _: None).manifest
+    stages, report = manifest["timings"]["stages"], manifest["dedup"]
+    read = stages["read"]["documents"]
+    cleaning = sum(stages[name]["seconds"] for name in ("read", "boilerplate", "clean") if name in stages)
+    return {"docs": read, "clean_docs_per_s": read / cleaning, "dedup_docs_per_s": report["documents"] / report["seconds"],
+            "seconds": cleaning}
 
 
 def main() -> None:
@@ -189,8 +192,8 @@ def main() -> None:
     table.add_column("figure", justify="right")
     table.add_column("reference", justify="right")
     table.add_row("read + split", f"{read['docs_per_s']:,.0f} docs/s ({read['train_mb_per_s']:.1f} MB/s)", "")
-    table.add_row("pre-pass: read + clean + boilerplate + dedup (1 worker)", f"{curation['clean_dedup_docs_per_s']:,.0f} docs/s",
-                  f"dedup alone (signing + LSH) {curation['dedup_docs_per_s']:,.0f} docs/s")
+    table.add_row("read + clean stages (1 process)", f"{curation['clean_docs_per_s']:,.0f} docs/s",
+                  f"dedup (signing + dedup stages) {curation['dedup_docs_per_s']:,.0f} docs/s")
     table.add_row("tokenize: MindFoundry encode_batch", f"{tok['mf_tokens_per_s']:,.0f} tokens/s",
                   f"raw HF encode_batch {tok['hf_tokens_per_s']:,.0f} tokens/s (ratio {tok['ratio']:.2f}x)")
     for key, rate in loader.items():

