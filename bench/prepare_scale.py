@@ -116,7 +116,8 @@ def write_config(root: Path, corpus: Path, workers: int) -> Path:
 def sampled(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run ``cmd``; wall time, total CPU time, and the peak RSS of the process and of each child (psutil, every 50 ms)."""
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tempfile.TemporaryFile(mode="w+", encoding="utf-8")  # not a pipe: a chatty child would fill it and block
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     root = psutil.Process(proc.pid)
     peaks: dict[int, float] = {}
     cpu: dict[int, float] = {}
@@ -130,7 +131,9 @@ def sampled(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, Any]
         except psutil.Error:
             pass
         time.sleep(0.05)
-    out = proc.stdout.read()
+    log.seek(0)
+    out = log.read()
+    log.close()
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{out[-3000:]}")
     driver = peaks.pop(proc.pid, 0.0)
@@ -297,6 +300,7 @@ def main() -> None:
         datatrove = run_datatrove(root / "corpus", root) if scale in args.datatrove_scales else None
         rows.append(report(scale, corpus, staged, today, datatrove, args.workers))
         print_row(rows[-1])
+        sys.stdout.flush()
     first = rows[0]
     for row in rows[1:]:
         row["driver_rss_vs_1x"] = round(row["driver_peak_rss_mib"] / first["driver_peak_rss_mib"], 3)

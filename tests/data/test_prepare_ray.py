@@ -74,7 +74,8 @@ def test_two_ray_nodes_write_what_one_process_writes_and_a_killed_worker_is_retr
     assert_same_output(Path(local.data.output_dir), Path(on_ray.data.output_dir))
     timings = data.manifest["timings"]
     assert timings["executor"].startswith(f"ray at {two_nodes}, 4 CPUs")
-    assert timings["stages"]["read"]["tasks"] == 8 and timings["stages"]["shards"]["nodes"] == 2  # both nodes worked
+    assert timings["stages"]["read"]["tasks"] == 8
+    assert {stage["nodes"] for stage in timings["stages"].values() if stage["tasks"] - stage["skipped"] > 1} == {2}  # both worked
     assert not work_dir(on_ray).exists()
 
 

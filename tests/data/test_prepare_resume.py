@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mindfoundry.cli.main import main
 from mindfoundry.config.load import load_config
 from mindfoundry.data.execute.workdir import WorkDirError
 from mindfoundry.data.ingest.builtin import read_builtin
-from mindfoundry.data.ingest.files import SourceStats
+from mindfoundry.data.ingest.files import DataSourceError, SourceStats
 from mindfoundry.data.ingest.inputs import plan_inputs
 from mindfoundry.data.prepare.pipeline import prepare_data, work_dir
 
@@ -128,3 +129,39 @@ def test_a_second_prepare_on_the_same_work_dir_is_refused(tiny_run) -> None:
     logs: list[str] = []
     prepare_data(cfg, log=logs.append)  # the stale work of another identity is discarded, not trusted
     assert f"discarding the earlier prepare's work in {work_dir(cfg)} (the data config changed)" in logs
+
+
+def test_a_full_disk_under_the_work_dir_is_one_line_and_writes_no_output(tiny_run, tmp_path, capsys) -> None:
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root): the full-disk case is not exercised")
+    try:
+        config = tiny_run("full", data__work_dir=str(disk / "work"))
+        capsys.readouterr()
+        assert main(["prepare", str(config)]) == 2
+        err = capsys.readouterr().err
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert lines[-1].startswith(f"error: no space left writing under '{disk / 'work'}': free space or set data.work_dir")
+        assert "finished tasks are kept and skipped" in lines[-1] and "Traceback" not in err
+        cfg = load_config(config)
+        assert not Path(cfg.data.output_dir).exists()
+        stages = disk / "work" / "stages"
+        assert not [p for p in stages.rglob("*") if ".tmp-" in p.name]  # the failed attempt took its folder with it
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def test_a_corrupt_compressed_file_is_named_with_the_line_it_broke_at(tiny_run, tmp_path, corpus_dir) -> None:
+    import gzip
+
+    lines = (corpus_dir / "code.jsonl").read_bytes()
+    whole = gzip.compress(lines * 3)
+    broken = tmp_path / "broken.jsonl.gz"
+    broken.write_bytes(whole[: len(whole) * 2 // 3])  # a download cut short
+    cfg = load_config(tiny_run("corrupt", data__sources=[{"name": "code", "paths": [str(broken)]}]))
+    with pytest.raises(DataSourceError, match=rf"{broken}: corrupt or truncated gzip data after line \d+ .*: replace the file"):
+        prepare_data(cfg, log=lambda _: None)
+    assert not Path(cfg.data.output_dir).exists()
+    read = work_dir(cfg) / "stages" / "read"
+    assert [p.name for p in read.iterdir()] == []  # nothing half-written is left as if complete
