@@ -89,3 +89,21 @@ def test_an_unreachable_ray_address_is_one_line_in_seconds(tiny_run, capsys) -> 
     with pytest.raises(RayExecutorError, match="set data.ray.address: local"):
         prepare_data(load_config(tiny_run("noray2", data__executor="ray", data__ray={"address": "ray://127.0.0.1:1"})),
                      log=lambda _: None)
+
+
+@pytest.mark.slow
+def test_the_cli_starts_a_ray_instance_of_its_own_with_address_local(tiny_run) -> None:
+    """`data.executor: ray` with the default `data.ray.address: local`, as a user runs it: the CLI in a process of its
+    own starts Ray on this machine, prepares, and stops it; the bytes are one local process's."""
+    import subprocess
+    import sys
+
+    local = load_config(tiny_run("plain"))
+    prepare_data(local, log=lambda _: None)
+    config = tiny_run("own")
+    proc = subprocess.run([sys.executable, "-m", "mindfoundry.cli", "prepare", str(config), "--set", "data.executor=ray",
+                           "--set", "data.workers=2"], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, RAY_ADDRESS=""))
+    assert proc.returncode == 0, proc.stderr
+    assert "prepare: 2 read tasks over 2 sources, ray at local, 2 CPUs" in proc.stdout + proc.stderr
+    assert_same_output(Path(local.data.output_dir), Path(load_config(config).data.output_dir))

@@ -29,7 +29,7 @@ import hashlib
 import os
 import struct
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO
@@ -58,8 +58,10 @@ _POINTER_DTYPE = np.dtype("<i8")
 _INT32_MAX = int(np.iinfo(np.int32).max)
 # Megatron switches to int32 tokens at this vocab size (it keeps a little headroom below 2**16).
 _UINT16_VOCAB_LIMIT = 65500
-# Tokens scanned per step by verify_tokens: 4M tokens (8-16 MB) keeps the scan's memory bounded.
-_VERIFY_CHUNK_TOKENS = 1 << 22
+# Index entries read per step while a shard is validated on open (1-2 MB).
+_VALIDATE_CHUNK = 1 << 18
+# Tokens scanned per step by verify_tokens: 1M tokens (2-4 MB) keeps the scan's memory bounded.
+_VERIFY_CHUNK_TOKENS = 1 << 20
 _REMEDY = "Re-run `mindfoundry prepare` to rebuild this shard."
 
 
@@ -318,8 +320,7 @@ class IndexedDataset:
         self._lengths, self._pointers, self._document_indices = self._index_arrays(
             num_sequences, num_doc_indices
         )
-        self._validate_lengths()
-        self._num_tokens = int(self._lengths.sum(dtype=np.int64))
+        self._num_tokens = self._validate_lengths()
         self._validate_bin_size()
         self._validate_pointers()
         self._validate_document_indices()
@@ -369,9 +370,24 @@ class IndexedDataset:
         doc_indices = np.frombuffer(buf, _POINTER_DTYPE, num_doc_indices, doc_indices_at)
         return lengths, pointers, doc_indices
 
-    def _validate_lengths(self) -> None:
-        if self._lengths.size and int(self._lengths.min()) < 0:
-            raise _shard_error(self._idx_path, "corrupted: negative sequence length")
+    def _chunks(self, array: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+        """``(start, entries)`` of one of the index arrays, read from the file :data:`_VALIDATE_CHUNK` entries at a
+        time: a scan of the memory map would leave every page it touched resident, so checking a shard's index
+        would hold memory in proportion to its documents."""
+        offset = array.ctypes.data - self._idx_map.ctypes.data
+        with open(self._idx_path, "rb") as f:
+            f.seek(offset)
+            for start in range(0, array.size, _VALIDATE_CHUNK):
+                yield start, np.fromfile(f, dtype=array.dtype, count=min(_VALIDATE_CHUNK, array.size - start))
+
+    def _validate_lengths(self) -> int:
+        """No sequence length is negative; return the token count."""
+        total = 0
+        for _, lengths in self._chunks(self._lengths):
+            if lengths.size and int(lengths.min()) < 0:
+                raise _shard_error(self._idx_path, "corrupted: negative sequence length")
+            total += int(lengths.sum(dtype=np.int64))
+        return total
 
     def _validate_bin_size(self) -> None:
         expected = self._num_tokens * self._dtype.itemsize
@@ -385,30 +401,39 @@ class IndexedDataset:
             )
 
     def _validate_pointers(self) -> None:
-        expected = np.zeros(self._lengths.size, dtype=np.int64)
-        np.cumsum(self._lengths[:-1], dtype=np.int64, out=expected[1:])
-        expected *= self._dtype.itemsize
-        if not np.array_equal(self._pointers, expected):
-            first = int(np.argmax(self._pointers != expected))
-            raise _shard_error(
-                self._idx_path,
-                f"corrupted: sequence pointer {first} is {int(self._pointers[first])}, "
-                f"expected {int(expected[first])} from the sequence lengths",
-            )
+        offset = 0
+        for (start, lengths), (_, pointers) in zip(self._chunks(self._lengths), self._chunks(self._pointers), strict=True):
+            expected = np.empty(lengths.size, dtype=np.int64)
+            expected[:1] = offset
+            np.cumsum(lengths[:-1], dtype=np.int64, out=expected[1:])
+            expected[1:] += offset
+            expected *= self._dtype.itemsize
+            if not np.array_equal(pointers, expected):
+                first = int(np.argmax(pointers != expected))
+                raise _shard_error(
+                    self._idx_path,
+                    f"corrupted: sequence pointer {start + first} is {int(pointers[first])}, "
+                    f"expected {int(expected[first])} from the sequence lengths",
+                )
+            offset += int(lengths.sum(dtype=np.int64))
 
     def _validate_document_indices(self) -> None:
-        doc = self._document_indices
         num_sequences = self._lengths.size
-        if doc.size == 0 or int(doc[0]) != 0:
+        last = None
+        for start, doc in self._chunks(self._document_indices):
+            if start == 0 and int(doc[0]) != 0:
+                raise _shard_error(self._idx_path, "corrupted: document indices do not start at 0")
+            if bool((np.diff(doc) < 0).any()) or (last is not None and int(doc[0]) < last):
+                raise _shard_error(
+                    self._idx_path, "corrupted: document indices are not monotonically increasing"
+                )
+            last = int(doc[-1])
+        if last is None:
             raise _shard_error(self._idx_path, "corrupted: document indices do not start at 0")
-        if doc.size > 1 and bool((np.diff(doc) < 0).any()):
-            raise _shard_error(
-                self._idx_path, "corrupted: document indices are not monotonically increasing"
-            )
-        if int(doc[-1]) != num_sequences:
+        if last != num_sequences:
             raise _shard_error(
                 self._idx_path,
-                f"corrupted: last document index is {int(doc[-1])}, "
+                f"corrupted: last document index is {last}, "
                 f"expected the sequence count {num_sequences}",
             )
 
