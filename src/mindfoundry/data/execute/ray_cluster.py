@@ -52,8 +52,8 @@ class RayExecutor:
         if address == "local":  # an instance of this process's own, reachable from this machine only
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         try:
-            if address == "local":
-                ray.init(num_cpus=self.workers or None, include_dashboard=False, log_to_driver=False,
+            if address == "local":  # "local": a new instance even where another runs here (no address would join it)
+                ray.init(address="local", num_cpus=self.workers or None, include_dashboard=False, log_to_driver=False,
                          object_store_memory=self.settings.object_store_mb * 2**20, configure_logging=False)
             else:
                 ray.init(address=address, log_to_driver=False, configure_logging=False)
