@@ -66,6 +66,17 @@ def write_json(path: Path, value: Any) -> None:
     fsync_folder(path.parent)
 
 
+def alive(pid: int) -> bool:
+    """Whether a process of this machine runs with that id."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def link_or_copy(source: Path, target: Path) -> None:
     """``target`` as a hard link to ``source`` (a file of the work area handed on without copying its bytes), or a
     copy where the two are on different file systems (``data.work_dir`` elsewhere) or links are not supported."""
@@ -177,11 +188,15 @@ class WorkDir:
         shutil.rmtree(self.root, ignore_errors=True)
 
     def clear_attempts(self, stage: str) -> None:
-        """Remove what killed attempts of ``stage``'s tasks left (nothing of this stage runs yet)."""
+        """Remove what killed attempts of ``stage``'s tasks left. An attempt whose process still runs on this machine
+        (a worker of a driver killed alone, finishing its task) is left be: it commits whole or not at all, and the
+        task's new attempt does the same (:meth:`commit` keeps whichever finishes first)."""
         folder = self.stage(stage)
         if folder.is_dir():
             for path in folder.glob(f"*{ATTEMPT}*"):
-                shutil.rmtree(path, ignore_errors=True)
+                host, _, pid = path.name.split(ATTEMPT, 1)[1].rpartition("-")
+                if not (host == socket.gethostname() and pid.isdigit() and int(pid) != os.getpid() and alive(int(pid))):
+                    shutil.rmtree(path, ignore_errors=True)
 
     # -- both sides ----------------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ from mindfoundry.data.dataset.prepared import MANIFEST, SPLITS, TOKENIZER, DataE
 from mindfoundry.data.execute import create_executor
 from mindfoundry.data.execute.progress import StagesProgress
 from mindfoundry.data.execute.stage import TIMING, Stage
-from mindfoundry.data.execute.workdir import WorkDir, link_or_copy, space_problem
+from mindfoundry.data.execute.workdir import WorkDir, alive, link_or_copy, space_problem
 from mindfoundry.data.prepare.corpus import MERGE, TOKENIZER as TOKENIZER_STAGE, Corpus
 from mindfoundry.data.ingest.inputs import plan_inputs
 from mindfoundry.data.prepare.keyruns import partitions
@@ -145,18 +145,8 @@ def _remove_stale_assemblies(out: Path) -> None:
     """Folders ``.NAME.tmp-PID`` that a killed `prepare` left (its process is gone): nothing reads them."""
     for path in out.parent.glob(f".{out.name}.tmp-*"):
         pid = path.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class _Prepare:
@@ -171,42 +161,47 @@ class _Prepare:
     def run(self) -> dict[str, Any]:
         """Every stage, then the manifest (without its identity)."""
         start, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
-        data, corpus, work = self.cfg.data, self.corpus, self.work
-        with create_executor(data) as executor, StagesProgress(self.log) as progress:
-            self.log(f"prepare: {len(corpus.inputs)} read tasks over {len(data.sources)} sources, {executor.describe()}")
+        with create_executor(self.cfg.data) as executor, StagesProgress(self.log) as progress:
+            self.log(f"prepare: {len(self.corpus.inputs)} read tasks over {len(self.cfg.data.sources)} sources, "
+                     f"{executor.describe()}")
             self.executor, self.progress = executor, progress
-            read = self._run(ReadStage(work, corpus))
-            summaries = self._summaries(read)
-            counted = [t for t, r in enumerate(read) if "line_entries" in r]
-            lines = partitions(sum(read[t]["line_entries"] for t in counted)) if counted else 0
-            if counted:
-                documents: dict[int, int] = {}
-                for t in counted:
-                    source = corpus.inputs[t].source
-                    documents[source] = documents.get(source, 0) + read[t]["line_documents"]
-                found = self._run(BoilerplateStage(work, corpus, lines, counted, documents))
-                self._log_boilerplate(found)
-            clean = self._run(CleanStage(work, corpus, lines))
-            for t, result in enumerate(clean):
-                summaries[corpus.inputs[t].source].add_blocks(result)
-            dedup = self._dedup(sum(r["kept"] for r in clean))
-            if dedup.decided:
-                report = self.results["decide"][0]["report"]
-                for summary in summaries:
-                    summary.dedup = report["removed_by_source"].get(summary.src.name, {})
-            for source, summary in enumerate(summaries):
-                summary.check_kept(sum(clean[t]["kept"] for t in corpus.tasks_of(source)) - sum(summary.dedup.values()))
-            options = {"seed": self.cfg.seed, "vocab_size": self.cfg.model.vocab_size, "mlm": self.cfg.model.objective == "mlm"}
-            tokenizer = self._run(TokenizerStage(work, corpus, dedup, **options))[0]
-            self._log_tokenizer(tokenizer)
-            for t, result in enumerate(self._run(ShardStage(work, corpus, dedup, **options))):
-                summaries[corpus.inputs[t].source].add_shards(result)
-            merged = self._run(MergeStage(work, corpus))
+            summaries, kept = self._clean()
+            dedup = self._dedup(summaries, kept)
+            tokenizer, merged = self._tokens(summaries, dedup)
         driver = resource.getrusage(resource.RUSAGE_SELF)
         return self._manifest(summaries, merged, tokenizer, dedup, {
             "executor": executor.describe(), "stages": self.timings, "total_s": round(time.perf_counter() - start, 2),
             "driver_cpu_s": round(driver.ru_utime + driver.ru_stime - cpu.ru_utime - cpu.ru_stime, 2),
             "driver_peak_rss_mib": round(driver.ru_maxrss / 1024, 1)})
+
+    def _clean(self) -> tuple[list[SourceSummary], list[int]]:
+        """The read, boilerplate and clean stages: per source what was read and what every block did; the documents
+        each read task kept."""
+        work, corpus = self.work, self.corpus
+        read = self._run(ReadStage(work, corpus))
+        summaries = self._summaries(read)
+        counted = [t for t, r in enumerate(read) if "line_entries" in r]
+        lines = partitions(sum(read[t]["line_entries"] for t in counted)) if counted else 0
+        if counted:
+            documents: dict[int, int] = {}
+            for t in counted:
+                source = corpus.inputs[t].source
+                documents[source] = documents.get(source, 0) + read[t]["line_documents"]
+            self._log_boilerplate(self._run(BoilerplateStage(work, corpus, lines, counted, documents)))
+        clean = self._run(CleanStage(work, corpus, lines))
+        for t, result in enumerate(clean):
+            summaries[corpus.inputs[t].source].add_blocks(result)
+        return summaries, [result["kept"] for result in clean]
+
+    def _tokens(self, summaries: list[SourceSummary], dedup: Dedup) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The tokenizer, shards and merge stages; the tokenizer's result and the merged shards."""
+        work, corpus = self.work, self.corpus
+        options = {"seed": self.cfg.seed, "vocab_size": self.cfg.model.vocab_size, "mlm": self.cfg.model.objective == "mlm"}
+        tokenizer = self._run(TokenizerStage(work, corpus, dedup, **options))[0]
+        self._log_tokenizer(tokenizer)
+        for t, result in enumerate(self._run(ShardStage(work, corpus, dedup, **options))):
+            summaries[corpus.inputs[t].source].add_shards(result)
+        return tokenizer, self._run(MergeStage(work, corpus))
 
     def _run(self, stage: Stage) -> list[dict[str, Any]]:
         """All tasks of ``stage``: those an earlier `prepare` finished are read back, the others run."""
@@ -244,11 +239,19 @@ class _Prepare:
             summary.check_read()
         return summaries
 
-    def _dedup(self, cleaned: int) -> Dedup:
-        """The dedup stages that the settings ask for; where their decisions are."""
+    def _dedup(self, summaries: list[SourceSummary], kept: list[int]) -> Dedup:
+        """The dedup stages that the settings ask for; where their decisions are. A source that cleaning and dedup
+        emptied is an error here, before the tokenizer."""
         settings, work, corpus = self.cfg.data.dedup, self.work, self.corpus
-        if not settings.enabled:
-            return Dedup(work, 0, decided=False)
+        dedup = self._deduplicate(sum(kept)) if settings.enabled else Dedup(work, 0, decided=False)
+        for source, summary in enumerate(summaries):
+            if dedup.decided:
+                summary.dedup = self.results["decide"][0]["report"]["removed_by_source"].get(summary.src.name, {})
+            summary.check_kept(sum(kept[t] for t in corpus.tasks_of(source)) - sum(summary.dedup.values()))
+        return dedup
+
+    def _deduplicate(self, cleaned: int) -> Dedup:
+        settings, work, corpus = self.cfg.data.dedup, self.work, self.corpus
         exact = partitions(cleaned) if settings.exact else 0
         if exact:
             self._run(ExactStage(work, corpus, exact))
