@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mindfoundry.data.dataset.indexed import DType, IndexedDataset, IndexedDatasetWriter, ShardError, dtype_for_vocab, verify_tokens
+from mindfoundry.data.dataset.indexed import DType, IndexedDataset, ShardError, dtype_for_vocab, verify_tokens
+from mindfoundry.data.dataset.shard_writer import IndexedDatasetWriter
 
 
 def _random_documents(vocab: int, seed: int = 0) -> list[np.ndarray]:

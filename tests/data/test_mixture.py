@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from mindfoundry.config.load import ConfigError
-from mindfoundry.data.dataset.indexed import IndexedDataset, IndexedDatasetWriter
+from mindfoundry.data.dataset.indexed import IndexedDataset
+from mindfoundry.data.dataset.shard_writer import IndexedDatasetWriter
 from mindfoundry.data.dataset.mixture import MixtureSampler, MixtureSource, largest_remainder, temperature_weights
 from mindfoundry.data.dataset.packing import PackedSamples
 from mindfoundry.data.dataset.prepared import DataError

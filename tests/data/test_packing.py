@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mindfoundry.data.dataset.indexed import IndexedDataset, IndexedDatasetWriter
+from mindfoundry.data.dataset.indexed import IndexedDataset
+from mindfoundry.data.dataset.shard_writer import IndexedDatasetWriter
 from mindfoundry.data.dataset.packing import IGNORE_INDEX, PackedSamples, SampleOrder
 
 PAD = 0

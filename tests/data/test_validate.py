@@ -10,7 +10,7 @@ import numpy as np
 from rich.console import Console
 
 from mindfoundry.cli.main import main
-from mindfoundry.data.dataset.indexed import IndexedDatasetWriter
+from mindfoundry.data.dataset.shard_writer import IndexedDatasetWriter
 from mindfoundry.data.dataset.inspect import inspect_prepared, length_histogram, render_inspect
 from mindfoundry.data.dataset.packing import PackedSamples
 from mindfoundry.data.dataset.validate import validate_prepared

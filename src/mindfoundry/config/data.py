@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -70,19 +70,6 @@ class TokenizerConfig(Section):
     min_frequency: int = Field(2, ge=1, description="Minimum pair frequency for a BPE merge.")
     sample_bytes: int | None = Field(50_000_000, ge=1, description="Training-split bytes tokenizer training reads (the first of each "
                                                                    "source, in turn): bounds its time and memory; null = all.")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _old_name(cls, values: Any) -> Any:
-        """``train_max_bytes``, this key's name until 0.2, is still read (configs and runs written before keep working)."""
-        if isinstance(values, dict) and "train_max_bytes" in values:
-            values = dict(values)
-            old = values.pop("train_max_bytes")
-            if "sample_bytes" in values and values["sample_bytes"] != old:
-                raise ValueError(f"train_max_bytes={old!r} (the old name of sample_bytes) conflicts with "
-                                 f"sample_bytes={values['sample_bytes']!r}: keep one of the two keys")
-            values["sample_bytes"] = old
-        return values
 
 
 class MixtureConfig(Section):

@@ -192,7 +192,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 #: Keys that moved, old dotted path -> new one: a config written before the move (a stored run's config.yaml
 #: included) still loads, its value carried to the new key unless that key is given too.
-MOVED_KEYS: dict[str, str] = {"debug.locate_overflow": "debug.overflow.enable"}
+MOVED_KEYS: dict[str, str] = {"debug.locate_overflow": "debug.overflow.enable",
+                              "data.tokenizer.train_max_bytes": "data.tokenizer.sample_bytes"}
 
 
 def _holder(tree: dict[str, Any], dotted: str, *, create: bool = False) -> tuple[dict[str, Any] | None, str]:
@@ -293,14 +294,14 @@ ADDED_KEYS: dict[str, Any] = {
 }
 
 
-#: Keys renamed after release 0.1.0 (dotted new name -> old last part). Identity hashes use the old name, so a run or
-#: a prepared data folder made before the rename keeps its identity; the config itself reads both names.
-RENAMED_KEYS: dict[str, str] = {"data.tokenizer.sample_bytes": "train_max_bytes"}
+#: Keys that moved (:data:`MOVED_KEYS`) after release 0.1.0 and count in identities, dotted new name -> old last part.
+#: Identity hashes use the old name, so a run or a prepared data folder made before the move keeps its identity.
+IDENTITY_OLD_NAMES: dict[str, str] = {"data.tokenizer.sample_bytes": "train_max_bytes"}
 
 
 def identity_view(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """A dumped config (or the section at ``prefix``, e.g. ``"data."``) without the :data:`ADDED_KEYS` at their defaults,
-    with the :data:`RENAMED_KEYS` under their old names."""
+    with the :data:`IDENTITY_OLD_NAMES` under their old names."""
     def strip(node: Any, path: list[str], default: Any) -> None:
         if isinstance(node, list):
             for item in node:
@@ -316,7 +317,7 @@ def identity_view(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     for key, default in ADDED_KEYS.items():
         if key.startswith(prefix):
             strip(view, key.removeprefix(prefix).split("."), default)
-    for key, old in RENAMED_KEYS.items():
+    for key, old in IDENTITY_OLD_NAMES.items():
         if not key.startswith(prefix):
             continue
         *parents, new = key.removeprefix(prefix).split(".")

@@ -25,27 +25,23 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import hashlib
-import os
 import struct
-from array import array
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from mindfoundry.errors import MindFoundryError, OutputExistsError
+from mindfoundry.errors import MindFoundryError
 
 __all__ = [
     "DType",
     "IndexedDataset",
-    "IndexedDatasetWriter",
     "ShardError",
     "ShardInfo",
-    "concatenate_shards",
     "dtype_for_vocab",
+    "index_sections",
+    "shard_paths",
     "verify_tokens",
 ]
 
@@ -55,7 +51,6 @@ _VERSION = 1
 _HEADER = struct.Struct("<9sQBQQ")
 _LENGTH_DTYPE = np.dtype("<i4")
 _POINTER_DTYPE = np.dtype("<i8")
-_INT32_MAX = int(np.iinfo(np.int32).max)
 # Megatron switches to int32 tokens at this vocab size (it keeps a little headroom below 2**16).
 _UINT16_VOCAB_LIMIT = 65500
 # Index entries read per step while a shard is validated on open (1-2 MB).
@@ -125,7 +120,7 @@ def dtype_for_vocab(vocab_size: int) -> np.dtype[Any]:
     return code.to_numpy()
 
 
-def _shard_paths(path_prefix: str | Path) -> tuple[Path, Path]:
+def shard_paths(path_prefix: str | Path) -> tuple[Path, Path]:
     """``prefix.bin`` and ``prefix.idx``; suffixes are appended, since prefixes may contain dots."""
     prefix = str(path_prefix)
     return Path(prefix + ".bin"), Path(prefix + ".idx")
@@ -147,157 +142,25 @@ class ShardInfo:
         return dataclasses.asdict(self)
 
 
-class IndexedDatasetWriter:
-    """Streams documents into a new shard; the shard only appears once ``finalize`` succeeds.
-
-    Tokens go to ``.bin.tmp`` as documents arrive (only per-document lengths stay in memory),
-    the index is written to ``.idx.tmp`` at the end, and both are renamed into place last, the
-    ``.idx`` after the ``.bin``. A crash therefore never leaves a complete-looking shard.
-    Used as a context manager, the shard is finalized on normal exit (unless ``finalize`` was
-    already called inside the block to obtain the ShardInfo) and the temporary files are
-    removed if the block raises.
-    """
-
-    def __init__(
-        self, path_prefix: str | Path, dtype: npt.DTypeLike, *, overwrite: bool = False
-    ) -> None:
-        self._prefix = str(path_prefix)
-        self._code = DType.from_numpy(dtype)
-        self._dtype = self._code.to_numpy()
-        if self._dtype.kind not in "iu":
-            raise ValueError(f"token shards need an integer dtype, got {self._dtype.name}")
-        self._bin_path, self._idx_path = _shard_paths(path_prefix)
-        self._bin_tmp = Path(f"{self._bin_path}.tmp")
-        self._idx_tmp = Path(f"{self._idx_path}.tmp")
-        self._overwrite = overwrite
-        self._refuse_existing()
-        self._bin_path.parent.mkdir(parents=True, exist_ok=True)
-        self._lengths = array("q")
-        self._num_tokens = 0
-        self._bin_hash = hashlib.sha256()
-        # Stays open across add_document calls; None once finalized or aborted.
-        self._bin_file: BinaryIO | None = open(self._bin_tmp, "wb")
-
-    def _refuse_existing(self) -> None:
-        """Protect finished shards from being clobbered by an accidental re-run."""
-        existing = [p for p in (self._bin_path, self._idx_path) if p.exists()]
-        if existing and not self._overwrite:
-            names = ", ".join(str(p) for p in existing)
-            raise OutputExistsError(
-                f"shard already exists ({names}); pass overwrite=True to replace it"
-            )
-
-    def add_document(self, tokens: np.ndarray | Sequence[int]) -> None:
-        """Append one document (a 1-D sequence of token ids, normally ending with EOS)."""
-        if self._bin_file is None:
-            raise RuntimeError(f"writer for {self._prefix} is already finalized or aborted")
-        data = np.ascontiguousarray(self._checked_tokens(tokens))
-        if data.size > _INT32_MAX:
-            raise ValueError(
-                f"document has {data.size} tokens; the index stores lengths as int32 "
-                f"(max {_INT32_MAX}); split the document"
-            )
-        self._bin_file.write(data.data)
-        self._bin_hash.update(data.data)
-        self._lengths.append(data.size)
-        self._num_tokens += data.size
-
-    def _checked_tokens(self, tokens: np.ndarray | Sequence[int]) -> np.ndarray:
-        """Cast to the shard dtype, refusing anything the cast would silently change."""
-        arr = np.asarray(tokens)
-        if arr.ndim != 1:
-            raise ValueError(f"a document must be a 1-D token sequence, got shape {arr.shape}")
-        if arr.size == 0:
-            return np.empty(0, dtype=self._dtype)
-        if arr.dtype.kind not in "biu":
-            raise TypeError(f"token ids must be integers, got dtype {arr.dtype}")
-        info = np.iinfo(self._dtype)
-        out_of_range = (arr < info.min) | (arr > info.max)
-        if out_of_range.any():
-            value = arr[np.argmax(out_of_range)]
-            raise ValueError(
-                f"token id {value} does not fit the shard dtype {self._dtype.name} "
-                f"(range {info.min}..{info.max}); use a wider dtype (see dtype_for_vocab)"
-            )
-        return arr.astype(self._dtype, copy=False)
-
-    def finalize(self) -> ShardInfo:
-        """Write the index, make both files durable and rename them into place."""
-        if self._bin_file is None:
-            raise RuntimeError(f"writer for {self._prefix} is already finalized or aborted")
-        try:
-            _close_durably(self._bin_file)
-            self._bin_file = None
-            idx_sha256 = self._write_index()
-            self._refuse_existing()
-            # Drop a replaced .idx first so a crash mid-rename never pairs it with the new .bin.
-            self._idx_path.unlink(missing_ok=True)
-            os.replace(self._bin_tmp, self._bin_path)
-            os.replace(self._idx_tmp, self._idx_path)
-        except BaseException:
-            self.abort()
-            raise
-        return ShardInfo(
-            path_prefix=self._prefix,
-            num_documents=len(self._lengths),
-            num_tokens=self._num_tokens,
-            dtype=self._dtype.name,
-            bin_sha256=self._bin_hash.hexdigest(),
-            idx_sha256=idx_sha256,
-        )
-
-    def _write_index(self) -> str:
-        """Write ``.idx.tmp`` and return its sha256."""
-        lengths = np.frombuffer(self._lengths, dtype=np.int64)
-        pointers = np.zeros(lengths.size, dtype=_POINTER_DTYPE)
-        np.cumsum(lengths[:-1] * self._dtype.itemsize, out=pointers[1:])
-        document_indices = np.arange(lengths.size + 1, dtype=_POINTER_DTYPE)
-        header = _HEADER.pack(
-            _MAGIC, _VERSION, int(self._code), lengths.size, document_indices.size
-        )
-        parts = [
-            header,
-            lengths.astype(_LENGTH_DTYPE).tobytes(),
-            pointers.tobytes(),
-            document_indices.tobytes(),
-        ]
-        digest = hashlib.sha256()
-        with open(self._idx_tmp, "wb") as f:
-            for part in parts:
-                f.write(part)
-                digest.update(part)
-            f.flush()
-            os.fsync(f.fileno())
-        return digest.hexdigest()
-
-    def abort(self) -> None:
-        """Discard everything written so far; no shard files are left behind."""
-        if self._bin_file is not None:
-            self._bin_file.close()
-            self._bin_file = None
-        self._bin_tmp.unlink(missing_ok=True)
-        self._idx_tmp.unlink(missing_ok=True)
-
-    def __enter__(self) -> IndexedDatasetWriter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc_type is not None:
-            self.abort()
-        elif self._bin_file is not None:
-            self.finalize()
-
-
-def _close_durably(f: BinaryIO) -> None:
-    """Flush and fsync before closing, so the later rename never exposes unwritten data."""
-    f.flush()
-    os.fsync(f.fileno())
-    f.close()
+def index_sections(dtype: npt.DTypeLike, parts: Sequence[np.ndarray]) -> Iterator[bytes]:
+    """The ``.idx`` of a shard whose sequences have the lengths in ``parts`` (arrays, in order), as its bytes: the
+    header, then every part's lengths, every part's pointers, the document indices. One part's arrays are in
+    memory at a time, so a shard of parts is indexed without holding all its lengths
+    (:mod:`mindfoundry.data.dataset.shard_writer` writes both with it)."""
+    dtype = np.dtype(dtype)
+    count = sum(len(lengths) for lengths in parts)
+    yield _HEADER.pack(_MAGIC, _VERSION, int(DType.from_numpy(dtype)), count, count + 1)
+    for lengths in parts:
+        yield np.asarray(lengths).astype(_LENGTH_DTYPE).tobytes()
+    offset = 0
+    for lengths in parts:
+        sizes = np.asarray(lengths, dtype=np.int64)
+        pointers = np.zeros(sizes.size, dtype=np.int64)
+        np.cumsum(sizes[:-1], out=pointers[1:])
+        yield ((pointers + offset) * dtype.itemsize).astype(_POINTER_DTYPE).tobytes()
+        offset += int(sizes.sum())
+    for start in range(0, count + 1, _VALIDATE_CHUNK):  # the writer stores one sequence per document: 0, 1, ..., N
+        yield np.arange(start, min(start + _VALIDATE_CHUNK, count + 1), dtype=_POINTER_DTYPE).tobytes()
 
 
 class IndexedDataset:
@@ -310,7 +173,7 @@ class IndexedDataset:
 
     def __init__(self, path_prefix: str | Path) -> None:
         self._prefix = str(path_prefix)
-        self._bin_path, self._idx_path = _shard_paths(path_prefix)
+        self._bin_path, self._idx_path = shard_paths(path_prefix)
         for path in (self._idx_path, self._bin_path):
             if not path.is_file():
                 raise _shard_error(path, "file is missing")
@@ -524,51 +387,3 @@ def _token_range(ds: IndexedDataset) -> tuple[int, int]:
             hi = int(chunk.max()) if hi is None else max(hi, int(chunk.max()))
     assert lo is not None and hi is not None
     return lo, hi
-
-
-def concatenate_shards(parts: Sequence[str | Path], path_prefix: str | Path) -> ShardInfo:
-    """One shard holding the documents of ``parts`` (each a prefix and the info its writer returned), in order.
-
-    The ``.bin`` files are concatenated and the ``.idx`` written section by section (all lengths, then all
-    pointers, then the document indices), one part at a time, so memory holds one part's index, not the
-    whole shard's; the result is byte for byte what one writer given every document would write.
-    """
-    if not parts:
-        raise ValueError("no shard to concatenate")
-    bin_path, idx_path = _shard_paths(path_prefix)
-    bin_path.parent.mkdir(parents=True, exist_ok=True)
-    shards = [IndexedDataset(prefix) for prefix in parts]
-    dtypes = {ds.dtype for ds in shards}
-    if len(dtypes) != 1:
-        raise ValueError(f"shards of different dtypes cannot be concatenated: {sorted(d.name for d in dtypes)}")
-    dtype = shards[0].dtype
-    bin_hash = hashlib.sha256()
-    with open(bin_path, "wb") as out:
-        for ds in shards:
-            with open(ds.bin_path, "rb") as src:
-                while chunk := src.read(1 << 22):
-                    out.write(chunk)
-                    bin_hash.update(chunk)
-        out.flush()
-        os.fsync(out.fileno())
-    count = sum(len(ds) for ds in shards)
-    idx_hash = hashlib.sha256()
-
-    def write(f: BinaryIO, data: bytes) -> None:
-        f.write(data)
-        idx_hash.update(data)
-
-    with open(idx_path, "wb") as f:
-        write(f, _HEADER.pack(_MAGIC, _VERSION, int(DType.from_numpy(dtype)), count, count + 1))
-        for ds in shards:
-            write(f, np.asarray(ds.sequence_lengths, dtype=_LENGTH_DTYPE).tobytes())
-        offset = 0
-        for ds in shards:
-            write(f, (np.asarray(ds.sequence_pointers, dtype=_POINTER_DTYPE) + offset).tobytes())
-            offset += ds.num_tokens * dtype.itemsize
-        for start in range(0, count + 1, 1 << 20):
-            write(f, np.arange(start, min(start + (1 << 20), count + 1), dtype=_POINTER_DTYPE).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    return ShardInfo(path_prefix=str(path_prefix), num_documents=count, num_tokens=sum(ds.num_tokens for ds in shards),
-                     dtype=dtype.name, bin_sha256=bin_hash.hexdigest(), idx_sha256=idx_hash.hexdigest())

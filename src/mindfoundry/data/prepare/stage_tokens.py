@@ -27,7 +27,8 @@ from tokenizers import Tokenizer
 
 from mindfoundry.data.clean.curate import CHUNK_DOCUMENTS, dedup_event
 from mindfoundry.data.clean.droplog import DROPS_FILE, assemble, read_numbered, write_part
-from mindfoundry.data.dataset.indexed import IndexedDatasetWriter, concatenate_shards, dtype_for_vocab
+from mindfoundry.data.dataset.indexed import dtype_for_vocab
+from mindfoundry.data.dataset.shard_writer import IndexedDatasetWriter, concatenate_shards
 from mindfoundry.data.dataset.prepared import SPLITS, TOKENIZER, DataError
 from mindfoundry.data.execute.stage import Stage
 from mindfoundry.data.execute.workdir import WorkDir, link_or_copy
