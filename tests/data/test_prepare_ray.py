@@ -10,13 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
+from test_parallel_prepare import assert_same_output
 
 from mindfoundry.cli.main import main
 from mindfoundry.config.load import load_config
 from mindfoundry.data.execute.ray_cluster import RayExecutorError
 from mindfoundry.data.prepare.pipeline import prepare_data, work_dir
-
-from test_parallel_prepare import assert_same_output
 
 ray = pytest.importorskip("ray")
 

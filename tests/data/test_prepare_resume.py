@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from mf_testing import tiny_run_tree
+from test_parallel_prepare import assert_same_output
 
 from mindfoundry.cli.main import main
 from mindfoundry.config.load import load_config
@@ -22,9 +24,6 @@ from mindfoundry.data.ingest.builtin import read_builtin
 from mindfoundry.data.ingest.files import DataSourceError, SourceStats
 from mindfoundry.data.ingest.inputs import plan_inputs
 from mindfoundry.data.prepare.pipeline import prepare_data, work_dir
-
-from mf_testing import tiny_run_tree
-from test_parallel_prepare import assert_same_output
 
 FILES = 12
 

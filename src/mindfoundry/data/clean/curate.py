@@ -23,7 +23,13 @@ from mindfoundry.config.clean import CLEAN_BLOCKS
 from mindfoundry.config.data import DataConfig, SourceConfig
 from mindfoundry.data.clean.base import event
 from mindfoundry.data.clean.boilerplate import FrequentLines
-from mindfoundry.data.clean.pipeline import CleaningPipeline, active_sections, build_pipeline, resolve_profile, with_profile
+from mindfoundry.data.clean.pipeline import (
+    CleaningPipeline,
+    active_sections,
+    build_pipeline,
+    resolve_profile,
+    with_profile,
+)
 from mindfoundry.data.document import Document
 
 #: The block whose input needs counts over the whole corpus: where a source's pipeline is cut.

@@ -17,7 +17,13 @@ from typing import Any
 
 from mindfoundry.config.data import DataConfig
 from mindfoundry.data.clean.boilerplate import LineCounter
-from mindfoundry.data.clean.curate import CUT, clean_chunk, clean_profile, runs_block, source_pipeline
+from mindfoundry.data.clean.curate import (
+    CUT,
+    clean_chunk,
+    clean_profile,
+    runs_block,
+    source_pipeline,
+)
 from mindfoundry.data.ingest.files import SourceStats
 from mindfoundry.data.ingest.inputs import read_source
 from mindfoundry.errors import MindFoundryError

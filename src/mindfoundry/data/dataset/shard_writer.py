@@ -17,7 +17,13 @@ from typing import BinaryIO
 import numpy as np
 import numpy.typing as npt
 
-from mindfoundry.data.dataset.indexed import DType, IndexedDataset, ShardInfo, index_sections, shard_paths
+from mindfoundry.data.dataset.indexed import (
+    DType,
+    IndexedDataset,
+    ShardInfo,
+    index_sections,
+    shard_paths,
+)
 from mindfoundry.errors import OutputExistsError
 
 #: The index stores sequence lengths as int32.

@@ -21,7 +21,14 @@ from typing import Any
 from mindfoundry.config.data import DataConfig, SourceConfig
 from mindfoundry.data.document import Document
 from mindfoundry.data.ingest.builtin import read_builtin
-from mindfoundry.data.ingest.files import DataSourceError, FileLedger, SourceStats, files_root, read_listed, resolve_files
+from mindfoundry.data.ingest.files import (
+    DataSourceError,
+    FileLedger,
+    SourceStats,
+    files_root,
+    read_listed,
+    resolve_files,
+)
 
 
 @dataclass(frozen=True)

@@ -32,17 +32,32 @@ from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.clean.curate import clean_profile
 from mindfoundry.data.clean.droplog import DROPS_FILE
 from mindfoundry.data.dataset.indexed import dtype_for_vocab
-from mindfoundry.data.dataset.prepared import MANIFEST, SPLITS, TOKENIZER, DataError, PreparedData, load_prepared, read_manifest
+from mindfoundry.data.dataset.prepared import (
+    MANIFEST,
+    SPLITS,
+    TOKENIZER,
+    DataError,
+    PreparedData,
+    load_prepared,
+    read_manifest,
+)
 from mindfoundry.data.execute import create_executor
 from mindfoundry.data.execute.progress import StagesProgress
 from mindfoundry.data.execute.stage import TIMING, Stage
 from mindfoundry.data.execute.workdir import WorkDir, alive, link_or_copy, space_problem
-from mindfoundry.data.prepare.corpus import MERGE, TOKENIZER as TOKENIZER_STAGE, Corpus
 from mindfoundry.data.ingest.inputs import plan_inputs
+from mindfoundry.data.prepare.corpus import MERGE, Corpus
+from mindfoundry.data.prepare.corpus import TOKENIZER as TOKENIZER_STAGE
 from mindfoundry.data.prepare.keyruns import partitions
 from mindfoundry.data.prepare.manifest import SourceSummary, cleaning, source_line
 from mindfoundry.data.prepare.stage_clean import BoilerplateStage, CleanStage, ReadStage
-from mindfoundry.data.prepare.stage_dedup import BandStage, DecideStage, Dedup, ExactStage, PairStage
+from mindfoundry.data.prepare.stage_dedup import (
+    BandStage,
+    DecideStage,
+    Dedup,
+    ExactStage,
+    PairStage,
+)
 from mindfoundry.data.prepare.stage_tokens import MergeStage, ShardStage, TokenizerStage
 from mindfoundry.data.prepare.tokenizer import load_tokenizer, tokenizer_hash
 

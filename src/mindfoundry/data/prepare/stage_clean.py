@@ -24,16 +24,27 @@ from typing import Any
 import numpy as np
 
 from mindfoundry.config.data import DedupConfig
-from mindfoundry.data.clean.boilerplate import FrequentLines, LineCounter, frequent_body, frequent_edge
-from mindfoundry.data.clean.curate import CUT, chunked, clean_chunk, runs_block, source_pipeline
+from mindfoundry.data.clean.boilerplate import (
+    FrequentLines,
+    LineCounter,
+    frequent_body,
+    frequent_edge,
+)
+from mindfoundry.data.clean.curate import (
+    CUT,
+    chunked,
+    clean_chunk,
+    runs_block,
+    source_pipeline,
+)
 from mindfoundry.data.clean.dedup import Signer, band_keys, exact_key
 from mindfoundry.data.clean.droplog import read_numbered, write_numbered
 from mindfoundry.data.execute.stage import Stage
 from mindfoundry.data.execute.workdir import WorkDir
 from mindfoundry.data.ingest.files import SourceStats
+from mindfoundry.data.ingest.inputs import read_input
 from mindfoundry.data.prepare.corpus import BOILERPLATE, CLEAN, READ, Corpus
 from mindfoundry.data.prepare.docstore import DocReader, DocWriter
-from mindfoundry.data.ingest.inputs import read_input
 from mindfoundry.data.prepare.keyruns import gather, groups, key_range, write_run
 
 DOCS, EVENTS, SIGNATURES = "docs", "events.jsonl", "signatures.npy"

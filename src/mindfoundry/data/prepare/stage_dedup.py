@@ -33,12 +33,35 @@ from typing import Any
 
 import numpy as np
 
-from mindfoundry.data.clean.dedup import Clusters, Pair, Signer, first_kept_wins, jaccard, signature_similarity
+from mindfoundry.data.clean.dedup import (
+    Clusters,
+    Pair,
+    Signer,
+    first_kept_wins,
+    jaccard,
+    signature_similarity,
+)
 from mindfoundry.data.execute.stage import Stage
 from mindfoundry.data.execute.workdir import WorkDir
-from mindfoundry.data.prepare.corpus import BANDS, CLEAN, DECIDE, EXACT, PAIRS, Corpus, ref_row, ref_task, task_refs
+from mindfoundry.data.prepare.corpus import (
+    BANDS,
+    CLEAN,
+    DECIDE,
+    EXACT,
+    PAIRS,
+    Corpus,
+    ref_row,
+    ref_task,
+    task_refs,
+)
 from mindfoundry.data.prepare.docstore import DocReader
-from mindfoundry.data.prepare.keyruns import gather, groups, key_range, read_range, write_run
+from mindfoundry.data.prepare.keyruns import (
+    gather,
+    groups,
+    key_range,
+    read_range,
+    write_run,
+)
 from mindfoundry.data.prepare.stage_clean import DOCS, SIGNATURES
 
 

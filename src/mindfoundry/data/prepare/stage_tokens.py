@@ -26,10 +26,18 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from mindfoundry.data.clean.curate import CHUNK_DOCUMENTS, dedup_event
-from mindfoundry.data.clean.droplog import DROPS_FILE, assemble, read_numbered, write_part
+from mindfoundry.data.clean.droplog import (
+    DROPS_FILE,
+    assemble,
+    read_numbered,
+    write_part,
+)
 from mindfoundry.data.dataset.indexed import dtype_for_vocab
-from mindfoundry.data.dataset.shard_writer import IndexedDatasetWriter, concatenate_shards
 from mindfoundry.data.dataset.prepared import SPLITS, TOKENIZER, DataError
+from mindfoundry.data.dataset.shard_writer import (
+    IndexedDatasetWriter,
+    concatenate_shards,
+)
 from mindfoundry.data.execute.stage import Stage
 from mindfoundry.data.execute.workdir import WorkDir, link_or_copy
 from mindfoundry.data.prepare.corpus import CLEAN, MERGE, SHARDS, Corpus
@@ -38,7 +46,12 @@ from mindfoundry.data.prepare.docstore import DocReader
 from mindfoundry.data.prepare.split import split_documents
 from mindfoundry.data.prepare.stage_clean import DOCS, EVENTS
 from mindfoundry.data.prepare.stage_dedup import CleanedDocuments, Dedup
-from mindfoundry.data.prepare.tokenizer import encode_batch, load_tokenizer, train_tokenizer, with_mask_token
+from mindfoundry.data.prepare.tokenizer import (
+    encode_batch,
+    load_tokenizer,
+    train_tokenizer,
+    with_mask_token,
+)
 
 PART = "drops.jsonl"
 
