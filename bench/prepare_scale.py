@@ -102,7 +102,7 @@ def write_config(root: Path, corpus: Path, workers: int) -> Path:
         "name": "scale", "run_dir": str(root / "run"), "seed": 1234,
         "model": {"vocab_size": 8192, "d_model": 64, "n_layers": 2, "n_heads": 2, "max_seq_len": 128},
         "data": {"sources": [{"name": "news", "paths": [str(corpus / "news")]}, {"name": "plays", "paths": [str(corpus / "plays")]}],
-                 "workers": workers, "task_bytes": 4 * 2**20, "tokenizer": {"sample_bytes": 8_000_000}},
+                 "workers": workers, "tokenizer": {"sample_bytes": 8_000_000}},
         "train": {"steps": 1, "micro_batch_size": 2, "seq_len": 64}, "optim": {"warmup_steps": 0},
     }
     path = root / "config.yaml"
@@ -158,7 +158,6 @@ def run_today(config: Path, commit: str, scratch: Path) -> dict[str, Any]:
                        capture_output=True)
     old = yaml.safe_load(config.read_text())
     old["data"]["tokenizer"] = {"train_max_bytes": old["data"]["tokenizer"]["sample_bytes"]}
-    del old["data"]["task_bytes"]
     old["run_dir"] += "-today"
     path = config.with_name("config-today.yaml")
     path.write_text(yaml.safe_dump(old))

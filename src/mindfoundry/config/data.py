@@ -127,8 +127,9 @@ class DataConfig(Section):
     work_dir: str | None = Field(None, description="Where `prepare` keeps its stages' files until the output is complete (finished "
                                                    "tasks survive a kill and are skipped by the next run); null = a hidden folder "
                                                    "next to output_dir. On a cluster: shared storage.")
-    task_bytes: int = Field(64 * 2**20, ge=1024, description="Input bytes per read task: a source's files are grouped into tasks "
-                                                             "of about this much (a bigger file is one task). Not in the identity.")
+    task_bytes: int | None = Field(None, ge=1024, description="Input bytes per read task: a source's files are grouped into "
+                                                                "tasks of about this much (a bigger file is one task); null = "
+                                                                "a 64th of the corpus, 1 to 64 MiB. Not in the identity.")
 
     @field_validator("output_dir", "work_dir")
     @classmethod

@@ -1,7 +1,8 @@
 """The input shards of `prepare`: each source's files cut into read tasks, in corpus order.
 
-A read task is a run of consecutive files of one source (about ``data.task_bytes`` of input; a
-bigger file is a task of its own), read with the ids the whole source gives them. A built-in
+A read task is a run of consecutive files of one source (about ``data.task_bytes`` of input, by default
+a 64th of the corpus between 1 and 64 MiB; a bigger file is a task of its own), read with the ids the
+whole source gives them. A built-in
 source, and a source capped by ``max_documents`` / ``max_bytes`` (the cap counts from its first
 document), is one task. Tasks are numbered in corpus order -- sources in config order, files in
 reading order -- so every later stage can put documents back in that order from (task, row).
@@ -43,20 +44,38 @@ class InputTask:
         return {"source": self.source, "files": [list(f) for f in self.files], "root": self.root}
 
 
+#: ``data.task_bytes: null`` cuts the corpus into about this many read tasks (enough to keep a few dozen processes
+#: busy to the end of a stage), each of at least :data:`MIN_TASK_BYTES` and at most :data:`MAX_TASK_BYTES` of input.
+AUTO_TASKS = 64
+MIN_TASK_BYTES = 1 << 20
+MAX_TASK_BYTES = 64 << 20
+
+
 def plan_inputs(data: DataConfig) -> list[InputTask]:
     """The read tasks of every source, in corpus order (a bad path is an error here, before any work)."""
-    return [task for index in range(len(data.sources)) for task in source_tasks(data, index)]
+    listed = [_listed_files(src) for src in data.sources]
+    size = data.task_bytes if data.task_bytes is not None else auto_task_bytes(
+        sum(entry[1] for files, _ in listed for entry in files))
+    return [task for index, (files, root) in enumerate(listed) for task in _grouped(data, index, files, root, size)]
 
 
-def source_tasks(data: DataConfig, index: int) -> list[InputTask]:
-    """The read tasks of source number ``index``."""
-    src = data.sources[index]
+def auto_task_bytes(total: int) -> int:
+    """The read-task size ``data.task_bytes: null`` gives a corpus of ``total`` input bytes (outputs do not depend on it)."""
+    return min(max(total // AUTO_TASKS, MIN_TASK_BYTES), MAX_TASK_BYTES)
+
+
+def _listed_files(src: SourceConfig) -> tuple[list[tuple[str, int, int]], str]:
+    """A file source's files as listed now (path, size, modification time) and their root; none for a built-in."""
     if src.builtin is not None:
-        return [InputTask(index, (), "")]
+        return [], ""
     files = resolve_files(src.paths)
-    root = str(files_root(files))
-    listed = [_listed(path) for path in files]
-    if src.max_documents is not None or src.max_bytes is not None:
+    return [_listed(path) for path in files], str(files_root(files))
+
+
+def _grouped(data: DataConfig, index: int, listed: list[tuple[str, int, int]], root: str, task_bytes: int) -> list[InputTask]:
+    """Source ``index``'s read tasks: runs of its files of at least ``task_bytes`` (one for a built-in or capped source)."""
+    src = data.sources[index]
+    if src.builtin is not None or src.max_documents is not None or src.max_bytes is not None:
         return [InputTask(index, tuple(listed), root)]
     tasks: list[InputTask] = []
     group: list[tuple[str, int, int]] = []
@@ -64,7 +83,7 @@ def source_tasks(data: DataConfig, index: int) -> list[InputTask]:
     for entry in listed:
         group.append(entry)
         size += entry[1]
-        if size >= data.task_bytes:
+        if size >= task_bytes:
             tasks.append(InputTask(index, tuple(group), root))
             group, size = [], 0
     if group:
@@ -73,9 +92,9 @@ def source_tasks(data: DataConfig, index: int) -> list[InputTask]:
 
 
 def read_source(data: DataConfig, index: int, stats: SourceStats) -> Iterator[Document]:
-    """A whole source as its read tasks read it, one after the other (``prepare --preview``, benchmarks)."""
-    for task in source_tasks(data, index):
-        yield from read_input(task, data.sources[index], stats)
+    """A whole source as read, in order (``prepare --preview``, benchmarks)."""
+    files, root = _listed_files(data.sources[index])
+    yield from read_input(InputTask(index, tuple(files), root), data.sources[index], stats)
 
 
 def _listed(path: Path) -> tuple[str, int, int]:
