@@ -181,13 +181,12 @@ def band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
     ``b*rows .. b*rows+rows-1`` of a signature, and two signatures share band ``b``'s bucket when their keys
     there are equal. A key is the band's values folded into 64 bits (xor, multiply by an odd constant, a final
     mix): equal bands give equal keys, and unequal ones collide with probability about 2**-64."""
-    values = np.asarray(signatures, dtype=np.uint64)
-    keys = np.empty((bands, len(values)), dtype=np.uint64)
+    keys = np.empty((bands, len(signatures)), dtype=np.uint64)
     with np.errstate(over="ignore"):
         for band in range(bands):
-            key = np.full(len(values), np.uint64(band + 1) * _MIX, dtype=np.uint64)
+            key = np.full(len(signatures), np.uint64(band + 1) * _MIX, dtype=np.uint64)
             for row in range(band * rows, band * rows + rows):
-                key = (key ^ values[:, row]) * _ROLL
+                key = (key ^ signatures[:, row].astype(np.uint64)) * _ROLL
             key ^= key >> np.uint64(31)
             keys[band] = key * _MIX
     return keys

@@ -19,15 +19,18 @@ from pathlib import Path
 
 import numpy as np
 
-#: Entries a reduce task holds at most (16 bytes each, a few copies while sorting: a few MB): what bounds its memory
+#: Entries a reduce task holds (16 bytes each, a few copies while sorting: a few MB) while the corpus is small enough
 #: (bench/prepare_scale.py: at 1 << 19, the exact and band tasks' peak RSS doubled from 25k to 400k documents).
 PARTITION_ENTRIES = 1 << 16
+#: At most this many key ranges per stage: every range reads a slice of every map task's run, so the reads grow as
+#: tasks x ranges; past 64M entries (some 64M documents) ranges grow instead (a billion: 1M entries, ~50 MB a task).
+MAX_PARTITIONS = 1024
 KEY_SPACE = 1 << 64
 
 
-def partitions(entries: int, per_partition: int = PARTITION_ENTRIES) -> int:
-    """How many key ranges share ``entries`` so that none holds much more than ``per_partition``."""
-    return max(1, -(-entries // per_partition))
+def partitions(entries: int, most: int = MAX_PARTITIONS) -> int:
+    """How many key ranges share ``entries``: about :data:`PARTITION_ENTRIES` each, at most ``most`` ranges."""
+    return min(max(1, -(-entries // PARTITION_ENTRIES)), most)
 
 
 def key_range(partition: int, count: int) -> tuple[int, int | None]:

@@ -48,7 +48,7 @@ from mindfoundry.data.execute.workdir import WorkDir, alive, link_or_copy, space
 from mindfoundry.data.ingest.inputs import plan_inputs
 from mindfoundry.data.prepare.corpus import MERGE, Corpus
 from mindfoundry.data.prepare.corpus import TOKENIZER as TOKENIZER_STAGE
-from mindfoundry.data.prepare.keyruns import partitions
+from mindfoundry.data.prepare.keyruns import MAX_PARTITIONS, partitions
 from mindfoundry.data.prepare.manifest import SourceSummary, cleaning, source_line
 from mindfoundry.data.prepare.stage_clean import BoilerplateStage, CleanStage, ReadStage
 from mindfoundry.data.prepare.stage_dedup import (
@@ -271,7 +271,7 @@ class _Prepare:
         if exact:
             self._run(ExactStage(work, corpus, exact))
         if settings.near:
-            ranges = partitions(cleaned)
+            ranges = partitions(cleaned, max(1, MAX_PARTITIONS // settings.bands))
             self._run(BandStage(work, corpus, ranges, exact))
             self._run(PairStage(work, corpus, settings.bands * ranges))
         report = self._run(DecideStage(work, corpus, exact, cleaned, pairs=settings.near))[0]["report"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 import time
 from array import array
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ from mindfoundry.data.prepare.docstore import DocReader, DocWriter
 from mindfoundry.data.prepare.keyruns import gather, groups, key_range, write_run
 
 DOCS, EVENTS, SIGNATURES = "docs", "events.jsonl", "signatures.npy"
+NEW_EVENTS = "events.this-stage.jsonl"  # the clean stage's own lines, before they merge with the read stage's
 
 
 class ReadStage(Stage):
@@ -69,16 +71,20 @@ class ReadStage(Stage):
         settings = data.clean.boilerplate
         counter = LineCounter(settings.min_line_chars, settings.edge_lines) if runs_block(data, src, CUT) else None
         store = DocWriter(out / DOCS, src.name, src.resolved_category())
-        lines: list[tuple[int, dict[str, Any]]] = []
-        for chunk in chunked(enumerate(read_input(self.corpus.inputs[task], src, stats))):
-            kept, chunk_lines = clean_chunk(pipeline, chunk)
-            lines += chunk_lines
-            for ordinal, doc in kept:
-                store.add(doc, ordinal)
-                if counter is not None:
-                    counter.add(doc.text, doc.source)
+
+        def cleaned() -> Iterator[tuple[int, dict[str, Any]]]:
+            """Store what the blocks keep, count its lines; the drop-log lines, chunk by chunk (written as they come)."""
+            for chunk in chunked(enumerate(read_input(self.corpus.inputs[task], src, stats))):
+                kept, lines = clean_chunk(pipeline, chunk)
+                for ordinal, doc in kept:
+                    store.add(doc, ordinal)
+                    if counter is not None:
+                        counter.add(doc.text, doc.source)
+                yield from lines
+
+        lines = write_numbered(out / EVENTS, cleaned())
         result = {"documents": stats.documents, "kept": store.close(), "stats": stats.counters(), "files": stats.files,
-                  "notes": stats.notes, "blocks": pipeline.report(), "lines": write_numbered(out / EVENTS, lines)}
+                  "notes": stats.notes, "blocks": pipeline.report(), "lines": lines}
         if counter is not None:
             result["line_documents"] = counter.source_documents[src.name]
             result["line_entries"] = sum(write_run(out, name, np.fromiter(counts.keys(), np.uint64, len(counts)),
@@ -153,31 +159,37 @@ class CleanStage(Stage):
         read = self.work.task(READ, task)
         store = DocWriter(out / DOCS, src.name, src.resolved_category())
         signing = Signing(self.corpus.data.dedup)
-        new_lines: list[tuple[int, dict[str, Any]]] = []
         reader = DocReader(read / DOCS)
-        for chunk in chunked(reader):
-            kept, chunk_lines = clean_chunk(pipeline, chunk)
-            new_lines += chunk_lines
-            for ordinal, doc in kept:
-                store.add(doc, ordinal)
-                signing.add(doc.text)
+
+        def cleaned() -> Iterator[tuple[int, dict[str, Any]]]:
+            """Store and sign what the blocks keep; the drop-log lines, chunk by chunk (written as they come)."""
+            for chunk in chunked(reader):
+                kept, lines = clean_chunk(pipeline, chunk)
+                for ordinal, doc in kept:
+                    store.add(doc, ordinal)
+                    signing.add(doc.text)
+                yield from lines
+
+        write_numbered(out / NEW_EVENTS, cleaned())
         kept_count = store.close()
         signing.write(out)
-        events = write_numbered(out / EVENTS, heapq.merge(read_numbered(read / EVENTS), new_lines, key=lambda item: item[0]))
+        events = write_numbered(out / EVENTS, heapq.merge(read_numbered(read / EVENTS), read_numbered(out / NEW_EVENTS),
+                                                          key=lambda item: item[0]))
+        (out / NEW_EVENTS).unlink()
         return {"documents": len(reader), "kept": kept_count, "chars": store.chars, "blocks": pipeline.report(),
                 "lines": events, "sign_seconds": round(signing.seconds, 3)}
 
 
 class Signing:
-    """A task's dedup keys, document by document: exact keys and MinHash signatures, then the LSH band keys
-    (key runs whose value is the row) and the signatures (one array) that the dedup stages read."""
+    """A task's dedup keys, document by document: exact keys and MinHash signatures (packed, 4 bytes a value), then
+    the LSH band keys (key runs whose value is the row) and the signatures (one array) that the dedup stages read."""
 
     def __init__(self, settings: DedupConfig) -> None:
         self.settings = settings
         self.signer = Signer(shingle=settings.shingle, char_ngram=settings.char_ngram, word_ngram=settings.word_ngram,
                              num_perm=settings.num_perm, seed=settings.seed)
         self.exact_keys = array("Q")
-        self.signatures: list[np.ndarray] = []
+        self.signatures = array("I")
         self.seconds = 0.0
 
     def add(self, text: str) -> None:
@@ -187,7 +199,7 @@ class Signing:
         if self.settings.exact:
             self.exact_keys.append(exact_key(text))
         if self.settings.near:
-            self.signatures.append(self.signer.sign(text).astype(np.uint32))
+            self.signatures.frombytes(self.signer.sign(text).astype(np.uint32).tobytes())
         self.seconds += time.perf_counter() - start
 
     def write(self, out: Path) -> None:
@@ -199,7 +211,7 @@ class Signing:
             keys = np.frombuffer(self.exact_keys, dtype=np.uint64)
             write_run(out, "exact", keys, np.arange(len(keys), dtype=np.uint64))
         if settings.near:
-            signatures = np.stack(self.signatures) if self.signatures else np.zeros((0, settings.num_perm), np.uint32)
+            signatures = np.frombuffer(self.signatures, dtype=np.uint32).reshape(-1, settings.num_perm)
             np.save(out / SIGNATURES, signatures)
             rows = np.arange(len(signatures), dtype=np.uint64)
             for band, keys in enumerate(band_keys(signatures, settings.bands, settings.rows)):
