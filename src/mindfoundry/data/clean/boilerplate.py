@@ -109,6 +109,15 @@ def _runs(flags: list[bool], least: int) -> list[bool]:
     return out
 
 
+def document_keys(text: str, source: str, min_line_chars: int, edge_lines: int) -> tuple[set[int], set[int]] | None:
+    """The keys of a document's distinct body lines and edge lines, each counted once per document; None for a
+    document that does not count (one line)."""
+    head, tail, body = _lines(text, min_line_chars, edge_lines)
+    if not head:
+        return None
+    return {line_key(norm) for _, norm in body}, {edge_key(source, norm) for _, norm in head + tail}
+
+
 class LineCounter:
     """Document frequency of normalized lines, for finding boilerplate (the pre-pass).
 
@@ -125,14 +134,14 @@ class LineCounter:
 
     def add(self, text: str, source: str) -> None:
         """Count each distinct qualifying line of one document of ``source`` once."""
-        head, tail, body = _lines(text, self.min_line_chars, self.edge_lines)
-        if not head:
+        keys = document_keys(text, source, self.min_line_chars, self.edge_lines)
+        if keys is None:
             return
+        body, edges = keys
         self.source_documents[source] += 1
-        self.body.update({line_key(norm) for _, norm in body})
-        keys = {edge_key(source, norm) for _, norm in head + tail}
-        self.edges.update(keys)
-        self.edge_source.update(dict.fromkeys(keys, source))
+        self.body.update(body)
+        self.edges.update(edges)
+        self.edge_source.update(dict.fromkeys(edges, source))
 
     def merge(self, other: LineCounter) -> None:
         self.body.update(other.body)

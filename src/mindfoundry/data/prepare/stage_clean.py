@@ -27,7 +27,7 @@ import numpy as np
 from mindfoundry.config.data import DedupConfig
 from mindfoundry.data.clean.boilerplate import (
     FrequentLines,
-    LineCounter,
+    document_keys,
     frequent_body,
     frequent_edge,
 )
@@ -69,27 +69,32 @@ class ReadStage(Stage):
         stats = SourceStats()
         pipeline = source_pipeline(data, src, "before")
         settings = data.clean.boilerplate
-        counter = LineCounter(settings.min_line_chars, settings.edge_lines) if runs_block(data, src, CUT) else None
+        counting = runs_block(data, src, CUT)
+        keys = {"body": array("Q"), "edges": array("Q")}  # one entry per (document, distinct line): 8 bytes each
+        counted = 0
         store = DocWriter(out / DOCS, src.name, src.resolved_category())
 
         def cleaned() -> Iterator[tuple[int, dict[str, Any]]]:
-            """Store what the blocks keep, count its lines; the drop-log lines, chunk by chunk (written as they come)."""
+            """Store what the blocks keep, take its line keys; the drop-log lines, chunk by chunk (written as they come)."""
+            nonlocal counted
             for chunk in chunked(enumerate(read_input(self.corpus.inputs[task], src, stats))):
                 kept, lines = clean_chunk(pipeline, chunk)
                 for ordinal, doc in kept:
                     store.add(doc, ordinal)
-                    if counter is not None:
-                        counter.add(doc.text, doc.source)
+                    found = document_keys(doc.text, doc.source, settings.min_line_chars, settings.edge_lines) if counting else None
+                    if found is not None:
+                        counted += 1
+                        keys["body"].extend(found[0])
+                        keys["edges"].extend(found[1])
                 yield from lines
 
         lines = write_numbered(out / EVENTS, cleaned())
         result = {"documents": stats.documents, "kept": store.close(), "stats": stats.counters(), "files": stats.files,
                   "notes": stats.notes, "blocks": pipeline.report(), "lines": lines}
-        if counter is not None:
-            result["line_documents"] = counter.source_documents[src.name]
-            result["line_entries"] = sum(write_run(out, name, np.fromiter(counts.keys(), np.uint64, len(counts)),
-                                                   np.fromiter(counts.values(), np.int64, len(counts)))
-                                         for name, counts in (("body", counter.body), ("edges", counter.edges)))
+        if counting:  # document frequency of each line key in this task (map-side counts), as key runs
+            result["line_documents"] = counted
+            result["line_entries"] = sum(write_run(out, name, *np.unique(np.frombuffer(found, np.uint64), return_counts=True))
+                                         for name, found in keys.items())
         return result
 
 
