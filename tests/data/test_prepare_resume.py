@@ -164,3 +164,16 @@ def test_a_corrupt_compressed_file_is_named_with_the_line_it_broke_at(tiny_run, 
     assert not Path(cfg.data.output_dir).exists()
     read = work_dir(cfg) / "stages" / "read"
     assert [p.name for p in read.iterdir()] == []  # nothing half-written is left as if complete
+
+
+def test_an_assembly_folder_a_killed_prepare_left_is_removed(tiny_run) -> None:
+    cfg = load_config(tiny_run("leftover"))
+    out = Path(cfg.data.output_dir)
+    out.parent.mkdir(parents=True)
+    dead = out.with_name(f".{out.name}.tmp-{2**22 + 12345}")  # above Linux's pid_max: no such process
+    (dead / "train").mkdir(parents=True)
+    (dead / "train" / "code.bin").write_bytes(b"half a shard")
+    live = out.with_name(f".{out.name}.tmp-{os.getppid()}")  # a process that runs: not ours to remove
+    live.mkdir()
+    prepare_data(cfg, log=lambda _: None)
+    assert not dead.exists() and live.is_dir()

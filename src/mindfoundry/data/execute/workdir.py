@@ -36,23 +36,19 @@ class WorkDirError(MindFoundryError, RuntimeError):
     """The work area cannot be used: not writable, full, another prepare's, or not ours."""
 
 
-def fsync_tree(folder: Path) -> None:
-    """Make every file below ``folder`` (and the folders themselves) durable before a rename publishes them."""
-    for path in sorted(folder.rglob("*")) + [folder]:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def fsync_folder(folder: Path) -> None:
-    """Make a rename inside ``folder`` durable."""
-    fd = os.open(folder, os.O_RDONLY)
+def fsync(path: Path) -> None:
+    """Make a file, or a rename inside a folder, durable."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_tree(folder: Path) -> None:
+    """Make every file below ``folder`` (and the folders themselves) durable before a rename publishes them."""
+    for path in sorted(folder.rglob("*")) + [folder]:
+        fsync(path)
 
 
 def write_json(path: Path, value: Any) -> None:
@@ -63,7 +59,7 @@ def write_json(path: Path, value: Any) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(aside, path)
-    fsync_folder(path.parent)
+    fsync(path.parent)
 
 
 def alive(pid: int) -> bool:
@@ -231,4 +227,4 @@ class WorkDir:
             if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
                 raise
             shutil.rmtree(attempt)  # another attempt (a retry after a lost worker) finished first: same bytes
-        fsync_folder(final.parent)
+        fsync(final.parent)
