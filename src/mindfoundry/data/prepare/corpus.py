@@ -22,9 +22,14 @@ READ, BOILERPLATE, CLEAN, EXACT, BANDS, PAIRS, DECIDE, TOKENIZER, SHARDS, MERGE 
 ROW_BITS = 32
 
 
-def refs(task: int, rows: np.ndarray) -> np.ndarray:
-    """The refs of ``rows`` of read task ``task``."""
-    return (np.uint64(task) << np.uint64(ROW_BITS)) | rows.astype(np.uint64)
+def refs(tasks: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The refs of ``rows`` of read tasks ``tasks`` (arrays of one length)."""
+    return (tasks.astype(np.uint64) << np.uint64(ROW_BITS)) | rows.astype(np.uint64)
+
+
+def split_refs(named: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(read tasks, rows) of an array of refs."""
+    return (named >> np.uint64(ROW_BITS)).astype(np.int64), (named & np.uint64((1 << ROW_BITS) - 1)).astype(np.int64)
 
 
 def ref_task(ref: int) -> int:

@@ -52,6 +52,8 @@ from mindfoundry.data.prepare.corpus import (
     Corpus,
     ref_row,
     ref_task,
+    refs,
+    split_refs,
     task_refs,
 )
 from mindfoundry.data.prepare.docstore import DocReader
@@ -77,7 +79,7 @@ class _DedupStage(Stage):
         """(keys, refs) of every read task's run ``run`` in ``[low, high)``, sorted by key then ref."""
         folders = [self.work.task(CLEAN, t) for t in range(len(self.corpus.inputs))]
         keys, rows, tasks = gather(folders, run, low, high)
-        named = (tasks.astype(np.uint64) << np.uint64(32)) | rows.astype(np.uint64)
+        named = refs(tasks, rows)
         order = np.lexsort((named, keys))
         return keys[order], named[order]
 
@@ -194,11 +196,10 @@ class PairStage(_DedupStage):
     def _signatures(self, named: np.ndarray) -> np.ndarray:
         """The signatures of refs, read task by task from the memory-mapped arrays."""
         out = np.zeros((len(named), self.settings.num_perm), dtype=np.uint32)
-        tasks = (named >> np.uint64(32)).astype(np.int64)
+        tasks, rows = split_refs(named)
         for task in np.unique(tasks).tolist():
             chosen = tasks == task
-            rows = (named[chosen] & np.uint64(0xFFFFFFFF)).astype(np.int64)
-            out[chosen] = np.load(self.work.task(CLEAN, task) / SIGNATURES, mmap_mode="r")[rows]
+            out[chosen] = np.load(self.work.task(CLEAN, task) / SIGNATURES, mmap_mode="r")[rows[chosen]]
         return out
 
 

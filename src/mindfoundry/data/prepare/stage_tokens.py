@@ -38,6 +38,7 @@ from mindfoundry.data.dataset.shard_writer import (
     IndexedDatasetWriter,
     concatenate_shards,
 )
+from mindfoundry.data.document import Document
 from mindfoundry.data.execute.stage import Stage
 from mindfoundry.data.execute.workdir import WorkDir, link_or_copy
 from mindfoundry.data.prepare.corpus import CLEAN, MERGE, SHARDS, Corpus
@@ -71,14 +72,14 @@ def _threads() -> Iterator[None]:
 
 
 class _TokenStage(Stage):
-    """What the three stages share: the corpus, the run's seed and vocabulary, and where dedup's decisions are."""
+    """What the tokenizer and shard stages share: the corpus, the run's seed and vocabulary, where dedup's decisions are."""
 
     def __init__(self, work: WorkDir, corpus: Corpus, dedup: Dedup, *, seed: int, vocab_size: int, mlm: bool) -> None:
         super().__init__(work)
         self.corpus, self.dedup = corpus, dedup
         self.seed, self.vocab_size, self.mlm = seed, vocab_size, mlm
 
-    def kept(self, task: int) -> Iterator[tuple[int, Any]]:
+    def kept(self, task: int) -> Iterator[tuple[int, Document]]:
         """``(ordinal, document)`` of the documents of read task ``task`` that dedup kept, in order."""
         drops = self.dedup.drops(task)
         for row, item in enumerate(DocReader(self.work.task(CLEAN, task) / DOCS)):
