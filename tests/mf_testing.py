@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -150,3 +153,18 @@ def rewrite_as_rank_slices(ckpt_dir: Path, parallel: dict, devices: int) -> Path
 
     return save_checkpoint(Path(ckpt_dir).parent.parent, ckpt.state["step"], None, None, ckpt.state, Retention(keep_last=100),
                            {"data_manifest.json": (Path(ckpt_dir) / "data_manifest.json").read_bytes()}, writer=writer)
+
+
+@contextmanager
+def small_disk(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (e.g. "300k") mounted at ``path`` while the block runs, so a test can fill a disk;
+    the test is skipped where mounting needs privileges this process lacks."""
+    import pytest
+
+    path.mkdir(parents=True, exist_ok=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root): the full-disk case is not exercised")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)

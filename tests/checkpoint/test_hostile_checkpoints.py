@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import subprocess
 
 import pytest
 
@@ -94,13 +93,9 @@ def test_leftovers_of_killed_writers_are_removed_at_start(trained, capsys) -> No
 
 def test_a_full_disk_ends_in_one_line_and_keeps_the_earlier_checkpoints(corpus_dir, tmp_path, capsys) -> None:
     import yaml
-    from mf_testing import tiny_run_tree
+    from mf_testing import small_disk, tiny_run_tree
 
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1400k", "tmpfs", str(disk)], capture_output=True).returncode:
-        pytest.skip("cannot mount a small tmpfs here (needs root): the full-disk case is not exercised")
-    try:
+    with small_disk(tmp_path / "disk", "1400k") as disk:
         cfg = tmp_path / "run.yaml"
         cfg.write_text(yaml.safe_dump(tiny_run_tree(corpus_dir, disk / "run", data__output_dir=str(tmp_path / "data"),
                                                     checkpoint__every=1, checkpoint__keep_last=10)))
@@ -114,5 +109,3 @@ def test_a_full_disk_ends_in_one_line_and_keeps_the_earlier_checkpoints(corpus_d
         kept = list_checkpoints(disk / "run")
         assert kept and all(verify_checkpoint(p) for p in kept)
         assert not list((disk / "run" / "checkpoints").glob(".tmp-*"))  # the failed write removed its folder
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)
