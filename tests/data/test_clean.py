@@ -37,6 +37,14 @@ HAMLET = ("HAMLET\nTo be, or not to be, that is the question:\nWhether 'tis nobl
           "Devoutly to be wish'd. To die, to sleep;\nTo sleep: perchance to dream: ay, there's the rub;")
 
 
+def decoded_texts(data, source: str) -> list[str]:
+    """The texts of a source's documents in both splits, decoded from the shards (each without its EOS)."""
+    names = [info["path"] for split in ("train", "validation") for info in data.manifest["splits"][split]["shards"]]
+    shards = [shard for split in ("train", "validation") for shard in data.shards[split]]
+    return [data.tokenizer.decode(shard[i].tolist()[:-1], skip_special_tokens=False)
+            for name, shard in zip(names, shards, strict=True) if name.endswith(f"/{source}") for i in range(len(shard))]
+
+
 def doc(text: str, doc_id: str = "src:file:1") -> Document:
     return Document(text=text, id=doc_id, source="src", category="news")
 
@@ -58,7 +66,8 @@ def test_filter_counts_seen_kept_and_reasons() -> None:
     block = LengthFilter(min_chars=5, max_chars=60)
     assert run(block, "好", REVIEW, NEWS, "Yes.") == [REVIEW]
     assert block.stats.to_dict() == {"seen": 4, "kept": 1, "dropped": {"too_long": 1, "too_short": 2},
-                                     "changed": 0, "chars_removed": 0, "edits": {}}
+                                     "dropped_chars": {"too_long": len(NEWS), "too_short": len("好") + len("Yes.")},
+                                     "changed": 0, "chars_removed": 0, "chars_added": 0, "edits": {}}
 
 
 def test_transform_counts_changes_and_drops_documents_left_empty() -> None:
@@ -367,8 +376,16 @@ def test_prepare_records_what_each_block_removed_per_source(corpus_dir: Path, tm
     data = prepare_data(validate(tree), log=logged.append)
     manifest = data.manifest
     zh, code = manifest["sources"]
-    assert zh["stats"] == {"documents": 13, "bytes": zh["stats"]["bytes"], "skipped_non_utf8": 1, "skipped_empty": 1,
-                           "skipped_too_long": 0, "skipped_bad_json": 1, "skipped_missing_text": 1}
+    assert zh["stats"] == {"documents": 13, "bytes": zh["stats"]["bytes"], "chars": zh["stats"]["chars"], "skipped_non_utf8": 1,
+                           "skipped_empty": 1, "skipped_too_long": 0, "skipped_bad_json": 1, "skipped_missing_text": 1}
+    # characters first: what each rule and dedup took, in characters, adds up to what was read less what was kept
+    chars = zh["chars"]
+    assert chars["read"] == zh["stats"]["chars"] == sum(len(t) for t in GOOD_ZH + list(BAD_ZH))
+    assert chars["read"] - chars["removed_by_rules"] + chars["added_by_edits"] - chars["removed_by_dedup"] == chars["kept"]
+    assert chars["kept"] == sum(zh["splits"][s]["chars"] for s in ("train", "validation")) == sum(
+        len(doc) for doc in decoded_texts(data, "zh"))
+    assert sum(zh["removed_chars"].values()) == chars["removed_by_rules"] + chars["removed_by_dedup"]
+    assert zh["removed_chars"]["mojibake.cjk_mojibake"] == len(next(t for t, r in BAD_ZH.items() if r == "mojibake.cjk_mojibake"))
     assert zh["removed"] == {reason: 1 for reason in BAD_ZH.values()}
     assert zh["kept"] == len(GOOD_ZH) == sum(zh["splits"][s]["documents"] for s in ("train", "validation"))
     assert code["removed"] == {} and code["kept"] == code["stats"]["documents"] == 28
@@ -384,9 +401,14 @@ def test_prepare_records_what_each_block_removed_per_source(corpus_dir: Path, tm
         "executor", "stages", "total_s", "driver_cpu_s", "driver_peak_rss_mib"}
     assert list(manifest["timings"]["stages"]) == ["read", "boilerplate", "clean", "exact", "bands", "pairs", "decide",
                                                    "tokenizer", "shards", "merge"]
-    assert ("zh: read 13; skipped 1 non_utf8, 1 empty, 1 bad_json, 1 missing_text; removed 7 (" in logged[-3]
-            and logged[-3].endswith(f"; kept {len(GOOD_ZH)}"))
-    assert logged[-2] == "code: read 28; kept 28"
+    assert (f"zh: read 13 ({chars['read']:,} characters); skipped 1 non_utf8, 1 empty, 1 bad_json, 1 missing_text; removed 7 ("
+            in logged[-4] and logged[-4].endswith(f"; kept {len(GOOD_ZH)} ({chars['kept']:,} characters)"))
+    assert f"characters ({(chars['read'] - chars['kept'] + chars['added_by_edits']) / chars['read']:.1%}: " in logged[-4]
+    code_chars = code["chars"]["read"]
+    assert logged[-3] == f"code: read 28 ({code_chars:,} characters); kept 28 ({code_chars:,} characters)"
+    # the rules took more than 5% of zh's characters: one warning naming the block that took most and how to keep it
+    assert logged[-2].startswith("warning: cleaning removed ") and "of source 'zh''s characters" in logged[-2]
+    assert "relax data.clean." in logged[-2] and "clean: {" in logged[-2] and "mindfoundry data drops CONFIG --block" in logged[-2]
 
 
 def test_a_source_emptied_by_cleaning_is_reported(corpus_dir: Path, tmp_path: Path) -> None:

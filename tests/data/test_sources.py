@@ -253,7 +253,8 @@ def test_parquet_rows_are_read_in_batches_with_bad_rows_counted(tmp_path: Path, 
         ("local:a.parquet:6", "last row"),
         ("local:b.parquet:1", "bytes ok"),
     ]
-    assert stats.counters() == {"documents": 5, "bytes": sum(len(d.text.encode()) for d in docs), "skipped_non_utf8": 1,
+    assert stats.counters() == {"documents": 5, "bytes": sum(len(d.text.encode()) for d in docs),
+                                "chars": sum(len(d.text) for d in docs), "skipped_non_utf8": 1,
                                 "skipped_empty": 1, "skipped_too_long": 0, "skipped_bad_json": 0, "skipped_missing_text": 1}
     assert [Path(str(f["path"])).name for f in stats.files] == ["a.parquet", "b.parquet"]
 

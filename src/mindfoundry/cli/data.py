@@ -61,17 +61,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def print_drops(out: Console, summary: DropSummary, title: str, chars: int) -> None:
-    """A drop-log summary: a table of block / reason / action counts, then examples of each."""
+    """A drop-log summary: a table of block / reason / action counts in documents and characters (largest first), then
+    examples of each."""
     from rich.table import Table
 
     out.print(title, soft_wrap=True, highlight=False)
     table = Table()
-    for column in ("block", "reason", "action", "documents"):
-        table.add_column(column, justify="right" if column == "documents" else "left")
-    for (block, reason, action), n in summary.counts.most_common():
-        table.add_row(block, reason, action, f"{n:,}")
+    for column in ("block", "reason", "action", "documents", "characters"):
+        table.add_column(column, justify="right" if column in ("documents", "characters") else "left")
+    for key, chars in summary.chars.most_common():
+        table.add_row(*key, f"{summary.counts[key]:,}", f"{chars:,}")
     out.print(table)
-    out.print("by source: " + ", ".join(f"{name} {n:,}" for name, n in summary.by_source.most_common()), soft_wrap=True)
+    out.print("by source: " + ", ".join(f"{name} {n:,} ({summary.chars_by_source[name]:,} characters)"
+                                        for name, n in summary.by_source.most_common()), soft_wrap=True)
     for (block, reason, action), lines in summary.examples.items():
         out.print(f"\n[bold]{block} / {reason} ({action})[/]")
         for line in lines:

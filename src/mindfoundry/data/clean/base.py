@@ -80,9 +80,12 @@ def changed_span(before: str, after: str, context: int = 20) -> str:
 class BlockStats:
     """What one block did to the documents that went through it.
 
-    ``dropped`` maps a reason to the number of documents dropped for it; ``edits`` maps an edit
-    kind (for example ``"repeated_line"``) to how many times it was applied; ``changed`` counts
-    documents whose text a transform modified and ``chars_removed`` the characters it removed.
+    ``dropped`` maps a reason to the number of documents dropped for it and ``dropped_chars`` to
+    their characters (what a reason costs is measured in text, not documents: one dropped manual
+    page can outweigh a hundred dropped bylines); ``edits`` maps an edit kind (for example
+    ``"repeated_line"``) to how many times it was applied; ``changed`` counts documents whose text
+    a transform modified, ``chars_removed`` the characters it removed and ``chars_added`` those an
+    edit added (NFKC turns one ligature into two letters), so characters read, removed and kept add up.
     """
 
     seen: int = 0
@@ -90,7 +93,9 @@ class BlockStats:
     changed: int = 0
     chars_removed: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
+    dropped_chars: Counter[str] = field(default_factory=Counter)
     edits: Counter[str] = field(default_factory=Counter)
+    chars_added: int = 0
 
     def merge(self, other: BlockStats) -> None:
         """Add another run's counts (to total a block over several sources)."""
@@ -99,13 +104,15 @@ class BlockStats:
         self.changed += other.changed
         self.chars_removed += other.chars_removed
         self.dropped.update(other.dropped)
+        self.dropped_chars.update(other.dropped_chars)
+        self.chars_added += other.chars_added
         self.edits.update(other.edits)
 
     @classmethod
     def from_dict(cls, value: dict[str, Any]) -> BlockStats:
         """The counts :meth:`to_dict` wrote (a task's result, read back by the process that adds them up)."""
         return cls(value["seen"], value["kept"], value["changed"], value["chars_removed"], Counter(value["dropped"]),
-                   Counter(value["edits"]))
+                   Counter(value["dropped_chars"]), Counter(value["edits"]), value["chars_added"])
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready counts with reasons sorted by name (stable manifests)."""
@@ -113,8 +120,10 @@ class BlockStats:
             "seen": self.seen,
             "kept": self.kept,
             "dropped": dict(sorted(self.dropped.items())),
+            "dropped_chars": dict(sorted(self.dropped_chars.items())),
             "changed": self.changed,
             "chars_removed": self.chars_removed,
+            "chars_added": self.chars_added,
             "edits": dict(sorted(self.edits.items())),
         }
 
@@ -162,8 +171,10 @@ class Filter(Block):
                 yield doc
                 continue
             self.stats.dropped[verdict.reason] += 1
+            self.stats.dropped_chars[verdict.reason] += len(doc.text)
             if self.log_events:
-                self.events.append(event(doc, self.name, "drop", verdict.reason, verdict.value, verdict.limit, doc.text))
+                self.events.append(event(doc, self.name, "drop", verdict.reason, verdict.value, verdict.limit, doc.text,
+                                         chars=len(doc.text)))
 
     @abstractmethod
     def filter(self, doc: Document) -> Verdict:
@@ -181,13 +192,15 @@ class Transform(Block):
             result = self.transform(doc)
             if result is None or not result.text.strip():
                 self.stats.dropped[EMPTY] += 1
+                self.stats.dropped_chars[EMPTY] += len(original)
                 if self.log_events:
-                    self.events.append(event(doc, self.name, "drop", EMPTY, len(original), None, original))
+                    self.events.append(event(doc, self.name, "drop", EMPTY, len(original), None, original, chars=len(original)))
                 continue
             if result.text != original:
                 removed = max(len(original) - len(result.text), 0)
                 self.stats.changed += 1
                 self.stats.chars_removed += removed
+                self.stats.chars_added += max(len(result.text) - len(original), 0)
                 if edits_before is not None:
                     kinds = "+".join(sorted(self.stats.edits - edits_before)) or self.name
                     self.events.append(event(doc, self.name, "edit", kinds, removed, None,

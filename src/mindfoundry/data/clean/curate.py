@@ -109,4 +109,4 @@ def clean_chunk(pipeline: CleaningPipeline, chunk: list[Numbered]) -> tuple[list
 def dedup_event(doc: Document, kind: str, kept: dict[str, Any], jaccard: float | None, threshold: float) -> dict[str, Any]:
     """The drop-log line of a document dedup dropped: the twin that stays and their Jaccard similarity."""
     return event(doc, "dedup", "drop", kind, jaccard, 1.0 if kind == "exact" else threshold, doc.text,
-                 kept=kept, jaccard=None if jaccard is None else round(jaccard, 4))
+                 kept=kept, jaccard=None if jaccard is None else round(jaccard, 4), chars=len(doc.text))

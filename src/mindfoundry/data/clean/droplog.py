@@ -89,12 +89,23 @@ def read_drops(path: Path) -> Iterator[dict[str, Any]]:
         raise DropLogError(f"{path} is not a readable gzip file ({exc}): re-prepare with --overwrite") from None
 
 
+def line_chars(line: dict[str, Any]) -> int:
+    """The characters a drop-log line took from the corpus: the document's for a drop (logs written before drops
+    carried ``chars`` give 0), what was deleted for an edit."""
+    if line["action"] == "edit":
+        return int(line["value"] or 0)
+    return int(line.get("chars", 0))
+
+
 @dataclass
 class DropSummary:
-    """Counts of the matching lines by (block, reason, action) and by source, with a few examples of each."""
+    """Counts of the matching lines by (block, reason, action) and by source, in documents and in characters, with
+    a few examples of each."""
 
     counts: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    chars: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     by_source: Counter[str] = field(default_factory=Counter)
+    chars_by_source: Counter[str] = field(default_factory=Counter)
     examples: dict[tuple[str, str, str], list[dict[str, Any]]] = field(default_factory=dict)
     total: int = 0
 
@@ -108,7 +119,9 @@ def summarise(lines: Iterator[dict[str, Any]], *, block: str | None = None, reas
             continue
         key = (line["block"], line["reason"], line["action"])
         summary.counts[key] += 1
+        summary.chars[key] += line_chars(line)
         summary.by_source[line["source"]] += 1
+        summary.chars_by_source[line["source"]] += line_chars(line)
         summary.total += 1
         kept = summary.examples.setdefault(key, [])
         if len(kept) < examples:

@@ -97,8 +97,8 @@ def _changed(path: Path, first: tuple[int, int, str | None], now: tuple[int, int
 class SourceStats:
     """What a source read and what it skipped, for the data-preparation report.
 
-    ``documents`` and ``bytes`` (UTF-8 bytes of document text) count the documents a reader
-    yielded. Each ``skipped_*`` counter counts records dropped for that reason. ``files`` lists
+    ``documents``, ``bytes`` (UTF-8 bytes of document text) and ``chars`` count the documents a
+    reader yielded. Each ``skipped_*`` counter counts records dropped for that reason. ``files`` lists
     every file opened, as ``{"path": str, "sha256": str, "bytes": int}`` (size and hash of the
     file on disk, i.e. of the compressed bytes for ``.gz``/``.zst``), so a manifest can pin the
     inputs. ``notes`` explains skips that affect a whole file (a Parquet file without the column).
@@ -106,6 +106,7 @@ class SourceStats:
 
     documents: int = 0
     bytes: int = 0
+    chars: int = 0
     skipped_non_utf8: int = 0
     skipped_empty: int = 0
     skipped_too_long: int = 0
@@ -461,4 +462,5 @@ def count_emitted(docs: Iterable[Document], stats: SourceStats) -> Iterator[Docu
     for doc in docs:
         stats.documents += 1
         stats.bytes += len(doc.text.encode("utf-8"))
+        stats.chars += len(doc.text)
         yield doc

@@ -17,6 +17,8 @@ from mindfoundry.data.clean.base import BlockStats
 from mindfoundry.data.dataset.prepared import SPLITS, DataError
 
 Result = dict[str, Any]
+#: prepare warns about a source whose characters the cleaning rules removed more than this share of.
+RULE_WARNING_SHARE = 0.05
 
 
 @dataclass
@@ -30,6 +32,7 @@ class SourceSummary:
     notes: list[str] = field(default_factory=list)
     blocks: dict[str, BlockStats] = field(default_factory=dict)
     dedup: dict[str, int] = field(default_factory=dict)
+    dedup_chars: Counter[str] = field(default_factory=Counter)
     splits: dict[str, Counter[str]] = field(default_factory=lambda: {split: Counter() for split in SPLITS})
 
     def add_read(self, result: Result) -> None:
@@ -46,6 +49,7 @@ class SourceSummary:
     def add_shards(self, result: Result) -> None:
         for split in SPLITS:
             self.splits[split].update(result["splits"][split])
+        self.dedup_chars.update(result["dedup_chars"])
 
     @property
     def kept(self) -> int:
@@ -57,6 +61,23 @@ class SourceSummary:
         out.update({f"dedup.{kind}": n for kind, n in sorted(self.dedup.items())})
         return {key: n for key, n in out.items() if n}
 
+    def removed_chars(self) -> dict[str, int]:
+        """``{"block.reason": characters}``: the characters of the documents each rule dropped, what each block's
+        edits deleted (``"block.edits"``), then dedup's drops."""
+        out = {f"{name}.{reason}": n for name, stats in self.blocks.items() for reason, n in sorted(stats.dropped_chars.items())}
+        out.update({f"{name}.edits": stats.chars_removed for name, stats in self.blocks.items()})
+        out.update({f"dedup.{kind}": n for kind, n in sorted(self.dedup_chars.items())})
+        return {key: n for key, n in out.items() if n}
+
+    def chars(self) -> dict[str, int]:
+        """Characters read, removed by the cleaning rules (dropped documents and edits), added by edits, removed by
+        dedup, and kept: read - removed_by_rules + added_by_edits - removed_by_dedup = kept."""
+        removed = self.removed_chars()
+        dedup = sum(n for key, n in removed.items() if key.startswith("dedup."))
+        return {"read": self.stats["chars"], "removed_by_rules": sum(removed.values()) - dedup,
+                "added_by_edits": sum(stats.chars_added for stats in self.blocks.values()), "removed_by_dedup": dedup,
+                "kept": sum(counts["chars"] for counts in self.splits.values())}
+
     def entry(self) -> dict[str, Any]:
         """The source's entry in the manifest's ``sources``."""
         src = self.src
@@ -64,8 +85,27 @@ class SourceSummary:
         return {
             "name": src.name, "category": src.category, "builtin": src.builtin, "paths": src.paths,
             "stats": counters, "removed": self.removed(), "kept": self.kept, "files": self.files,
-            "splits": {split: {k: self.splits[split][k] for k in ("documents", "tokens", "bytes")} for split in SPLITS},
+            "splits": {split: {k: self.splits[split][k] for k in ("documents", "tokens", "bytes", "chars")} for split in SPLITS},
+            "chars": self.chars(), "removed_chars": self.removed_chars(),
         }
+
+    def rule_warning(self, share: float = RULE_WARNING_SHARE) -> str | None:
+        """A warning when the cleaning rules (not dedup) removed more than ``share`` of the source's characters: the
+        block that removed most, and the setting that would keep its text."""
+        chars = self.chars()
+        if not chars["read"] or chars["removed_by_rules"] <= share * chars["read"]:
+            return None
+        by_block: Counter[str] = Counter()
+        for key, n in self.removed_chars().items():
+            if not key.startswith("dedup."):
+                by_block[key.split(".", 1)[0]] += n
+        block, most = by_block.most_common(1)[0]
+        reasons = ", ".join(f"{key.split('.', 1)[1]} {n:,}" for key, n in sorted(self.removed_chars().items(), key=lambda kv: -kv[1])
+                            if key.startswith(f"{block}."))
+        return (f"warning: cleaning removed {chars['removed_by_rules'] / chars['read']:.1%} of source '{self.src.name}''s "
+                f"characters, {most / chars['read']:.1%} by the {block} block ({reasons}): if that is good text, relax "
+                f"data.clean.{block}, or set it for this source only (clean: {{{block}: {{enabled: false}}}} or another "
+                f"clean.profile); `mindfoundry data drops CONFIG --block {block}` shows what went")
 
     def check_read(self) -> None:
         """A source that yields nothing is a mistake: say what reading skipped."""
@@ -97,15 +137,18 @@ def cleaning(summaries: list[SourceSummary]) -> dict[str, Any]:
 
 
 def source_line(entry: dict[str, Any]) -> str:
-    """One log line per source: read, skipped on reading, removed by curation, kept."""
-    stats = entry["stats"]
+    """One log line per source: read, skipped on reading, removed by curation, kept, in documents and characters."""
+    stats, chars = entry["stats"], entry["chars"]
     skipped = {k.removeprefix("skipped_"): n for k, n in stats.items() if k.startswith("skipped_") and n}
     removed = sorted(entry["removed"].items(), key=lambda kv: -kv[1])
-    parts = [f"{entry['name']}: read {stats['documents']}"]
+    parts = [f"{entry['name']}: read {stats['documents']} ({chars['read']:,} characters)"]
     if skipped:
         parts.append("skipped " + ", ".join(f"{n} {reason}" for reason, n in skipped.items()))
-    if removed:
+    gone = chars["removed_by_rules"] + chars["removed_by_dedup"]
+    if removed or gone:
         top = ", ".join(f"{n} {reason}" for reason, n in removed[:4])
-        parts.append(f"removed {sum(n for _, n in removed)} ({top}{', ...' if len(removed) > 4 else ''})")
-    parts.append(f"kept {entry['kept']}")
+        share = f"{gone / chars['read']:.1%}" if chars["read"] else "-"
+        parts.append(f"removed {sum(n for _, n in removed)} ({top}{', ...' if len(removed) > 4 else ''}) and "
+                     f"{gone:,} characters ({share}: {chars['removed_by_rules']:,} by rules, {chars['removed_by_dedup']:,} by dedup)")
+    parts.append(f"kept {entry['kept']} ({chars['kept']:,} characters)")
     return "; ".join(parts)

@@ -299,16 +299,19 @@ class _Prepare:
     def _manifest(self, summaries: list[SourceSummary], merged: list[dict[str, Any]], tokenizer: dict[str, Any],
                   dedup: Dedup, timings: dict[str, Any]) -> dict[str, Any]:
         cfg = self.cfg
-        totals = {split: {"documents": 0, "tokens": 0, "bytes": 0, "shards": []} for split in SPLITS}
+        totals = {split: {"documents": 0, "tokens": 0, "bytes": 0, "chars": 0, "shards": []} for split in SPLITS}
         for summary in summaries:
             for split in SPLITS:
-                for key in ("documents", "tokens", "bytes"):
+                for key in ("documents", "tokens", "bytes", "chars"):
                     totals[split][key] += summary.splits[split][key]
         for result in merged[:-1]:  # (source, split) in order; the last task is the drop log
             totals[result["shard"]["path"].split("/", 1)[0]]["shards"].append(result["shard"])
         entries = [summary.entry() for summary in summaries]
         for entry in entries:
             self.log(source_line(entry))
+        for summary in summaries:
+            if (warning := summary.rule_warning()) is not None:
+                self.log(warning)
         _check_splits(totals, cfg)
         tok = load_tokenizer(self.work.task(TOKENIZER_STAGE, 0) / TOKENIZER)
         data_section = _data_section(cfg)

@@ -159,7 +159,7 @@ class ShardStage(_TokenStage):
     def run(self, task: int, out: Path) -> dict[str, Any]:
         tok = _tokenizer(self.work.task(TOKENIZER_STAGE, 0) / TOKENIZER)
         writers = {split: IndexedDatasetWriter(out / split, dtype_for_vocab(self.vocab_size)) for split in SPLITS}
-        counts = {split: {"documents": 0, "tokens": 0, "bytes": 0} for split in SPLITS}
+        counts = {split: {"documents": 0, "tokens": 0, "bytes": 0, "chars": 0} for split in SPLITS}
         fraction = self.corpus.data.validation_fraction
         documents = 0
         kept = self.kept(task)
@@ -170,11 +170,16 @@ class ShardStage(_TokenStage):
                 counts[split]["documents"] += 1
                 counts[split]["tokens"] += len(ids)
                 counts[split]["bytes"] += len(doc.text.encode("utf-8"))
+                counts[split]["chars"] += len(doc.text)
             documents += len(chunk)
         shards = {split: writers[split].finalize().to_dict() for split in SPLITS}
+        dedup_lines = self._dedup_lines(task)
         lines = write_part(out / PART, (line for _, line in heapq.merge(
-            read_numbered(self.work.task(CLEAN, task) / EVENTS), self._dedup_lines(task), key=lambda item: item[0])))
-        return {"documents": documents, "splits": counts, "shards": shards, "lines": lines}
+            read_numbered(self.work.task(CLEAN, task) / EVENTS), dedup_lines, key=lambda item: item[0])))
+        dedup_chars: dict[str, int] = {}
+        for _, line in dedup_lines:
+            dedup_chars[line["reason"]] = dedup_chars.get(line["reason"], 0) + line["chars"]
+        return {"documents": documents, "splits": counts, "shards": shards, "lines": lines, "dedup_chars": dedup_chars}
 
     def _dedup_lines(self, task: int) -> list[tuple[int, dict[str, Any]]]:
         """The drop-log lines of the task's documents dedup dropped, with their ordinals, in order."""
