@@ -122,3 +122,24 @@ def test_inspect_shows_samples_tokens_lengths_and_removals(tiny_prepared, tiny_r
 def test_length_histogram_buckets_by_powers_of_two() -> None:
     assert length_histogram(np.array([1, 2, 3, 4, 9, 9])) == [
         ("      1-1      ", 1), ("      2-3      ", 2), ("      4-7      ", 1), ("      8-15     ", 2)]
+
+
+def test_inspect_sets_the_raw_share_beside_the_target_and_the_realised_share(tiny_prepared, tiny_run, capsys) -> None:
+    """A category that is most of the tokens may be a small part of what is trained on: inspect says both."""
+    from mindfoundry.config.data import MixtureConfig
+    from mindfoundry.data.dataset.inspect import mixture_shares
+
+    cfg, data = tiny_prepared
+    tokens = {s["name"]: s["splits"]["train"]["tokens"] for s in data.manifest["sources"]}
+    raw = tokens["code"] / sum(tokens.values())
+    plain = mixture_shares(data, None, seq_len=32, seed=7, shuffle=True, planned=48)
+    assert plain["code"] == {"raw": raw, "target": raw, "realised": raw}  # no mixture: one stream by size
+    mixed = mixture_shares(data, MixtureConfig(weights={"code": 1, "asyncio": 9}, block_size=10), seq_len=32, seed=7,
+                           shuffle=True, planned=48)
+    assert mixed["code"]["raw"] == raw and mixed["code"]["target"] == 0.1
+    assert mixed["code"]["realised"] == 5 / 48  # 1 of every 10 positions in 4 whole blocks, then 1 in the last 8
+    assert main(["data", "inspect", str(tiny_run()), "--samples", "1", "--set", "data.mixture.weights.code=1",
+                 "--set", "data.mixture.weights.asyncio=9", "--set", "data.mixture.block_size=10"]) == 0
+    out = capsys.readouterr().out
+    planned = cfg.train.steps * cfg.global_batch()
+    assert "raw share of train tokens" in out and "target share" in out and f"realised ({planned:,} samples)" in out

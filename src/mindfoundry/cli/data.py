@@ -52,10 +52,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from mindfoundry.data.dataset.inspect import inspect_prepared, render_inspect
+    from mindfoundry.data.dataset.inspect import inspect_prepared, mixture_shares, render_inspect
+    from mindfoundry.data.dataset.prepared import load_prepared
 
     cfg = config_from_args(args)
     report = inspect_prepared(cfg.data.output_dir, per_category=args.samples, max_chars=args.chars, seed=cfg.seed)
+    report.planned = cfg.train.steps * cfg.global_batch(cfg.parallel.world_size or 1)
+    report.shares = mixture_shares(load_prepared(cfg.data.output_dir, cfg.model.vocab_size), cfg.data.mixture,
+                                   seq_len=cfg.train.seq_len, seed=cfg.seed, shuffle=cfg.data.shuffle, planned=report.planned)
     render_inspect(report, stdout())
     return 0
 

@@ -2,8 +2,10 @@
 
 Looking at decoded samples catches what counters cannot (markup left in, a wrong text field,
 mojibake); the length histogram shows whether documents are mostly shorter than a sample; the
-token counts per category and split are what the mixture weights act on; the removal counters
-say how much of each source was dropped on the way, and why.
+token counts per category and split are what the mixture weights act on, and next to each
+category's raw share of the tokens stand its target share of the training samples and the share it
+gets over the run's planned samples (a category that is 40% of the tokens may be 10% of what is
+trained on); the removal counters say how much of each source was dropped on the way, and why.
 
 Framework-free on purpose.
 """
@@ -20,12 +22,13 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from mindfoundry.data.dataset.prepared import SPLITS, TOKENIZER
+from mindfoundry.config.data import MixtureConfig
+from mindfoundry.data.dataset.mixture import build_mixture
+from mindfoundry.data.dataset.prepared import SPLITS, TOKENIZER, PreparedData, read_manifest
 from mindfoundry.data.prepare.tokenizer import load_tokenizer
-from mindfoundry.data.dataset.prepared import read_manifest
 from mindfoundry.data.dataset.validate import open_shard
 
-__all__ = ["InspectReport", "inspect_prepared", "length_histogram", "render_inspect"]
+__all__ = ["InspectReport", "inspect_prepared", "length_histogram", "mixture_shares", "render_inspect"]
 
 # Manifest source keys that are identity or provenance, not counts of what was removed.
 _NOT_REMOVALS = {"name", "category", "builtin", "paths", "files", "splits"}
@@ -39,6 +42,26 @@ class InspectReport:
     tokens: dict[str, dict[str, int]]  # category -> split -> tokens
     histogram: list[tuple[str, int]]  # (bucket label, documents) over the train split
     removals: dict[str, dict[str, Any]]  # source -> flattened counters from the manifest
+    shares: dict[str, dict[str, float]] | None = None  # category -> raw / target / realised share of training samples
+    planned: int = 0  # the training samples the realised shares are counted over
+
+
+def mixture_shares(data: PreparedData, mixture: MixtureConfig | None, *, seq_len: int, seed: int, shuffle: bool,
+                   planned: int) -> dict[str, dict[str, float]]:
+    """Per category: its raw share (of the training tokens), its target share of the training samples (the mixture's
+    weights; without a mixture, the raw share: one stream in proportion to size) and the share it actually gets over
+    the ``planned`` samples of the run (the mixture's positions 0..planned-1)."""
+    tokens: dict[str, int] = {}
+    for source in data.manifest["sources"]:
+        category = source["category"] or source["name"]
+        tokens[category] = tokens.get(category, 0) + source["splits"]["train"]["tokens"]
+    total = max(sum(tokens.values()), 1)
+    raw = {category: n / total for category, n in tokens.items()}
+    if mixture is None:
+        return {category: {"raw": share, "target": share, "realised": share} for category, share in raw.items()}
+    realised = build_mixture(data, mixture, seq_len=seq_len, seed=seed, shuffle=shuffle).realized(0, planned)["categories"]
+    return {category: {"raw": raw[category], "target": row["target"], "realised": row["realized"]}
+            for category, row in realised.items()}
 
 
 def inspect_prepared(root: str | Path, *, per_category: int = 3, max_chars: int = 160, seed: int = 0) -> InspectReport:
@@ -98,24 +121,30 @@ def length_histogram(lengths: np.ndarray) -> list[tuple[str, int]]:
 
 
 def render_inspect(report: InspectReport, console: Console) -> None:
-    """Print the four parts: samples per category, token counts, length histogram, removals."""
+    """Print the parts: samples per category, token counts and shares, length histogram, removals."""
     for category, texts in report.samples.items():
         console.print(f"[bold]{category}[/]")
         for text in texts:
             console.print(Text(f"  • {text}"), soft_wrap=True)
-    console.print(_token_table(report.tokens))
+    console.print(_token_table(report.tokens, report.shares, report.planned))
     console.print(_histogram(report.histogram))
     console.print(_removal_table(report.removals))
 
 
-def _token_table(tokens: dict[str, dict[str, int]]) -> Table:
+def _token_table(tokens: dict[str, dict[str, int]], shares: dict[str, dict[str, float]] | None, planned: int) -> Table:
+    """Tokens per category and split; its raw share of the training tokens, and -- what training draws -- its target
+    share of the samples and the share it gets over the run's planned samples."""
     table = Table(title="tokens per category and split", box=box.SIMPLE_HEAD)
     table.add_column("category")
-    for split in (*SPLITS, "share of train"):
-        table.add_column(split, justify="right")
+    realised = f"realised ({planned:,} samples)" if planned else "realised"
+    for column in (*SPLITS, "raw share of train tokens", *(("target share", realised) if shares else ())):
+        table.add_column(column, justify="right")
     total = max(sum(t["train"] for t in tokens.values()), 1)
     for category, t in tokens.items():
-        table.add_row(category, *(f"{t[s]:,}" for s in SPLITS), f"{100 * t['train'] / total:.1f}%")
+        row = [category, *(f"{t[s]:,}" for s in SPLITS), f"{100 * t['train'] / total:.1f}%"]
+        if shares:
+            row += [f"{100 * shares[category]['target']:.1f}%", f"{100 * shares[category]['realised']:.1f}%"]
+        table.add_row(*row)
     return table
 
 
