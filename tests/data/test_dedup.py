@@ -59,11 +59,11 @@ def test_shingle_hashes_are_one_per_shingle(shingle: str) -> None:
 def test_exact_duplicates_keep_the_first_copy() -> None:
     texts = ["书的名字绝对讨好人。", "To be, or not to be", "书的名字绝对讨好人。", "  to be,   OR not to be\n", "书的名字绝对讨好人。"]
     dedup = Deduplicator(near=False)
-    dedup.add_all(doc(t, f"s:{i}") for i, t in enumerate(texts))
+    dedup.add_all(Document(t, f"s:f.txt:{i + 1}", "s", "test", "f.txt", i) for i, t in enumerate(texts))
     result = dedup.finish()
-    assert result.dropped == {"s:2": "exact", "s:3": "exact", "s:4": "exact"}
-    assert result.report["exact"] == {"removed": 3, "clusters": 2, "cluster_sizes": {"2": 1, "3": 1},
-                                      "examples": [["s:0", "s:2", "s:4"], ["s:1", "s:3"]]}
+    assert result.dropped == {"s:f.txt:3": "exact", "s:f.txt:4": "exact", "s:f.txt:5": "exact"}
+    assert result.report["exact"] == {"removed": 3, "clusters": 2, "cluster_sizes": {"2": 1, "3": 1},  # records 0-based
+                                      "examples": [["s:f.txt#0", "s:f.txt#2", "s:f.txt#4"], ["s:f.txt#1", "s:f.txt#3"]]}
     assert exact_key("A  b\n") == exact_key("a b")
 
 

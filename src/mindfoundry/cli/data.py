@@ -13,6 +13,7 @@ from rich.console import Console
 
 from mindfoundry.cli.args import add_config_arguments, config_from_args
 from mindfoundry.data.clean.droplog import DropSummary
+from mindfoundry.data.document import origin_name
 
 EXIT_INVALID_DATA = 2
 # Rich assumes 80 columns when stdout is not a terminal, which would crop the tables in a pipe or log.
@@ -85,8 +86,8 @@ def print_drops(out: Console, summary: DropSummary, title: str, chars: int) -> N
                 measured = f" {line['value']} characters removed"
             else:
                 measured = "" if line["value"] is None else f" value {line['value']} (threshold {line['threshold']})"
-            kept = f" -> kept {line['kept']['source']}:{line['kept']['path']}#{line['kept']['record']}" if "kept" in line else ""
-            out.print(f"  {line['source']}:{line['path']}#{line['record']}{measured}{kept}", highlight=False, soft_wrap=True)
+            kept = f" -> kept {origin_name(line['kept'])}" if "kept" in line else ""
+            out.print(f"  {origin_name(line)}{measured}{kept}", highlight=False, soft_wrap=True)
             out.print(f"    {line['excerpt'][:chars]!r}", highlight=False, markup=False, soft_wrap=True)
 
 

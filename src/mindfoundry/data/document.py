@@ -28,3 +28,9 @@ class Document:
     def origin(self) -> dict[str, str | int]:
         """Where the document came from, as the drop log and dedup reports write it."""
         return {"source": self.source, "path": self.path, "record": self.record}
+
+
+def origin_name(origin: dict[str, str | int]) -> str:
+    """``source:path#record`` (record 0-based): how reports and messages name a document, the drop log's numbering
+    (an id's trailing number is a 1-based line or row, kept as it is because ids are stable)."""
+    return f"{origin['source']}:{origin['path']}#{origin['record']}"

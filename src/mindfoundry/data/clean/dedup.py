@@ -46,7 +46,7 @@ from typing import Any, Literal
 import numpy as np
 
 from mindfoundry.data.clean.text import CJK_RANGES, canonical, units
-from mindfoundry.data.document import Document
+from mindfoundry.data.document import Document, origin_name
 
 Verify = Literal["none", "signature", "exact"]
 Shingle = Literal["chars", "words"]
@@ -235,7 +235,8 @@ class Clusters:
         self.largest = sorted(self.largest + more, key=lambda item: item[:2])[: self.max_examples]
 
     def report(self, name: Callable[[int], str]) -> dict[str, Any]:
-        """The manifest's form: ``removed``, ``clusters``, ``cluster_sizes`` and ``examples`` (ids, kept first)."""
+        """The manifest's form: ``removed``, ``clusters``, ``cluster_sizes`` and ``examples`` (``name`` of each member:
+        ``source:path#record``, the kept document first)."""
         return {
             "removed": self.removed,
             "clusters": sum(self.sizes.values()),
@@ -339,6 +340,9 @@ class Deduplicator:
     def _origin(self, index: int) -> dict[str, str | int]:
         return {"source": self._sources[index], "path": self._paths[index], "record": self._records[index]}
 
+    def _name(self, index: int) -> str:
+        return origin_name(self._origin(index))
+
     def _match_and_insert(self, index: int, hashes: np.ndarray) -> None:
         """Record the pairs a signature forms with earlier documents, then index it."""
         candidates: set[int] = set()
@@ -389,8 +393,8 @@ class Deduplicator:
         return {
             "documents": documents,
             "kept": documents - len(self._exact_of) - len(near_of),
-            "exact": Clusters.of(self._exact_of, self.max_examples).report(self._ids.__getitem__),
-            "near": dict(Clusters.of(near_of, self.max_examples).report(self._ids.__getitem__),
+            "exact": Clusters.of(self._exact_of, self.max_examples).report(self._name),
+            "near": dict(Clusters.of(near_of, self.max_examples).report(self._name),
                          candidate_pairs=self._candidates, verified_pairs=verified_pairs),
             "removed_by_source": {name: dict(counts) for name, counts in sorted(by_source.items())},
             "seconds": round(self._seconds, 3),

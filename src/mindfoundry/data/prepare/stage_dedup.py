@@ -41,6 +41,7 @@ from mindfoundry.data.clean.dedup import (
     jaccard,
     signature_similarity,
 )
+from mindfoundry.data.document import origin_name
 from mindfoundry.data.execute.stage import Stage
 from mindfoundry.data.execute.workdir import WorkDir
 from mindfoundry.data.prepare.corpus import (
@@ -247,7 +248,11 @@ class DecideStage(_DedupStage):
                 result = self.work.result(PAIRS, t)
                 candidates, verified = candidates + result["candidates"], verified + result["verified"]
         near_clusters = Clusters.of({d: kept for d, (kept, _) in near.items()}, self.settings.max_examples)
-        names = CleanedDocuments(self.work).doc_id
+        documents = CleanedDocuments(self.work)
+
+        def names(ref: int) -> str:
+            return origin_name(documents.origin(ref))
+
         sources = self.corpus.data.sources
         return {
             "documents": self.cleaned,
