@@ -57,8 +57,8 @@ def run(block, *texts: str) -> list[str]:
 
 
 def judged(block, text: str) -> bool | str:
-    """A filter's verdict on ``text``: True, or the reason of its Drop."""
-    verdict = block.filter(doc(text))
+    """A filter's verdict on ``text`` (a rule-judging transform's judgement): True, or the reason of its Drop."""
+    verdict = block.judge(text) if isinstance(block, RepetitionFilter) else block.filter(doc(text))
     return True if verdict is True else verdict.reason
 
 
@@ -241,6 +241,24 @@ def test_repetition_reasons(text: str, reason: str) -> None:
     assert judged(RepetitionFilter(), text) == reason
 
 
+def test_repetition_removes_the_repeats_and_keeps_the_rest_when_the_rest_passes() -> None:
+    block = RepetitionFilter()
+    spammed = "Buy now!\n" * 10 + HAMLET  # breaks duplicate_lines; without the nine copies it is Hamlet and one ad
+    pasted_twice = "\n\n".join([HAMLET, NEWS, HAMLET])  # a paragraph pasted twice: duplicate_paragraph_chars
+    generated = " ".join(["the rest is silence"] * 30)  # repetition through and through: nothing to keep
+    assert run(block, spammed, pasted_twice, generated) == ["Buy now!\n" + HAMLET, f"{HAMLET}\n\n{NEWS}"]
+    stats = block.stats.to_dict()
+    assert stats["edits"] == {"repeated_line": 9, "repeated_paragraph": 1} and stats["dropped"] == {"top_2gram_words": 1}
+    assert stats["chars_removed"] == len("Buy now!\n") * 9 + len(HAMLET) + 2
+
+
+def test_a_quote_that_repeats_a_phrase_by_design_is_kept_and_a_short_repeated_sentence_is_not() -> None:
+    quote = "That, that is, is.\nThat, that is not, is not.\nThat, that is, is not.\nThat, that is not, is."
+    assert judged(RepetitionFilter(), quote) is True
+    assert judged(RepetitionFilter(ngram_min_units=1), quote) == "duplicate_5gram_words"  # as Gopher would judge it
+    assert judged(RepetitionFilter(), "果然又是一篇说教的滥文章！" * 7) == "duplicate_15gram_chars"  # 6/7 repeats
+
+
 def test_repeated_phrase_in_a_short_chinese_text_is_not_a_top_ngram() -> None:
     """PEACE says 和平进程 four times: fine prose, and too short for the (character) top n-gram rule."""
     assert judged(RepetitionFilter(), PEACE) is True
@@ -281,15 +299,15 @@ def _default_settings() -> dict:
 
 def test_profiles_pick_blocks_in_order() -> None:
     settings = _default_settings()
-    code = build_pipeline(settings, resolve_profile("auto", "code"))
+    code = build_pipeline(settings, resolve_profile("code"))
     assert [b.name for b in code.blocks] == ["mojibake", "control_chars", "length"]
-    prose = build_pipeline(settings, resolve_profile("auto", "news"))
+    prose = build_pipeline(settings, resolve_profile("prose"))
     assert [b.name for b in prose.blocks] == ["mojibake", "control_chars", "nfkc", "boilerplate", "symbol_run_filter",
                                               "symbol_runs", "length", "script", "repetition", "quality"]  # timestamps off
     assert [b.name for b in build_pipeline(settings, "prose", sections=CLEAN_BLOCKS[:4]).blocks] == ["mojibake", "control_chars", "nfkc"]
     assert build_pipeline(settings, "none").blocks == []
     with pytest.raises(ValueError, match="unknown cleaning profile 'web'"):
-        resolve_profile("web", "news")
+        resolve_profile("web")
 
 
 def test_code_profile_leaves_python_source_byte_identical() -> None:
@@ -299,7 +317,9 @@ def test_code_profile_leaves_python_source_byte_identical() -> None:
     pipeline = build_pipeline(settings, "code")
     assert [d.text for d in pipeline.run(doc(t, f"c:{i}") for i, t in enumerate(texts))] == texts
     prose = build_pipeline(settings, "prose")
-    assert len(list(prose.run(doc(t, f"c:{i}") for i, t in enumerate(texts)))) < len(texts)  # why code has its own profile
+    assert [d.text for d in prose.run(doc(t, f"c:{i}") for i, t in enumerate(texts))] != texts  # why code has its own profile
+    auto = build_pipeline(settings, "auto")  # finds that each file is code, from its lines
+    assert [d.text for d in auto.run(doc(t, f"c:{i}") for i, t in enumerate(texts))] == texts
 
 
 def test_source_overrides_merge_with_data_clean() -> None:
@@ -390,7 +410,7 @@ def test_prepare_records_what_each_block_removed_per_source(corpus_dir: Path, tm
     assert zh["kept"] == len(GOOD_ZH) == sum(zh["splits"][s]["documents"] for s in ("train", "validation"))
     assert code["removed"] == {} and code["kept"] == code["stats"]["documents"] == 28
     cleaning = manifest["cleaning"]
-    assert cleaning["sources"]["zh"]["profile"] == "prose" and cleaning["sources"]["code"]["profile"] == "code"
+    assert cleaning["sources"]["zh"]["profile"] == "auto" and cleaning["sources"]["code"]["profile"] == "auto"
     assert cleaning["sources"]["zh"]["blocks"]["mojibake"]["dropped"] == {"cjk_mojibake": 1, "latin1_as_utf8": 1}
     assert cleaning["sources"]["zh"]["blocks"]["nfkc"]["changed"] == 2  # NEWS and the 江泽民 paragraph
     # 13 read, minus 2 mojibake, the ad-only document and the symbol-run document, reach the length filter

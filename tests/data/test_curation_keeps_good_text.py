@@ -92,4 +92,4 @@ def test_site_header_goes_from_every_page_while_shared_code_lines_stay(corpus_di
     assert sum(EXAMPLE in t for t in texts) == 30  # "Traceback (most recent call last):" in 30 of 30 examples stays
     cleaning = data.manifest["cleaning"]["sources"]
     assert cleaning["help"]["blocks"]["boilerplate"]["edits"] == {"edge_line": 125}
-    assert cleaning["examples"]["profile"] == "docs" and cleaning["examples"]["blocks"]["boilerplate"]["edits"] == {}
+    assert cleaning["examples"]["profile"] == "auto" and cleaning["examples"]["blocks"]["boilerplate"]["edits"] == {}

@@ -127,9 +127,9 @@ def test_prepare_preview_prints_what_each_block_would_do_and_writes_nothing(prep
     assert main(["prepare", str(config), "--preview", str(len(records))]) == 0
     out = capsys.readouterr().out
     # what prepare did, but dedup: spam, mojibake and the one-character line dropped; the same edits (NFKC, ad lines)
-    assert f"news (prose): read {len(records)}, kept {len(records) - 3}, dropped 3, edited {edits}" in out
+    assert f"news (auto): read {len(records)}, kept {len(records) - 3}, dropped 3, edited {edits}" in out
     assert "repetition" in out and "cjk_mojibake" in out and "too_short" in out and "nfkc" in out
-    assert "code (code): read 28, kept 28; nothing dropped or changed" in out
+    assert "code (auto): read 28, kept 28; nothing dropped or changed" in out
     assert "dedup needs the whole corpus and is not previewed" in out
     assert not (tmp_path / "run").exists()
     assert main(["prepare", str(config), "--preview", "0"]) == 2

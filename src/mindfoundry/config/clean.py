@@ -124,8 +124,10 @@ class RepetitionConfig(BlockSection):
     top_ngrams: NgramLimits | None = Field(dict(GOPHER_TOP_NGRAMS), description="n -> largest share of characters covered by the most frequent repeated n-gram (Gopher).")
     duplicate_ngrams: NgramLimits | None = Field(dict(GOPHER_DUPLICATE_NGRAMS), description="n -> largest share of characters inside repeated n-grams (Gopher).")
     top_ngram_min_units: int = Field(50, ge=1, description="The top n-gram rule applies to documents of at least this many units (one phrase said twice dominates a shorter text).")
-    cjk_chars_per_word: int = Field(3, ge=1, description="For Chinese-dominant documents, n-gram sizes, top_ngram_min_units and window_units are multiplied by this and counted in characters.")
+    ngram_min_units: int = Field(100, ge=1, description="Below this many units (a quote, a stanza) a duplicate n-gram rule drops a document only when more than half of it repeats.")
+    cjk_chars_per_word: int = Field(3, ge=1, description="For Chinese-dominant documents, n-gram sizes, top_ngram_min_units, ngram_min_units and window_units are multiplied by this and counted in characters.")
     window_units: int | None = Field(1000, ge=50, description="N-gram shares are measured in windows of this many units and averaged (Gopher's limits fit a web page; over a book every phrase repeats); null = the whole document.")
+    min_rest_share: Ratio = Field(0.5, description="A document that breaks a rule loses its repeated lines and paragraphs and is kept when the rest passes and holds at least this share of its characters; else it is dropped.")
 
 
 class QualityConfig(BlockSection):
@@ -167,7 +169,7 @@ SourceCleanConfig = create_model(
     __base__=Section,
     __doc__="How one source is cleaned: a profile picking the blocks, and per-block overrides of data.clean.",
     profile=(Literal["auto", "prose", "docs", "code", "none"], Field(
-        "auto", description="Which blocks apply: prose (all), docs (all; boilerplate only at a document's edges), code (mojibake, control_chars, length), none; auto = code for category 'code', docs for category 'docs', else prose.")),
+        "auto", description="Which blocks apply: prose (all), docs (all; boilerplate only at a document's edges), code (mojibake, control_chars, length), none; auto = per document, the profile of what it is (code, docs or prose), read from its content.")),
     **{
         name: (CleanConfig.model_fields[name].annotation | None, Field(
             None, description=f"Overrides data.clean.{name} for this source: fields given here win, the others come from data.clean.{name}."))

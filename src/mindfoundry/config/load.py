@@ -286,8 +286,8 @@ ADDED_KEYS: dict[str, Any] = {
     "model.objective": "clm",
     "model.mlm": {"mask_rate": 0.15, "mask_token_rate": 0.8, "random_token_rate": 0.1},
     "data.dedup.shingle": "chars",
-    "data.clean.repetition.window_units": 1000,
-    "data.sources.*.clean.repetition.window_units": 1000,
+    **{f"{section}.repetition.{key}": default for section in ("data.clean", "data.sources.*.clean")
+       for key, default in (("window_units", 1000), ("ngram_min_units", 100), ("min_rest_share", 0.5))},
     **{f"{section}.boilerplate.{key}": default for section in ("data.clean", "data.sources.*.clean")
        for key, default in (("edge_lines", 6), ("edge_block_lines", 2), ("min_source_share", 0.5),
                                               ("body_lines", True))},

@@ -6,8 +6,8 @@ method and the base class does the bookkeeping, so every block reports the same 
 
 - a :class:`Filter` answers ``filter(doc)`` with ``True`` (keep) or a :class:`Drop` naming the
   reason, the measured value and the limit it broke;
-- a :class:`Transform` answers ``transform(doc)`` with the edited document, or ``None`` to drop
-  it; it may call :meth:`Block.count` to record what kind of edit it made.
+- a :class:`Transform` answers ``transform(doc)`` with the edited document, ``None`` to drop it as
+  left empty or a :class:`Drop` naming why; it may call :meth:`Block.count` to record what kind of edit it made.
 
 The base class counts documents seen, kept, dropped per reason, changed, and characters removed,
 so a manifest can say exactly what each block removed and why. With ``log_events`` on, a block also
@@ -190,11 +190,13 @@ class Transform(Block):
             original = doc.text
             edits_before = Counter(self.stats.edits) if self.log_events else None
             result = self.transform(doc)
-            if result is None or not result.text.strip():
-                self.stats.dropped[EMPTY] += 1
-                self.stats.dropped_chars[EMPTY] += len(original)
+            if not isinstance(result, Document) or not result.text.strip():
+                drop = result if isinstance(result, Drop) else Drop(EMPTY, len(original))
+                self.stats.dropped[drop.reason] += 1
+                self.stats.dropped_chars[drop.reason] += len(original)
                 if self.log_events:
-                    self.events.append(event(doc, self.name, "drop", EMPTY, len(original), None, original, chars=len(original)))
+                    self.events.append(event(doc, self.name, "drop", drop.reason, drop.value, drop.limit, original,
+                                             chars=len(original)))
                 continue
             if result.text != original:
                 removed = max(len(original) - len(result.text), 0)
@@ -209,5 +211,5 @@ class Transform(Block):
             yield result
 
     @abstractmethod
-    def transform(self, doc: Document) -> Document | None:
-        """The edited document (a new one or ``doc`` itself), or ``None`` to drop it."""
+    def transform(self, doc: Document) -> Document | Drop | None:
+        """The edited document (a new one or ``doc`` itself), a :class:`Drop` or ``None`` (left empty) to drop it."""

@@ -15,7 +15,8 @@ counts, for every normalized line, how many documents contain it, keeping only 8
   never removed: "Traceback (most recent call last):" or a shared example line is content there.
 
 :class:`BoilerplateRemover` deletes the frequent lines, and any line matching an advertising
-pattern, from each document. Table rule lines are never boilerplate. Documents of a single line
+pattern, from each document. Content lines (code, imports, tracebacks, headings, options, table rules) are never
+boilerplate. Documents of a single line
 are not counted and lose no frequent line: a one-line document that many documents repeat is a
 duplicate document, which dedup reduces to one copy rather than deleting every copy.
 Advertising patterns apply to every document.
@@ -33,7 +34,7 @@ import numpy as np
 
 from mindfoundry.config.clean import BoilerplateConfig
 from mindfoundry.data.clean.base import Transform
-from mindfoundry.data.clean.garbled import is_table_rule
+from mindfoundry.data.clean.kind import is_content_line
 from mindfoundry.data.clean.text import canonical
 from mindfoundry.data.document import Document
 
@@ -87,11 +88,12 @@ Line = tuple[str, str]  # (raw, normalized)
 
 def _lines(text: str, min_line_chars: int, edge_lines: int) -> tuple[list[Line], list[Line], list[Line]]:
     """A document's head and tail edge lines and its long body lines, as ``(raw, normalized)`` pairs (none
-    for one-line documents); table rules are never candidates."""
+    for one-line documents); content lines (code, tracebacks, headings, options, table rules: :func:`is_content_line`)
+    are never candidates."""
     lines = [line for line in text.split("\n") if line.strip()]
     if len(lines) < 2:
         return [], [], []
-    pairs = [(line, canonical(line)) for line in lines if not is_table_rule(line)]
+    pairs = [(line, canonical(line)) for line in lines if not is_content_line(line)]
     head = pairs[:edge_lines]
     tail = pairs[max(edge_lines, len(pairs) - edge_lines):] if edge_lines else []
     return head, tail, [(raw, norm) for raw, norm in pairs if len(norm) >= min_line_chars]

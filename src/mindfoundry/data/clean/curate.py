@@ -46,7 +46,7 @@ def clean_profile(data: DataConfig, src: SourceConfig) -> str:
     """The source's concrete cleaning profile (``none`` when ``data.clean.enabled`` is false)."""
     if not data.clean.enabled:
         return "none"
-    return resolve_profile(src.clean.profile, src.category or src.name)
+    return resolve_profile(src.clean.profile)
 
 
 def clean_settings(data: DataConfig, src: SourceConfig) -> dict[str, dict[str, Any]]:
@@ -71,8 +71,9 @@ def source_pipeline(data: DataConfig, src: SourceConfig, part: Literal["before",
     boilerplate counts the second part deletes), each keeping a drop-log line per document it drops or edits."""
     cut = CLEAN_BLOCKS.index(CUT)
     sections = CLEAN_BLOCKS[:cut] if part == "before" else CLEAN_BLOCKS[cut:]
+    own = frozenset(name for name in CLEAN_BLOCKS if getattr(src.clean, name) is not None)
     pipeline = build_pipeline(clean_settings(data, src), clean_profile(data, src), frequent_lines=frequent_lines,
-                              sections=sections)
+                              sections=sections, own=own)
     for block in pipeline.blocks:
         block.log_events = True
     return pipeline

@@ -11,7 +11,9 @@ to a source, and each block's settings section can switch it off (``enabled: fal
   NFKC would rewrite string literals, boilerplate removal would delete ``import os`` (a line
   many files share), and the prose heuristics reject indentation and symbol-dense lines;
 - ``none``: no cleaning (dedup still applies);
-- ``auto`` (the default): ``code`` for sources of category ``code``, ``docs`` for ``docs``, ``prose`` otherwise.
+- ``auto`` (the default): per document, the profile of what the document is, read from its content
+  (:func:`~mindfoundry.data.clean.kind.document_kind`: code lines, headings, option lists, markup), so a
+  source of manuals with a few prose chapters, or of code with READMEs, gets each document's fair rules.
 
 Settings are plain mappings (one per section, keys = the section's fields), validated by each
 block through its section class.
@@ -23,9 +25,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from mindfoundry.config.clean import CLEAN_BLOCKS, GOPHER_DUPLICATE_NGRAMS
-from mindfoundry.data.clean.base import Block
+from mindfoundry.data.clean.base import Block, BlockStats
 from mindfoundry.data.clean.boilerplate import BoilerplateRemover, FrequentLines
 from mindfoundry.data.clean.garbled import MojibakeFilter, SymbolRunFilter, SymbolRunRemover
+from mindfoundry.data.clean.kind import KINDS, Kind, document_kind
 from mindfoundry.data.clean.normalize import ControlCharRemover, NfkcNormalizer, TimestampRemover
 from mindfoundry.data.clean.quality import LengthFilter, QualityFilter, RepetitionFilter, ScriptFilter
 from mindfoundry.data.document import Document
@@ -40,6 +43,8 @@ SECTION_BLOCKS: dict[str, tuple[type[Block], ...]] = {
     "symbol_runs": (SymbolRunFilter, SymbolRunRemover), "length": (LengthFilter,), "script": (ScriptFilter,),
     "repetition": (RepetitionFilter,), "quality": (QualityFilter,),
 }
+#: The profile that picks one of the kinds' profiles per document.
+AUTO = "auto"
 PROFILES: dict[str, tuple[str, ...]] = {
     "prose": CLEAN_BLOCKS,
     "docs": CLEAN_BLOCKS,
@@ -63,18 +68,51 @@ def with_profile(settings: Mapping[str, Any], block: str, profile: str) -> dict[
     return dict(settings) | PROFILE_SETTINGS.get(profile, {}).get(block, {})
 
 
-def resolve_profile(profile: str, category: str) -> str:
-    """The concrete profile of a source: ``auto`` becomes ``code``, ``docs`` or ``prose`` by category."""
-    if profile == "auto":
-        return category if category in ("code", "docs") else "prose"
-    if profile not in PROFILES:
-        raise ValueError(f"unknown cleaning profile {profile!r}: choose auto, {', '.join(PROFILES)}")
+def resolve_profile(profile: str) -> str:
+    """``profile`` once checked: ``auto`` or one of :data:`PROFILES`."""
+    if profile != AUTO and profile not in PROFILES:
+        raise ValueError(f"unknown cleaning profile {profile!r}: choose {AUTO}, {', '.join(PROFILES)}")
     return profile
 
 
 def active_sections(settings: Settings, profile: str) -> list[str]:
-    """Names of the blocks that run for ``profile``, in pipeline order."""
-    return [name for name in PROFILES[profile] if settings[name].get("enabled", True)]
+    """Names of the blocks that run for ``profile`` (for ``auto``: for some kind of document), in pipeline order."""
+    return [name for name in PROFILES["prose" if profile == AUTO else profile] if settings[name].get("enabled", True)]
+
+
+class ByKind(Block):
+    """One block per kind of document (``None``: that kind skips the block), for the ``auto`` profile: each
+    document goes through the block its kind (:func:`document_kind`) gets. Counts add up under the block's name."""
+
+    def __init__(self, blocks: Mapping[Kind, Block | None]) -> None:  # noqa: D107 -- no settings of its own
+        self.blocks = dict(blocks)
+        self.present = [block for block in self.blocks.values() if block is not None]
+        self.name = self.present[0].name  # type: ignore[misc]
+        self.settings = self.present[0].settings
+        self.log_events = False
+        self.events = []
+        self.passed = BlockStats()  # documents of a kind that skips the block
+
+    @property  # type: ignore[override]
+    def stats(self) -> BlockStats:
+        total = BlockStats()
+        for part in (self.passed, *(block.stats for block in self.present)):
+            total.merge(part)
+        return total
+
+    def run(self, docs: Iterable[Document]) -> Iterator[Document]:
+        for doc in docs:
+            block = self.blocks[document_kind(doc.text)]
+            if block is None:
+                self.passed.seen += 1
+                self.passed.kept += 1
+                yield doc
+                continue
+            block.log_events = self.log_events
+            yield from block.run((doc,))
+            if block.events:
+                self.events.extend(block.events)
+                block.events = []
 
 
 class CleaningPipeline:
@@ -99,15 +137,29 @@ def build_pipeline(
     *,
     frequent_lines: FrequentLines = FrequentLines(),
     sections: Sequence[str] = CLEAN_BLOCKS,
+    own: frozenset[str] = frozenset(),
 ) -> CleaningPipeline:
     """The pipeline of one source: the active blocks of ``profile`` configured by ``settings``.
 
     ``frequent_lines`` are the boilerplate line keys counted over the whole corpus. ``sections`` limits
     the pipeline to those blocks (the part before the boilerplate block, whose input is what the
     lines are counted on, or the part from it on: :func:`~mindfoundry.data.clean.curate.source_pipeline`).
+    For ``auto``, a block whose settings differ between the kinds of document (a profile's settings, except
+    in the sections ``own`` names: a source's own overrides win) or that some kind skips is a :class:`ByKind`.
     """
     blocks: list[Block] = []
     for name in active_sections(settings, profile):
-        if name in sections:
+        if name not in sections:
+            continue
+        if profile != AUTO:
             blocks.extend(cls.build(dict(settings[name]), frequent_lines) for cls in SECTION_BLOCKS[name])
+            continue
+        per_kind = {kind: None if name not in PROFILES[kind] else
+                    dict(settings[name]) if name in own else with_profile(settings[name], name, kind) for kind in KINDS}
+        for cls in SECTION_BLOCKS[name]:
+            if all(value == per_kind["prose"] for value in per_kind.values()):
+                blocks.append(cls.build(dict(settings[name]), frequent_lines))
+            else:
+                blocks.append(ByKind({kind: None if value is None else cls.build(value, frequent_lines)
+                                      for kind, value in per_kind.items()}))
     return CleaningPipeline(blocks)

@@ -13,18 +13,20 @@ the Python reference manual) so that they remove spam, not prose.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
 from mindfoundry.config.clean import LengthConfig, QualityConfig, RepetitionConfig, ScriptConfig
-from mindfoundry.data.clean.base import Drop, Filter, Verdict
+from mindfoundry.data.clean.base import Drop, Filter, Transform, Verdict
 from mindfoundry.data.clean.garbled import is_table_rule
 from mindfoundry.data.clean.text import WORD, count, is_cjk_text, non_space_chars, script_counts, units
 from mindfoundry.data.document import Document
 
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
+_PARAGRAPH_SPLIT = re.compile(r"(\n[ \t]*\n)")  # keeps the breaks, so joining the parts gives the text back
 _ELLIPSIS = re.compile(r"\.{3,}|…+")
 _BULLET = ("•", "●", "○", "◦", "▪", "▫", "■", "□", "◆", "◇", "-", "*", "–", "·")
 # Lines whose repetition is syntax, not spam: interpreter and shell prompts, and lines dense in symbols
@@ -33,6 +35,9 @@ _PROMPT = re.compile(r"^\s*(?:>>>|\.\.\.|\$|#|//|/\*|--)(?:\s|$)")
 _CODE_SYMBOL = re.compile(r"[{}()\[\]<>=;|\\/*&^%$@~_`+\u2500-\u257f]")
 _PROMPT_LINE = re.compile(_PROMPT.pattern, re.MULTILINE)
 CODE_SYMBOL_SHARE = 0.08
+#: In a text shorter than ``ngram_min_units`` a duplicate n-gram rule drops it only when more than this share of its
+#: characters repeats: a quote or a stanza repeats a phrase by design ("That, that is, is."), spam repeats itself.
+SHORT_TEXT_REPEAT_SHARE = 0.5
 
 
 class LengthFilter(Filter):
@@ -88,6 +93,32 @@ class ScriptFilter(Filter):
             if high is not None and ratios[script] > high:
                 return Drop(f"{script}_ratio_above_max", ratios[script], high)
         return True
+
+
+def without_repeats(text: str) -> tuple[str, int, int]:
+    """``text`` without the second and later copies of its paragraphs and of its prose lines (compared stripped;
+    code, markup and table lines repeat by syntax and stay), with how many lines and paragraphs went."""
+    seen_paragraphs: set[str] = set()
+    kept_paragraphs: list[str] = []
+    paragraphs = 0
+    parts = _PARAGRAPH_SPLIT.split(text)  # paragraph, break, paragraph, ...
+    for i in range(0, len(parts), 2):
+        key = parts[i].strip()
+        if key and key in seen_paragraphs:
+            paragraphs += 1
+            continue  # with the break before it, which the next paragraph's own break replaces
+        seen_paragraphs.add(key)
+        kept_paragraphs += ([parts[i - 1]] if kept_paragraphs else []) + [parts[i]]
+    seen_lines: set[str] = set()
+    kept_lines, lines = [], 0
+    for line in "".join(kept_paragraphs).split("\n"):
+        key = line.strip()
+        if key and key in seen_lines and not is_syntax_line(key):
+            lines += 1
+            continue
+        seen_lines.add(key)
+        kept_lines.append(line)
+    return "\n".join(kept_lines), lines, paragraphs
 
 
 def _duplicate_fractions(parts: list[str]) -> tuple[float, float]:
@@ -184,8 +215,9 @@ def prose_part(text: str) -> str:
     return text if len(kept) == len(lines) else "\n".join(kept)
 
 
-class RepetitionFilter(Filter):
-    """Gopher repetition rules over lines, paragraphs and n-grams of units, measured on the prose lines.
+class RepetitionFilter(Transform):
+    """Gopher repetition rules over lines, paragraphs and n-grams of units, measured on the prose lines; a document
+    that fails them loses its repeats, and only a document that is repetition through and through is dropped.
 
     Code, markup and table lines (:func:`is_syntax_line`) are left out: there the repetition is the
     syntax (``self.assertEqual(``, ``+------+``). N-gram limits map a size in words to the largest
@@ -196,7 +228,14 @@ class RepetitionFilter(Filter):
     factor) and averaged by characters: Gopher's limits were set on web pages of about that length,
     and over a whole book any phrase repeats, so without windows a long clean chapter or API page
     fails. The top n-gram rule needs ``top_ngram_min_units`` units (times the same factor for
-    Chinese): in a short text one phrase said twice already covers a large share. Reasons:
+    Chinese): in a short text one phrase said twice already covers a large share; below
+    ``ngram_min_units`` (a quote, a stanza: rhetoric repeats) the duplicate n-gram rules drop a document only
+    when more than :data:`SHORT_TEXT_REPEAT_SHARE` of it repeats.
+
+    A document that breaks a rule loses the second and later copies of its repeated prose lines and
+    paragraphs (a page whose header was extracted three times, a chapter pasted twice); when what is left passes
+    every rule and keeps at least ``min_rest_share`` of the characters, it is kept so (edits ``repeated_line``,
+    ``repeated_paragraph``), else the document is dropped for the first rule it broke. Reasons:
     ``duplicate_lines``, ``duplicate_line_chars``, ``duplicate_paragraphs``,
     ``duplicate_paragraph_chars``, ``top_{n}gram_{words|chars}``, ``duplicate_{n}gram_{words|chars}``.
     """
@@ -211,11 +250,25 @@ class RepetitionFilter(Filter):
         self.paragraph_limits = (s.max_duplicate_paragraph_fraction, s.max_duplicate_paragraph_char_fraction)
         self.top_ngrams, self.duplicate_ngrams = dict(s.top_ngrams or {}), dict(s.duplicate_ngrams or {})
         self.top_ngram_min_units = s.top_ngram_min_units
+        self.ngram_min_units = s.ngram_min_units
         self.cjk_chars_per_word = s.cjk_chars_per_word
         self.window_units = s.window_units
+        self.min_rest_share = s.min_rest_share
 
-    def filter(self, doc: Document) -> Verdict:
-        text = prose_part(doc.text)
+    def transform(self, doc: Document) -> Document | Drop:
+        verdict = self.judge(doc.text)
+        if verdict is True:
+            return doc
+        rest, lines, paragraphs = without_repeats(doc.text)
+        if (lines or paragraphs) and len(rest) >= self.min_rest_share * len(doc.text) and self.judge(rest) is True:
+            self.count("repeated_line", lines)
+            self.count("repeated_paragraph", paragraphs)
+            return replace(doc, text=rest)
+        return verdict
+
+    def judge(self, text: str) -> Verdict:
+        """The first rule ``text`` breaks, or True."""
+        text = prose_part(text)
         lines = [line.strip() for line in text.split("\n") if line.strip()]
         paragraphs = [p.strip() for p in _PARAGRAPH_BREAK.split(text) if p.strip()]
         for kind, parts, limits in (("line", lines, self.line_limits), ("paragraph", paragraphs, self.paragraph_limits)):
@@ -239,7 +292,9 @@ class RepetitionFilter(Filter):
         tokens = units(text)
         cjk = is_cjk_text(text)
         scale, kind = (self.cjk_chars_per_word, "chars") if cjk else (1, "words")
-        checks = [(n * scale, limit, "duplicate") for n, limit in self.duplicate_ngrams.items()]
+        short = len(tokens) < self.ngram_min_units * scale
+        checks = [(n * scale, max(limit, SHORT_TEXT_REPEAT_SHARE) if short else limit, "duplicate")
+                  for n, limit in self.duplicate_ngrams.items()]
         if len(tokens) >= self.top_ngram_min_units * scale:
             checks += [(n * scale, limit, "top") for n, limit in self.top_ngrams.items()]
         if not checks or not tokens:

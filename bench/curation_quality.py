@@ -1,0 +1,289 @@
+"""Curation quality on real text the project never tuned on: characters of good text kept, junk removed.
+
+    .venv/bin/python bench/curation_sources.py --fetch          # once: the Debian packages (bench/curation_sources.py)
+    .venv/bin/python bench/curation_quality.py [--max-chars 600000] [--seed 0] [--set data.clean.KEY=VALUE ...]
+    .venv/bin/python bench/curation_quality.py --write-fixtures tests/fixtures/curation
+
+Every source of :mod:`curation_sources` (reference guides, help pages, man pages, poems, a library reference,
+quotes; Chinese and English) is cut to about ``--max-chars`` characters (its three longest documents always in),
+then junk is mixed in the way the seeds describe it:
+
+- junk *documents*, per language: garbled text (random CJK characters and symbols; random letters and symbols),
+  ad templates (contact and promotion lines), symbol-run spam, mojibake (UTF-8 read as Latin-1 / GBK);
+- junk *lines* inserted into a quarter of the good documents: an ad line, a timestamp line, a star run, a spam line.
+
+Every document then goes through the cleaning blocks exactly as ``prepare`` runs them (the boilerplate pre-pass
+over the whole corpus first), with the default settings and the source name as its category (none is called
+``docs``). Dedup is left out: what it drops is not a rule's loss. Printed per source: good characters kept, junk
+documents removed, junk lines removed, and the biggest losses by block and reason. The last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).parent))
+from curation_sources import source_documents  # noqa: E402
+
+from mindfoundry.config.load import apply_overrides, validate  # noqa: E402
+from mindfoundry.data.clean.boilerplate import LineCounter  # noqa: E402
+from mindfoundry.data.clean.curate import CUT, clean_chunk, runs_block, source_pipeline  # noqa: E402
+from mindfoundry.data.document import Document  # noqa: E402
+
+PRODUCTS = {"zh": ["减肥茶", "手机壳", "护肤品", "发票", "二手车", "保健品"], "en": ["watches", "pills", "loans", "sneakers"]}
+AD_LINES = {
+    "zh": ["加微信 vip{n} 了解详情", "联系QQ：{n}，24小时在线", "代开发票 {p} 电话 1{n}", "全场包邮，限时特价，立即抢购！",
+           "{p}厂家直销，价格优惠，欢迎来电咨询 1{n}", "扫码添加客服微信 wx{n}，领取优惠券", "专业代办{p}，加V：a{n}"],
+    "en": ["Call now 1-800-{n} for a free quote!", "Limited time offer: 50% off all {p}, free shipping!",
+           "Contact us on WhatsApp +1 {n} for the best price", "Buy cheap {p} online now, no prescription needed",
+           "CLICK HERE to claim your free {p} today!!!", "Earn $5000 a week from home, message me on Telegram @deal{n}"],
+}
+STAMP_LINES = {"zh": ["发布时间：{y}-{m:02d}-{d:02d} {H:02d}:{M:02d}:{S:02d}", "[{y}-{m:02d}-{d:02d} {H:02d}:{M:02d}]",
+                      "date: {y}-{m:02d}-{d:02d}", "{y}年{m}月{d}日 {H:02d}:{M:02d}", "time: {H:02d}:{M:02d}:{S:02d}"],
+               "en": ["Posted on {y}-{m:02d}-{d:02d} {H:02d}:{M:02d}", "[{y}-{m:02d}-{d:02d} {H:02d}:{M:02d}:{S:02d}]",
+                      "date: {y}-{m:02d}-{d:02d}", "Last updated: {d} March {y}", "time: {H:02d}:{M:02d}"]}
+SYMBOLS = "★☆※◎§@#$%&*~^+=<>|!?【】■□◆◇●○"
+JUNK_DOC_KINDS = ("garbled", "ads", "symbol_spam", "mojibake")
+JUNK_LINE_KINDS = ("ad", "timestamp", "star_run", "spam")
+
+
+def language(source: str) -> str:
+    return source.split("_")[0]
+
+
+def _ad(lang: str, rng: random.Random) -> str:
+    return rng.choice(AD_LINES[lang]).format(n=rng.randrange(10**6, 10**8), p=rng.choice(PRODUCTS[lang]))
+
+
+def _stamp(lang: str, rng: random.Random) -> str:
+    return rng.choice(STAMP_LINES[lang]).format(y=rng.randrange(2005, 2026), m=rng.randrange(1, 13), d=rng.randrange(1, 29),
+                                                H=rng.randrange(24), M=rng.randrange(60), S=rng.randrange(60))
+
+
+def junk_line(kind: str, lang: str, rng: random.Random) -> str:
+    """One inserted junk line of ``kind``."""
+    if kind == "ad":
+        return _ad(lang, rng)
+    if kind == "timestamp":
+        return _stamp(lang, rng)
+    if kind == "star_run":
+        return rng.choice("★☆*=#~") * rng.randrange(10, 40)
+    spam = "点击这里" if lang == "zh" else "CLICK HERE"
+    return f"{'!' * rng.randrange(6, 20)} {spam} {rng.choice('★$>') * rng.randrange(6, 20)}"
+
+
+def junk_document(kind: str, lang: str, rng: random.Random, good: list[str]) -> str:
+    """One junk document of ``kind`` (``good``: real text of the language, for mojibake)."""
+    lines = []
+    if kind == "garbled":
+        for _ in range(rng.randrange(4, 15)):
+            if lang == "zh":
+                chars = [chr(rng.randrange(0x4E00, 0x9FA6)) if rng.random() < 0.7 else rng.choice(SYMBOLS)
+                         for _ in range(rng.randrange(20, 60))]
+            else:
+                chars = [rng.choice("abcdefghijklmnopqrstuvwxyz0123456789" + SYMBOLS[8:]) if rng.random() < 0.85 else " "
+                         for _ in range(rng.randrange(30, 80))]
+            lines.append("".join(chars))
+    elif kind == "ads":
+        lines = [_ad(lang, rng) for _ in range(rng.randrange(4, 12))]
+    elif kind == "symbol_spam":
+        for _ in range(rng.randrange(4, 12)):
+            lines.append(" ".join(rng.choice(SYMBOLS) * rng.randrange(3, 12) for _ in range(rng.randrange(2, 6))))
+    else:
+        text = rng.choice([t for t in good if 200 < len(t) < 5000] or good)
+        if lang == "zh":
+            return text.encode("utf-8").decode("gbk", errors="replace")
+        return text.encode("utf-8").decode("latin-1") + " café – naïve “quoted”".encode("utf-8").decode("cp1252", "replace")
+    return "\n".join(lines)
+
+
+@dataclass
+class Item:
+    """A bench document: good text with inserted junk lines, or a junk document."""
+
+    source: str
+    text: str
+    junk_kind: str | None = None  # the kind of a junk document
+    junk_lines: list[tuple[str, str]] = field(default_factory=list)  # (kind, line) inserted into good text
+
+    @property
+    def good_chars(self) -> int:
+        return 0 if self.junk_kind else len(self.text) - sum(len(line) + 1 for _, line in self.junk_lines)
+
+
+def build(max_chars: int, seed: int, junk_docs: int = 30) -> dict[str, list[Item]]:
+    """Each source's bench documents: about ``max_chars`` characters of its real text (its three longest documents
+    always in), a quarter of them with 1-3 junk lines inserted, then ``junk_docs`` junk documents of each kind per
+    language spread over the sources of that language."""
+    rng = random.Random(seed)
+    sources = source_documents(seed=seed)
+    items: dict[str, list[Item]] = {}
+    for name, docs in sources.items():
+        longest = sorted(range(len(docs)), key=lambda i: -len(docs[i]))[:3]
+        order = longest + [i for i in random.Random(seed).sample(range(len(docs)), len(docs)) if i not in longest]
+        chosen, size = [], 0
+        for i in order:
+            if size >= max_chars:
+                break
+            chosen.append(docs[i])
+            size += len(docs[i])
+        items[name] = []
+        for text in chosen:
+            item = Item(name, text)
+            if rng.random() < 0.25:
+                lines = text.split("\n")
+                for _ in range(rng.randint(1, 3)):
+                    kind = rng.choice(JUNK_LINE_KINDS)
+                    line = junk_line(kind, language(name), rng)
+                    lines.insert(rng.randrange(len(lines) + 1), line)
+                    item.junk_lines.append((kind, line))
+                item.text = "\n".join(lines)
+            items[name].append(item)
+    for lang in ("zh", "en"):
+        names = [name for name in items if language(name) == lang]
+        good = [text for name in names for text in sources[name]]
+        for kind in JUNK_DOC_KINDS:
+            for i in range(junk_docs):
+                name = names[i % len(names)]
+                items[name].append(Item(name, junk_document(kind, lang, rng, good), junk_kind=kind))
+    for name in items:
+        rng.shuffle(items[name])
+    return items
+
+
+def clean_all(items: dict[str, list[Item]], overrides: list[str]) -> tuple[list[str | None], list[dict]]:
+    """Every item's text after cleaning as ``prepare`` does it (None: dropped), and the drop-log lines."""
+    names = list(items)
+    tree = {"data": {"sources": [{"name": name, "paths": ["unused"]} for name in names]}}
+    data = validate(apply_overrides(tree, overrides)).data
+    numbered = {name: [(i, Document(item.text, f"{name}:{i}", name, name, path=name, record=i))
+                       for i, item in enumerate(items[name])] for name in names}
+    first = {name: clean_chunk(source_pipeline(data, src, "before"), numbered[name]) for name, src in zip(names, data.sources)}
+    settings = data.clean.boilerplate
+    counter = LineCounter(settings.min_line_chars, settings.edge_lines)
+    for name, src in zip(names, data.sources):
+        if runs_block(data, src, CUT):
+            for _, doc in first[name][0]:
+                counter.add(doc.text, doc.source)
+    lines = counter.frequent(settings.min_documents, settings.min_source_share)
+    out: list[str | None] = []
+    events: list[dict] = []
+    for name, src in zip(names, data.sources):
+        kept, after = clean_chunk(source_pipeline(data, src, "from", lines), first[name][0])
+        texts = {i: doc.text for i, doc in kept}
+        out += [texts.get(i) for i in range(len(items[name]))]
+        events += [line for _, line in first[name][1] + after]
+    return out, events
+
+
+def measure(items: dict[str, list[Item]], overrides: list[str]) -> dict[str, dict]:
+    """Per source: good characters and how many were kept, junk documents and lines and how many were removed,
+    and the good characters lost per block/reason (from the drop log)."""
+    flat = [item for name in items for item in items[name]]
+    cleaned, events = clean_all(items, overrides)
+    results: dict[str, dict] = {}
+    for item, text in zip(flat, cleaned, strict=True):
+        r = results.setdefault(item.source, {"good_chars": 0, "kept_chars": 0, "junk_docs": Counter(), "junk_docs_removed": Counter(),
+                                             "junk_lines": Counter(), "junk_lines_removed": Counter()})
+        if item.junk_kind:
+            r["junk_docs"][item.junk_kind] += 1
+            r["junk_docs_removed"][item.junk_kind] += text is None
+            continue
+        left = 0
+        for kind, line in item.junk_lines:
+            r["junk_lines"][kind] += 1
+            survived = text is not None and line.strip() in text
+            r["junk_lines_removed"][kind] += not survived
+            left += (len(line) + 1) * survived
+        r["good_chars"] += item.good_chars
+        r["kept_chars"] += 0 if text is None else min(len(text) - left, item.good_chars)
+    by_path = {(name, i): item for name in items for i, item in enumerate(items[name])}
+    for line in events:
+        item = by_path[(line["path"], line["record"])]
+        if item.junk_kind is None and not item.junk_lines:  # an edit's removed characters would include junk lines
+            loss = line["chars"] if line["action"] == "drop" else (line["value"] or 0)
+            results[item.source].setdefault("losses", Counter())[f"{line['block']}:{line['reason']}"] += loss
+    return results
+
+
+def summary(results: dict[str, dict]) -> dict:
+    """Overall and per-source figures (shares), as the JSON line prints them."""
+    def share(a: float, b: float) -> float:
+        return round(a / b, 4) if b else 1.0
+
+    per = {name: {"kept": share(r["kept_chars"], r["good_chars"]),
+                  "junk_docs_removed": share(sum(r["junk_docs_removed"].values()), sum(r["junk_docs"].values())),
+                  "junk_lines_removed": share(sum(r["junk_lines_removed"].values()), sum(r["junk_lines"].values()))}
+           for name, r in results.items()}
+    docs, lines = Counter(), Counter()
+    removed_docs, removed_lines = Counter(), Counter()
+    for r in results.values():
+        docs.update(r["junk_docs"])
+        removed_docs.update(r["junk_docs_removed"])
+        lines.update(r["junk_lines"])
+        removed_lines.update(r["junk_lines_removed"])
+    return {"sources": per, "min_kept": min(p["kept"] for p in per.values()),
+            "junk_docs_removed": share(sum(removed_docs.values()), sum(docs.values())),
+            "junk_lines_removed": share(sum(removed_lines.values()), sum(lines.values())),
+            "junk_docs_by_kind": {k: share(removed_docs[k], docs[k]) for k in JUNK_DOC_KINDS},
+            "junk_lines_by_kind": {k: share(removed_lines[k], lines[k]) for k in JUNK_LINE_KINDS}}
+
+
+def write_fixtures(items: dict[str, list[Item]], folder: Path, per_source: int, seed: int) -> None:
+    """A small labelled sample for the tests: per source ``per_source`` good documents (the longest first, then
+    with inserted junk lines) and every source's first junk document of each kind, as JSON lines."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    for name, its in items.items():
+        good = sorted((i for i in its if not i.junk_kind), key=lambda i: -len(i.text))
+        pick = good[:1] + rng.sample([i for i in good[1:] if i.junk_lines and len(i.text) < 20_000], per_source // 2)
+        pick += rng.sample([i for i in good[1:] if not i.junk_lines and len(i.text) < 20_000 and i not in pick],
+                           per_source - len(pick))
+        kinds = set()
+        for item in its:
+            if item.junk_kind and item.junk_kind not in kinds:
+                kinds.add(item.junk_kind)
+                pick.append(item)
+        with (folder / f"{name}.jsonl").open("w", encoding="utf-8") as fh:
+            for item in pick:
+                fh.write(json.dumps({"text": item.text, "junk": item.junk_kind, "junk_lines": [l for _, l in item.junk_lines]},
+                                    ensure_ascii=False) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--max-chars", type=int, default=600_000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--set", action="append", default=[], dest="overrides", help="a data.clean override, e.g. "
+                        "data.clean.timestamps.enabled=true")
+    parser.add_argument("--write-fixtures", type=Path, help="write the tests' sample to this folder and stop")
+    parser.add_argument("--fixture-docs", type=int, default=8)
+    args = parser.parse_args()
+    items = build(args.max_chars, args.seed)
+    if args.write_fixtures:
+        write_fixtures(items, args.write_fixtures, args.fixture_docs, args.seed)
+        return
+    results = measure(items, args.overrides)
+    table = Table(title="curation on real text never tuned on (characters of good text; junk removed)")
+    for col in ("source", "docs", "good chars", "kept", "junk docs removed", "junk lines removed", "biggest losses (documents without junk lines)"):
+        table.add_column(col)
+    for name, r in results.items():
+        losses = ", ".join(f"{k} {v / max(r['good_chars'], 1):.1%}" for k, v in r.get("losses", Counter()).most_common(3))
+        table.add_row(name, str(len(items[name])), f"{r['good_chars']:,}", f"{r['kept_chars'] / r['good_chars']:.1%}",
+                      f"{sum(r['junk_docs_removed'].values())}/{sum(r['junk_docs'].values())}",
+                      f"{sum(r['junk_lines_removed'].values())}/{sum(r['junk_lines'].values())}", losses)
+    Console(width=200).print(table)
+    print(json.dumps(summary(results)))
+
+
+if __name__ == "__main__":
+    main()

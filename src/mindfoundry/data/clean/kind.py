@@ -1,0 +1,102 @@
+"""What a document is, read from the document itself: source code, structured reference text, or prose.
+
+The ``auto`` cleaning profile asks this per document (:func:`document_kind`), because a source's name
+says little: a "manual" category holds prose chapters, a "wiki" one holds API pages, and a code
+repository holds READMEs. The kinds decide which rules are fair:
+
+- ``code``: most lines are code (prompts, brackets, ``=``, ``;``, indentation-led statements). Only
+  what cannot damage source code applies (mojibake, control characters, length).
+- ``docs``: reference text with visible structure: headings (numbered ``3.12. Paste as``, reST
+  underlines, Markdown ``#``, man-page section names), option lists (``-a, --all``), markup
+  (``.. function::``, ``:func:``), code lines and table rules. It names its subject and repeats
+  formulas by design, so repetition limits are those of reference text and lines shared between
+  pages are content.
+- ``prose``: everything else (news, reviews, books, poems, forum posts): every rule applies.
+
+The decision counts lines, so it costs one pass of compiled regular expressions per document.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import Literal
+
+from mindfoundry.data.clean.garbled import is_table_rule
+from mindfoundry.data.clean.quality import is_syntax_line
+
+Kind = Literal["code", "docs", "prose"]
+KINDS: tuple[Kind, ...] = ("code", "docs", "prose")
+
+#: Share of non-blank lines that must be code for a document to be code.
+CODE_LINE_SHARE = 0.4
+#: Share of non-blank lines that must be structure (headings, options, markup, code, tables) for reference text.
+STRUCTURE_LINE_SHARE = 0.12
+#: Fewer non-blank lines than this say too little: such a document is prose (a one-line review, a quote).
+MIN_LINES = 8
+
+_STRUCTURE = re.compile(
+    r"^\s*(?:"
+    r"\d+(?:\.\d+)+\.?\s+\S"  # numbered heading: 3.12. Paste as / 10.1.1 存档
+    r"|#{1,6}\s+\S"  # Markdown heading
+    r"|([=\-~^\"'`*+#])\1{3,}\s*$"  # reST underline or a rule line
+    r"|\.\.\s+[\w:-]+::"  # reST directive
+    r"|-{1,2}[A-Za-z0-9][\w-]*(?:[ ,=\[]|$)"  # option: -a, --all, --size=SIZE
+    r"|(?:NAME|SYNOPSIS|DESCRIPTION|OPTIONS|EXAMPLES?|SEE ALSO|FILES|ENVIRONMENT|AUTHORS?|BUGS|EXIT STATUS"
+    r"|RETURN VALUE|NOTES|COPYRIGHT|HISTORY|ERRORS|COMMANDS|USAGE)\s*$"  # man-page sections
+    r"|[|+\u2500-\u257f]"  # a table row or rule
+    r"|(?:名称|名字|概述|大纲|描述|选项|参数|示例|范例|返回值|另见|参见|注意|文件|环境|作者|错误|总览|语法|用法)\s*$"
+    r"|第\s*\d+\s*[章节]"  # 第 8 章
+    r"|[A-Za-z_][\w.]*\([\w ,.*=\[\]'\"-]*\)\s*$"  # a signature line: os.path.join(path, *paths)
+    r")"
+)
+_ROLE = re.compile(r":[a-z]+:`")  # reST roles (:func:`os.path`) inside prose lines
+_KEYWORD = (
+    r"def|class|return|import|from\s+[\w.]+\s+import|if|elif|else|for|while|try|except|finally|with|raise|yield|pass"
+    r"|break|continue|assert|lambda|async|await|const|let|var|function|public|private|protected|static|void|int|char"
+    r"|unsigned|struct|typedef|package|func|fn|use|impl|switch|case|do|end|local|my|sub|#include|#define|@\w+"
+)
+# A line of source code: a statement keyword first, or a statement's shape (ends opening or closing a block, an
+# assignment or call); written in ASCII (a comment or string literal in Chinese aside).
+_CODE_LINE = re.compile(
+    rf"^\s*(?:(?:{_KEYWORD})\b.*|>>>.*|[}})\]].*|.*[{{;(\[]\s*|.*\b\w+(?:\[[^\]]*\])?\s*[-+*/|&]?=\s*\S.*"
+    r"|.*\w\(.*\)\s*)$"
+)
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+_TRACEBACK = re.compile(r"^\s*(?:Traceback \(most recent call last\):|File \".*\", line \d+|\w+(?:Error|Exception):)")
+
+
+def is_code_line(line: str) -> bool:
+    """Whether a line reads as source code (:data:`_CODE_LINE`, at most a fifth of it outside ASCII)."""
+    return _CODE_LINE.match(line) is not None and len(_NON_ASCII.findall(line)) <= len(line) // 5
+
+
+def _code_lines(lines: list[str]) -> int:
+    """How many of ``lines`` are code: code lines, and the lines of triple-quoted strings (docstrings belong to the
+    code they document)."""
+    count, quoted = 0, False
+    for line in lines:
+        quotes = line.count('"""') + line.count("'''")
+        count += quoted or quotes > 0 or is_code_line(line)
+        quoted ^= quotes % 2 == 1
+    return count
+
+
+def is_content_line(line: str) -> bool:
+    """Whether a line is content wherever it repeats: code (an import, a statement, a traceback line), markup, a
+    heading, an option or a table rule (not merely a line with symbols: a breadcrumb "文档 > 指南" is not). Boilerplate removal never deletes such a line, however many documents share it."""
+    return (is_code_line(line) or is_table_rule(line) or _STRUCTURE.match(line) is not None
+            or _TRACEBACK.match(line) is not None)
+
+
+@lru_cache(maxsize=16)
+def document_kind(text: str) -> Kind:
+    """``code``, ``docs`` or ``prose``, by the share of code lines and of structure lines (module docstring)."""
+    lines = [line for line in text.split("\n") if line.strip()]
+    if len(lines) < MIN_LINES:
+        return "prose"
+    code = _code_lines(lines)
+    if code >= CODE_LINE_SHARE * len(lines):
+        return "code"
+    structure = sum(1 for line in lines if _STRUCTURE.match(line) or _ROLE.search(line) or is_syntax_line(line))
+    return "docs" if structure >= STRUCTURE_LINE_SHARE * len(lines) else "prose"
