@@ -24,6 +24,7 @@ import argparse
 import json
 import random
 import sys
+import tempfile
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,9 +36,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from curation_sources import source_documents  # noqa: E402
 
 from mindfoundry.config.load import apply_overrides, validate  # noqa: E402
-from mindfoundry.data.clean.boilerplate import LineCounter  # noqa: E402
-from mindfoundry.data.clean.curate import CUT, clean_chunk, runs_block, source_pipeline  # noqa: E402
-from mindfoundry.data.document import Document  # noqa: E402
+from mindfoundry.data.clean.preview import preview_cleaning  # noqa: E402
 
 PRODUCTS = {"zh": ["减肥茶", "手机壳", "护肤品", "发票", "二手车", "保健品"], "en": ["watches", "pills", "loans", "sneakers"]}
 AD_LINES = {
@@ -161,28 +160,21 @@ def build(max_chars: int, seed: int, junk_docs: int = 30) -> dict[str, list[Item
 
 
 def clean_all(items: dict[str, list[Item]], overrides: list[str]) -> tuple[list[str | None], list[dict]]:
-    """Every item's text after cleaning as ``prepare`` does it (None: dropped), and the drop-log lines."""
-    names = list(items)
-    tree = {"data": {"sources": [{"name": name, "paths": ["unused"]} for name in names]}}
-    data = validate(apply_overrides(tree, overrides)).data
-    numbered = {name: [(i, Document(item.text, f"{name}:{i}", name, name, path=name, record=i))
-                       for i, item in enumerate(items[name])] for name in names}
-    first = {name: clean_chunk(source_pipeline(data, src, "before"), numbered[name]) for name, src in zip(names, data.sources)}
-    settings = data.clean.boilerplate
-    counter = LineCounter(settings.min_line_chars, settings.edge_lines)
-    for name, src in zip(names, data.sources):
-        if runs_block(data, src, CUT):
-            for _, doc in first[name][0]:
-                counter.add(doc.text, doc.source)
-    lines = counter.frequent(settings.min_documents, settings.min_source_share)
+    """Every item's text after cleaning as ``prepare`` does it (None: dropped), and the drop-log lines: the sources
+    written as .jsonl and cleaned by ``prepare --preview`` over all their documents (the boilerplate pre-pass over
+    them all, at prepare's ``min_documents``)."""
+    with tempfile.TemporaryDirectory() as folder:
+        for name, its in items.items():
+            with open(Path(folder) / f"{name}.jsonl", "w", encoding="utf-8") as fh:
+                fh.writelines(json.dumps({"text": item.text}, ensure_ascii=False) + "\n" for item in its)
+        tree = {"data": {"sources": [{"name": name, "paths": [f"{folder}/{name}.jsonl"]} for name in items]}}
+        data = validate(apply_overrides(tree, overrides)).data
+        previews, _ = preview_cleaning(data, max(len(its) for its in items.values()))
     out: list[str | None] = []
-    events: list[dict] = []
-    for name, src in zip(names, data.sources):
-        kept, after = clean_chunk(source_pipeline(data, src, "from", lines), first[name][0])
-        texts = {i: doc.text for i, doc in kept}
-        out += [texts.get(i) for i in range(len(items[name]))]
-        events += [line for _, line in first[name][1] + after]
-    return out, events
+    for preview, its in zip(previews, items.values(), strict=True):
+        texts = {doc.record: doc.text for doc in preview.documents}
+        out += [texts.get(i) for i in range(len(its))]
+    return out, [line for preview in previews for line in preview.events]
 
 
 def measure(items: dict[str, list[Item]], overrides: list[str]) -> dict[str, dict]:
@@ -206,7 +198,7 @@ def measure(items: dict[str, list[Item]], overrides: list[str]) -> dict[str, dic
             left += (len(line) + 1) * survived
         r["good_chars"] += item.good_chars
         r["kept_chars"] += 0 if text is None else min(len(text) - left, item.good_chars)
-    by_path = {(name, i): item for name in items for i, item in enumerate(items[name])}
+    by_path = {(f"{name}.jsonl", i): item for name in items for i, item in enumerate(items[name])}
     for line in events:
         item = by_path[(line["path"], line["record"])]
         if item.junk_kind is None and not item.junk_lines:  # an edit's removed characters would include junk lines
@@ -239,15 +231,16 @@ def summary(results: dict[str, dict]) -> dict:
 
 
 def write_fixtures(items: dict[str, list[Item]], folder: Path, per_source: int, seed: int) -> None:
-    """A small labelled sample for the tests: per source ``per_source`` good documents (the longest first, then
-    with inserted junk lines) and every source's first junk document of each kind, as JSON lines."""
+    """A small labelled sample for the tests: per source ``per_source`` good documents under 30k characters (the
+    longest, then some with inserted junk lines) and the source's first junk document of each kind, as JSON lines."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     for name, its in items.items():
-        good = sorted((i for i in its if not i.junk_kind), key=lambda i: -len(i.text))
-        pick = good[:1] + rng.sample([i for i in good[1:] if i.junk_lines and len(i.text) < 20_000], per_source // 2)
-        pick += rng.sample([i for i in good[1:] if not i.junk_lines and len(i.text) < 20_000 and i not in pick],
-                           per_source - len(pick))
+        good = sorted((i for i in its if not i.junk_kind and len(i.text) < 30_000), key=lambda i: -len(i.text))
+        lined = [i for i in good[1:] if i.junk_lines]
+        pick = good[:1] + rng.sample(lined, min(per_source // 2, len(lined)))
+        plain = [i for i in good[1:] if i not in pick]
+        pick += rng.sample(plain, min(per_source - len(pick), len(plain)))
         kinds = set()
         for item in its:
             if item.junk_kind and item.junk_kind not in kinds:

@@ -89,11 +89,13 @@ def test_control_chars_removed_tabs_and_newlines_kept() -> None:
     assert block.stats.changed == 2
 
 
-def test_nfkc_folds_full_width_but_keeps_chinese_punctuation() -> None:
+def test_normalization_folds_full_width_but_keeps_chinese_punctuation_and_meaning() -> None:
     assert run(NfkcNormalizer(), NEWS, "１９９８年ＧＤＰ增长８．８％，好！", "ﬁnal ﬂow …", "Plain ASCII.") == [
-        NEWS_NFKC, "1998年GDP增长8.8%，好！", "final flow …", "Plain ASCII."]
-    assert run(NfkcNormalizer(keep_cjk_punctuation=False), "增长８．８％，好！……", "ﬁnal …") == [
-        "增长8.8%,好!......", "final ..."]
+        NEWS_NFKC, "1998年GDP增长8.8%，好！", "ﬁnal ﬂow …", "Plain ASCII."]  # ligatures are not full width: they stay
+    assert run(NfkcNormalizer(), "2⁵² and 2⁻⁵³, ㎞, ①", "e\u0301") == ["2⁵² and 2⁻⁵³, ㎞, ①", "é"]  # meaning kept; NFC
+    assert run(NfkcNormalizer(keep_cjk_punctuation=False), "增长８．８％，好！……") == ["增长8.8%,好!……"]
+    assert run(NfkcNormalizer(fold="compatibility"), "2⁵² ﬁnal", "增长８．８％，好！……") == ["252 final", "增长8.8%，好！……"]
+    assert run(NfkcNormalizer(fold="compatibility", keep_cjk_punctuation=False), "ﬁnal …") == ["final ..."]
 
 
 # --- timestamps --------------------------------------------------------------------------------
@@ -270,8 +272,8 @@ def test_repeated_phrase_in_a_short_chinese_text_is_not_a_top_ngram() -> None:
 
 @pytest.mark.parametrize(("text", "reason"), [
     ("上证指数 917.02 914.06 1510.18 870.18 深证 327.34 326.33", "too_few_alpha_units"),
-    ("a b c d e f g h i j k", "mean_word_length_too_short"),
-    ("Pneumonoultramicroscopicsilicovolcanoconiosis antidisestablishmentarianism", "mean_word_length_too_long"),
+    ("a b c d e f g h i j k l m n o p q r s t u v w x y z", "mean_word_length_too_short"),
+    (" ".join(["Pneumonoultramicroscopicsilicovolcanoconiosis antidisestablishmentarianism"] * 10), "mean_word_length_too_long"),
     ("Breaking news... #world #politics #economy #sports #weather #tech Read the full story... Watch the video... "
      "Share this... and more from our reporters today", "symbol_ratio"),
     ("• 首页\n• 新闻\n• 体育\n• 财经", "bullet_lines"),
@@ -302,7 +304,7 @@ def test_profiles_pick_blocks_in_order() -> None:
     code = build_pipeline(settings, resolve_profile("code"))
     assert [b.name for b in code.blocks] == ["mojibake", "control_chars", "length"]
     prose = build_pipeline(settings, resolve_profile("prose"))
-    assert [b.name for b in prose.blocks] == ["mojibake", "control_chars", "nfkc", "boilerplate", "symbol_run_filter",
+    assert [b.name for b in prose.blocks] == ["mojibake", "control_chars", "nfkc", "junk", "boilerplate", "symbol_run_filter",
                                               "symbol_runs", "length", "script", "repetition", "quality"]  # timestamps off
     assert [b.name for b in build_pipeline(settings, "prose", sections=CLEAN_BLOCKS[:4]).blocks] == ["mojibake", "control_chars", "nfkc"]
     assert build_pipeline(settings, "none").blocks == []

@@ -57,7 +57,9 @@ class ControlCharsConfig(BlockSection):
 
 
 class NfkcConfig(BlockSection):
-    """Unicode NFKC normalization (full-width letters/digits to ASCII, ligatures split)."""
+    """Unicode normalization: NFC and full-width ASCII folded (default), or NFKC."""
+
+    fold: Literal["width", "compatibility"] = Field("width", description="width: NFC, and full-width letters, digits and symbols (Ａ１＃) folded to ASCII; superscripts, ligatures and CJK compatibility forms stay as written (2⁵² stays 2⁵²). compatibility: NFKC, which also folds those (2⁵² becomes 252).")
 
     keep_cjk_punctuation: bool = Field(True, description="Leave Chinese full-width punctuation (，：；！？（）…～) as written instead of folding it to ASCII.")
 
@@ -66,6 +68,17 @@ class TimestampsConfig(BlockSection):
     """Delete dates, clock times and "发布时间：…" / "Posted on …" stamps (off by default)."""
 
     enabled: bool = Field(False, description="Run this block (for the sources whose profile includes it).")
+
+
+class JunkConfig(BlockSection):
+    """Delete ad lines and lines that are only a date or time; drop documents that are mostly ads or garbled."""
+
+    ad_lines: bool = Field(True, description="Delete short lines with contact details (微信/QQ/电话/WhatsApp + an id or number) or two promotion phrases (包邮, 限时, free shipping, % off...).")
+    stamp_lines: bool = Field(True, description="Delete lines that are nothing but a date or time, labelled or bracketed ('发布时间：2023-05-01 12:00', '[2021-03-04]', 'date: ...'); dates inside sentences stay.")
+    max_ad_line_share: Ratio | None = Field(0.5, description="Drop a document when more than this share of its lines are ad lines (an advertisement, not a page with an ad).")
+    max_rare_cjk_ratio: Ratio | None = Field(0.3, description="Drop a document when more than this share of its CJK characters is outside GB2312 and Big5's common level (random characters; classical poems reach 0.24).")
+    max_garbled_word_ratio: Ratio | None = Field(0.6, description="Drop a document when more than this share of its Latin words mix letters and digits or have no vowel (random strings; man pages reach 0.48).")
+    min_evidence: int = Field(20, ge=1, description="The garbled-text ratios judge documents with at least this many CJK characters / Latin words.")
 
 
 class BoilerplateConfig(BlockSection):
@@ -151,6 +164,7 @@ class CleanConfig(Section):
     control_chars: ControlCharsConfig = Field(default_factory=ControlCharsConfig)
     nfkc: NfkcConfig = Field(default_factory=NfkcConfig)
     timestamps: TimestampsConfig = Field(default_factory=TimestampsConfig)
+    junk: JunkConfig = Field(default_factory=JunkConfig)
     boilerplate: BoilerplateConfig = Field(default_factory=BoilerplateConfig)
     symbol_runs: SymbolRunsConfig = Field(default_factory=SymbolRunsConfig)
     length: LengthConfig = Field(default_factory=LengthConfig)

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from mindfoundry.config.aliases import canonical
 from mindfoundry.config.checks import cross_field_problems
+from mindfoundry.config.clean import JunkConfig
 from mindfoundry.config.parallel import RENAMED_KEYS
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.errors import MindFoundryError
@@ -286,6 +287,10 @@ ADDED_KEYS: dict[str, Any] = {
     "model.objective": "clm",
     "model.mlm": {"mask_rate": 0.15, "mask_token_rate": 0.8, "random_token_rate": 0.1},
     "data.dedup.shingle": "chars",
+    "data.clean.junk": JunkConfig().model_dump(mode="json"),
+    "data.sources.*.clean.junk": None,
+    "data.clean.nfkc.fold": "width",
+    "data.sources.*.clean.nfkc.fold": "width",
     **{f"{section}.repetition.{key}": default for section in ("data.clean", "data.sources.*.clean")
        for key, default in (("window_units", 1000), ("ngram_min_units", 100), ("min_rest_share", 0.5))},
     **{f"{section}.boilerplate.{key}": default for section in ("data.clean", "data.sources.*.clean")

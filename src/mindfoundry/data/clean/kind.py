@@ -22,7 +22,9 @@ import re
 from functools import lru_cache
 from typing import Literal
 
+from mindfoundry.config.clean import JunkConfig
 from mindfoundry.data.clean.garbled import is_table_rule
+from mindfoundry.data.clean.junk import garbled_word_ratio
 from mindfoundry.data.clean.quality import is_syntax_line
 
 Kind = Literal["code", "docs", "prose"]
@@ -32,6 +34,8 @@ KINDS: tuple[Kind, ...] = ("code", "docs", "prose")
 CODE_LINE_SHARE = 0.4
 #: Share of non-blank lines that must be structure (headings, options, markup, code, tables) for reference text.
 STRUCTURE_LINE_SHARE = 0.12
+#: Code's identifiers are words: text with more garbled words than the junk block allows is not code.
+GARBLED_WORD_RATIO = JunkConfig.model_fields["max_garbled_word_ratio"].default
 #: Fewer non-blank lines than this say too little: such a document is prose (a one-line review, a quote).
 MIN_LINES = 8
 
@@ -96,7 +100,7 @@ def document_kind(text: str) -> Kind:
     if len(lines) < MIN_LINES:
         return "prose"
     code = _code_lines(lines)
-    if code >= CODE_LINE_SHARE * len(lines):
-        return "code"
+    if code >= CODE_LINE_SHARE * len(lines) and garbled_word_ratio(text)[0] <= GARBLED_WORD_RATIO:
+        return "code"  # (random strings of letters and symbols have code's punctuation, not its identifiers)
     structure = sum(1 for line in lines if _STRUCTURE.match(line) or _ROLE.search(line) or is_syntax_line(line))
     return "docs" if structure >= STRUCTURE_LINE_SHARE * len(lines) else "prose"

@@ -49,10 +49,14 @@ class ControlCharRemover(Transform):
 
 
 class NfkcNormalizer(Transform):
-    """Unicode NFKC: full-width letters and digits to ASCII, ligatures and compatibility forms split.
+    """Unicode normalization that keeps meaning: NFC, and full-width letters, digits and symbols folded to ASCII.
 
-    ``keep_cjk_punctuation`` leaves the full-width punctuation of Chinese prose (``，：；！？（）…～``)
-    as written, so normalized Chinese still reads like Chinese. Edit: ``nfkc`` (documents changed).
+    ``fold: width`` (the default) composes characters (NFC: ``e`` + combining acute becomes ``é``) and folds the
+    full-width forms U+FF01-FF5E (``Ａ１＃`` to ``A1#``), nothing else: NFKC's compatibility folding changes
+    meaning (``2⁵²`` becomes ``252``, ``2⁻⁵³`` becomes ``2−53``) and rewrites ligatures and CJK compatibility
+    forms. ``fold: compatibility`` is NFKC. ``keep_cjk_punctuation`` leaves the full-width punctuation of Chinese
+    prose (``，：；！？（）…～``) as written, so normalized Chinese still reads like Chinese. Edit: ``nfkc``
+    (documents changed; the name of the section, whichever fold).
     """
 
     name = "nfkc"
@@ -61,6 +65,9 @@ class NfkcNormalizer(Transform):
     def __init__(self, **settings: Any) -> None:
         super().__init__(**settings)
         self.keep_cjk_punctuation = self.settings.keep_cjk_punctuation
+        self.form = "NFKC" if self.settings.fold == "compatibility" else "NFC"
+        kept = set(CJK_PUNCTUATION) if self.keep_cjk_punctuation else set()
+        self.width = {code: code - 0xFEE0 for code in range(0xFF01, 0xFF5F) if chr(code) not in kept}
 
     def transform(self, doc: Document) -> Document:
         text = self._normalize(doc.text)
@@ -70,6 +77,8 @@ class NfkcNormalizer(Transform):
         return replace(doc, text=text)
 
     def _normalize(self, text: str) -> str:
+        if self.form == "NFC":
+            return unicodedata.normalize("NFC", text).translate(self.width)
         if unicodedata.is_normalized("NFKC", text):
             return text
         if not self.keep_cjk_punctuation:
@@ -90,7 +99,7 @@ _EN_DATE = rf"{_MONTH}\.?[ \t]+\d{{1,2}}(?:st|nd|rd|th)?,?[ \t]+\d{{4}}|\d{{1,2}
 _DATE = rf"(?:{_ISO_DATE}|{_ZH_DATE}|{_EN_DATE})(?:(?:T|[ \t]+){_CLOCK}(?:Z|[+-]\d{{2}}:?\d{{2}})?)?"
 
 # (edit kind, pattern); applied in this order so a labelled date goes as one piece.
-_TIMESTAMP_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+TIMESTAMP_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("labelled_timestamp", re.compile(
         rf"(?:发布|发表|更新|编辑|上传|修改|提交)?(?:时间|日期)[ \t]*[:：][ \t]*(?:{_DATE}|{_CLOCK})"
         rf"|(?:Published|Posted|Updated|Last updated)(?:[ \t]+on)?[ \t]*:?[ \t]*{_DATE}",
@@ -114,7 +123,7 @@ class TimestampRemover(Transform):
 
     def transform(self, doc: Document) -> Document:
         text = doc.text
-        for kind, pattern in _TIMESTAMP_PATTERNS:
+        for kind, pattern in TIMESTAMP_PATTERNS:
             text, hits = remove_matches(pattern, text)
             self.count(kind, hits)
         return doc if text == doc.text else replace(doc, text=text)

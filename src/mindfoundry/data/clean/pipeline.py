@@ -28,6 +28,7 @@ from mindfoundry.config.clean import CLEAN_BLOCKS, GOPHER_DUPLICATE_NGRAMS
 from mindfoundry.data.clean.base import Block, BlockStats
 from mindfoundry.data.clean.boilerplate import BoilerplateRemover, FrequentLines
 from mindfoundry.data.clean.garbled import MojibakeFilter, SymbolRunFilter, SymbolRunRemover
+from mindfoundry.data.clean.junk import JunkRemover
 from mindfoundry.data.clean.kind import KINDS, Kind, document_kind
 from mindfoundry.data.clean.normalize import ControlCharRemover, NfkcNormalizer, TimestampRemover
 from mindfoundry.data.clean.quality import LengthFilter, QualityFilter, RepetitionFilter, ScriptFilter
@@ -39,7 +40,7 @@ Settings = Mapping[str, Mapping[str, Any]]
 #: dominate, then delete the runs from the rest). The sections run in config order (CLEAN_BLOCKS).
 SECTION_BLOCKS: dict[str, tuple[type[Block], ...]] = {
     "mojibake": (MojibakeFilter,), "control_chars": (ControlCharRemover,), "nfkc": (NfkcNormalizer,),
-    "timestamps": (TimestampRemover,), "boilerplate": (BoilerplateRemover,),
+    "timestamps": (TimestampRemover,), "junk": (JunkRemover,), "boilerplate": (BoilerplateRemover,),
     "symbol_runs": (SymbolRunFilter, SymbolRunRemover), "length": (LengthFilter,), "script": (ScriptFilter,),
     "repetition": (RepetitionFilter,), "quality": (QualityFilter,),
 }

@@ -24,6 +24,7 @@ from mindfoundry.data.clean.curate import (
     runs_block,
     source_pipeline,
 )
+from mindfoundry.data.document import Document
 from mindfoundry.data.ingest.files import SourceStats
 from mindfoundry.data.ingest.inputs import read_source
 from mindfoundry.errors import MindFoundryError
@@ -42,6 +43,8 @@ class SourcePreview:
     read: int = 0
     kept: int = 0
     events: list[dict[str, Any]] = field(default_factory=list)
+    #: The documents kept, as cleaned (what a quality bench or test compares with the input).
+    documents: list[Document] = field(default_factory=list)
 
 
 def preview_cleaning(data: DataConfig, n: int) -> tuple[list[SourcePreview], int]:
@@ -64,5 +67,6 @@ def preview_cleaning(data: DataConfig, n: int) -> tuple[list[SourcePreview], int
         (kept_before, lines_before), pipeline = first[i], source_pipeline(data, src, "from", lines)
         kept, lines_after = clean_chunk(pipeline, kept_before)
         events = [line for _, line in heapq.merge(lines_before, lines_after, key=lambda item: item[0])]
-        previews.append(SourcePreview(src.name, clean_profile(data, src), read=len(docs[i]), kept=len(kept), events=events))
+        previews.append(SourcePreview(src.name, clean_profile(data, src), read=len(docs[i]), kept=len(kept), events=events,
+                                      documents=[doc for _, doc in kept]))
     return previews, min_documents

@@ -35,6 +35,11 @@ _PROMPT = re.compile(r"^\s*(?:>>>|\.\.\.|\$|#|//|/\*|--)(?:\s|$)")
 _CODE_SYMBOL = re.compile(r"[{}()\[\]<>=;|\\/*&^%$@~_`+\u2500-\u257f]")
 _PROMPT_LINE = re.compile(_PROMPT.pattern, re.MULTILINE)
 CODE_SYMBOL_SHARE = 0.08
+#: The mean word length judges texts of this many words or more: "I am what I am." is a sentence, not noise.
+WORD_LENGTH_MIN_WORDS = 20
+#: A line ending in an ellipsis counts as a truncated snippet from this many units on: a menu item or heading
+#: ("Create Template…", "要访问此命令...") ends in one by design.
+TRUNCATED_MIN_UNITS = 8
 #: In a text shorter than ``ngram_min_units`` a duplicate n-gram rule drops it only when more than this share of its
 #: characters repeats: a quote or a stanza repeats a phrase by design ("That, that is, is."), spam repeats itself.
 SHORT_TEXT_REPEAT_SHARE = 0.5
@@ -358,7 +363,7 @@ class QualityFilter(Filter):
 
     def _word_length_verdict(self, text: str, words: list[str]) -> Verdict:
         low, high = self.word_length
-        if (low is None and high is None) or not words or is_cjk_text(text):
+        if (low is None and high is None) or len(words) < WORD_LENGTH_MIN_WORDS or is_cjk_text(text):
             return True
         mean = sum(len(w) for w in words) / len(words)
         if low is not None and mean < low:
@@ -374,6 +379,7 @@ class QualityFilter(Filter):
         max_bullets, max_ellipses = self.line_limits
         if max_bullets is not None and (share := sum(l.startswith(_BULLET) for l in lines) / len(lines)) > max_bullets:
             return Drop("bullet_lines", share, max_bullets)
-        if max_ellipses is not None and (share := sum(l.endswith(("...", "…")) for l in lines) / len(lines)) > max_ellipses:
+        truncated = sum(line.endswith(("...", "…")) and len(units(line)) >= TRUNCATED_MIN_UNITS for line in lines)
+        if max_ellipses is not None and (share := truncated / len(lines)) > max_ellipses:
             return Drop("ellipsis_lines", share, max_ellipses)
         return True
