@@ -25,7 +25,7 @@ import json
 import random
 import sys
 import tempfile
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 

@@ -12,7 +12,7 @@ import pytest
 
 from mindfoundry.config.load import validate
 from mindfoundry.data.clean.junk import JunkRemover, is_ad_line, is_stamp_line, rare_cjk_ratio
-from mindfoundry.data.clean.kind import document_kind
+from mindfoundry.data.clean.kind import document_kind, is_content_line
 from mindfoundry.data.clean.preview import preview_cleaning
 from mindfoundry.data.document import Document
 
@@ -100,3 +100,11 @@ def test_the_kind_of_each_document_is_read_from_its_content() -> None:
     kinds = {source: [document_kind(r["text"]) for r in records(source) if not r["junk"]] for source in SOURCES}
     assert kinds["zh_man"].count("docs") >= 5 and kinds["en_library"].count("docs") >= 5  # measured 6 and 6 of 6
     assert kinds["en_quotes"] == ["prose"] * 6
+
+
+def test_lines_that_are_content_in_code_and_docs_are_never_boilerplate_candidates() -> None:
+    content = ["from scriptforge import CreateScriptService", "Traceback (most recent call last):",
+               '  File "<stdin>", line 1, in <module>', "3.12. Paste as", "       -a, --all", "SEE ALSO"]
+    navigation = ["首页", "上一页 | 下一页", "文档 > 使用指南", "Share this article"]
+    assert [is_content_line(line) for line in content] == [True] * len(content)
+    assert [is_content_line(line) for line in navigation] == [False] * len(navigation)
