@@ -1,14 +1,16 @@
 """Near-duplicate precision/recall on the labelled benchmark of real text, ours next to datatrove's MinHash defaults.
 
-    .venv/bin/python bench/dedup_quality.py [--pairs 60] [--distractors 200] [--seed 0]
+    .venv/bin/python bench/dedup_quality.py [--pairs 60] [--distractors 200] [--seed 0] [--texts debian|demo]
+                                            [--set threshold=0.7 --set bands=20 --set rows=5]
 
 Builds :mod:`mindfoundry.data.clean.dedup_benchmark` (``--pairs`` groups per edit kind and
-language: 2-4% character edits, inserted ad lines, inserted timestamp lines, truncation to
+language, documents of 400-6,000 characters from the Debian documentation of bench/curation_sources.py, never
+tuned on, or with ``--texts demo`` from the demo packages: character edits at 2% and at 4%, inserted ad lines, inserted timestamp lines, truncation to
 85-95% from the head or the tail; plus ``--distractors`` unrelated documents per language), then
 scores:
 
 - ours with the data.dedup defaults (character 5-grams for every script, 128 permutations,
-  20 bands x 5 rows, threshold 0.7, signature verification), with exact verification, and with
+  32 bands x 4 rows, threshold 0.55, signature verification), with exact verification, and with
   word shingles (``shingle: words``);
 - datatrove 0.3.0's MinHash pipeline (signature, buckets, cluster, filter stages on local
   folders) with its defaults: word 5-grams, 14 buckets x 8 hashes, its text normalization, run
@@ -26,15 +28,19 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import random
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
+
 from rich.console import Console
 from rich.table import Table
 
-from mindfoundry.data.clean.dedup_benchmark import KINDS, LANGUAGES, Case, Score, build, kept_ids, run_ours, score
+from mindfoundry.data.clean.dedup_benchmark import KINDS, LANGUAGES, Case, Score, build, kept_ids, pieces, run_ours, score
 
 
 def datatrove_kept_for(cases: list[Case], workdir: Path) -> Callable[[str], str | None] | None:
@@ -104,6 +110,18 @@ def datatrove_kept_for(cases: list[Case], workdir: Path) -> Callable[[str], str 
     return lambda doc_id: kept_in.get(cluster_of.get(doc_id)) if doc_id in removed else None
 
 
+def debian_texts() -> dict[str, list[str]]:
+    """Documents of 400-6,000 characters cut from the Debian documentation sources, per language, shuffled."""
+    from curation_sources import source_documents
+
+    texts: dict[str, list[str]] = {"zh": [], "en": []}
+    for name, docs in source_documents().items():
+        texts[name.split("_")[0]] += list(pieces(docs))
+    for language in texts:
+        random.Random(0).shuffle(texts[language])
+    return texts
+
+
 def table(title: str, scores: dict[str, Score], console: Console) -> None:
     out = Table(title=title)
     for column in ("slice", "groups", "recall", "dropped", "precision", "F1"):
@@ -120,13 +138,19 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=60, help="groups per edit kind and language")
     parser.add_argument("--distractors", type=int, default=200, help="unrelated documents per language")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--texts", choices=("demo", "debian"), default="debian",
+                        help="demo: People's Daily, Shakespeare, Python's reference manual; debian: the Debian documentation "
+                             "of bench/curation_sources.py (never tuned on)")
+    parser.add_argument("--set", action="append", default=[], dest="settings",
+                        help="a data.dedup setting for our default row, e.g. char_ngram=3 or threshold=0.6")
     args = parser.parse_args()
     console = Console()
-    cases = build(args.pairs, args.distractors, seed=args.seed)
+    cases = build(args.pairs, args.distractors, seed=args.seed, texts=debian_texts() if args.texts == "debian" else None)
+    ours = {key: json.loads(value) for key, value in (item.split("=", 1) for item in args.settings)}
     console.print(f"{len(cases)} documents: {args.pairs} groups per edit kind and language, {args.distractors} distractors per language")
     results: dict[str, dict] = {}
     runs: list[tuple[str, Callable[[], Callable[[str], str | None] | None]]] = [
-        ("ours (defaults: chars 5-gram, signature)", lambda: kept_ids(run_ours(cases))),
+        (f"ours (defaults{', ' + str(ours) if ours else ''})", lambda: kept_ids(run_ours(cases, **ours))),
         ("ours (verify: exact)", lambda: kept_ids(run_ours(cases, verify="exact"))),
         ("ours (shingle: words)", lambda: kept_ids(run_ours(cases, shingle="words"))),
     ]

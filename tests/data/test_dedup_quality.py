@@ -16,43 +16,41 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def cases():
-    return build(pairs_per_kind=40, distractors=60)  # 920 documents: 400 groups, 120 distractors
+    return build(pairs_per_kind=40, distractors=60)  # 1080 documents: 480 groups, 120 distractors
 
 
 def test_benchmark_holds_every_edit_kind_in_both_languages(cases) -> None:
     twins = [c for c in cases if c.kind is not None and c.doc.id.endswith(f"#{c.kind}")]
-    assert len(cases) == 920 and len(twins) == 400
+    assert len(cases) == 1080 and len(twins) == 480
     assert {(c.language, c.kind) for c in twins} == {(lang, kind) for lang in LANGUAGES for kind in KINDS}
     for twin in twins:
         base = next(c for c in cases if c.doc.id == twin.group)
         ratio = len(twin.doc.text) / len(base.doc.text)
         if twin.kind.startswith("truncate"):
             assert 0.849 <= ratio <= 0.951  # 85-95% of the characters, rounded to a whole character
-        elif twin.kind == "char_edits":
+        elif twin.kind.startswith("char_edits"):
             assert 0.95 <= ratio <= 1.05 and twin.doc.text != base.doc.text
 
 
 def test_default_dedup_meets_the_precision_and_recall_targets(cases) -> None:
     scores = score(cases, kept_ids(run_ours(cases)))
-    # measured: precision 1.000 everywhere; recall 0.978 overall (zh 0.975, en 0.980), 0.887 on 2-4% character edits,
-    # 1.0 on ad lines, timestamps and truncations. Targets: precision >= 0.98, recall >= 0.90.
-    assert scores["all"].precision >= 0.98 and scores["all"].recall >= 0.97, scores["all"]
-    for language in LANGUAGES:
-        assert scores[language].precision >= 0.98 and scores[language].recall >= 0.95, (language, scores[language])
-    for kind in ("ad_lines", "timestamps", "truncate_head", "truncate_tail"):
-        assert scores[kind].recall >= 0.98, (kind, scores[kind])
-    assert scores["char_edits"].recall >= 0.85, scores["char_edits"]
+    # measured: precision and recall 1.000 in every slice (with 0.7 / 20x5 bands, before issue #34, recall on 4%
+    # character edits was 0.60 on Debian's documentation). Targets: precision >= 0.98, recall >= 0.90 per language
+    # and edit kind; asserted at what was measured, less one miss in a slice of 80 groups.
+    assert scores["all"].precision == 1.0 and scores["all"].recall == 1.0, scores["all"]
+    for name in (*LANGUAGES, *KINDS):
+        assert scores[name].precision == 1.0 and scores[name].recall >= 79 / 80, (name, scores[name])
 
 
 def test_exact_verification_finds_typo_twins_that_word_shingles_miss(cases) -> None:
     exact = score(cases, kept_ids(run_ours(cases, verify="exact")))
     words = score(cases, kept_ids(run_ours(cases, shingle="words")))
-    # measured: char 5-grams + exact Jaccard 0.988 recall on character edits; word 5-grams 0.375 (one typo breaks 5 shingles)
-    assert exact["all"].precision == 1.0 and exact["char_edits"].recall >= 0.97
-    assert words["char_edits"].recall <= 0.5 < exact["char_edits"].recall
+    # measured: char 5-grams + exact Jaccard recall 1.0 on 4% character edits; word 5-grams 0.50 (one typo breaks 5)
+    assert exact["all"].precision == 1.0 and exact["char_edits_4"].recall == 1.0
+    assert words["char_edits_4"].recall <= 0.5 < exact["char_edits_4"].recall
 
 
 def test_unknown_edit_kind_is_refused() -> None:
     import random
-    with pytest.raises(ValueError, match="unknown edit kind 'typo': choose one of char_edits"):
+    with pytest.raises(ValueError, match="unknown edit kind 'typo': choose one of char_edits_2"):
         make_twin("text", "typo", "en", random.Random(0))

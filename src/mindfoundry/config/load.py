@@ -299,14 +299,31 @@ ADDED_KEYS: dict[str, Any] = {
 }
 
 
+#: Keys whose default changed after release 0.1.0: dotted key -> (0.1.0's default, today's). Identity hashes write
+#: today's default as 0.1.0's, so a run or data folder made by 0.1.0 with the default keeps its identity and resumes on
+#: the data it was prepared with. (A config that sets 0.1.0's value explicitly shares that identity.)
+CHANGED_DEFAULTS: dict[str, tuple[Any, Any]] = {
+    # near-duplicate recall on 4% character edits (issue #34): 0.60 at Jaccard 0.7 with 20x5 bands, 1.0 at 0.55 with 32x4
+    "data.dedup.threshold": (0.7, 0.55), "data.dedup.bands": (20, 32), "data.dedup.rows": (5, 4),
+}
+
 #: Keys that moved (:data:`MOVED_KEYS`) after release 0.1.0 and count in identities, dotted new name -> old last part.
 #: Identity hashes use the old name, so a run or a prepared data folder made before the move keeps its identity.
 IDENTITY_OLD_NAMES: dict[str, str] = {"data.tokenizer.sample_bytes": "train_max_bytes"}
 
 
+def _node(tree: dict[str, Any], path: list[str]) -> Any:
+    """The mapping at ``path`` in ``tree`` (None where a part is missing)."""
+    node: Any = tree
+    for part in path:
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
 def identity_view(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """A dumped config (or the section at ``prefix``, e.g. ``"data."``) without the :data:`ADDED_KEYS` at their defaults,
-    with the :data:`IDENTITY_OLD_NAMES` under their old names."""
+    the :data:`CHANGED_DEFAULTS` at today's default written as 0.1.0's, the :data:`IDENTITY_OLD_NAMES` under their old
+    names."""
     def strip(node: Any, path: list[str], default: Any) -> None:
         if isinstance(node, list):
             for item in node:
@@ -322,13 +339,17 @@ def identity_view(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     for key, default in ADDED_KEYS.items():
         if key.startswith(prefix):
             strip(view, key.removeprefix(prefix).split("."), default)
+    for key, (old_default, default) in CHANGED_DEFAULTS.items():
+        if key.startswith(prefix):
+            *parents, name = key.removeprefix(prefix).split(".")
+            node = _node(view, parents)
+            if isinstance(node, dict) and node.get(name) == default:
+                node[name] = old_default
     for key, old in IDENTITY_OLD_NAMES.items():
         if not key.startswith(prefix):
             continue
         *parents, new = key.removeprefix(prefix).split(".")
-        node: Any = view
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
+        node = _node(view, parents)
         if isinstance(node, dict) and new in node:
             node[old] = node.pop(new)
     return view

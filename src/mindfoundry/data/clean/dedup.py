@@ -45,6 +45,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from mindfoundry.config.data import DedupConfig
 from mindfoundry.data.clean.text import CJK_RANGES, canonical, units
 from mindfoundry.data.document import Document, origin_name
 
@@ -265,6 +266,10 @@ class Clusters:
         return clusters
 
 
+#: The data.dedup defaults (their one home is :class:`~mindfoundry.config.data.DedupConfig`).
+_DEFAULT = DedupConfig()
+
+
 class Deduplicator:
     """Streaming exact + near-duplicate detection: :meth:`add` every document, then :meth:`finish`."""
 
@@ -273,10 +278,10 @@ class Deduplicator:
         *,
         exact: bool = True,
         near: bool = True,
-        threshold: float = 0.7,
-        num_perm: int = 128,
-        bands: int = 20,
-        rows: int = 5,
+        threshold: float = _DEFAULT.threshold,
+        num_perm: int = _DEFAULT.num_perm,
+        bands: int = _DEFAULT.bands,
+        rows: int = _DEFAULT.rows,
         shingle: Shingle = "chars",
         char_ngram: int = 5,
         word_ngram: int = 5,

