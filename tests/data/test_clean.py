@@ -419,7 +419,7 @@ def test_prepare_records_what_each_block_removed_per_source(corpus_dir: Path, tm
     assert cleaning["totals"]["length"]["seen"] == 28 + 9 and cleaning["totals"]["length"]["dropped"] == {"too_short": 1}
     assert manifest["dedup"]["exact"]["examples"] == [["zh:zh.jsonl#0", "zh:zh.jsonl#12"]]  # 0-based, as the drop log
     assert manifest["data_config_sha256"] == hashlib.sha256(json.dumps(manifest["data_config"], sort_keys=True).encode()).hexdigest()
-    assert manifest["data_config"]["dedup"]["threshold"] == 0.7 and set(manifest["timings"]) == {
+    assert manifest["data_config"]["dedup"]["threshold"] == 0.55 and set(manifest["timings"]) == {
         "executor", "stages", "total_s", "driver_cpu_s", "driver_peak_rss_mib"}
     assert list(manifest["timings"]["stages"]) == ["read", "boilerplate", "clean", "exact", "bands", "pairs", "decide",
                                                    "tokenizer", "shards", "merge"]

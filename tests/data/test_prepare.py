@@ -80,9 +80,11 @@ def test_non_utf8_records_are_skipped_and_counted(corpus_dir: Path, tmp_path: Pa
     raw = b"\n".join(good[:20] + [b'{"text": "caf\xe9 latin-1 bytes"}'] + good[20:]) + b"\n"
     (tmp_path / "mixed.jsonl").write_bytes(raw)
     tree = tiny_run_tree(corpus_dir, tmp_path / "run")
-    # profile none: the repetitive synthetic text would (rightly) fail the repetition filter
+    # profile none and no dedup: the repetitive synthetic text would (rightly) fail the repetition filter and be near
+    # duplicates of each other
     tree["data"]["sources"] = [{"name": "mixed", "paths": [str(tmp_path / "mixed.jsonl")], "clean": {"profile": "none"}}]
     tree["data"]["validation_fraction"] = 0.1
+    tree["data"]["dedup"] = {"enabled": False}
     data = prepare_data(validate(tree), log=lambda _: None)
     stats = data.manifest["sources"][0]["stats"]
     assert stats["skipped_non_utf8"] == 1 and stats["documents"] == 40

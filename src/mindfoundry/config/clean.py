@@ -78,7 +78,7 @@ class JunkConfig(BlockSection):
     max_ad_line_share: Ratio | None = Field(0.5, description="Drop a document when more than this share of its lines are ad lines (an advertisement, not a page with an ad).")
     max_rare_cjk_ratio: Ratio | None = Field(0.3, description="Drop a document when more than this share of its CJK characters is outside GB2312 and Big5's common level (random characters; classical poems reach 0.24).")
     max_garbled_word_ratio: Ratio | None = Field(0.6, description="Drop a document when more than this share of its Latin words mix letters and digits or have no vowel (random strings; man pages reach 0.48).")
-    min_evidence: int = Field(20, ge=1, description="The garbled-text ratios judge documents with at least this many CJK characters / Latin words.")
+    min_evidence: int = Field(8, ge=1, description="The garbled-text ratios judge documents with at least this many CJK characters / Latin words.")
 
 
 class BoilerplateConfig(BlockSection):

@@ -1,7 +1,8 @@
 """Junk that the practitioners' documents name: ad templates, timestamp lines, garbled text.
 
 - *Ad lines*: contact details (微信 / QQ / 电话 / WhatsApp / Telegram followed by an id or number, a mobile
-  number) or two promotion phrases (包邮, 限时, 特价, free shipping, % off, call now...) in one short line. They
+  number) or promotion phrases (包邮, 限时, 特价, free shipping, % off, call now...: three, or two and an
+  exclamation mark) in one short line. They
   are deleted wherever they are; a document that is mostly such lines is an advertisement and is dropped.
 - *Stamp lines*: a line that is nothing but a date or a time, labelled or bracketed ("发布时间：2023-05-01
   12:00", "[2021-03-04 12:00]", "date: 2022-01-01", "time: 10:21:07"). Dates inside sentences stay (the
@@ -26,9 +27,10 @@ from mindfoundry.data.clean.normalize import TIMESTAMP_PATTERNS
 from mindfoundry.data.clean.text import is_cjk_text
 from mindfoundry.data.document import Document
 
+_ID = r"\s*[:：]?\s*(?:[@+]?[A-Za-z_]{0,8}\d[\w-]{3,}|\+?\d[\d -]{6,})"
 _CONTACT = re.compile(
-    r"(?:微信|薇信|[vV]信|加[vV]|v[xX]|wx|QQ|qq|扣扣|电话|手机|热线|客服|whats ?app|telegram|wechat|skype)"
-    r"[号码]?\s*[:：]?\s*(?:[@+]?[A-Za-z_]{0,8}\d[\w-]{3,}|\+?\d[\d -]{6,})"
+    rf"(?:微信|薇信|[vV]信|加[vV]|扣扣|电话|手机|热线|客服)[号码]?{_ID}"
+    rf"|(?<![A-Za-z0-9])(?:qq|vx|wx|whats ?app|telegram|wechat|skype)(?![A-Za-z0-9]){_ID}"  # not "vx600x"
     r"|(?<!\d)1[3-9]\d{9}(?!\d)|1-8\d\d-\d{3,}",
     re.IGNORECASE,
 )
@@ -36,7 +38,7 @@ _PROMOTION = re.compile(
     r"包邮|限时|特价|抢购|优惠|折扣|免费领取|优惠券|代开发票|代办|厂家直销|欢迎来电|咨询热线|点击这里|立即购买|秒杀|低价|"
     r"加盟|招商|返利|日赚|月入|免费咨询|"
     r"free shipping|limited time|special offer|discount|\d+% off|buy now|order now|call now|click here|cheap|"
-    r"no prescription|earn \$|from home|best price|act now|free quote|claim your|free gift|subscribe now",
+    r"no prescription|online now|earn \$|from home|best price|act now|free quote|claim your|free gift|subscribe now",
     re.IGNORECASE,
 )
 #: Ads are short: a longer line that names a discount is more likely news about one.
@@ -66,10 +68,14 @@ def common_cjk() -> frozenset[str]:
 
 
 def is_ad_line(line: str) -> bool:
-    """A short line with contact details or two promotion phrases."""
+    """A short line with contact details, or three promotion phrases, or two and an exclamation mark ("价格太高，
+    折扣远比携程优惠。" is a complaint; "全场包邮，限时特价，立即抢购！" an ad)."""
     if len(line) > AD_LINE_MAX_CHARS or not line.strip():
         return False
-    return _CONTACT.search(line) is not None or len(set(_PROMOTION.findall(line.lower()))) >= 2
+    if _CONTACT.search(line) is not None:
+        return True
+    phrases = len(set(_PROMOTION.findall(line.lower())))
+    return phrases >= 3 or (phrases == 2 and ("!" in line or "！" in line))
 
 
 def is_stamp_line(line: str) -> bool:

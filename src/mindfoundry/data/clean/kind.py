@@ -51,6 +51,8 @@ _STRUCTURE = re.compile(
     r"|[|+\u2500-\u257f]"  # a table row or rule
     r"|(?:名称|名字|概述|大纲|描述|选项|参数|示例|范例|返回值|另见|参见|注意|文件|环境|作者|错误|总览|语法|用法)\s*$"
     r"|第\s*\d+\s*[章节]"  # 第 8 章
+    r"|(?:图|表|Figure|Table|Example|例)\s*\d+(?:\.\d+)*"  # a caption: 图 14.53. / Table 3.1
+    r"|(?:[A-Za-z][\w()/-]*(?: [\w()/-]+){0,3}|[\u4e00-\u9fff]{1,12})\s*[:：]\s+\S"  # a definition: Pressure: ... / 参数：...
     r"|[A-Za-z_][\w.]*\([\w ,.*=\[\]'\"-]*\)\s*$"  # a signature line: os.path.join(path, *paths)
     r")"
 )
@@ -70,9 +72,19 @@ _NON_ASCII = re.compile(r"[^\x00-\x7f]")
 _TRACEBACK = re.compile(r"^\s*(?:Traceback \(most recent call last\):|File \".*\", line \d+|\w+(?:Error|Exception):)")
 
 
+_TRAILING_COMMENT = re.compile(r"\s+(?:#|//)(?:\s.*)?$")
+# A line of data in code: literals (a quoted string, a number), optionally a key and a value, a trailing comma.
+_LITERAL = r"(?:[rbuf]?'(?:[^'\\]|\\.)*'|[rbuf]?\"(?:[^\"\\]|\\.)*\"|-?(?:0[xob])?[\da-fA-F_.]+[jJlL]?|None|True|False|null)"
+_DATA_LINE = re.compile(rf"^\s*{_LITERAL}(?:\s*:\s*{_LITERAL})?\s*,?\s*$")
+
+
 def is_code_line(line: str) -> bool:
-    """Whether a line reads as source code (:data:`_CODE_LINE`, at most a fifth of it outside ASCII)."""
-    return _CODE_LINE.match(line) is not None and len(_NON_ASCII.findall(line)) <= len(line) // 5
+    """Whether a line reads as source code (:data:`_CODE_LINE`, or a line of literals such as a codec table's
+    ``0x0080: 0x00c7,``), a trailing comment aside, with at most a fifth of it outside ASCII."""
+    code = _TRAILING_COMMENT.sub("", line) if "#" in line or "//" in line else line
+    if not code.strip() or len(_NON_ASCII.findall(line)) > len(line) // 5:
+        return False
+    return _CODE_LINE.match(code) is not None or _DATA_LINE.match(code) is not None
 
 
 def _code_lines(lines: list[str]) -> int:
