@@ -44,7 +44,9 @@ def write_run(root: Path, name: str, backend: str, *, steps: int = 80, detail_ev
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     (run / "config.yaml").write_text(f"name: {name}\nbackend: {backend}\ndevice: cpu\noptim:\n  lr: 0.003\n  warmup_steps: 8\n  clip_norm: 1.0\n"
                                      f"data:\n  output_dir: {run / 'data'}\n  mixture:\n    weights: {{news: 3, code: 1}}\n", encoding="utf-8")
-    sources = [{"name": n, "category": c, "kept": 10, "splits": {"train": {"tokens": t}, "validation": {"tokens": t // 50}}}
+    sources = [{"name": n, "category": c, "kept": 10, "splits": {"train": {"tokens": t}, "validation": {"tokens": t // 50}},
+                "chars": {"read": 2 * t, "removed_by_rules": t // 10, "removed_by_dedup": t // 20, "added_by_edits": 0,
+                          "kept": 2 * t - t // 10 - t // 20}}
                for n, c, t in (("daily", "news", 600_000), ("stdlib", "code", 300_000), ("plays", "literature", 100_000))]
     (run / "data" / "manifest.json").write_text(json.dumps({"identity": "ab" * 32, "created": "2026-01-01T00:00:00Z", "sources": sources}))
     ckpt = run / "checkpoints" / f"step_{steps:08d}"
@@ -86,6 +88,9 @@ def test_report_lists_health_findings_anomalies_data_and_environment(tmp_path):
     assert "anomaly: nonfinite" in events and "update skipped" in events
     data = section(text, "data")
     assert "<td>daily</td><td>news</td><td class=\"num\">600,000</td>" in data
+    # characters first: read, removed by the rules and by dedup, and the share kept
+    assert ('<td class="num">1,200,000</td><td class="num">60,000</td><td class="num">30,000</td><td class="num">92.5%</td>'
+            in data)
     environment = section(text, "environment")
     assert "version: mindspore" in environment and "9.9.9" in environment
     overview = section(text, "overview")

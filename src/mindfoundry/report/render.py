@@ -172,12 +172,17 @@ def _data_table(run: RunData) -> str:
         return f"<p class=\"note\">{_e(run.label)}: no data manifest found (RUN_DIR/data/manifest.json).</p>"
     rows = []
     for source in run.manifest.get("sources", []):
-        splits = source.get("splits") or {}
+        splits, chars = source.get("splits") or {}, source.get("chars") or {}
+        read = chars.get("read")
+        kept_share = f"{chars['kept'] / read:.1%}" if read and chars.get("kept") is not None else "–"
         rows.append([source.get("name", "?"), source.get("category", "?"), _num((splits.get("train") or {}).get("tokens"), ","),
-                     _num((splits.get("validation") or {}).get("tokens"), ","), _num(source.get("kept"), ",")])
+                     _num((splits.get("validation") or {}).get("tokens"), ","), _num(source.get("kept"), ","),
+                     _num(read, ","), _num(chars.get("removed_by_rules"), ","), _num(chars.get("removed_by_dedup"), ","),
+                     kept_share])
     caption = f"<p><b>{_e(run.label)}</b>: data identity <code>{_e(str(run.manifest.get('identity', '?'))[:16])}</code>, " \
               f"prepared {_e(run.manifest.get('created', '?'))}</p>"
-    return caption + _table(["source", "category", "train tokens", "validation tokens", "documents kept"], rows, numeric_from=2)
+    return caption + _table(["source", "category", "train tokens", "validation tokens", "documents kept", "characters read",
+                             "removed by rules", "removed by dedup", "characters kept"], rows, numeric_from=2)
 
 
 def _data(runs: Sequence[RunData]) -> str:
