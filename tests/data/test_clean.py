@@ -101,6 +101,15 @@ def test_normalization_folds_full_width_but_keeps_chinese_punctuation_and_meanin
 # --- timestamps --------------------------------------------------------------------------------
 
 
+def test_timestamps_block_deletes_the_seed_patterns_time_date_and_years_on_request() -> None:
+    """The practitioners' recipe deletes `time`, `20\\d{2}` and `date:` patterns (block on by request)."""
+    block = TimestampRemover()
+    out = run(block, "date: 2022-01-01\n正文", "time: 10:21:07", "In 2023 the plan; 2023年计划; version 3.2023 stays")
+    assert out == ["正文", "In  the plan; 计划; version 3.2023 stays"]  # the second document was only a stamp: dropped
+    assert block.stats.edits == {"labelled_timestamp": 2, "year": 2} and block.stats.dropped == {"empty_after_cleaning": 1}
+    assert run(TimestampRemover(years=False), "In 2023 the plan") == ["In 2023 the plan"]
+
+
 def test_timestamps_and_labelled_stamps_removed() -> None:
     block = TimestampRemover()
     out = run(block, "发布时间：2023-01-01 12:30:45\n人民日报评论员文章。", "会议于2023年1月1日在北京召开。",

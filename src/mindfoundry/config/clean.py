@@ -68,6 +68,7 @@ class TimestampsConfig(BlockSection):
     """Delete dates, clock times and "发布时间：…" / "Posted on …" stamps (off by default)."""
 
     enabled: bool = Field(False, description="Run this block (for the sources whose profile includes it).")
+    years: bool = Field(True, description="Also delete the years 2000-2099 that stand alone ('2023', '2023年'), as the practitioners' recipe does; false keeps them.")
 
 
 class JunkConfig(BlockSection):

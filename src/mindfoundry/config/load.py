@@ -290,6 +290,8 @@ ADDED_KEYS: dict[str, Any] = {
     "data.clean.junk": JunkConfig().model_dump(mode="json"),
     "data.sources.*.clean.junk": None,
     "data.clean.nfkc.fold": "width",
+    "data.clean.timestamps.years": True,
+    "data.sources.*.clean.timestamps.years": True,
     "data.sources.*.clean.nfkc.fold": "width",
     **{f"{section}.repetition.{key}": default for section in ("data.clean", "data.sources.*.clean")
        for key, default in (("window_units", 1000), ("ngram_min_units", 100), ("min_rest_share", 0.5))},
