@@ -44,6 +44,8 @@ SECTION_BLOCKS: dict[str, tuple[type[Block], ...]] = {
     "symbol_runs": (SymbolRunFilter, SymbolRunRemover), "length": (LengthFilter,), "script": (ScriptFilter,),
     "repetition": (RepetitionFilter,), "quality": (QualityFilter,),
 }
+#: The data.clean section of each block name (``symbol_run_filter`` is set in ``symbol_runs``): what a message names.
+BLOCK_SECTION: dict[str, str] = {cls.name: section for section, classes in SECTION_BLOCKS.items() for cls in classes}
 #: The profile that picks one of the kinds' profiles per document.
 AUTO = "auto"
 PROFILES: dict[str, tuple[str, ...]] = {

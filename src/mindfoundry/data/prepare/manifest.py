@@ -14,6 +14,7 @@ from typing import Any
 
 from mindfoundry.config.data import SourceConfig
 from mindfoundry.data.clean.base import BlockStats
+from mindfoundry.data.clean.pipeline import BLOCK_SECTION
 from mindfoundry.data.dataset.prepared import SPLITS, DataError
 
 Result = dict[str, Any]
@@ -102,9 +103,10 @@ class SourceSummary:
         block, most = by_block.most_common(1)[0]
         reasons = ", ".join(f"{key.split('.', 1)[1]} {n:,}" for key, n in sorted(self.removed_chars().items(), key=lambda kv: -kv[1])
                             if key.startswith(f"{block}."))
+        section = BLOCK_SECTION.get(block, block)
         return (f"warning: cleaning removed {chars['removed_by_rules'] / chars['read']:.1%} of source '{self.src.name}''s "
                 f"characters, {most / chars['read']:.1%} by the {block} block ({reasons}): if that is good text, relax "
-                f"data.clean.{block}, or set it for this source only (clean: {{{block}: {{enabled: false}}}} or another "
+                f"data.clean.{section}, or set it for this source only (clean: {{{section}: {{enabled: false}}}} or another "
                 f"clean.profile); `mindfoundry data drops CONFIG --block {block}` shows what went")
 
     def check_read(self) -> None:
