@@ -75,3 +75,13 @@ def test_stale_lock_file_of_unknown_content_is_taken_over(tmp_path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_run_dir_that_cannot_hold_a_lock_file_is_one_line_not_a_traceback(tiny_run, capsys) -> None:
+    """--set run_dir=/proc/self used to pass validation and end `train` with exit 70 and a FileNotFoundError."""
+    cfg = tiny_run(train__steps=2, train__eval_every=0)
+    for command in (["train", str(cfg), "--set", "run_dir=/proc/self"], ["prepare", str(cfg), "--set", "run_dir=/proc/self"]):
+        capsys.readouterr()
+        assert main(command) == 2, command
+        err = capsys.readouterr().err
+        assert "run directory '/proc/self' cannot hold the run's lock file .lock" in err and "Traceback" not in err, err

@@ -7,11 +7,11 @@ the blocks in the order of :data:`CLEAN_BLOCKS`.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Literal
 
 from pydantic import Field, create_model, field_validator
 
+from mindfoundry.config.patterns import probe
 from mindfoundry.config.section import Section
 
 #: Advertising lines deleted by the boilerplate block (case-insensitive regular expressions).
@@ -97,11 +97,7 @@ class BoilerplateConfig(BlockSection):
     @classmethod
     def _compiles(cls, patterns: list[str]) -> list[str]:
         for pattern in patterns:
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"ad pattern {pattern!r} is not a valid regular expression ({exc}): "
-                                 "escape special characters such as ( ) [ ] ? with a backslash") from None
+            probe(pattern, "ad_patterns")  # compiles, and does not backtrack catastrophically on adversarial lines
         return patterns
 
 

@@ -33,6 +33,10 @@ class RunLockedError(MindFoundryError, RuntimeError):
     """Another live process writes this run directory."""
 
 
+class RunDirUnusableError(MindFoundryError, OSError):
+    """The run directory cannot hold or lock the run's lock file (a /proc path, a read-only mount)."""
+
+
 def _describe(holder: dict) -> str:
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("start", 0)))
     return f"pid {holder.get('pid')} on {holder.get('host')} (started {started}: {holder.get('command', '?')})"
@@ -54,11 +58,20 @@ def acquire(run_dir: Path, log: Callable[[str], None] = print) -> None:
     key = run_dir.resolve()
     if key in _held:
         return
-    run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:  # /proc/self, a read-only mount, a file where the folder should be
+        raise RunDirUnusableError(f"run directory '{run_dir}' cannot hold the run's lock file {LOCK_FILE} "
+                                  f"({exc.strerror or type(exc).__name__}): choose a folder on a writable disk for "
+                                  "run_dir (nothing was written)") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    except OSError as exc:
+        if not isinstance(exc, BlockingIOError):
+            os.close(fd)
+            raise RunDirUnusableError(f"run directory '{run_dir}' cannot lock {LOCK_FILE} ({exc.strerror}): choose a "
+                                      "folder on a local disk that supports file locks for run_dir") from None
         holder = _read(fd)
         os.close(fd)
         raise RunLockedError(f"run directory '{run_dir}' is being written by {_describe(holder)}: one writer per run; "

@@ -25,7 +25,6 @@ Advertising patterns apply to every document.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -35,6 +34,7 @@ import numpy as np
 from mindfoundry.config.clean import BoilerplateConfig
 from mindfoundry.data.clean.base import Transform
 from mindfoundry.data.clean.kind import is_content_line
+from mindfoundry.config.patterns import UserPatterns
 from mindfoundry.data.clean.text import canonical
 from mindfoundry.data.document import Document
 
@@ -180,7 +180,7 @@ class BoilerplateRemover(Transform):
         self.min_line_chars, self.edge_lines = self.settings.min_line_chars, self.settings.edge_lines
         self.body_lines, self.edge_block_lines = self.settings.body_lines, self.settings.edge_block_lines
         patterns = self.settings.ad_patterns
-        self.ads = re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE) if patterns else None
+        self.ads = UserPatterns(patterns, "data.clean.boilerplate.ad_patterns") if patterns else None
 
     @classmethod
     def build(cls, settings: dict[str, Any], frequent_lines: FrequentLines) -> BoilerplateRemover:
@@ -188,7 +188,7 @@ class BoilerplateRemover(Transform):
 
     def transform(self, doc: Document) -> Document:
         repeated = self._repeated_lines(doc)
-        if not repeated and (self.ads is None or self.ads.search(doc.text) is None):
+        if not repeated and (self.ads is None or not self.ads.search(doc.text)):
             return doc
         kept = []
         for line in doc.text.split("\n"):
