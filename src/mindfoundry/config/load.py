@@ -23,6 +23,7 @@ from mindfoundry.config.checks import cross_field_problems
 from mindfoundry.config.clean import JunkConfig
 from mindfoundry.config.parallel import RENAMED_KEYS
 from mindfoundry.config.schema import RunConfig
+from mindfoundry.config.yaml12 import load_yaml
 from mindfoundry.errors import MindFoundryError
 
 
@@ -95,23 +96,34 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
         else:
             raise ConfigError(f"override '{dotted}': '{parts[i - 1]}' is not a section")
         if last:
-            node[key] = value
+            current = node[key] if isinstance(node, list) or key in node else None
+            node[key] = _merged(current, value) if isinstance(current, dict) and isinstance(value, dict) else value
         else:
             if isinstance(node, dict) and node.get(key) is None:
                 node[key] = {}
             node = node[key]
 
 
+def _merged(section: dict[str, Any], value: dict[str, Any]) -> dict[str, Any]:
+    """``section`` with ``value``'s keys set into it, mapping into mapping (``--set 'train={steps: 2}'`` changes
+    train.steps and keeps the section's other keys; it used to replace the section with its defaults)."""
+    out = dict(section)
+    for key, item in value.items():
+        out[key] = _merged(out[key], item) if isinstance(out.get(key), dict) and isinstance(item, dict) else item
+    return out
+
+
 def apply_overrides(tree: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
-    """Apply `key.path=value` overrides; values are parsed as YAML (so 10 is an int, null is None)."""
+    """Apply `key.path=value` overrides; values are parsed as YAML 1.2 (so 10 is an int, null is None), and a
+    mapping merges into the section it names."""
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override '{item}' must look like key.path=value (e.g. train.steps=10)")
         key, raw = item.split("=", 1)
         try:
-            value = yaml.safe_load(raw)
+            value = load_yaml(raw)
         except yaml.YAMLError as exc:
-            raise ConfigError(f"override '{item}': value is not valid YAML ({exc.problem})") from None
+            raise ConfigError(f"override '{item}': value is not valid YAML ({getattr(exc, 'problem', exc)})") from None
         _set_dotted(tree, key.strip(), value)
     return tree
 
@@ -176,7 +188,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     try:
         text = p.read_text(encoding="utf-8")
         _check_nesting(text, p)
-        tree = yaml.safe_load(text)
+        tree = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

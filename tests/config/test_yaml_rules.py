@@ -1,0 +1,48 @@
+"""Configs read with YAML 1.2's scalars (config/yaml12.py), and a mapping given to --set merges into its section:
+the surprises of issue #36 (items 3 and 4), each decided once and tested here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mindfoundry.config.load import ConfigError, apply_overrides, load_config, validate
+
+from mf_testing import tiny_config
+
+
+def written(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text("data: {sources: [{name: c, paths: [x]}]}\n" + text, encoding="utf-8")
+    return path
+
+
+def test_sexagesimal_looking_values_are_strings_and_refused_where_a_number_is_meant(tmp_path: Path) -> None:
+    """`steps: 1:30` was YAML 1.1's sexagesimal 90, accepted without a word."""
+    with pytest.raises(ConfigError, match=r"train\.steps='1:30': Input should be a valid integer"):
+        load_config(written(tmp_path, "train: {steps: 1:30}\n"))
+
+
+def test_yes_no_on_off_are_words_a_name_keeps_and_a_switch_reads(tmp_path: Path) -> None:
+    cfg = load_config(written(tmp_path, "name: no\nmonitor: {tensorboard: off, progress: yes}\n"))
+    assert cfg.name == "no"  # YAML 1.1 made it False (and the config refused a boolean name)
+    assert cfg.monitor.tensorboard is False and cfg.monitor.progress is True
+
+
+def test_numbers_read_as_yaml_1_2_writes_them(tmp_path: Path) -> None:
+    cfg = load_config(written(tmp_path, "seed: 010\ntrain: {steps: 1e3}\noptim: {lr: 1e-3}\n"))
+    assert cfg.seed == 10 and cfg.train.steps == 1000 and cfg.optim.lr == 0.001  # 010 was octal 8; 1e-3 a string
+    with pytest.raises(ConfigError, match=r"train\.steps=1500\.5"):
+        load_config(written(tmp_path, "train: {steps: 1.5005e3}\n"))
+
+
+def test_a_mapping_given_to_set_merges_into_the_section() -> None:
+    """--set 'model={}' turned a small model into the 256-dim default; --set 'train={steps: 2, seq_len: 64}' reset the
+    section's other keys."""
+    base = tiny_config().model_dump(mode="json")
+    tree = apply_overrides(tiny_config().model_dump(mode="json"), ["model={}", "train={steps: 2, seq_len: 32}"])
+    cfg = validate(tree)
+    assert cfg.model.model_dump(mode="json") == base["model"]
+    assert cfg.train.steps == 2 and cfg.train.seq_len == 32
+    assert cfg.train.micro_batch_size == base["train"]["micro_batch_size"] and cfg.train.eval_every == base["train"]["eval_every"]
