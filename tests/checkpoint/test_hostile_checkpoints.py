@@ -109,3 +109,48 @@ def test_a_full_disk_ends_in_one_line_and_keeps_the_earlier_checkpoints(corpus_d
         kept = list_checkpoints(disk / "run")
         assert kept and all(verify_checkpoint(p) for p in kept)
         assert not list((disk / "run" / "checkpoints").glob(".tmp-*"))  # the failed write removed its folder
+
+
+def _reseal(step, name: str, data: bytes) -> None:
+    """Write ``data`` as the checkpoint's file ``name`` and seal it into the manifest, as a tamperer would."""
+    (step / name).write_bytes(data)
+    manifest = json.loads((step / "manifest.json").read_text())
+    manifest["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    (step / "manifest.json").write_text(json.dumps(manifest))
+    (step / "manifest.sha256").write_text(hashlib.sha256((step / "manifest.json").read_bytes()).hexdigest() + "\n")
+
+
+@pytest.mark.parametrize("lie", ["header_length", "shape", "offset"])
+def test_a_resealed_lying_safetensors_header_fails_verify_and_resume_falls_back(trained, capsys, lie: str) -> None:
+    """The sha256 matches (resealed), the header lies: `ckpt verify` said ok and resume exited 2 without a fallback."""
+    import struct
+
+    cfg, run = trained
+    step3, step6 = list_checkpoints(run)
+    raw = (step6 / MODEL_FILE).read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + length])
+    name = next(k for k in header if k != "__metadata__")
+    if lie == "header_length":
+        data = struct.pack("<Q", 2 ** 62) + raw[8:]
+        message = "its header claims 4,611,686,018,427,387,904 bytes"
+    else:
+        if lie == "shape":
+            header[name]["shape"] = [2 ** 40]
+            message = f"tensor '{name}' of shape [1099511627776]"
+        else:
+            header[name]["data_offsets"] = [0, 2 ** 40]
+            message = f"tensor '{name}' has offsets [0, 1099511627776] outside the file's"
+        text = json.dumps(header).encode()
+        text += b" " * (-len(text) % 8)
+        data = struct.pack("<Q", len(text)) + text + raw[8 + length:]
+    _reseal(step6, MODEL_FILE, data)
+    with pytest.raises(CheckpointError, match=message.replace("[", "\\[").replace("]", "\\]")):
+        verify_checkpoint(step6)
+    capsys.readouterr()
+    assert main(["ckpt", "verify", str(step6)]) == 2
+    assert f"INVALID  {step6}" in (out := capsys.readouterr().out) and message in out
+    path, skipped = find_resumable(run)
+    assert path == step3 and message in skipped[0]  # resume falls back to the previous valid step, as for a bad hash
+    assert main(["train", str(cfg), "--resume", "auto"]) == 0
+    assert "step_00000003" in capsys.readouterr().err

@@ -41,6 +41,7 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
+from mindfoundry.checkpoint.safetensors_check import SafetensorsHeaderError, check_safetensors
 from mindfoundry.errors import MindFoundryError
 
 MODEL_FILE = "model.safetensors"
@@ -357,6 +358,11 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
             raise CheckpointError(f"{f}: size {size} bytes, manifest says {meta['bytes']} (truncated or replaced)")
         if sha256_file(f) != meta["sha256"]:
             raise CheckpointError(f"{f}: sha256 does not match the manifest (corrupted)")
+        if f.suffix == ".safetensors":
+            try:
+                check_safetensors(f)  # sealed is not sound: a resealed lying header passes the hash
+            except SafetensorsHeaderError as exc:
+                raise CheckpointError(f"{exc}: the file is damaged or was tampered with") from None
     _check_steps(path, manifest)
     return manifest
 
