@@ -7,6 +7,9 @@ any other exception is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import stat
+from pathlib import Path
+
 
 class MindFoundryError(Exception):
     """A user-facing error: ``str(exc)`` is shown as is, after ``label``."""
@@ -21,3 +24,15 @@ class OutputExistsError(MindFoundryError, FileExistsError):
 
 class InputMissingError(MindFoundryError, FileNotFoundError):
     """An input file or folder the user named does not exist."""
+
+
+def describe_path(path: Path) -> str:
+    """What kind of thing ``path`` is, for a message: "a folder", "a named pipe (FIFO)", "missing", ..."""
+    try:
+        mode = path.lstat().st_mode
+    except OSError:
+        return "missing"
+    kinds = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"), (stat.S_ISREG, "a regular file"),
+             (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")

@@ -67,13 +67,15 @@ def _describe(error: dict[str, Any]) -> str:
     # Literal/union branches append the branch name (e.g. 'float', 'literal['auto']'); drop them.
     loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in {"float", "int", "str", "bool", "none"})))
     key = _format_loc(loc)
+    if len(key) > MAX_QUOTED:  # an echoed key must stay readable however long the input's was
+        key = f"{key[:MAX_QUOTED]}... ({len(key):,} characters)"
     kind = error["type"]
     if kind == "extra_forbidden":
         if key in RENAMED_KEYS:
             return f"unknown key '{key}': {RENAMED_KEYS[key]}"
         parent, name = loc[:-1], loc[-1]
         known = _known_keys(RunConfig, parent)
-        close = difflib.get_close_matches(str(name), known, n=1)
+        close = difflib.get_close_matches(str(name)[:MAX_QUOTED], known, n=1)
         hint = f"did you mean '{_format_loc(parent + (close[0],))}'?" if close else f"valid keys here: {', '.join(known)}"
         return f"unknown key '{key}': {hint}"
     if kind == "missing":

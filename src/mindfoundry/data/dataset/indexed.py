@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from mindfoundry.errors import MindFoundryError
+from mindfoundry.errors import MindFoundryError, describe_path
 
 __all__ = [
     "DType",
@@ -176,7 +176,8 @@ class IndexedDataset:
         self._bin_path, self._idx_path = shard_paths(path_prefix)
         for path in (self._idx_path, self._bin_path):
             if not path.is_file():
-                raise _shard_error(path, "file is missing")
+                kind = describe_path(path)
+                raise _shard_error(path, "file is missing" if kind == "missing" else f"is {kind}, not a file")
         self._code, num_sequences, num_doc_indices = self._read_header()
         self._dtype = self._code.to_numpy()
         self._idx_map = np.memmap(self._idx_path, dtype=np.uint8, mode="r")

@@ -39,7 +39,7 @@ import zstandard
 
 from mindfoundry.data.document import Document
 from mindfoundry.data.ingest.zstd import ZstdReader
-from mindfoundry.errors import MindFoundryError
+from mindfoundry.errors import MindFoundryError, describe_path
 
 TxtMode = Literal["file", "line"]
 
@@ -240,6 +240,9 @@ def _expand_pattern(pattern: str) -> list[Path]:
                 f"expected one of {', '.join(SUPPORTED_SUFFIXES)}"
             )
         return [Path(os.path.abspath(path))]
+    if path.exists():  # a FIFO, a socket, a device: reading it would block or stream without end
+        raise DataSourceError(f"input path {pattern!r} is {describe_path(path)}, not a file or folder: give the "
+                              "source regular files (copy a stream to a file first)")
     raise DataSourceError(
         f"input path {pattern!r} does not exist (relative paths are resolved against "
         f"{os.getcwd()}); fix the path or remove it from the data config"
