@@ -14,6 +14,14 @@ from mf_testing import tiny_config, tiny_run_tree
 from mindfoundry.model.spec import ModelSpec
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_peak_cache(tmp_path_factory) -> None:
+    """Measured CPU peaks go to a folder of this test session (and to every process it starts), not the user's cache."""
+    import os
+
+    os.environ["MF_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+
+
 @pytest.fixture(scope="session")
 def corpus_dir(tmp_path_factory) -> Path:
     """~120 real documents: Python stdlib modules as a .jsonl and a folder of .txt files."""

@@ -52,10 +52,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         for line in dry_start(config_from_args(args)):
             console.print(line, highlight=False)
         return 0
-    result = train(config_from_args(args), resume=args.resume == "auto", overwrite=args.overwrite,
-                   stop_at_step=args.stop_at_step, console=console).result
-    if result.final_eval:
-        console.print(f"step {result.step}: validation loss {result.final_eval.loss:.4f}, ppl {result.final_eval.perplexity:.2f}")
+    train(config_from_args(args), resume=args.resume == "auto", overwrite=args.overwrite, stop_at_step=args.stop_at_step,
+          console=console)  # evaluations are printed as they happen, the last one included
     return 0
 
 
@@ -122,7 +120,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise OutputExistsError(f"{args.json} already exists: choose another --json file (nothing was written)")
     result = evaluate_model(load_trained(args.checkpoint, args.backend), data=args.data or (), tasks=args.tasks or (),
                             lm_eval=args.lm_eval or ())
-    table = Table(title=f"evaluation of {result['checkpoint']}")
+    table = Table(title=f"evaluation of {result['checkpoint']}",
+                  caption="validation: every batch of the held-out split (train's evaluations score a fixed sample of "
+                          "train.eval_batches batches, so their loss differs a little)")
     for col in ("set", "loss", "perplexity", "bits/byte", "tokens"):
         table.add_column(col)
     for group in ("validation", "data"):

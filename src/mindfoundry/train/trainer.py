@@ -37,7 +37,7 @@ from mindfoundry.eval.tasks import read_tasks, score_tasks
 from mindfoundry.model.spec import ModelSpec, flops_per_token, init_weights, num_parameters, parameter_shapes
 from mindfoundry.monitor.hardware import HardwareSampler
 from mindfoundry.monitor.health import HealthMonitor
-from mindfoundry.monitor.mfu import UnknownPeakError, mfu, peak_flops
+from mindfoundry.monitor.mfu import UnknownPeakError, mfu, observed_peak, peak_flops
 from mindfoundry.monitor.tensorboard import TensorBoardSink, scalars
 from mindfoundry.parallel.layout import launched_local_rank
 from mindfoundry.train.anomaly import AnomalyMonitor
@@ -208,6 +208,20 @@ class Trainer:
         return evaluate(self.backend, self.val_samples, t.micro_batch_size * self.loader.dp_size, t.eval_batches,
                         self.data.bytes_per_token("validation"), self.val_masking)
 
+    def _eval_scope(self) -> str:
+        """Which part of the validation split a training-time evaluation scores (``mindfoundry eval`` scores all of it)."""
+        batch = self.cfg.train.micro_batch_size * self.loader.dp_size
+        total = -(-len(self.val_samples) // batch)
+        used = min(self.cfg.train.eval_batches, total)
+        return (f"all {total} validation batches" if used == total else
+                f"{used} of {total} validation batches, the same evenly spaced sample each time; `mindfoundry eval` scores all")
+
+    def _print_eval(self, step: int, result: EvalResult) -> None:
+        """An evaluation on the console as it happens, between the step lines."""
+        if self.is_main:
+            self.console.print(f"step {step}: validation loss {result.loss:.4f}, ppl {result.perplexity:.2f} "
+                               f"({self._eval_scope().split(',')[0]})", highlight=False)
+
     def _task_scores(self) -> dict[str, dict[str, float]]:
         """eval.tasks scored now: {"task_acc": {task: acc}, "task_acc_norm": {...}} (empty without tasks)."""
         if not self.tasks:
@@ -263,7 +277,11 @@ class Trainer:
                     "parameters": num_parameters(self.spec), "flops_per_token": flops_tok,
                     "validation_samples": len(self.val_samples), "memory": cfg.memory.describe(self.spec.n_layers)})
         if self.progress.step == 0:
-            self.evals.initial = self.evaluate().to_dict()
+            self.console.print(f"step 0: evaluating the untrained model ({self._eval_scope()}); the first training step then "
+                               "compiles the model's step (seconds to a minute) before step lines appear", highlight=False)
+            initial = self.evaluate()
+            self.evals.initial = initial.to_dict()
+            self._print_eval(0, initial)
             logger.log({"step": 0, **self.evals.initial, **self._task_scores()})
         logger.sinks.append(ProgressSink(t.steps, self.progress.step, self.console, cfg.monitor.progress and self.is_main, t.log_every))
         losses: list[float] = []
@@ -282,6 +300,7 @@ class Trainer:
                 if (t.eval_every and self.progress.step % t.eval_every == 0) or at_end:
                     last_eval = self.evaluate()
                     self.evals.measured(last_eval.loss, self.progress.step)
+                    self._print_eval(self.progress.step, last_eval)
                     logger.log({"step": self.progress.step, **last_eval.to_dict(), **self._task_scores()})
                 every = cfg.checkpoint.every
                 if (every and self.progress.step % every == 0) or at_end or self.progress.step == end or stop:
@@ -321,6 +340,16 @@ class Trainer:
             self.console.print(f"[yellow]MFU not reported: {exc} (set monitor.peak_tflops)[/]")
             return None
         return per_device * self.cfg.parallel.degree_product  # every process is one device
+
+    def _mfu(self, flops_tok: float, tokens_per_s: float) -> float | None:
+        """This step's MFU (None without a peak). A step faster than the peak shows the peak was under-read (a CPU
+        peak timed while something else ran): the peak rises to what the step did, and MFU never reads above 100%."""
+        if not self.peak:
+            return None
+        raised = observed_peak(self.peak, flops_tok, tokens_per_s)
+        if raised > self.peak:
+            self.peak = raised
+        return mfu(flops_tok, tokens_per_s, self.peak)
 
     def _checkpoint(self, logger: MetricsLogger) -> None:
         t0 = time.perf_counter()
@@ -384,7 +413,7 @@ class Trainer:
             "consumed_samples": self.position.consumed_samples, "rss_mb": self._process.memory_info().rss / 2**20,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # the process's high-water mark so far
             "copy_fraction": float((labels == ids).mean()),  # ~1 means the labels are the inputs, not shifted
-            "mfu": mfu(flops_tok, tokens_per_s, self.peak) if self.peak else None,
+            "mfu": self._mfu(flops_tok, tokens_per_s),
             "loss_scale": loss_scale,  # the dynamic fp16 loss scale this step ran with (1.0 without fp16)
             **(self.backend.device_memory() or {}), **self.hardware.sample(),
         }
