@@ -154,8 +154,9 @@ def test_mojibake_keeps_clean_text_and_checks_can_be_disabled() -> None:
 def test_symbol_runs_removed() -> None:
     block = SymbolRunRemover()
     out = run(block, "好评！★★★★★☆☆☆☆☆\n物流很快", "Chapter 1\n==========\nIt was a dark night!!!!!!!",
-              "a -=-=-=-=-= b")
-    assert out == ["好评！\n物流很快", "Chapter 1\nIt was a dark night", "a  b"]
+              "a -=-=-=-=-= b", "Some prose.\n==============================\nMore prose.")
+    # a heading's underline (as long as the heading, give or take two) is structure and stays; a separator goes
+    assert out == ["好评！\n物流很快", "Chapter 1\n==========\nIt was a dark night", "a  b", "Some prose.\nMore prose."]
     assert block.stats.edits == {"symbol_run": 5}
 
 
@@ -359,7 +360,7 @@ def test_source_overrides_merge_with_data_clean() -> None:
     ({"clean": {"repetition": {"window_units": 10}}},
      "data.clean.repetition.window_units=10: Input should be greater than or equal to 50"),
     ({"clean": {"boilerplate": {"ad_patterns": ["(unclosed"]}}},
-     "ad pattern '(unclosed' is not a valid regular expression"),
+     "ad_patterns pattern '(unclosed' is not a valid regular expression"),
     ({"sources": [{"name": "c", "paths": ["x"], "clean": {"profil": "code"}}]},
      "unknown key 'data.sources[0].clean.profil': did you mean 'data.sources[0].clean.profile'?"),
 ])

@@ -55,7 +55,7 @@ def test_200k_character_api_page_is_kept_with_its_code_and_tables() -> None:
     page = api_page()
     assert len(page) > 190_000
     kept = cleaned(page)
-    assert kept is not None and len(kept) >= 0.99 * len(page)  # measured 99.1%: only "*****" heading underlines go
+    assert kept is not None and len(kept) >= 0.999 * len(page)  # measured 99.96% (99.1% before heading underlines stayed)
     assert kept.count(">>> ") == page.count(">>> ")
     assert cleaned(page, "docs") is not None
 
@@ -93,3 +93,18 @@ def test_site_header_goes_from_every_page_while_shared_code_lines_stay(corpus_di
     cleaning = data.manifest["cleaning"]["sources"]
     assert cleaning["help"]["blocks"]["boilerplate"]["edits"] == {"edge_line": 125}
     assert cleaning["examples"]["profile"] == "auto" and cleaning["examples"]["blocks"]["boilerplate"]["edits"] == {}
+
+
+def test_rules_treat_a_2k_and_a_200k_character_reference_page_alike() -> None:
+    """Issue #34: the same kind of text keeps the same share whatever its length (auto profile, per document)."""
+    from mindfoundry.data.clean.kind import document_kind
+
+    page = api_page()
+    head = page[:page.index("\n", 2000)]  # the first ~2k characters, cut at a line
+    shares = {}
+    for text in (page, head):
+        kept = cleaned(text, "auto")
+        assert kept is not None and document_kind(text) == "docs"
+        shares[len(text)] = len(kept) / len(text)
+    assert min(shares.values()) >= 0.995, shares  # measured: 100% of the 2k head, 99.96% of the 200k page (was 90.2%: its
+    # heading underlines and one repeated sentence went only at 2k, where the line rule saw no windows)

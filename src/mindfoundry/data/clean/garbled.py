@@ -15,6 +15,7 @@ Mojibake is text decoded with the wrong codec. Its signatures are specific enoug
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -90,6 +91,20 @@ _SYMBOL = r"(?:[^\w\s\u2500-\u257f]|_)"
 _TABLE_RULE = re.compile(r"^[ \t]*[+|\u2500-\u257f][-=+|:. \t\u2500-\u257f]*[+|\u2500-\u257f][ \t]*$")
 
 
+_HEADING = re.compile(r"^[ \t]*\S.{0,98}(?<![.。!！?？,，;；:：])[ \t]*$")  # short, not ending a sentence or clause
+_UNDERLINE = re.compile(r"^[ \t]*([=\-~^*#+_`'\".:])\1{2,}[ \t]*$")
+
+
+def _kept_whole(text: str) -> Callable[[str], bool]:
+    """Which lines of ``text`` symbol-run removal leaves whole: table rules, and heading underlines (reST, Markdown
+    setext: a run of one symbol as long as the short line above it, give or take two, that line not ending a
+    sentence), which are structure."""
+    lines = text.split("\n")
+    underlines = {line for above, line in zip(lines, lines[1:]) if _UNDERLINE.match(line) and _HEADING.match(above)
+                  and abs(len(line.strip()) - len(above.strip())) <= 2}
+    return lambda line: is_table_rule(line) or line in underlines
+
+
 def is_table_rule(line: str) -> bool:
     """Whether a line is a table border or separator (its dashes are structure, not decoration)."""
     return _TABLE_RULE.match(line) is not None
@@ -144,6 +159,6 @@ class SymbolRunRemover(Transform):
         self.runs = symbol_run_pattern(self.settings.min_run)
 
     def transform(self, doc: Document) -> Document:
-        text, hits = remove_matches(self.runs, doc.text, keep_line=is_table_rule)
+        text, hits = remove_matches(self.runs, doc.text, keep_line=_kept_whole(doc.text))
         self.count("symbol_run", hits)
         return replace(doc, text=text) if hits else doc

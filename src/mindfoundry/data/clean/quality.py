@@ -126,6 +126,29 @@ def without_repeats(text: str) -> tuple[str, int, int]:
     return "\n".join(kept_lines), lines, paragraphs
 
 
+def _windowed_fractions(parts: list[str], window: int | None) -> tuple[float, float]:
+    """:func:`_duplicate_fractions` over consecutive windows of about ``window`` characters of ``parts`` (None: all
+    at once), averaged by the windows' characters (a short last window joins the one before)."""
+    if window is None or sum(map(len, parts)) <= window:
+        return _duplicate_fractions(parts)
+    groups: list[list[str]] = [[]]
+    size = 0
+    for part in parts:
+        if size >= window:
+            groups.append([])
+            size = 0
+        groups[-1].append(part)
+        size += len(part)
+    if len(groups) > 1 and size < window // 2:
+        last = groups.pop()
+        groups[-1] += last
+    weights = [sum(map(len, group)) for group in groups]
+    fractions = [_duplicate_fractions(group) for group in groups]
+    total = sum(weights) or 1
+    return (sum(w * f for w, (f, _) in zip(weights, fractions, strict=True)) / total,
+            sum(w * c for w, (_, c) in zip(weights, fractions, strict=True)) / total)
+
+
 def _duplicate_fractions(parts: list[str]) -> tuple[float, float]:
     """Share of parts that repeat an earlier part, and share of characters in those repeats."""
     seen: set[str] = set()
@@ -276,13 +299,22 @@ class RepetitionFilter(Transform):
         text = prose_part(text)
         lines = [line.strip() for line in text.split("\n") if line.strip()]
         paragraphs = [p.strip() for p in _PARAGRAPH_BREAK.split(text) if p.strip()]
+        window = self._window_chars(text)
         for kind, parts, limits in (("line", lines, self.line_limits), ("paragraph", paragraphs, self.paragraph_limits)):
-            fraction, char_fraction = _duplicate_fractions(parts)
+            fraction, char_fraction = _windowed_fractions(parts, window)
             if limits[0] is not None and fraction > limits[0]:
                 return Drop(f"duplicate_{kind}s", fraction, limits[0])
             if limits[1] is not None and char_fraction > limits[1]:
                 return Drop(f"duplicate_{kind}_chars", char_fraction, limits[1])
         return self._ngram_verdict(text)
+
+    def _window_chars(self, text: str) -> int | None:
+        """The line and paragraph rules' window in characters: ``window_units`` units of this script (a CJK unit is a
+        character, times ``cjk_chars_per_word``; a word with its space about 6), so a 2k- and a 200k-character page
+        of one kind are judged alike (a repeated sentence weighs the same in each)."""
+        if not self.window_units:
+            return None
+        return self.window_units * (self.cjk_chars_per_word if is_cjk_text(text) else 6)
 
     def _windows(self, tokens: tuple[str, ...], scale: int) -> list[_UnitSequence]:
         """The units cut into windows of ``window_units * scale`` (a short last window joins the one before)."""
