@@ -20,7 +20,7 @@ from mf_testing import tiny_config
 
 
 class StopAt:
-    """Raises Preempted at the N-th file operation of the claim (a write or a rename), counting from 0."""
+    """Raises Preempted at the N-th file operation of the claim (an fsync or a rename), counting from 0."""
 
     def __init__(self, n: int) -> None:
         self.n, self.seen = n, 0
@@ -42,7 +42,7 @@ def test_a_claim_stopped_at_any_file_operation_is_adopted_by_the_next_start(resu
         run_dir = Path(cfg.run_dir)
         stop = StopAt(operations)
         with monkeypatch.context() as m:
-            m.setattr(Path, "write_text", stop.wrap(Path.write_text))
+            m.setattr(os, "fsync", stop.wrap(os.fsync))  # after a file's bytes are written aside; after a rename
             m.setattr(os, "replace", stop.wrap(os.replace))
             try:
                 prepare_run_dir(cfg, resume=resume, overwrite=False, log=lambda _: None)
@@ -58,4 +58,4 @@ def test_a_claim_stopped_at_any_file_operation_is_adopted_by_the_next_start(resu
         if finished:
             break
         operations += 1
-    assert operations == 4  # two files, each written aside and renamed
+    assert operations == 6  # two files, each written aside and fsynced, renamed, the folder fsynced (mindfoundry.atomic)

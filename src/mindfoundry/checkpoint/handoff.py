@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mindfoundry import atomic
 from mindfoundry.backends.base import read_shard_folder
 from mindfoundry.checkpoint.run_files import run_config, run_tokenizer
 from mindfoundry.checkpoint.store import CheckpointError, load_checkpoint, publish_mode
@@ -67,4 +68,4 @@ def staged_folder(out: Path) -> Iterator[Path]:
     publish_mode(tmp)
     if out.exists():
         out.rmdir()  # empty, checked above
-    tmp.rename(out)
+    atomic.publish_folder(tmp, out)

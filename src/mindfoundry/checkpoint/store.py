@@ -41,6 +41,7 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
+from mindfoundry import atomic
 from mindfoundry.checkpoint.safetensors_check import SafetensorsHeaderError, check_safetensors
 from mindfoundry.errors import MindFoundryError
 
@@ -98,14 +99,6 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
@@ -153,14 +146,14 @@ def _write_payload(tmp: Path, step: int, write_tensors: Callable[[Path], None], 
         (tmp / name).write_bytes(blob)
     files = {}
     for f in _payload_files(tmp):  # whoever wrote them (this process or, sharded, every rank): fsynced and listed here
-        _fsync(f)
+        atomic.fsync_path(f)
         files[f.relative_to(tmp).as_posix()] = {"sha256": sha256_file(f), "bytes": f.stat().st_size}
     for sub in (d for d in tmp.rglob("*") if d.is_dir()):
-        _fsync(sub)
+        atomic.fsync_path(sub)
     _write_json(tmp / MANIFEST_FILE, {"step": step, "files": files})
-    _fsync(tmp / MANIFEST_FILE)
+    atomic.fsync_path(tmp / MANIFEST_FILE)
     (tmp / MANIFEST_SUM).write_text(sha256_file(tmp / MANIFEST_FILE) + "\n", encoding="utf-8")
-    _fsync(tmp / MANIFEST_SUM)
+    atomic.fsync_path(tmp / MANIFEST_SUM)
 
 
 def save_checkpoint(
@@ -214,8 +207,7 @@ def save_checkpoint(
     if final.exists():  # the same step again (e.g. after a rollback): keep the old one until the swap
         replaced = root / f".old-{final.name}-{os.getpid()}"
         os.replace(final, replaced)
-    os.replace(tmp, final)
-    _fsync(root)
+    atomic.publish_folder(tmp, final)
     if replaced is not None:
         shutil.rmtree(replaced, ignore_errors=True)
     verify_checkpoint(final)
@@ -251,9 +243,7 @@ def _point(root: Path, pointer: str, name: str | None) -> None:
     if name is None:
         (root / pointer).unlink(missing_ok=True)
         return
-    tmp = root / f".{pointer}.tmp"
-    tmp.write_text(name + "\n", encoding="utf-8")
-    os.replace(tmp, root / pointer)
+    atomic.write_text(root / pointer, name + "\n")
 
 
 def _step_of(path: Path) -> int:

@@ -23,13 +23,13 @@ statistics mode needs no tensor files and `compare` can still judge it.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from mindfoundry import atomic
 from mindfoundry.debug.stats import tensor_stats
 from mindfoundry.debug.torch_files import TorchFileError, read_pt
 from mindfoundry.errors import MindFoundryError, OutputExistsError
@@ -89,9 +89,7 @@ class DumpWriter:
         """Finish the index and write meta.json last (its presence marks a complete dump)."""
         self._index.close()
         meta = {**self.meta, **extra, "tensors": self.count}
-        tmp = self.dir / (META_FILE + ".tmp")
-        tmp.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, self.dir / META_FILE)
+        atomic.write_text(self.dir / META_FILE, json.dumps(meta, indent=2) + "\n")
         return self.dir
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
+from mindfoundry import atomic
 from mindfoundry.debug.dump import Dump, DumpError, claim_leaf
 from mindfoundry.debug.stats import tensor_stats
 from mindfoundry.debug.torch_files import write_pt
@@ -191,9 +191,7 @@ def _empty(entry: str) -> dict[str, Any]:
 
 
 def _write_json(path: Path, value: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(value, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    atomic.write_text(path, json.dumps(value, indent=1) + "\n")
 
 
 # -- reading ---------------------------------------------------------------------------------

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mindfoundry import atomic
+
 TERA = 1e12
 
 # Dense peaks in TFLOP/s per device and dtype.
@@ -126,9 +128,7 @@ def remember_cpu_peak(flops: float) -> float:
     if best > known.get(key, 0.0):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}")
-            tmp.write_text(json.dumps({**known, key: best}, indent=1) + "\n", encoding="utf-8")
-            os.replace(tmp, path)
+            atomic.write_text(path, json.dumps({**known, key: best}, indent=1) + "\n")
         except OSError:
             pass
     return best

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Callable
 
+from mindfoundry import atomic
 from mindfoundry.checkpoint.store import list_checkpoints
 from mindfoundry.config.load import config_hash, to_yaml
 from mindfoundry.config.parallel import ParallelConfig
@@ -24,7 +24,6 @@ RESUME_MUTABLE = ("monitor", "generate", "checkpoint", "backend", "device", "deb
                   # how `prepare` runs, never what it writes (mindfoundry.data.prepare.pipeline.data_identity)
                   "data.executor", "data.ray", "data.work_dir", "data.task_bytes")
 METRICS_FILE = "metrics.jsonl"
-PARTIAL = ".partial"  # suffix of a claim file being written (os.replace makes it whole)
 
 
 class RunDirError(MindFoundryError, RuntimeError):
@@ -50,14 +49,12 @@ def _has_trained(run_dir: Path) -> bool:
 
 def _holds_anything(run_dir: Path) -> bool:
     """Whether RUN_DIR holds more than its lock file and the identity a stopped claim was writing."""
-    return run_dir.is_dir() and any(p.name not in (LOCK_FILE, HASH_FILE + PARTIAL) for p in run_dir.iterdir())
+    return run_dir.is_dir() and any(p.name not in (LOCK_FILE, HASH_FILE + atomic.PARTIAL) for p in run_dir.iterdir())
 
 
 def _write_whole(path: Path, text: str) -> None:
     """PATH holds TEXT entirely or keeps what it held: a stop (signal, kill) mid-write leaves only PATH.partial."""
-    partial = path.with_name(path.name + PARTIAL)
-    partial.write_text(text, encoding="utf-8")
-    os.replace(partial, path)
+    atomic.write_text(path, text)
 
 
 def _claim(run_dir: Path, cfg: RunConfig) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from mindspore.mindrecord import FileWriter
 
+from mindfoundry import atomic
 from mindfoundry.data.dataset.prepared import SPLITS
 from mindfoundry.data.dataset.prepared import read_manifest
 from mindfoundry.data.dataset.validate import open_shard
@@ -72,7 +73,7 @@ def export_mindrecord(prepared_data_dir: str | Path, out_dir: str | Path, shards
         summary = {"format": "mindfoundry.mindrecord/1", "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                    "data_identity": manifest["identity"], "schema": SCHEMA, "shards": shards, "splits": splits}
         (tmp / EXPORT_MANIFEST).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-        os.rename(tmp, out)
+        atomic.publish_folder(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

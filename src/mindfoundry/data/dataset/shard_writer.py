@@ -17,6 +17,7 @@ from typing import BinaryIO
 import numpy as np
 import numpy.typing as npt
 
+from mindfoundry import atomic
 from mindfoundry.data.dataset.indexed import (
     DType,
     IndexedDataset,
@@ -115,8 +116,9 @@ class IndexedDatasetWriter:
             self._refuse_existing()
             # Drop a replaced .idx first so a crash mid-rename never pairs it with the new .bin.
             self._idx_path.unlink(missing_ok=True)
-            os.replace(self._bin_tmp, self._bin_path)
+            os.replace(self._bin_tmp, self._bin_path)  # two files, .bin first: not one atomic.write_bytes
             os.replace(self._idx_tmp, self._idx_path)
+            atomic.fsync_path(self._idx_path.parent)
         except BaseException:
             self.abort()
             raise

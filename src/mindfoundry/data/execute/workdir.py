@@ -23,6 +23,7 @@ import socket
 from pathlib import Path
 from typing import IO, Any
 
+from mindfoundry import atomic
 from mindfoundry.errors import MindFoundryError
 
 FORMAT = "mindfoundry.prepare-work/1"
@@ -36,30 +37,9 @@ class WorkDirError(MindFoundryError, RuntimeError):
     """The work area cannot be used: not writable, full, another prepare's, or not ours."""
 
 
-def fsync(path: Path) -> None:
-    """Make a file, or a rename inside a folder, durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(folder: Path) -> None:
-    """Make every file below ``folder`` (and the folders themselves) durable before a rename publishes them."""
-    for path in sorted(folder.rglob("*")) + [folder]:
-        fsync(path)
-
-
 def write_json(path: Path, value: Any) -> None:
-    """``value`` as JSON at ``path``, written aside, fsynced and renamed into place."""
-    aside = path.with_name(path.name + ".partial")
-    with open(aside, "w", encoding="utf-8") as fh:
-        json.dump(value, fh, ensure_ascii=False, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(aside, path)
-    fsync(path.parent)
+    """``value`` as JSON at ``path``, written aside, fsynced and renamed into place (:mod:`mindfoundry.atomic`)."""
+    atomic.write_text(path, json.dumps(value, ensure_ascii=False, sort_keys=True))
 
 
 def alive(pid: int) -> bool:
@@ -219,12 +199,9 @@ class WorkDir:
     def commit(self, stage: str, task: int, attempt: Path, result: dict[str, Any]) -> None:
         """Publish an attempt as the task's output: result written, everything fsynced, one rename."""
         (attempt / RESULT).write_text(json.dumps(result, ensure_ascii=False, sort_keys=True), encoding="utf-8")
-        fsync_tree(attempt)
-        final = self.task(stage, task)
         try:
-            os.rename(attempt, final)
+            atomic.publish_folder(attempt, self.task(stage, task))
         except OSError as exc:
             if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
                 raise
             shutil.rmtree(attempt)  # another attempt (a retry after a lost worker) finished first: same bytes
-        fsync(final.parent)

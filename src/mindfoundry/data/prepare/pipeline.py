@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import mindfoundry
+from mindfoundry import atomic
 from mindfoundry.config.load import identity_view
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.clean.curate import clean_profile
@@ -153,7 +154,7 @@ def _publish(staged: _Prepare, manifest: dict[str, Any], out: Path) -> None:
     if out.exists():
         out.rename(out.with_name(f"{out.name}.old-{time.strftime('%Y%m%d-%H%M%S')}"))
     out.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(tmp, out)
+    atomic.publish_folder(tmp, out)
 
 
 def _remove_stale_assemblies(out: Path) -> None:
