@@ -21,7 +21,8 @@ from mf_testing import tiny_config
 from mindfoundry.backends.mindspore.strategies import parameter_layouts, plan_strategies
 from mindfoundry.checkpoint.convert import export_checkpoint
 from mindfoundry.checkpoint.rank_slices import STRATEGY_FILE, read_rank_slices, write_rank_slices, write_strategy
-from mindfoundry.checkpoint.store import CheckpointError, Retention, load_checkpoint, save_checkpoint
+from mindfoundry.checkpoint.load import load_checkpoint
+from mindfoundry.checkpoint.store import CheckpointError, Retention, save_checkpoint
 from mindfoundry.cli.main import main
 from mindfoundry.model.spec import ModelSpec, init_weights
 from mindfoundry.parallel.tensor_layout import TensorLayout, merge_slices, rank_slice
@@ -122,7 +123,7 @@ def test_sharded_checkpoint_folder_loads_as_full_arrays(tmp_path: Path, capsys) 
             _write_cluster(folder, arrays, layouts, devices)
 
     path = save_checkpoint(tmp_path, 3, None, None, {"adam_step": 3}, Retention(), writer=writer)
-    ckpt = load_checkpoint(path)  # no read_shards: the rank-slice form needs none
+    ckpt = load_checkpoint(path)  # rank slices merged without an engine
     assert all(np.array_equal(ckpt.weights[n], a) for n, a in weights.items())
     assert all(np.array_equal(ckpt.optimizer[n], a) for n, a in moments.items())
     # the weights alone, one file: byte for byte the model.safetensors of a full-format checkpoint of the same state

@@ -20,12 +20,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+from safetensors.numpy import save_file
 import pytest
 
-from mindfoundry.backends.base import read_shard_folder
+from mindfoundry.checkpoint.load import load_checkpoint
 from mindfoundry.checkpoint.store import (
-    MODEL_DIR, OPTIMIZER_DIR, CheckpointError, Retention, find_resumable, is_sharded, list_checkpoints, load_checkpoint,
-    save_checkpoint, shard_folders, verify_checkpoint,
+    MODEL_DIR, OPTIMIZER_DIR, CheckpointError, Retention, find_resumable, is_sharded, list_checkpoints, save_checkpoint, shard_folders, verify_checkpoint,
 )
 from mindfoundry.config.load import ConfigError, to_yaml
 
@@ -33,11 +33,14 @@ WORKER = Path(__file__).with_name("sharded_worker.py")
 
 
 def fake_writer(folders: tuple[Path, Path]) -> None:
-    """What two ranks' DCP saves leave in the temporary folder's two shard folders."""
+    """What two ranks' DCP saves leave in the temporary folder's two shard folders: safetensors files of random
+    pieces (verification parses their headers)."""
+    rng = np.random.default_rng()
     for folder in folders:
         folder.mkdir()
         for rank in (1, 2):
-            (folder / f"shard-0000{rank}-model-00001-of-00001.safetensors").write_bytes(os.urandom(64 + rank))
+            save_file({"piece": rng.standard_normal(16 + rank, dtype=np.float32)},
+                      str(folder / f"shard-0000{rank}-model-00001-of-00001.safetensors"))
 
 
 def test_engine_written_files_are_committed_verified_and_retained(tmp_path: Path) -> None:
@@ -160,7 +163,7 @@ def test_export_is_the_full_format_file_and_loads_in_both_engines(saved, tmp_pat
     from mindfoundry.cli.main import main
 
     cfg, spec, backend, path = saved
-    ckpt = load_checkpoint(path, read_shards=read_shard_folder)  # consolidated in this process
+    ckpt = load_checkpoint(path)  # consolidated in this process
     assert ckpt.state["adam_step"] == 2
     for mine, read in ((backend.weights(), ckpt.weights), (backend.optimizer_state(), ckpt.optimizer)):
         assert mine.keys() == read.keys() and all(np.array_equal(mine[k], read[k]) for k in mine)
@@ -245,7 +248,7 @@ def test_fsdp_sharded_checkpoint_resumes_under_tp_and_one_process(tiny_run, tmp_
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     times["load_fsdp2xtp2"] = round(time.perf_counter() - t0, 1)
-    full = load_checkpoint(tmp_path / "ref" / "checkpoints" / "step_00000003", read_shards=read_shard_folder)
+    full = load_checkpoint(tmp_path / "ref" / "checkpoints" / "step_00000003")
     loaded = dict(np.load(tmp_path / "fsdp_tp.npz"))
     expected = {**full.weights, **full.optimizer}
     assert loaded.keys() == expected.keys() and all(np.array_equal(loaded[k], expected[k]) for k in expected)

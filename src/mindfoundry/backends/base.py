@@ -158,20 +158,9 @@ def device_memory_record(allocated: int, reserved: int, peak: int) -> dict[str, 
     return {"device_mem_allocated_mb": allocated / 2**20, "device_mem_reserved_mb": reserved / 2**20, "device_mem_peak_mb": peak / 2**20}
 
 
-def read_shard_folder(folder: Path) -> dict[str, np.ndarray]:
-    """One shard folder of a sharded checkpoint consolidated into full arrays in this process, by torch's
-    distributed-checkpoint reader (whichever engine trains: the shards are in torch.distributed.checkpoint's layout)."""
-    try:
-        from mindfoundry.backends.torch.sharded_checkpoint import read_full
-    except ModuleNotFoundError as exc:
-        raise BackendUnavailable(f"{folder.parent} is a sharded checkpoint (written by the torch engine); reading it needs "
-                                 f"{exc.name}: pip install 'mindfoundry[torch]'") from None
-    return read_full(folder)
-
-
 def supports_sharded(backend: object, form: str) -> bool:
     """Whether `backend` implements :class:`ShardedCheckpoints` and reads shard `form`
-    (:func:`mindfoundry.checkpoint.store.shard_format`) itself; any other backend gets the checkpoint as full arrays."""
+    (:func:`mindfoundry.checkpoint.load.shard_format`) itself; any other backend gets the checkpoint as full arrays."""
     if not (callable(getattr(backend, "save_sharded", None)) and callable(getattr(backend, "load_sharded", None))):
         return False
     return getattr(backend, "shard_format", None) == form

@@ -15,9 +15,9 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from mindfoundry.backends.base import read_shard_folder
 from mindfoundry.errors import MindFoundryError
-from mindfoundry.checkpoint.store import CheckpointError, Retention, load_checkpoint, publish_mode, save_checkpoint, write_safetensors
+from mindfoundry.checkpoint.load import load_checkpoint
+from mindfoundry.checkpoint.store import CheckpointError, Retention, publish_mode, save_checkpoint, write_safetensors
 from mindfoundry.checkpoint.run_files import run_config
 
 NATIVE = {".ckpt": "mindspore", ".pt": "torch"}
@@ -41,10 +41,10 @@ def export_checkpoint(ckpt_dir: Path, out: Path) -> Path:
     if out.exists():
         raise CheckpointError(f"{out} already exists: choose another output path")
     if out.suffix == WEIGHTS_ONLY:
-        write_safetensors(out, load_checkpoint(ckpt_dir, read_shards=read_shard_folder).weights)
+        write_safetensors(out, load_checkpoint(ckpt_dir).weights)
         return out
     module = _engine_module(out.suffix)
-    ckpt = load_checkpoint(ckpt_dir, read_shards=read_shard_folder)
+    ckpt = load_checkpoint(ckpt_dir)
     module.export_native(ckpt.weights, ckpt.optimizer, ckpt.state, out, run_config(Path(ckpt_dir)))
     publish_mode(out)
     return out

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from mindfoundry import atomic
-from mindfoundry.backends.base import read_shard_folder
 from mindfoundry.checkpoint.run_files import run_config, run_tokenizer
-from mindfoundry.checkpoint.store import CheckpointError, load_checkpoint, publish_mode
+from mindfoundry.checkpoint.load import load_checkpoint
+from mindfoundry.checkpoint.store import CheckpointError, publish_mode
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.prepare.tokenizer import eos_id, load_tokenizer, pad_id
 from mindfoundry.errors import OutputExistsError
@@ -47,7 +47,7 @@ def load_hand_off(ckpt_dir: Path, fmt: str, target: str) -> HandOff:
                               "hold: export the weights with --format safetensors")
     tokenizer_path = run_tokenizer(ckpt_dir, cfg)
     tokenizer = load_tokenizer(tokenizer_path)
-    weights = load_checkpoint(ckpt_dir, read_shards=read_shard_folder).weights
+    weights = load_checkpoint(ckpt_dir).weights
     return HandOff(cfg, spec, weights, tokenizer_path, eos_id(tokenizer), pad_id(tokenizer))
 
 

@@ -17,9 +17,9 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file
 
-from mindfoundry.backends.base import read_shard_folder
 from mindfoundry.checkpoint.hf_export import check_weights, hf_name
-from mindfoundry.checkpoint.store import MANIFEST_FILE, CheckpointError, load_checkpoint
+from mindfoundry.checkpoint.load import load_checkpoint
+from mindfoundry.checkpoint.store import MANIFEST_FILE, CheckpointError
 from mindfoundry.model.spec import ModelSpec, parameter_shapes
 
 def _sizes(spec: ModelSpec) -> dict[str, tuple[str, Any]]:
@@ -91,7 +91,7 @@ def initial_weights(path: str | Path, spec: ModelSpec) -> dict[str, np.ndarray]:
     """The weights `model.init_from` names: a checkpoint folder (verified) or a Hugging Face Llama folder."""
     path = Path(path)
     if (path / MANIFEST_FILE).is_file():
-        weights = load_checkpoint(path, read_shards=read_shard_folder).weights
+        weights = load_checkpoint(path).weights
         check_weights(spec, weights, str(path))
         return weights
     if (path / "config.json").is_file():

@@ -17,8 +17,8 @@ With ``checkpoint.format: sharded`` the engine writes the tensors itself, each r
 shard files (torch.distributed.checkpoint's, or MindSpore semi-auto's rank slices with their strategy
 file, :mod:`.rank_slices`) replace the two safetensors files; the rest, the
 manifest (listing every shard file) and the commit are the same. This module names the folders
-(:func:`shard_folders`) and never imports an engine: the engine is handed the folders to write or
-read, and hands in its reader to consolidate them (``load_checkpoint(read_shards=...)``).
+(:func:`shard_folders`), writes and verifies, and never imports an engine: the engine is handed the folders to
+write; reading any form is :mod:`.load`'s.
 
 A folder counts as a checkpoint only when its manifest and the manifest's checksum exist and every
 file matches. Writes go to a hidden temporary folder which is fsynced and renamed into place, so a
@@ -39,7 +39,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 from safetensors import SafetensorError
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import save_file
 
 from mindfoundry import atomic
 from mindfoundry.checkpoint.safetensors_check import SafetensorsHeaderError, check_safetensors
@@ -381,60 +381,6 @@ def shard_folders(path: str | Path) -> tuple[Path, Path]:
 def is_sharded(path: str | Path) -> bool:
     """Whether checkpoint folder `path` holds shard folders (checkpoint.format: sharded) instead of the two files."""
     return (Path(path) / MODEL_DIR).is_dir()
-
-
-def shard_format(path: str | Path) -> str | None:
-    """Which engine's shard form a checkpoint folder holds: ``"rank_slices"`` (MindSpore semi-auto: per-rank slices and
-    the strategy file), ``"torch.distributed.checkpoint"``, or None for the full format. An engine whose
-    ``shard_format`` matches reads its own pieces; any other consolidates the folder into full arrays."""
-    from mindfoundry.checkpoint.rank_slices import holds_rank_slices
-
-    if not is_sharded(path):
-        return None
-    return "rank_slices" if holds_rank_slices(Path(path) / MODEL_DIR) else "torch.distributed.checkpoint"
-
-
-def load_checkpoint(path: str | Path, *, verify: bool = True, tensors: bool = True,
-                    read_shards: Callable[[Path], dict[str, np.ndarray]] | None = None) -> Checkpoint:
-    """Verify (unless the caller just did, e.g. through find_resumable), then read a checkpoint folder.
-
-    A sharded checkpoint is consolidated into full arrays in this process by ``read_shards`` (one
-    shard folder -> full arrays; :func:`mindfoundry.backends.base.read_shard_folder`); an engine
-    that reshards it itself passes ``tensors=False`` and gets the trainer state only.
-    """
-    path = Path(path)
-    if verify:
-        verify_checkpoint(path)
-    weights: dict[str, np.ndarray] = {}
-    optimizer: dict[str, np.ndarray] = {}
-    if tensors and is_sharded(path):
-        weights, optimizer = _read_sharded(path, read_shards)
-    elif tensors:
-        try:
-            weights = load_file(str(path / MODEL_FILE))
-            optimizer = load_file(str(path / OPTIMIZER_FILE))
-        except SafetensorError as exc:
-            raise CheckpointError(f"{path}: unreadable safetensors ({exc})") from None
-    state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
-    return Checkpoint(path=path, weights=weights, optimizer=optimizer, state=state)
-
-
-def _read_sharded(path: Path, read_shards: Callable[[Path], dict[str, np.ndarray]] | None
-                  ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    from mindfoundry.checkpoint.rank_slices import read_rank_slices  # it writes through this module
-
-    weights_dir, moments_dir = shard_folders(path)
-    if shard_format(path) == "rank_slices":  # MindSpore semi-auto: per-rank slices + strategy, merged here without an engine
-        return read_rank_slices(weights_dir), read_rank_slices(moments_dir)
-    if read_shards is None:
-        raise CheckpointError(f"{path} is a sharded checkpoint: reading it needs the engine's shard reader "
-                              "(load_checkpoint(..., read_shards=mindfoundry.backends.base.read_shard_folder))")
-    try:
-        return read_shards(weights_dir), read_shards(moments_dir)
-    except MindFoundryError:  # e.g. the reader's engine is not installed: its own message
-        raise
-    except (OSError, RuntimeError, ValueError, SafetensorError) as exc:
-        raise CheckpointError(f"{path}: unreadable sharded checkpoint ({exc})") from None
 
 
 def find_resumable(run_dir: str | Path, before_step: int | None = None) -> tuple[Path | None, list[str]]:

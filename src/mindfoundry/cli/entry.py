@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import sys
 
+from mindfoundry.cli.commands import TRAINING_COMMANDS
 from mindfoundry.train.stop import route_sigint
-
-TRAINING_COMMANDS = ("train", "run")
 
 
 def main() -> int:
     argv = sys.argv[1:]
     if argv and argv[0] in TRAINING_COMMANDS:
         route_sigint()
+    # imported only now, deliberately: the parser's imports start numpy's threads, which must inherit the routed signal
     from mindfoundry.cli.main import main as run_command
     from mindfoundry.workflows.supervise import record_exit
 

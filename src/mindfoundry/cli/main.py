@@ -19,7 +19,7 @@ from mindfoundry.cli.data import add_data_commands
 from mindfoundry.cli.debug import add_debug_commands
 from mindfoundry.cli.parallel import add_parallel_commands
 from mindfoundry.cli.report import add_report_commands
-from mindfoundry.cli.entry import TRAINING_COMMANDS
+from mindfoundry.cli.commands import TRAINING_COMMANDS
 from mindfoundry.cli.train import add_train_commands
 from mindfoundry.errors import MindFoundryError
 from mindfoundry.train.run_lock import release_all

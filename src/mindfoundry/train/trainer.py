@@ -22,10 +22,11 @@ from rich.console import Console
 
 import mindfoundry
 from mindfoundry.errors import MindFoundryError
-from mindfoundry.backends.base import Backend, create_backend, read_shard_folder, supports_sharded
+from mindfoundry.backends.base import Backend, create_backend, supports_sharded
 from mindfoundry.checkpoint.hf_import import initial_weights
-from mindfoundry.checkpoint.store import (CheckpointError, Retention, clean_interrupted, find_resumable, load_checkpoint,
-                                          save_checkpoint, shard_folders, shard_format)
+from mindfoundry.checkpoint.load import load_checkpoint, shard_format
+from mindfoundry.checkpoint.store import (CheckpointError, Retention, clean_interrupted, find_resumable, save_checkpoint,
+                                          shard_folders)
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.loader import Batch, BatchIterator, TrainLoader, training_source
 from mindfoundry.data.dataset.masking import TRAIN, VALIDATION, masking_for
@@ -140,7 +141,7 @@ class Trainer:
         # reads its pieces); any other consolidates it into full arrays (load_checkpoint)
         form = shard_format(path)
         sharded = form is not None and supports_sharded(self.backend, form)
-        ckpt = load_checkpoint(path, verify=False, tensors=not sharded, read_shards=read_shard_folder)  # every caller found `path` through find_resumable, which verified it
+        ckpt = load_checkpoint(path, verify=False, tensors=not sharded)  # every caller found `path` through find_resumable, which verified it
         written_by = ckpt.state.get("run_identity")  # None: imported by `mindfoundry convert FILE RUN_DIR` (shapes decide)
         if written_by != run_identity(self.cfg):
             if written_by is not None and self.resume_from is None:  # in the run's own folder: another run's checkpoint

@@ -12,9 +12,10 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from mindfoundry.backends.base import Backend, create_backend, read_shard_folder
+from mindfoundry.backends.base import Backend, create_backend
 from mindfoundry.checkpoint.run_files import checkpoint_of, run_config, run_tokenizer
-from mindfoundry.checkpoint.store import CheckpointError, load_checkpoint
+from mindfoundry.checkpoint.load import load_checkpoint
+from mindfoundry.checkpoint.store import CheckpointError
 from mindfoundry.config.parallel import ParallelConfig
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.prepare.tokenizer import eos_id, load_tokenizer
@@ -43,7 +44,7 @@ def load_trained(path: str | Path, engine: str | None = None, *, causal_for: str
     tokenizer = load_tokenizer(run_tokenizer(ckpt, cfg))
     backend = create_backend(cfg, ModelSpec.from_config(cfg.model))
     try:
-        backend.load_weights(load_checkpoint(ckpt, read_shards=read_shard_folder).weights)
+        backend.load_weights(load_checkpoint(ckpt).weights)
     except ValueError as exc:
         raise CheckpointError(f"{ckpt}: {exc} (was it written for another model config?)") from None
     return TrainedModel(ckpt, cfg, backend, tokenizer)

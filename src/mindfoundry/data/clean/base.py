@@ -25,13 +25,10 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple
 
 from mindfoundry.config.clean import BlockSection
 from mindfoundry.data.document import Document
-
-if TYPE_CHECKING:
-    from mindfoundry.data.clean.boilerplate import FrequentLines
 
 #: Drop reason of a transform that left nothing but whitespace.
 EMPTY = "empty_after_cleaning"
@@ -144,9 +141,10 @@ class Block(ABC):
         self.events: list[dict[str, Any]] = []
 
     @classmethod
-    def build(cls, settings: dict[str, Any], frequent_lines: FrequentLines) -> Block:
+    def build(cls, settings: dict[str, Any], frequent_lines: object) -> Block:
         """The block configured by a mapping of its section's fields; ``frequent_lines`` (the boilerplate
-        pre-pass's line keys) matter only to the block that deletes them."""
+        pre-pass's line keys, a ``boilerplate.FrequentLines``: not named here, so that the base of every block does
+        not import one block's module) matter only to the block that deletes them."""
         return cls(**settings)
 
     @abstractmethod
