@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from mindfoundry.checkpoint.load import load_checkpoint
+from mindfoundry.checkpoint.reader import load_checkpoint
 from mindfoundry.checkpoint.store import Retention, save_checkpoint
 from mindfoundry.train.metrics import read_metrics
 

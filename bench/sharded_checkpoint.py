@@ -37,7 +37,7 @@ def worker(fmt: str, root: Path, d_model: int, layers: int, vocab: int) -> None:
     import torch.distributed as dist
 
     from mindfoundry.backends.torch.backend import TorchBackend
-    from mindfoundry.checkpoint.load import load_checkpoint
+    from mindfoundry.checkpoint.reader import load_checkpoint
     from mindfoundry.checkpoint.store import Retention, save_checkpoint, shard_folders
     from mindfoundry.parallel.layout import validate_run_config
     from mindfoundry.model.spec import ModelSpec, num_parameters

@@ -136,7 +136,7 @@ def rewrite_as_rank_slices(ckpt_dir: Path, parallel: dict, devices: int) -> Path
     from mindfoundry.backends.mindspore.strategies import parameter_layouts, plan_strategies
     from mindfoundry.checkpoint.rank_slices import write_rank_slices, write_strategy
     from mindfoundry.checkpoint.run_files import run_config
-    from mindfoundry.checkpoint.load import load_checkpoint
+    from mindfoundry.checkpoint.reader import load_checkpoint
     from mindfoundry.checkpoint.store import Retention, save_checkpoint
     from mindfoundry.model.spec import ModelSpec
 

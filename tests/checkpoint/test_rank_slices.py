@@ -21,7 +21,7 @@ from mf_testing import tiny_config
 from mindfoundry.backends.mindspore.strategies import parameter_layouts, plan_strategies
 from mindfoundry.checkpoint.convert import export_checkpoint
 from mindfoundry.checkpoint.rank_slices import STRATEGY_FILE, read_rank_slices, write_rank_slices, write_strategy
-from mindfoundry.checkpoint.load import load_checkpoint
+from mindfoundry.checkpoint.reader import load_checkpoint
 from mindfoundry.checkpoint.store import CheckpointError, Retention, save_checkpoint
 from mindfoundry.cli.main import main
 from mindfoundry.model.spec import ModelSpec, init_weights

@@ -23,7 +23,7 @@ import numpy as np
 from safetensors.numpy import save_file
 import pytest
 
-from mindfoundry.checkpoint.load import load_checkpoint
+from mindfoundry.checkpoint.reader import load_checkpoint
 from mindfoundry.checkpoint.store import (
     MODEL_DIR, OPTIMIZER_DIR, CheckpointError, Retention, find_resumable, is_sharded, list_checkpoints, save_checkpoint, shard_folders, verify_checkpoint,
 )

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mindfoundry.checkpoint.load import load_checkpoint
+from mindfoundry.checkpoint.reader import load_checkpoint
 from mindfoundry.checkpoint.store import (
     CheckpointError, Retention, apply_retention, checkpoint_eval, find_resumable, list_checkpoints, save_checkpoint,
     verify_checkpoint,

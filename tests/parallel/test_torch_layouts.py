@@ -314,7 +314,7 @@ def test_trainer_under_torchrun_matches_one_process(tiny_prepared, tmp_path: Pat
     """The whole Trainer with FSDP(2), PP(2) or CP(2) (per-rank loader slices, global token count, rank-0
     metrics and checkpoints, collective state gathering, dp-split / pipelined / context-parallel
     evaluation, from step 0) logs what one process logs."""
-    from mindfoundry.checkpoint.load import load_checkpoint
+    from mindfoundry.checkpoint.reader import load_checkpoint
     from mindfoundry.train.metrics import read_metrics
     from mindfoundry.train.trainer import Trainer
 

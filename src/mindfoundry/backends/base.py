@@ -160,7 +160,7 @@ def device_memory_record(allocated: int, reserved: int, peak: int) -> dict[str, 
 
 def supports_sharded(backend: object, form: str) -> bool:
     """Whether `backend` implements :class:`ShardedCheckpoints` and reads shard `form`
-    (:func:`mindfoundry.checkpoint.load.shard_format`) itself; any other backend gets the checkpoint as full arrays."""
+    (:func:`mindfoundry.checkpoint.reader.shard_format`) itself; any other backend gets the checkpoint as full arrays."""
     if not (callable(getattr(backend, "save_sharded", None)) and callable(getattr(backend, "load_sharded", None))):
         return False
     return getattr(backend, "shard_format", None) == form

@@ -16,7 +16,7 @@ import importlib
 from pathlib import Path
 
 from mindfoundry.errors import MindFoundryError
-from mindfoundry.checkpoint.load import load_checkpoint
+from mindfoundry.checkpoint.reader import load_checkpoint
 from mindfoundry.checkpoint.store import CheckpointError, Retention, publish_mode, save_checkpoint, write_safetensors
 from mindfoundry.checkpoint.run_files import run_config
 

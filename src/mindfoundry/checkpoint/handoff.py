@@ -17,7 +17,7 @@ import numpy as np
 
 from mindfoundry import atomic
 from mindfoundry.checkpoint.run_files import run_config, run_tokenizer
-from mindfoundry.checkpoint.load import load_checkpoint
+from mindfoundry.checkpoint.reader import load_checkpoint
 from mindfoundry.checkpoint.store import CheckpointError, publish_mode
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.prepare.tokenizer import eos_id, load_tokenizer, pad_id

@@ -18,7 +18,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file
 
 from mindfoundry.checkpoint.hf_export import check_weights, hf_name
-from mindfoundry.checkpoint.load import load_checkpoint
+from mindfoundry.checkpoint.reader import load_checkpoint
 from mindfoundry.checkpoint.store import MANIFEST_FILE, CheckpointError
 from mindfoundry.model.spec import ModelSpec, parameter_shapes
 

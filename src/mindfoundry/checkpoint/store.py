@@ -18,7 +18,7 @@ shard files (torch.distributed.checkpoint's, or MindSpore semi-auto's rank slice
 file, :mod:`.rank_slices`) replace the two safetensors files; the rest, the
 manifest (listing every shard file) and the commit are the same. This module names the folders
 (:func:`shard_folders`), writes and verifies, and never imports an engine: the engine is handed the folders to
-write; reading any form is :mod:`.load`'s.
+write; reading any form is :mod:`.reader`'s.
 
 A folder counts as a checkpoint only when its manifest and the manifest's checksum exist and every
 file matches. Writes go to a hidden temporary folder which is fsynced and renamed into place, so a

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from safetensors import safe_open
 
-from mindfoundry.checkpoint.load import shard_format
+from mindfoundry.checkpoint.reader import shard_format
 from mindfoundry.checkpoint.store import (
     BEST_FILE, LATEST_FILE, MODEL_DIR, MODEL_FILE, OPTIMIZER_DIR, OPTIMIZER_FILE, CheckpointError, checkpoint_eval, checkpoints_dir,
     list_checkpoints, read_state, verify_checkpoint, written_files,

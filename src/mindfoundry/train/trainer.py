@@ -24,7 +24,7 @@ import mindfoundry
 from mindfoundry.errors import MindFoundryError
 from mindfoundry.backends.base import Backend, create_backend, supports_sharded
 from mindfoundry.checkpoint.hf_import import initial_weights
-from mindfoundry.checkpoint.load import load_checkpoint, shard_format
+from mindfoundry.checkpoint.reader import load_checkpoint, shard_format
 from mindfoundry.checkpoint.store import (CheckpointError, Retention, clean_interrupted, find_resumable, save_checkpoint,
                                           shard_folders)
 from mindfoundry.config.schema import RunConfig

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 
 from mindfoundry.backends.base import Backend, create_backend
 from mindfoundry.checkpoint.run_files import checkpoint_of, run_config, run_tokenizer
-from mindfoundry.checkpoint.load import load_checkpoint
+from mindfoundry.checkpoint.reader import load_checkpoint
 from mindfoundry.checkpoint.store import CheckpointError
 from mindfoundry.config.parallel import ParallelConfig
 from mindfoundry.config.schema import RunConfig
