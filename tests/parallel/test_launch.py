@@ -43,6 +43,19 @@ def test_the_supervisor_judges_a_job_by_each_ranks_exit(rc: int, exits: dict, pr
     assert _outcome(rc, exits, processes) == expected
 
 
+def test_a_rank_killed_during_start_up_restarts_though_the_launcher_stopped_the_other(tmp_path) -> None:
+    """Rank 0 SIGKILLed while the attempt started; torchrun SIGTERMed rank 1, which stopped before its first step
+    (exit 75). That is a crash, not an agreed stop: the supervisor used to end the job with 75 and a restart budget
+    left (seen twice in tests/parallel's ten-kill run)."""
+    from mindfoundry.workflows.supervise import AT_START, _outcome, read_exits
+
+    (tmp_path / "rank-1-4242").write_text(f"75 {AT_START}")
+    exits, at_start = read_exits(tmp_path)
+    assert exits == {1: 75} and at_start == {1}
+    assert _outcome(1, exits, 2, at_start) == (True, 70, "1 rank(s) killed")
+    assert _outcome(1, exits, 2) == (False, 75, "1 rank(s) killed")  # after steps: msrun reaping an agreed stop
+
+
 def test_exit_files_come_from_training_ranks_only(tmp_path, monkeypatch) -> None:
     """msrun runs our command as its scheduler too: that process has no rank and records no exit (it once wrote one as
     'rank 0', and its error after msrun reaped the workers replaced rank 0's agreed stop: a flaky exit 70 for 75)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 from mindfoundry.cli.commands import TRAINING_COMMANDS
-from mindfoundry.train.stop import route_sigint
+from mindfoundry.train.stop import route_sigint, signals
 
 
 def main() -> int:
@@ -22,5 +22,5 @@ def main() -> int:
     from mindfoundry.workflows.supervise import record_exit
 
     code = run_command(argv)
-    record_exit(code)  # for a supervisor (--max-restarts): how this process ended
+    record_exit(code, at_start=signals.start_up_stop() is not None)  # for a supervisor (--max-restarts): how it ended
     return code

@@ -135,7 +135,7 @@ def remember_cpu_peak(flops: float) -> float:
 
 
 @functools.cache
-def measured_cpu_peak(size: int = 2048, repeats: int = 7) -> float:
+def measured_cpu_peak(size: int = 1024, repeats: int = 7) -> float:
     """This machine's FP32 GEMM peak: the fastest window measured now or ever before on it (:func:`remember_cpu_peak`;
     measured once per process, a fraction of a second)."""
     return remember_cpu_peak(_gemm_rate(size, repeats))

@@ -32,13 +32,30 @@ FINAL = {EXIT_OK, EXIT_USER_ERROR, EXIT_ANOMALY_STOP, EXIT_PREEMPTED}
 EXIT_DIR_ENV = "MINDFOUNDRY_EXIT_DIR"
 
 
-def record_exit(code: int) -> None:
-    """Under a supervisor: write this process's exit code as `rank-R-PID` into its exit folder. msrun's scheduler (which
-    runs the workers' command but never trains, and has no rank of its own) writes nothing: its exit, e.g. after noticing a
-    worker that msrun reaped, would otherwise be read as rank 0's."""
+#: Written after the exit code when a stop signal ended the process before its first step (nothing was written).
+AT_START = "start-up"
+
+
+def record_exit(code: int, at_start: bool = False) -> None:
+    """Under a supervisor: write this process's exit code as `rank-R-PID` into its exit folder, with :data:`AT_START`
+    when a stop signal ended it before its first step. msrun's scheduler (which runs the workers' command but never
+    trains, and has no rank of its own) writes nothing: its exit, e.g. after noticing a worker that msrun reaped, would
+    otherwise be read as rank 0's."""
     folder = os.environ.get(EXIT_DIR_ENV)
     if folder and Path(folder).is_dir() and not launched_scheduler():
-        Path(folder, f"rank-{launched_rank()}-{os.getpid()}").write_text(str(code), encoding="utf-8")
+        text = f"{code} {AT_START}" if at_start else str(code)
+        Path(folder, f"rank-{launched_rank()}-{os.getpid()}").write_text(text, encoding="utf-8")
+
+
+def read_exits(folder: Path) -> tuple[dict[int, int], frozenset[int]]:
+    """Each rank's exit code from an exit folder, and the ranks a stop signal ended before their first step."""
+    exits, at_start = {}, set()
+    for f in folder.iterdir():
+        rank, (code, *rest) = int(f.name.split("-")[1]), f.read_text(encoding="utf-8").split()
+        exits[rank] = int(code)
+        if rest == [AT_START]:
+            at_start.add(rank)
+    return exits, frozenset(at_start)
 
 
 def child_argv(argv: Sequence[str], restart: bool) -> list[str]:
@@ -63,9 +80,11 @@ def training_command(argv: Sequence[str]) -> Callable[[int], list[str]]:
     return lambda attempt: [sys.executable, "-m", "mindfoundry.cli", *child_argv(argv, attempt > 0)]
 
 
-def _outcome(rc: int, exits: dict[int, int], processes: int) -> tuple[bool, int, str]:
+def _outcome(rc: int, exits: dict[int, int], processes: int, at_start: frozenset[int] = frozenset()
+             ) -> tuple[bool, int, str]:
     """(restart?, the job's exit status, why) from the job's status and each rank's exit code (by global rank;
-    on a node of a multi-node job, that node's ranks)."""
+    on a node of a multi-node job, that node's ranks). Ranks in ``at_start`` were stopped by a signal before their
+    first step: beside a killed rank that is the launcher stopping the survivors of a crash, which restarts."""
     killed = processes - len(exits)
     crashed = {r: c for r, c in exits.items() if c not in FINAL}
     if processes == 1:
@@ -75,8 +94,9 @@ def _outcome(rc: int, exits: dict[int, int], processes: int) -> tuple[bool, int,
     stops = {r: c for r, c in exits.items() if c != EXIT_OK}  # user error, anomaly stop or pre-emption (no crash)
     if rc == 0 or not (killed or crashed):  # every process ended finally: the lowest rank's word is the job's
         return False, exits[min(stops or exits)] if exits else rc, why
-    if stops and not crashed:  # a rank stopped for good and the launcher reaped the others (msrun kills them on any
-        return False, stops[min(stops)], why  # non-zero exit): the stop is the job's; an agreed stop was checkpointed first
+    if stops and not crashed and not (killed and set(stops) <= at_start):  # a rank stopped for good and the launcher
+        return False, stops[min(stops)], why  # reaped the others (msrun kills them on any non-zero exit): the stop is the
+        # job's; an agreed stop was checkpointed first
     return True, (rc if rc >= 0 else 128 - rc) if processes == 1 else EXIT_CRASHED, why
 
 
@@ -101,8 +121,8 @@ def supervise(command: Callable[[int], list[str]], max_restarts: int, log: Calla
             finally:
                 for s, handler in previous.items():
                     signal.signal(s, handler)
-            exits = {int(f.name.split("-")[1]): int(f.read_text(encoding="utf-8")) for f in Path(folder).iterdir()}
-        restart, status, why = _outcome(rc, exits, processes)
+            exits, at_start = read_exits(Path(folder))
+        restart, status, why = _outcome(rc, exits, processes, at_start)
         if not restart or stopped or attempt >= max_restarts:
             return status
         attempt += 1
