@@ -36,6 +36,9 @@ CODE_LINE_SHARE = 0.4
 STRUCTURE_LINE_SHARE = 0.12
 #: Code's identifiers are words: text with more garbled words than the junk block allows is not code.
 GARBLED_WORD_RATIO = JunkConfig.model_fields["max_garbled_word_ratio"].default
+#: A longer document is judged on runs of SAMPLE_RUN consecutive lines spread evenly, about SAMPLE_LINES in all
+#: (consecutive, so a docstring's quotes still open and close within a run).
+SAMPLE_LINES, SAMPLE_RUN = 1200, 40
 #: Fewer non-blank lines than this say too little: such a document is prose (a one-line review, a quote).
 MIN_LINES = 8
 
@@ -78,10 +81,19 @@ _LITERAL = r"(?:[rbuf]?'(?:[^'\\]|\\.)*'|[rbuf]?\"(?:[^\"\\]|\\.)*\"|-?(?:0[xob]
 _DATA_LINE = re.compile(rf"^\s*{_LITERAL}(?:\s*:\s*{_LITERAL})?\s*,?\s*$")
 
 
+# Every code or data line holds one of these or starts with a keyword or a bare literal: a line without them is
+# prose, decided without the slower patterns (most lines of most documents).
+_CODE_HINT = re.compile(r"[{}()\[\];=>\"'0-9]")
+_CODE_START = re.compile(rf"^\s*(?:{_KEYWORD}|None|True|False|null)\b")
+
+
+@lru_cache(maxsize=1 << 16)  # documents of a corpus share many lines, and several blocks ask about each
 def is_code_line(line: str) -> bool:
     """Whether a line reads as source code (:data:`_CODE_LINE`, or a line of literals such as a codec table's
     ``0x0080: 0x00c7,``), a trailing comment aside, with at most a fifth of it outside ASCII."""
     code = _TRAILING_COMMENT.sub("", line) if "#" in line or "//" in line else line
+    if _CODE_HINT.search(code) is None and _CODE_START.match(code) is None:
+        return False
     if not code.strip() or len(_NON_ASCII.findall(line)) > len(line) // 5:
         return False
     return _CODE_LINE.match(code) is not None or _DATA_LINE.match(code) is not None
@@ -101,8 +113,8 @@ def _code_lines(lines: list[str]) -> int:
 def is_content_line(line: str) -> bool:
     """Whether a line is content wherever it repeats: code (an import, a statement, a traceback line), markup, a
     heading, an option or a table rule (not merely a line with symbols: a breadcrumb "文档 > 指南" is not). Boilerplate removal never deletes such a line, however many documents share it."""
-    return (is_code_line(line) or is_table_rule(line) or _STRUCTURE.match(line) is not None
-            or _TRACEBACK.match(line) is not None)
+    return (_STRUCTURE.match(line) is not None or _TRACEBACK.match(line) is not None or is_table_rule(line)
+            or is_code_line(line))  # the cheap anchored patterns first
 
 
 @lru_cache(maxsize=16)
@@ -111,6 +123,9 @@ def document_kind(text: str) -> Kind:
     lines = [line for line in text.split("\n") if line.strip()]
     if len(lines) < MIN_LINES:
         return "prose"
+    if len(lines) > SAMPLE_LINES:  # a book or a 180k-character page: evenly spaced runs of lines say what it is
+        step = len(lines) // (SAMPLE_LINES // SAMPLE_RUN)
+        lines = [line for start in range(0, len(lines), step) for line in lines[start:start + SAMPLE_RUN]]
     code = _code_lines(lines)
     if code >= CODE_LINE_SHARE * len(lines) and garbled_word_ratio(text)[0] <= GARBLED_WORD_RATIO:
         return "code"  # (random strings of letters and symbols have code's punctuation, not its identifiers)
