@@ -124,8 +124,10 @@ def remember_cpu_peak(flops: float) -> float:
         known = known if isinstance(known, dict) else {}
     except (OSError, ValueError):
         known = {}
-    best = max(flops, float(known.get(key, 0.0)) if isinstance(known.get(key), (int, float)) else 0.0)
-    if best > known.get(key, 0.0):
+    previous = known.get(key)
+    previous = float(previous) if isinstance(previous, (int, float)) else 0.0  # a damaged entry counts as none
+    best = max(flops, previous)
+    if best > previous:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic.write_text(path, json.dumps({**known, key: best}, indent=1) + "\n")

@@ -209,19 +209,22 @@ class Trainer:
         return evaluate(self.backend, self.val_samples, t.micro_batch_size * self.loader.dp_size, t.eval_batches,
                         self.data.bytes_per_token("validation"), self.val_masking)
 
-    def _eval_scope(self) -> str:
-        """Which part of the validation split a training-time evaluation scores (``mindfoundry eval`` scores all of it)."""
+    def _eval_scope(self, explain: bool = False) -> str:
+        """Which part of the validation split a training-time evaluation scores; with ``explain``, how that sample is
+        taken and that ``mindfoundry eval`` scores all of it."""
         batch = self.cfg.train.micro_batch_size * self.loader.dp_size
         total = -(-len(self.val_samples) // batch)
         used = min(self.cfg.train.eval_batches, total)
-        return (f"all {total} validation batches" if used == total else
-                f"{used} of {total} validation batches, the same evenly spaced sample each time; `mindfoundry eval` scores all")
+        if used == total:
+            return f"all {total} validation batches"
+        return f"{used} of {total} validation batches" + (
+            ", the same evenly spaced sample each time; `mindfoundry eval` scores all" if explain else "")
 
     def _print_eval(self, step: int, result: EvalResult) -> None:
         """An evaluation on the console as it happens, between the step lines."""
         if self.is_main:
             self.console.print(f"step {step}: validation loss {result.loss:.4f}, ppl {result.perplexity:.2f} "
-                               f"({self._eval_scope().split(',')[0]})", highlight=False)
+                               f"({self._eval_scope()})", highlight=False)
 
     def _task_scores(self) -> dict[str, dict[str, float]]:
         """eval.tasks scored now: {"task_acc": {task: acc}, "task_acc_norm": {...}} (empty without tasks)."""
@@ -278,7 +281,7 @@ class Trainer:
                     "parameters": num_parameters(self.spec), "flops_per_token": flops_tok,
                     "validation_samples": len(self.val_samples), "memory": cfg.memory.describe(self.spec.n_layers)})
         if self.progress.step == 0:
-            self.console.print(f"step 0: evaluating the untrained model ({self._eval_scope()}); the first training step then "
+            self.console.print(f"step 0: evaluating the untrained model ({self._eval_scope(explain=True)}); the first training step then "
                                "compiles the model's step (seconds to a minute) before step lines appear", highlight=False)
             initial = self.evaluate()
             self.evals.initial = initial.to_dict()
@@ -347,9 +350,7 @@ class Trainer:
         peak timed while something else ran): the peak rises to what the step did, and MFU never reads above 100%."""
         if not self.peak:
             return None
-        raised = observed_peak(self.peak, flops_tok, tokens_per_s)
-        if raised > self.peak:
-            self.peak = raised
+        self.peak = observed_peak(self.peak, flops_tok, tokens_per_s)
         return mfu(flops_tok, tokens_per_s, self.peak)
 
     def _checkpoint(self, logger: MetricsLogger) -> None:

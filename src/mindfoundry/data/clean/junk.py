@@ -123,7 +123,7 @@ def garbled_word_ratio(text: str) -> tuple[float, int]:
         bad += not token.isalpha() or _VOWEL.search(token) is None
         if judged == MAX_JUDGED:
             break
-    if not judged or len(_CJK.findall(text)) >= judged:  # Chinese text: its Latin words are commands and names
+    if not judged or count(_CJK, text) >= judged:  # Chinese text: its Latin words are commands and names
         return 0.0, 0
     return bad / judged, judged
 
