@@ -12,6 +12,7 @@ import numpy as np
 from mindfoundry.parallel.layout import validate_run_config
 from mindfoundry.data.dataset.packing import IGNORE_INDEX
 from mindfoundry.config.schema import RunConfig
+from mindfoundry.train.stop import Preempted
 
 
 #: `--set` overrides that shrink configs/demo.yaml (and demo-mlm.yaml) to a test-sized run on the same corpora.
@@ -169,3 +170,19 @@ def small_disk(path: Path, size: str) -> Iterator[Path]:
         yield path
     finally:
         subprocess.run(["umount", str(path)], check=True)
+
+
+class StopAt:
+    """Raises Preempted at the N-th wrapped file operation (an fsync, a rename, ...), counting from 0: how the
+    start-up signal handler stops a claim (Preempted raised where the process is)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.seen = n, 0
+
+    def wrap(self, op):
+        def stopped(*args, **kwargs):
+            if self.seen == self.n:
+                raise Preempted("stopped by SIGTERM before the first step")
+            self.seen += 1
+            return op(*args, **kwargs)
+        return stopped

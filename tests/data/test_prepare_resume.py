@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from mf_testing import small_disk, tiny_run_tree
+from mf_testing import StopAt, small_disk, tiny_run_tree
 from test_parallel_prepare import assert_same_output
 
 from mindfoundry.cli.main import main
@@ -23,7 +23,8 @@ from mindfoundry.data.execute.workdir import WorkDirError
 from mindfoundry.data.ingest.builtin import read_builtin
 from mindfoundry.data.ingest.files import DataSourceError, SourceStats
 from mindfoundry.data.ingest.inputs import plan_inputs
-from mindfoundry.data.prepare.pipeline import prepare_data, work_dir
+from mindfoundry.data.prepare.pipeline import data_identity, prepare_data, work_dir
+from mindfoundry.train.stop import Preempted
 
 FILES = 12
 
@@ -169,3 +170,31 @@ def test_an_assembly_folder_a_killed_prepare_left_is_removed(tiny_run) -> None:
     live.mkdir()
     prepare_data(cfg, log=lambda _: None)
     assert not dead.exists() and live.is_dir()
+
+
+def test_a_work_area_claim_stopped_at_any_file_operation_is_taken_over(tiny_run, monkeypatch) -> None:
+    """A stop signal (or a kill) at any file operation of the work area's claim leaves what the next prepare takes
+    over: CI once stopped one between the lock and ``workdir.json`` (``workdir.json.partial`` left), and the next
+    start refused the folder as "not a MindFoundry prepare's" (exit 2)."""
+    from mindfoundry.data.execute.workdir import WorkDir
+
+    operations = 0
+    while True:
+        cfg = load_config(tiny_run(f"cut{operations}"))
+        stop = StopAt(operations)
+        with monkeypatch.context() as m:
+            for name in ("fsync", "replace", "unlink"):  # the write probe's removal, the identity written aside
+                m.setattr(os, name, stop.wrap(getattr(os, name)))
+            work = WorkDir(work_dir(cfg))
+            try:
+                work.claim(data_identity(cfg), "plan", fresh=False, log=lambda _: None)
+                finished = True
+            except Preempted:
+                finished = False
+            work.release()
+        prepared = prepare_data(cfg, log=lambda _: None)
+        assert prepared.manifest["splits"]["train"]["documents"] == 55 and not work_dir(cfg).exists()
+        if finished:
+            break
+        operations += 1
+    assert operations == 4  # the probe's unlink; the identity's fsync aside, rename, folder fsync

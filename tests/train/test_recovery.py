@@ -182,6 +182,33 @@ def test_stop_signals_during_start_up_exit_75_and_leave_the_run_resumable(corpus
     assert [got[s] for s in range(1, STEPS + 1)] == [reference["mindspore"][s] for s in range(1, STEPS + 1)]
 
 
+STOP_DURING_ENGINE_IMPORT = """
+import os, signal, sys, threading, time
+from mindfoundry.cli.entry import main
+
+def stop_while_importing() -> None:
+    while "mindspore" not in sys.modules:  # the engine's import has begun (it takes over a second)
+        time.sleep(0.001)
+    time.sleep(0.2)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+threading.Thread(target=stop_while_importing, daemon=True).start()
+sys.argv[1:] = ["train", sys.argv[1]]
+sys.exit(main())
+"""
+
+
+def test_a_stop_signal_during_the_engine_import_exits_75(corpus_dir: Path, tmp_path: Path) -> None:
+    """SIGTERM while MindSpore's native extension is being imported: raised there, it left the extension half initialised
+    and the process aborted at exit (status -6, a fatal Python error) instead of exiting 75 (the import is held)."""
+    config = write_config(corpus_dir, tmp_path, "import", "mindspore")
+    proc = subprocess.run([sys.executable, "-c", STOP_DURING_ENGINE_IMPORT, str(config)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 75, proc.stderr[-3000:]
+    assert "stopped by SIGTERM before the first step" in proc.stderr and "Fatal Python error" not in proc.stderr
+    assert last_step(tmp_path / "import") == 0
+
+
 def test_a_signal_after_the_last_step_is_a_normal_completion(corpus_dir: Path, tmp_path: Path) -> None:
     """`run` evaluates, samples and writes its report after the last step: a SIGTERM then lets it finish, exit 0."""
     config = write_config(corpus_dir, tmp_path, "late", "torch")

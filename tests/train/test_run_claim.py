@@ -16,22 +16,7 @@ from mindfoundry.config.load import to_yaml
 from mindfoundry.train.run_lock import LOCK_FILE, release
 from mindfoundry.train.rundir import CONFIG_FILE, HASH_FILE, prepare_run_dir, run_identity
 from mindfoundry.train.stop import Preempted
-from mf_testing import tiny_config
-
-
-class StopAt:
-    """Raises Preempted at the N-th file operation of the claim (an fsync or a rename), counting from 0."""
-
-    def __init__(self, n: int) -> None:
-        self.n, self.seen = n, 0
-
-    def wrap(self, op):
-        def stopped(*args, **kwargs):
-            if self.seen == self.n:
-                raise Preempted("stopped by SIGTERM before the first step")
-            self.seen += 1
-            return op(*args, **kwargs)
-        return stopped
+from mf_testing import StopAt, tiny_config
 
 
 @pytest.mark.parametrize("resume", [False, True])

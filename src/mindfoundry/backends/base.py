@@ -13,6 +13,7 @@ import importlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Mapping, Protocol
 
 import numpy as np
@@ -188,15 +189,19 @@ class BackendUnavailable(MindFoundryError, RuntimeError):
     """The configured engine cannot be imported here."""
 
 
-def create_backend(cfg: RunConfig, spec: ModelSpec) -> Backend:
-    """Import the configured engine lazily (neither framework is imported unless used)."""
-    module_name = _BACKENDS[cfg.backend]
+def import_engine(backend: str) -> ModuleType:
+    """The configured engine's module, imported on first use (neither framework is imported unless used)."""
+    module_name = _BACKENDS[backend]
     try:
-        module = importlib.import_module(module_name)
+        return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.startswith("mindfoundry"):
-            raise BackendUnavailable(f"backend '{cfg.backend}' is not implemented in this version (set backend: mindspore)") from None
+            raise BackendUnavailable(f"backend '{backend}' is not implemented in this version (set backend: mindspore)") from None
         raise BackendUnavailable(
-            f"backend '{cfg.backend}' needs {exc.name!r}: pip install 'mindfoundry[{_EXTRAS[cfg.backend]}]'"
+            f"backend '{backend}' needs {exc.name!r}: pip install 'mindfoundry[{_EXTRAS[backend]}]'"
         ) from None
-    return module.create(cfg, spec)
+
+
+def create_backend(cfg: RunConfig, spec: ModelSpec) -> Backend:
+    """The configured engine, built for this model and launch."""
+    return import_engine(cfg.backend).create(cfg, spec)

@@ -13,6 +13,10 @@ What a stop signal does depends on where the run is (:class:`Phase`):
 
 A second signal exits at once, without a checkpoint, with status 128 + its number and one line naming it.
 
+Some start-up work must not be cut by an exception: importing an engine (MindSpore's native extension, left
+half initialised by a Preempted raised inside its import, aborted the process at exit: status -6 instead of
+75). Such work runs inside :meth:`StopSignals.held`: a signal there is noted and raised when it ends.
+
 MindSpore's runtime threads install a native SIGINT handler that sends SIGTERM to the whole process
 (`IntHandler` in its ccsrc: ``kill(getpid(), SIGTERM)``), so a Ctrl-C used to arrive as SIGTERM.
 :func:`route_sigint` therefore blocks SIGINT in every thread of a training process, before any
@@ -33,12 +37,13 @@ This module imports only the standard library: the program's entry point imports
 from __future__ import annotations
 
 import _thread
+import contextlib
 import enum
 import os
 import signal
 import sys
 import threading
-from typing import Callable
+from typing import Callable, Iterator
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -80,6 +85,7 @@ class StopSignals:
         self.installed = False
         self._log: Callable[[str], None] = _stderr
         self._previous: dict[int, object] = {}
+        self._holding = 0  # depth of held() blocks: a start-up signal inside one waits for its end
 
     @property
     def name(self) -> str | None:
@@ -103,6 +109,17 @@ class StopSignals:
     def enter(self, phase: Phase) -> None:
         self.phase = phase
 
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Run the block whole: a start-up stop signal received inside it raises Preempted when it ends."""
+        self._holding += 1
+        try:
+            yield
+        finally:
+            self._holding -= 1
+        if not self._holding and (stopped := self.start_up_stop()) is not None:
+            raise Preempted(stopped)
+
     def start_up_stop(self) -> str | None:
         """What to tell when a stop signal ended the start-up (None otherwise). An exception that the signal's
         Preempted turned into on its way (an extension module being imported reports "initialization failed")
@@ -118,7 +135,7 @@ class StopSignals:
                       "the newest valid checkpoint still resumes with --resume auto")
             os._exit(128 + signum)
         self.received = signum
-        if self.phase is Phase.START_UP:
+        if self.phase is Phase.START_UP and not self._holding:
             raise Preempted(self.start_up_stop())
         if self.phase is Phase.TRAINING:
             self._log(f"{name} received: checkpointing after this step (send it again to exit at once)")

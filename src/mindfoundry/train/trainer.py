@@ -22,7 +22,7 @@ from rich.console import Console
 
 import mindfoundry
 from mindfoundry.errors import MindFoundryError
-from mindfoundry.backends.base import Backend, create_backend, supports_sharded
+from mindfoundry.backends.base import Backend, create_backend, import_engine, supports_sharded
 from mindfoundry.checkpoint.hf_import import initial_weights
 from mindfoundry.checkpoint.reader import load_checkpoint, shard_format
 from mindfoundry.checkpoint.store import (CheckpointError, Retention, clean_interrupted, find_resumable, save_checkpoint,
@@ -84,6 +84,8 @@ class Trainer:
         self.console = console or Console(stderr=True)
         self.spec = ModelSpec.from_config(cfg.model)
         self.source = training_source(cfg, data)
+        with signals.held():  # an engine's import cut by a stop signal aborted the process at exit (train.stop)
+            import_engine(cfg.backend)
         self.backend = create_backend(cfg, self.spec)  # first: under torchrun it knows this rank's slice of the batch
         self.loader = TrainLoader(self.source, micro_batch_size=cfg.train.micro_batch_size, grad_accum=cfg.train.grad_accum,
                                   dp_rank=self.backend.dp_rank, dp_size=self.backend.dp_size,

@@ -101,7 +101,9 @@ class WorkDir:
                 "set data.work_dir to a writable folder (on shared storage for a cluster)") from None
         marker = self.root / MARKER
         held = self._read_marker(marker)
-        others = [p for p in self.root.iterdir() if p.name not in (LOCK, MARKER) and not p.name.startswith(".probe-")]
+        # the lock, the identity (whole, or half written by a prepare stopped while claiming) and the write probe
+        claim_files = (LOCK, MARKER, MARKER + atomic.PARTIAL)
+        others = [p for p in self.root.iterdir() if p.name not in claim_files and not p.name.startswith(".probe-")]
         if held is None and others:
             raise WorkDirError(f"the prepare work folder '{self.root}' holds files that are not a MindFoundry prepare's "
                                f"(e.g. '{others[0].name}'): choose an empty or new folder for data.work_dir")
