@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from mindfoundry.backends.base import create_backend
+from mindfoundry.parallel.layout import launch_layout
 from mindfoundry.parallel.layout import load_run_config
 from mindfoundry.debug.dump import DumpWriter
 from mindfoundry.debug.probe import Probe
@@ -58,7 +59,7 @@ def _step(backend, cfg, batch, kind: str, root: Path, step: int) -> tuple[float,
 def time_engine(config: str, engine: str, steps: int) -> dict:
     cfg = load_run_config(config, [f"backend={engine}"])
     spec = ModelSpec.from_config(cfg.model)
-    backend = create_backend(cfg, spec)
+    backend = create_backend(cfg, spec, launch_layout(cfg))
     weights = init_weights(spec, cfg.seed)
     t = cfg.train
     tokens = np.random.default_rng(0).integers(0, spec.vocab_size, (t.grad_accum, t.micro_batch_size, t.seq_len + 1)).astype(np.int32)
@@ -86,7 +87,7 @@ def memory_child(engine: str, mode: str, out: str) -> None:
                                             "model.n_layers=12", "model.n_heads=12", "model.n_kv_heads=12",
                                             "train.micro_batch_size=1", "train.grad_accum=1", "train.seq_len=256"])
     spec = ModelSpec.from_config(cfg.model)
-    backend = create_backend(cfg, spec)
+    backend = create_backend(cfg, spec, launch_layout(cfg))
     backend.load_weights(init_weights(spec, cfg.seed))
     tokens = np.random.default_rng(0).integers(0, spec.vocab_size, (1, 1, 257)).astype(np.int32)
     ids, labels = tokens[..., :-1], tokens[..., 1:]

@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from mindfoundry.backends.base import create_backend
+from mindfoundry.parallel.layout import launch_layout
 from mindfoundry.model.spec import ModelSpec, init_weights
 from mindfoundry.parallel.layout import load_run_config
 from mindfoundry.train.schedule import step_scalars
@@ -30,7 +31,7 @@ def main() -> None:
     for engine in ("mindspore", "torch"):
         cfg = load_run_config(args.config, [f"backend={engine}"])
         t, spec = cfg.train, ModelSpec.from_config(cfg.model)
-        backend = create_backend(cfg, spec)
+        backend = create_backend(cfg, spec, launch_layout(cfg))
         backend.load_weights(init_weights(spec, cfg.seed))
         rng = np.random.default_rng(0)
         shape = (args.batches + 1, t.grad_accum, t.micro_batch_size, t.seq_len + 1)  # train_step's [accum, micro, seq]

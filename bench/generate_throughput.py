@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from mindfoundry.backends.base import create_backend
+from mindfoundry.parallel.layout import launch_layout
 from mindfoundry.eval.generate import generate
 from mindfoundry.model.spec import ModelSpec, init_weights
 from mindfoundry.parallel.layout import load_run_config
@@ -44,7 +45,7 @@ def main() -> None:
     for engine in ("mindspore", "torch"):
         cfg = load_run_config(args.config, [f"backend={engine}"])
         spec = ModelSpec.from_config(cfg.model)
-        backend = create_backend(cfg, spec)
+        backend = create_backend(cfg, spec, launch_layout(cfg))
         backend.load_weights(init_weights(spec, cfg.seed))
         prompt = np.random.default_rng(0).integers(2, spec.vocab_size, args.prompt).tolist()
         window = args.prompt + args.new

@@ -30,6 +30,7 @@ def measure(engine: str, size: str, accum: int, steps: int, threads: int) -> dic
     import numpy as np
 
     from mindfoundry.backends.base import create_backend
+    from mindfoundry.parallel.layout import launch_layout
     from mindfoundry.model.spec import ModelSpec, init_weights
     from mindfoundry.parallel.layout import load_run_config
     from mindfoundry.train.schedule import step_scalars
@@ -37,7 +38,7 @@ def measure(engine: str, size: str, accum: int, steps: int, threads: int) -> dic
     _pin_threads(engine, threads)
     cfg = load_run_config(ROOT / "configs" / "demo.yaml", SIZES[size] + [f"backend={engine}", f"train.grad_accum={accum}"])
     spec, t = ModelSpec.from_config(cfg.model), cfg.train
-    backend = create_backend(cfg, spec)
+    backend = create_backend(cfg, spec, launch_layout(cfg))
     backend.load_weights(init_weights(spec, cfg.seed))
     rng = np.random.default_rng(cfg.seed)
     ids, labels = (rng.integers(0, spec.vocab_size, (accum, t.micro_batch_size, t.seq_len)) for _ in range(2))

@@ -65,13 +65,14 @@ def worker(engine: str, sets: list[str], steps: int) -> dict:
     import numpy as np
 
     from mindfoundry.backends.base import create_backend
+    from mindfoundry.parallel.layout import launch_layout
     from mindfoundry.model.spec import ModelSpec, init_weights
     from mindfoundry.parallel.layout import load_run_config
     from mindfoundry.train.schedule import step_scalars
 
     cfg = load_run_config(ROOT / "configs" / "demo.yaml", [f"backend={engine}", *sets])
     spec = ModelSpec.from_config(cfg.model)
-    backend = create_backend(cfg, spec)
+    backend = create_backend(cfg, spec, launch_layout(cfg))
     backend.load_weights(init_weights(spec, cfg.seed))
     t = cfg.train
     rng = np.random.default_rng(0)

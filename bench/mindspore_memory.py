@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     from mindspore import ops
 
     from mindfoundry.backends.base import create_backend
+    from mindfoundry.parallel.layout import launch_layout
     from mindfoundry.backends.mindspore.train_step import TrainStep, scalar, squared_norms
     from mindfoundry.model.spec import ModelSpec, init_weights
     from mindfoundry.parallel.layout import Layout, load_run_config
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     phases = {"import": _rss_mib()}
     cfg = load_run_config(ROOT / "configs" / "demo.yaml", SIZES[args.size] + args.set + ["backend=mindspore", "train.grad_accum=1"])
     spec, t = ModelSpec.from_config(cfg.model), cfg.train
-    backend = create_backend(cfg, spec)
+    backend = create_backend(cfg, spec, launch_layout(cfg))
     backend.load_weights(init_weights(spec, cfg.seed))
     step = backend.step_cell
     if args.graph != "full":

@@ -22,6 +22,7 @@ import numpy as np
 import psutil
 
 from mindfoundry.backends.base import create_backend
+from mindfoundry.parallel.layout import launch_layout
 from mindfoundry.parallel.layout import load_run_config
 from mindfoundry.model.spec import ModelSpec, flops_per_token, init_weights, parameter_shapes
 from mindfoundry.monitor.health import HealthMonitor
@@ -42,7 +43,7 @@ def main() -> int:
 
     cfg = load_run_config(args.config, [f"backend={args.engine}"])
     spec = ModelSpec.from_config(cfg.model)
-    backend = create_backend(cfg, spec)
+    backend = create_backend(cfg, spec, launch_layout(cfg))
     backend.load_weights(init_weights(spec, cfg.seed))
     t = cfg.train
     rng = np.random.default_rng(0)

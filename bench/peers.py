@@ -122,10 +122,11 @@ def build_contender(name: str, size: str):
     tokens = mb * seq
     if name.startswith("mf-"):
         from mindfoundry.backends.base import create_backend
+        from mindfoundry.parallel.layout import launch_layout
         from mindfoundry.train.schedule import step_scalars
 
         cfg = cfg.model_copy(update={"train": t.model_copy(update={"grad_accum": 1})})
-        backend = create_backend(cfg, spec)
+        backend = create_backend(cfg, spec, launch_layout(cfg))
         backend.load_weights(init_weights(spec, cfg.seed))
 
         def step(i: int) -> float:

@@ -41,6 +41,7 @@ def worker(layout: str, steps: int, out: Path, model: list[str]) -> None:
     import torch.distributed as dist
 
     from mindfoundry.backends.base import create_backend
+    from mindfoundry.parallel.layout import launch_layout
     from mindfoundry.parallel.layout import load_run_config
     from mindfoundry.model.spec import ModelSpec, init_weights
     from mindfoundry.train.schedule import step_scalars
@@ -52,7 +53,7 @@ def worker(layout: str, steps: int, out: Path, model: list[str]) -> None:
         dist.init_process_group("gloo")  # the engine reuses it; counted in the baseline like torch itself
     process = psutil.Process()
     baseline = process.memory_info().rss
-    backend = create_backend(cfg, spec)
+    backend = create_backend(cfg, spec, launch_layout(cfg))
     backend.load_weights(init_weights(spec, cfg.seed))  # the full numpy weights are a load-time cost, freed here
     gc.collect()
     t = cfg.train

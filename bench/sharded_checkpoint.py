@@ -39,7 +39,7 @@ def worker(fmt: str, root: Path, d_model: int, layers: int, vocab: int) -> None:
     from mindfoundry.backends.torch.backend import TorchBackend
     from mindfoundry.checkpoint.reader import load_checkpoint
     from mindfoundry.checkpoint.store import Retention, save_checkpoint, shard_folders
-    from mindfoundry.parallel.layout import validate_run_config
+    from mindfoundry.parallel.layout import launch_layout, validate_run_config
     from mindfoundry.model.spec import ModelSpec, num_parameters
 
     world = int(os.environ["WORLD_SIZE"])
@@ -48,7 +48,7 @@ def worker(fmt: str, root: Path, d_model: int, layers: int, vocab: int) -> None:
                     "train": {"micro_batch_size": 1, "seq_len": 16, "steps": 100}, "parallel": {"dp_shard": world},
                     "checkpoint": {"format": fmt}})
     spec = ModelSpec.from_config(cfg.model)
-    backend = TorchBackend(cfg, spec)  # random init; nothing full-sized allocated before the measurement
+    backend = TorchBackend(cfg, spec, launch_layout(cfg))  # random init; nothing full-sized allocated before the measurement
     for p in backend.params.values():  # zero moments in the parameters' layout (local shards only)
         backend.optimizer.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
     rank = dist.get_rank()

@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--steps and --warmup must be >= 1 (the first step compiles)")
 
     from mindfoundry.backends.base import create_backend
+    from mindfoundry.parallel.layout import launch_layout
     from mindfoundry.parallel.layout import load_run_config
     from mindfoundry.model.spec import ModelSpec, flops_per_token, init_weights, num_parameters
     from mindfoundry.train.schedule import step_scalars
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     backends, build_s = {}, {}
     for name, engine_cfg in engines.items():
         t0 = time.perf_counter()
-        backends[name] = create_backend(engine_cfg, spec)  # the MindSpore one sets GRAPH_MODE
+        backends[name] = create_backend(engine_cfg, spec, launch_layout(engine_cfg))  # the MindSpore one sets GRAPH_MODE
         backends[name].load_weights(init_weights(spec, cfg.seed))
         build_s[name] = time.perf_counter() - t0
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mindfoundry.parallel.layout import validate_run_config
+from mindfoundry.parallel.layout import Layout, launch_layout, validate_run_config
 from mindfoundry.data.dataset.packing import IGNORE_INDEX
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.train.stop import Preempted
@@ -145,7 +145,7 @@ def rewrite_as_rank_slices(ckpt_dir: Path, parallel: dict, devices: int) -> Path
     cfg = run_config(ckpt_dir)
     cfg = validate_run_config(cfg.model_dump(mode="json") | {"parallel": parallel})
     spec = ModelSpec.from_config(cfg.model)
-    layouts = parameter_layouts(plan_strategies(cfg, spec, devices), spec)
+    layouts = parameter_layouts(plan_strategies(cfg, spec, launched(cfg, devices)), spec)
 
     def writer(folders) -> None:
         for folder, arrays in zip(folders, (ckpt.weights, ckpt.optimizer)):
@@ -186,3 +186,8 @@ class StopAt:
             self.seen += 1
             return op(*args, **kwargs)
         return stopped
+
+
+def launched(cfg: RunConfig, devices: int) -> Layout:
+    """The layout `cfg` gets when msrun starts `devices` workers (checked against every layout rule, as at launch)."""
+    return launch_layout(cfg, env={"MS_WORKER_NUM": str(devices)})

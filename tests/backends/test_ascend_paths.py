@@ -52,11 +52,12 @@ def test_bf16_on_ascend_is_a_valid_config() -> None:
 def test_flash_masks_hide_what_the_additive_mask_hides(objective: str) -> None:
     ms = pytest.importorskip("mindspore")
     from mindfoundry.backends.base import create_backend
+    from mindfoundry.parallel.layout import launch_layout
     from mindfoundry.backends.mindspore.model import FLASH_CAUSAL_MASK, Transformer
 
     cfg = tiny_config(model={"objective": objective})
     spec = ModelSpec.from_config(cfg.model)
-    create_backend(cfg, spec)  # MindSpore's device and mode set as training sets them, before any kernel runs
+    create_backend(cfg, spec, launch_layout(cfg))  # MindSpore's device and mode set as training sets them, before any kernel runs
     ids = np.random.default_rng(0).integers(2, 300, (2, 16)).astype(np.int32)
     ids[1, 11:] = PAD_ID
     for precision in ("fp16", "bf16"):

@@ -10,6 +10,7 @@ pytest.importorskip("mindspore")
 pytest.importorskip("torch")
 
 from mindfoundry.backends.base import create_backend  # noqa: E402
+from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 from mindfoundry.model.spec import ModelSpec, init_weights, module_boundaries  # noqa: E402
 from mindfoundry.train.schedule import step_scalars  # noqa: E402
 
@@ -19,7 +20,7 @@ def engines(make_config, **sections):
     for name in ("mindspore", "torch"):
         cfg = make_config(**sections).model_copy(update={"backend": name})
         spec = ModelSpec.from_config(cfg.model)
-        backend = create_backend(cfg, spec)
+        backend = create_backend(cfg, spec, launch_layout(cfg))
         backend.load_weights(init_weights(spec, 11))  # one set of initial weights for both
         out[name] = (backend, cfg)
     return out

@@ -11,6 +11,7 @@ import torch
 from mf_testing import padded_markov_samples, tiny_config
 
 from mindfoundry.backends.base import BackendUnavailable, create_backend
+from mindfoundry.parallel.layout import launch_layout
 from mindfoundry.debug.dump import DumpWriter
 from mindfoundry.debug.probe import Probe
 from mindfoundry.model.spec import ModelSpec, init_weights
@@ -36,7 +37,7 @@ def _steps(engine: str, memory: dict, *, steps: int = 3, backend_hook=None) -> t
     """Three steps of 2 micro-batches of 4 padded sequences; (losses, grad norms, per-parameter grad norms), weights."""
     cfg = tiny_config(backend=engine, memory=memory, train={"micro_batch_size": 4, "seq_len": 16, "grad_accum": 2})
     spec = ModelSpec.from_config(cfg.model)
-    backend = create_backend(cfg, spec)
+    backend = create_backend(cfg, spec, launch_layout(cfg))
     backend.load_weights(init_weights(spec, 0))
     if backend_hook is not None:
         backend_hook(backend)
@@ -121,7 +122,7 @@ def test_a_debug_step_dumps_the_same_with_recompute(engine, tmp_path) -> None:
     for label, memory in (("plain", {}), ("recompute", {"recompute": "full", "loss_chunk": 5})):
         cfg = tiny_config(backend=engine, memory=memory, train={"micro_batch_size": 2, "seq_len": 16, "grad_accum": 1})
         spec = ModelSpec.from_config(cfg.model)
-        backend = create_backend(cfg, spec)
+        backend = create_backend(cfg, spec, launch_layout(cfg))
         backend.load_weights(init_weights(spec, 0))
         ids = np.random.default_rng(1).integers(0, spec.vocab_size, (1, 2, 17)).astype(np.int32)
         writer = DumpWriter(tmp_path / label, 1, 0, "statistics", {"backend": engine})

@@ -11,6 +11,7 @@ import pytest
 ms = pytest.importorskip("mindspore")
 
 from mindfoundry.backends.base import create_backend  # noqa: E402
+from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 from mindfoundry.data.dataset.packing import IGNORE_INDEX  # noqa: E402
 from mindfoundry.model.spec import ModelSpec, init_weights, parameter_shapes  # noqa: E402
 from mindfoundry.train.schedule import step_scalars  # noqa: E402
@@ -26,14 +27,14 @@ def batch(rng: np.random.Generator, vocab: int, a: int, b: int, s: int) -> tuple
 def test_parameter_names_follow_the_spec(make_config, tie: bool) -> None:
     cfg = make_config(model={"tie_embeddings": tie})
     spec = ModelSpec.from_config(cfg.model)
-    backend = create_backend(cfg, spec)
+    backend = create_backend(cfg, spec, launch_layout(cfg))
     assert {n: w.shape for n, w in backend.weights().items()} == parameter_shapes(spec)
     assert set(backend.optimizer_state()) == {f"{m}.{n}" for m in ("exp_avg", "exp_avg_sq") for n in parameter_shapes(spec)}
 
 
 def test_forward_and_loss_match_numpy_reference(tiny) -> None:
     cfg, spec = tiny
-    backend = create_backend(cfg, spec)
+    backend = create_backend(cfg, spec, launch_layout(cfg))
     weights = init_weights(spec, seed=3)
     weights = {k: v * 5 if k.endswith("proj.weight") else v for k, v in weights.items()}  # sharper attention
     backend.load_weights(weights)
@@ -53,7 +54,7 @@ def test_adamw_matches_torch_formula(tiny) -> None:
     is an nn.Optimizer (what MindSpore's parallel optimizer shards) holding only its moments besides the base class's
     step counter and unused rate."""
     cfg, spec = tiny
-    create_backend(cfg, spec)  # sets GRAPH_MODE on the CPU, as in training
+    create_backend(cfg, spec, launch_layout(cfg))  # sets GRAPH_MODE on the CPU, as in training
     from mindfoundry.backends.mindspore.train_step import AdamW, scalar
 
     rng = np.random.default_rng(1)
@@ -106,7 +107,7 @@ def test_gradient_accumulation_equals_one_big_batch(make_config) -> None:
     valid = int((labels != IGNORE_INDEX).sum())
     results = []
     for cfg, shape in ((cfg_big, (1, 4, 16)), (cfg_acc, (2, 2, 16))):
-        backend = create_backend(cfg, spec)
+        backend = create_backend(cfg, spec, launch_layout(cfg))
         backend.load_weights(init_weights(spec, 0))
         out = backend.train_step(ids.reshape(shape), labels.reshape(shape), step_scalars(1, 10, cfg.optim, valid))
         results.append((out, backend.weights()))
@@ -134,7 +135,7 @@ def test_host_looped_accumulation_is_the_in_graph_loop_bit_for_bit(make_config) 
         labels[1, 0, 9:] = IGNORE_INDEX
     runs = []
     for unrolled in (False, True):
-        backend = create_backend(cfg, spec)
+        backend = create_backend(cfg, spec, launch_layout(cfg))
         assert isinstance(backend.step_cell, AccumulatingStep)
         if unrolled:
             backend.step_cell = TrainStep(LossCell(backend.model), backend.optimizer, 3, backend.clip)
@@ -160,7 +161,7 @@ def test_clipping_reports_the_unclipped_norm_and_limits_the_update(make_config) 
     outs = {}
     for clip in (None, 1e-3):
         cfg = make_config(optim={"clip_norm": clip, "weight_decay": 0.0})
-        backend = create_backend(cfg, spec)
+        backend = create_backend(cfg, spec, launch_layout(cfg))
         backend.load_weights(init_weights(spec, 0))
         outs[clip] = (backend.train_step(ids, labels, step_scalars(1, 10, cfg.optim, labels.size)), backend.optimizer_state())
     (free, st_free), (clipped, st_clip) = outs[None], outs[1e-3]
@@ -174,7 +175,7 @@ def test_clipping_reports_the_unclipped_norm_and_limits_the_update(make_config) 
 def test_overfits_one_repeated_batch(tiny) -> None:
     """The acceptance check: loss on one repeated batch below 0.5 within 200 steps."""
     cfg, spec = tiny
-    backend = create_backend(cfg, spec)
+    backend = create_backend(cfg, spec, launch_layout(cfg))
     backend.load_weights(init_weights(spec, cfg.seed))
     ids, labels = batch(np.random.default_rng(5), spec.vocab_size, 1, 4, 16)
     losses = [backend.train_step(ids, labels, step_scalars(t, 200, cfg.optim, labels.size)).loss for t in range(1, 201)]

@@ -12,6 +12,7 @@ from mf_testing import markov_batches
 pytest.importorskip("mindspore")
 
 from mindfoundry.backends.base import create_backend  # noqa: E402
+from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 from mindfoundry.debug.probe import Probe  # noqa: E402
 from mindfoundry.model.spec import ModelSpec, init_weights  # noqa: E402
 from mindfoundry.train.loss_scale import DynamicLossScaler  # noqa: E402
@@ -25,7 +26,7 @@ HAS_TORCH = __import__("importlib").util.find_spec("torch") is not None
 def _engine(make_config, backend: str, precision: str):
     cfg = make_config(train={"grad_accum": 2, "micro_batch_size": 2, "precision": precision}).model_copy(update={"backend": backend})
     spec = ModelSpec.from_config(cfg.model)
-    return create_backend(cfg, spec), cfg, spec
+    return create_backend(cfg, spec, launch_layout(cfg)), cfg, spec
 
 
 @pytest.fixture(scope="module")

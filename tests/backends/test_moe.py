@@ -11,6 +11,7 @@ pytest.importorskip("torch")
 import numpy_reference as ref  # noqa: E402  (tests/backends is the rootdir of this module)
 from mf_testing import tiny_config  # noqa: E402
 from mindfoundry.backends.base import create_backend  # noqa: E402
+from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 from mindfoundry.data.dataset.packing import IGNORE_INDEX  # noqa: E402
 from mindfoundry.model.spec import ModelSpec, init_weights, module_classes, moe_capacity, module_names  # noqa: E402
 from mindfoundry.train.schedule import step_scalars  # noqa: E402
@@ -39,7 +40,7 @@ def engines():
     for name in ("mindspore", "torch"):
         cfg = tiny_config(model=MOE, train={"grad_accum": 2, "micro_batch_size": 2}).model_copy(update={"backend": name})
         spec = ModelSpec.from_config(cfg.model)
-        backend = create_backend(cfg, spec)
+        backend = create_backend(cfg, spec, launch_layout(cfg))
         backend.load_weights(init_weights(spec, 11))
         out[name] = (backend, cfg, spec)
     return out
@@ -186,9 +187,7 @@ def test_torch_refuses_moe_layouts_it_cannot_run() -> None:
     dense = Transformer(ModelSpec.from_config(tiny_config().model))
     check_moe_layout(moe, Layout(dp_shard=2, ep=2))
     check_moe_layout(moe, Layout(dp_replicate=2, dp_shard=2, ep=2))
-    check_moe_layout(dense, Layout(tp=2))
-    with pytest.raises(ValueError, match="the model is dense"):
-        check_moe_layout(dense, Layout(dp_shard=2, ep=2))
+    check_moe_layout(dense, Layout(tp=2))  # ep on a dense model is the layout rules' (refused at launch: test_layout.py)
     with pytest.raises(NotImplementedError, match="ep: 4"):
         check_moe_layout(moe, Layout(dp_shard=4, ep=2))
     for layout in (Layout(tp=2), Layout(pp=2), Layout(cp=2)):
@@ -206,7 +205,7 @@ def capacity_engines(engines):  # after `engines`: MindSpore's device is set by 
     for name in ("mindspore", "torch"):
         cfg = tiny_config(model=CAPACITY, train={"grad_accum": 2, "micro_batch_size": 2}).model_copy(update={"backend": name})
         spec = ModelSpec.from_config(cfg.model)
-        out[name] = (create_backend(cfg, spec), cfg, spec)
+        out[name] = (create_backend(cfg, spec, launch_layout(cfg)), cfg, spec)
     return out
 
 
@@ -257,7 +256,7 @@ def test_mindspore_runs_experts_on_capacity_rows_only(capacity_engines, engines)
     full = tiny_config(model={"moe": {**MOE["moe"], "capacity_factor": 2.0}}).model_copy(update={"backend": "mindspore"})
     spec = ModelSpec.from_config(full.model)
     assert moe_capacity(spec, 16) == 16
-    routed, dense = create_backend(full, spec), engines["mindspore"][0]
+    routed, dense = create_backend(full, spec, launch_layout(full)), engines["mindspore"][0]
     for backend in (routed, dense):
         backend.load_weights(init_weights(spec, 11))
     a, b = routed.logits(ids), dense.logits(ids)

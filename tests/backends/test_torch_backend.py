@@ -8,6 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from mindfoundry.backends.base import BackendUnavailable, create_backend  # noqa: E402
+from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 from mindfoundry.backends.torch.backend import select_device  # noqa: E402
 from mindfoundry.model.spec import ModelSpec, init_weights  # noqa: E402
 from mindfoundry.train.schedule import step_scalars  # noqa: E402
@@ -15,7 +16,7 @@ from mindfoundry.train.schedule import step_scalars  # noqa: E402
 
 def run_steps(cfg, steps: int = 3) -> list[float]:
     spec = ModelSpec.from_config(cfg.model)
-    backend = create_backend(cfg, spec)
+    backend = create_backend(cfg, spec, launch_layout(cfg))
     backend.load_weights(init_weights(spec, 0))
     tokens = np.random.default_rng(0).integers(0, spec.vocab_size, (steps, 1, 4, 17)).astype(np.int32)
     return [backend.train_step(tokens[t, ..., :-1], tokens[t, ..., 1:], step_scalars(t + 1, 10, cfg.optim, 64)).loss

@@ -11,6 +11,7 @@ layout really is sharded) and the restored AdamW step count.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -25,11 +26,13 @@ def main() -> None:
     from mindfoundry.checkpoint.store import shard_folders
     from mindfoundry.config.load import load_config
     from mindfoundry.model.spec import ModelSpec
+    from mindfoundry.parallel.layout import launch_layout
 
     config, step_dir, out, parallel = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), json.loads(sys.argv[4])
     cfg = load_config(config)
-    cfg = cfg.model_copy(update={"backend": "torch", "parallel": cfg.parallel.model_copy(update=parallel)})
-    backend = TorchBackend(cfg, ModelSpec.from_config(cfg.model))
+    world = {"world_size": int(os.environ["WORLD_SIZE"])}  # what validation fills in for this launch
+    cfg = cfg.model_copy(update={"backend": "torch", "parallel": cfg.parallel.model_copy(update=parallel | world)})
+    backend = TorchBackend(cfg, ModelSpec.from_config(cfg.model), launch_layout(cfg))
     state = json.loads((step_dir / "trainer_state.json").read_text())
     backend.load_sharded(shard_folders(step_dir), int(state["adam_step"]))
     weights, moments = backend.weights(), backend.optimizer_state()  # collective: gathered full arrays

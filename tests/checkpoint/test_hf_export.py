@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 from mf_testing import random_checkpoint  # noqa: E402
 from mindfoundry.backends.base import create_backend  # noqa: E402
+from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 from mindfoundry.checkpoint.hf_export import export_hf, hf_name  # noqa: E402
 from mindfoundry.checkpoint.store import CheckpointError, Retention, save_checkpoint  # noqa: E402
 from mindfoundry.cli.main import main  # noqa: E402
@@ -43,7 +44,7 @@ def test_transformers_opens_the_export_and_agrees_with_both_engines(tiny_prepare
         theirs = hf(torch.from_numpy(ids.astype(np.int64))).logits.numpy()
     for engine in ("torch", "mindspore"):
         pytest.importorskip(engine)
-        backend = create_backend(cfg.model_copy(update={"backend": engine}), spec)
+        backend = create_backend(cfg.model_copy(update={"backend": engine}), spec, launch_layout(cfg))
         backend.load_weights(weights)
         ours = backend.logits(ids)
         assert np.abs(ours - theirs).max() < 2e-6, engine  # measured 4.8e-7 / 3.6e-7 (torch), 8.2e-7 / 7.2e-7 (mindspore); logits ~1.7
@@ -55,7 +56,7 @@ def test_transformers_opens_the_export_and_agrees_with_both_engines(tiny_prepare
     assert (tok.eos_token_id, tok.pad_token_id) == (eos_id(data.tokenizer), pad_id(data.tokenizer))
 
     prompt = data.tokenizer.encode("import json\n").ids
-    backend = create_backend(cfg.model_copy(update={"backend": "torch"}), spec)
+    backend = create_backend(cfg.model_copy(update={"backend": "torch"}), spec, launch_layout(cfg))
     backend.load_weights(weights)
     ours = generate(backend, prompt, max_seq_len=cfg.model.max_seq_len, max_new_tokens=12, temperature=0, top_k=0,
                     eos_id=eos_id(data.tokenizer), seed=0)
@@ -126,7 +127,7 @@ def test_init_from_an_export_round_trips_byte_for_byte(tiny_prepared, tmp_path: 
 
     new_run = cfg.model_copy(update={"run_dir": str(tmp_path / "continued"), "backend": "torch",
                                      "model": cfg.model.model_copy(update={"init_from": str(first)})})
-    trainer = Trainer(new_run, data, tmp_path / "continued")
+    trainer = Trainer(new_run, data, tmp_path / "continued", launch_layout(new_run))
     trainer.restore_or_init(resume=False)
     started = trainer.backend.weights()
     assert all(np.array_equal(started[n], weights[n]) for n in weights)
@@ -170,7 +171,7 @@ def test_a_sharded_checkpoint_exports_the_same_bytes(tiny_prepared, tmp_path: Pa
     """checkpoint.format: sharded (torch.distributed.checkpoint shards) exports exactly what the full format does."""
     cfg, data = tiny_prepared
     full, weights, cfg = random_checkpoint(cfg, data)
-    backend = create_backend(cfg.model_copy(update={"backend": "torch"}), ModelSpec.from_config(cfg.model))
+    backend = create_backend(cfg.model_copy(update={"backend": "torch"}), ModelSpec.from_config(cfg.model), launch_layout(cfg))
     backend.load_weights(weights)
     sharded = save_checkpoint(Path(cfg.run_dir), 2, None, None, {"adam_step": 0, "consumed_samples": 0, "consumed_tokens": 0},
                               Retention(keep_last=2), extra_files={"data_manifest.json": data.manifest_bytes},

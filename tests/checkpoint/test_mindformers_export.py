@@ -26,6 +26,7 @@ def test_mindformers_runs_the_export(tiny_prepared, tmp_path: Path) -> None:
     if importlib.util.find_spec("mindformers") is None:  # not imported here: importing it writes logs under ./output
         pytest.skip("MindFormers is not installed: `make install` adds 1.9.0 without its pins (Makefile)")
     from mindfoundry.backends.base import create_backend
+    from mindfoundry.parallel.layout import launch_layout
 
     cfg, data = tiny_prepared
     ckpt, weights, cfg = random_checkpoint(cfg, data, n_kv_heads=1)  # grouped-query attention, tied head
@@ -41,7 +42,7 @@ def test_mindformers_runs_the_export(tiny_prepared, tmp_path: Path) -> None:
     assert got["version"] == "1.9.0" and got["tied"]
     assert got["unresolved_types"] == [] and got["unknown_model_keys"] == []  # every class and key is MindFormers'
     assert got["not_loaded"] == [] and got["unused"] == []  # every weight found its parameter by name, none left over
-    backend = create_backend(cfg.model_copy(update={"backend": "mindspore"}), spec)
+    backend = create_backend(cfg.model_copy(update={"backend": "mindspore"}), spec, launch_layout(cfg))
     backend.load_weights(weights)
     theirs = np.load(tmp_path / "mf.npy")
     assert theirs.shape == (2, cfg.train.seq_len, spec.vocab_size)

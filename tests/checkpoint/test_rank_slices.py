@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from mf_testing import tiny_config
+from mf_testing import launched, tiny_config
 from mindfoundry.backends.mindspore.strategies import parameter_layouts, plan_strategies
 from mindfoundry.checkpoint.convert import export_checkpoint
 from mindfoundry.checkpoint.rank_slices import STRATEGY_FILE, read_rank_slices, write_rank_slices, write_strategy
@@ -41,7 +41,7 @@ def _state(name: str):
     parallel, model, devices = LAYOUTS[name]
     cfg = tiny_config(parallel=parallel, model={"n_layers": 2, **model}, train={"grad_accum": 2})
     spec = ModelSpec.from_config(cfg.model)
-    layouts = parameter_layouts(plan_strategies(cfg, spec, devices), spec)
+    layouts = parameter_layouts(plan_strategies(cfg, spec, launched(cfg, devices)), spec)
     rng = np.random.default_rng(7)
     weights = {n: (w + rng.normal(0, 0.05, w.shape)).astype(np.float32) for n, w in init_weights(spec, 1).items()}
     moments = {f"{k}.{n}": rng.normal(0, 1e-3, w.shape).astype(np.float32) for n, w in weights.items() for k in ("exp_avg", "exp_avg_sq")}

@@ -28,6 +28,7 @@ from mindfoundry.checkpoint.store import (
     MODEL_DIR, OPTIMIZER_DIR, CheckpointError, Retention, find_resumable, is_sharded, list_checkpoints, save_checkpoint, shard_folders, verify_checkpoint,
 )
 from mindfoundry.config.load import ConfigError, to_yaml
+from mindfoundry.parallel.layout import launch_layout
 
 WORKER = Path(__file__).with_name("sharded_worker.py")
 
@@ -105,7 +106,7 @@ def saved(tmp_path: Path, make_config):
 
     cfg = make_config(backend="torch", checkpoint={"format": "sharded"})
     spec = ModelSpec.from_config(cfg.model)
-    backend = create_backend(cfg, spec)
+    backend = create_backend(cfg, spec, launch_layout(cfg))
     backend.load_weights(init_weights(spec, 3))
     for t in (1, 2):
         _step(backend, cfg, t)
@@ -136,7 +137,7 @@ def test_one_process_round_trip_continues_exactly(saved) -> None:
     # one process: rank 1 of 1; its pieces in 3 files per folder (embedding + final norm, layer 0, layer 1)
     assert sorted(p.relative_to(path).as_posix() for p in path.rglob("*.safetensors")) == [
         f"{sub}/shard-00001-model-0000{f}-of-00003.safetensors" for sub in ("model", "optimizer") for f in (1, 2, 3)]
-    other = create_backend(cfg, spec)
+    other = create_backend(cfg, spec, launch_layout(cfg))
     other.load_weights(init_weights(spec, 99))
     other.load_sharded(shard_folders(path), 2)
     for mine, theirs in ((backend.weights(), other.weights()), (backend.optimizer_state(), other.optimizer_state())):
@@ -152,7 +153,7 @@ def test_another_model_is_refused_by_name(saved, make_config) -> None:
     _, _, _, path = saved
     cfg = make_config(backend="torch", model={"n_layers": 3})
     with pytest.raises(ValueError, match=r"weights do not match the model: missing \['layers.2"):
-        create_backend(cfg, ModelSpec.from_config(cfg.model)).load_sharded(shard_folders(path), 2)
+        create_backend(cfg, ModelSpec.from_config(cfg.model), launch_layout(cfg)).load_sharded(shard_folders(path), 2)
 
 
 def test_export_is_the_full_format_file_and_loads_in_both_engines(saved, tmp_path: Path, capsys) -> None:
@@ -175,11 +176,11 @@ def test_export_is_the_full_format_file_and_loads_in_both_engines(saved, tmp_pat
     assert "model/ (sharded, 3 shard files, torch.distributed.checkpoint)" in text and "ok" in text
     ids = _batch(7)[0][0]
     expected = backend.logits(ids)
-    torch_again = create_backend(cfg, spec)
+    torch_again = create_backend(cfg, spec, launch_layout(cfg))
     torch_again.load_weights(load_file(str(out)))
     assert np.array_equal(torch_again.logits(ids), expected)
     pytest.importorskip("mindspore")
-    ms = create_backend(cfg.model_copy(update={"backend": "mindspore", "checkpoint": cfg.checkpoint.model_copy(update={"format": "full"})}), spec)
+    ms = create_backend(cfg.model_copy(update={"backend": "mindspore", "checkpoint": cfg.checkpoint.model_copy(update={"format": "full"})}), spec, launch_layout(cfg))
     ms.load_weights(load_file(str(out)))
     assert np.abs(ms.logits(ids) - expected).max() < 1e-5
     ms.load_optimizer_state(ckpt.optimizer, 2)  # what the trainer does with a sharded checkpoint on an engine without load_sharded

@@ -42,6 +42,20 @@ def test_rank_slices_partition_the_global_batch(source: OrderedSamples) -> None:
     np.testing.assert_array_equal(single.input_ids, whole[0][:6].reshape(3, 2, -1))
 
 
+def test_feeds_of_the_run_global_batch(source: OrderedSamples) -> None:
+    """The trainer cuts the run's global batch (micro_batch_size * grad_accum * dp, RunConfig.global_batch) into the
+    engine's feeds: 4 data-parallel ranks each read micro-batches of 2; a semi-auto layout with dp=4 feeds every rank the
+    whole batch (one feed, micro-batches of 8 that its strategies split). It used to feed such a rank micro-batches of 2,
+    a quarter of the configured global batch."""
+    ranks = [TrainLoader.for_global_batch(source, 24, grad_accum=3, dp_rank=r, dp_size=4, prefetch=0) for r in range(4)]
+    assert [(r.micro_batch_size, r.global_batch, r.global_micro_batch) for r in ranks] == [(2, 24, 8)] * 4
+    whole = TrainLoader.for_global_batch(source, 24, grad_accum=3, prefetch=0)
+    assert (whole.micro_batch_size, whole.global_batch, whole.global_micro_batch) == (8, 24, 8)
+    np.testing.assert_array_equal(whole.batch(5).input_ids.reshape(24, -1), source.get_batch(5, 24)[0])
+    with pytest.raises(ValueError, match="a global batch of 24 does not split into 5 feeds of 3 micro-batches"):
+        TrainLoader.for_global_batch(source, 24, grad_accum=3, dp_size=5)
+
+
 def test_prefetch_returns_the_same_batches_and_resumes_exactly(source: OrderedSamples) -> None:
     plain = take(TrainLoader(source, micro_batch_size=4, grad_accum=2, prefetch=0), 37, 6)
     fetched = take(TrainLoader(source, micro_batch_size=4, grad_accum=2, prefetch=3), 37, 6)

@@ -12,6 +12,7 @@ pytest.importorskip("mindspore")
 pytest.importorskip("torch")
 
 from mindfoundry.backends.base import create_backend  # noqa: E402
+from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 from mindfoundry.cli.main import main  # noqa: E402
 from mindfoundry.workflows.align import run_side  # noqa: E402
 from mindfoundry.debug.compare import compare_trees  # noqa: E402
@@ -33,7 +34,7 @@ def _aligned(tmp_path: Path, perturb=None, mode: str = "tensor", objective: str 
     for name in ("mindspore", "torch"):
         cfg = tiny_config(train={"grad_accum": 2, "micro_batch_size": 2}, model={"objective": objective}).model_copy(update={"backend": name})
         spec = ModelSpec.from_config(cfg.model)
-        backend, weights = create_backend(cfg, spec), init_weights(spec, 11)
+        backend, weights = create_backend(cfg, spec, launch_layout(cfg)), init_weights(spec, 11)
         if perturb:
             perturb(name, backend, weights)
         backend.load_weights(weights)
@@ -179,7 +180,7 @@ def test_precision_comparison_shows_what_mixed_precision_costs(tmp_path, a, b) -
     for side in (Side.parse(a), Side.parse(b)):
         cfg = side.config(tiny_config(train={"grad_accum": 2, "micro_batch_size": 2}))
         spec = ModelSpec.from_config(cfg.model)
-        backend = create_backend(cfg, spec)
+        backend = create_backend(cfg, spec, launch_layout(cfg))
         backend.load_weights(init_weights(spec, 11))
         outs[side.label] = run_side(backend, cfg, batches, tmp_path / side.label, "tensor")[0]
     low_a, low_b = (outs[k] for k in outs)

@@ -11,6 +11,7 @@ pytest.importorskip("mindspore")
 pytest.importorskip("torch")
 
 from mindfoundry.backends.base import create_backend  # noqa: E402
+from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 from mindfoundry.debug.dump import DumpWriter  # noqa: E402
 from mindfoundry.debug.dump_folders import read_dump  # noqa: E402
 from mindfoundry.debug.locate import locate_overflow  # noqa: E402
@@ -35,7 +36,7 @@ def engines():
     for name in ("mindspore", "torch"):
         cfg = tiny_config(train={"grad_accum": 2, "micro_batch_size": 2}).model_copy(update={"backend": name})
         spec = ModelSpec.from_config(cfg.model)
-        out[name] = (create_backend(cfg, spec), cfg, spec)
+        out[name] = (create_backend(cfg, spec, launch_layout(cfg)), cfg, spec)
     return out
 
 

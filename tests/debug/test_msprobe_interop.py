@@ -22,6 +22,7 @@ pytest.importorskip("mindspore")
 pytest.importorskip("torch")
 
 from mindfoundry.backends.base import create_backend  # noqa: E402
+from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 from mindfoundry.cli.main import main  # noqa: E402
 from mindfoundry.debug.compare import compare_dumps  # noqa: E402
 from mindfoundry.debug.dump import DumpError  # noqa: E402
@@ -128,7 +129,7 @@ def _engine_dump(engine: str, out: Path, perturb: str | None = None) -> Path:
     if perturb:  # 10% relative noise on one weight
         w = weights[perturb]
         weights[perturb] = w + 0.1 * float(np.sqrt(np.mean(w * w))) * np.random.default_rng(1).standard_normal(w.shape).astype(np.float32)
-    backend = create_backend(cfg, spec)
+    backend = create_backend(cfg, spec, launch_layout(cfg))
     backend.load_weights(weights)
     ids = np.random.default_rng(0).integers(0, 300, (1, 2, 17)).astype(np.int32)
     writer = open_writer("msprobe", out, 1, 0, "tensor", {"backend": engine}, engine, module_classes(spec))

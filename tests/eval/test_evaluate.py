@@ -13,6 +13,7 @@ pytest.importorskip("torch")
 
 from mf_testing import random_checkpoint  # noqa: E402
 from mindfoundry.backends.base import create_backend  # noqa: E402
+from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 from mindfoundry.cli.main import main  # noqa: E402
 from mindfoundry.data.prepare.tokenizer import encode_batch  # noqa: E402
 from mindfoundry.eval.generate import generate  # noqa: E402
@@ -25,7 +26,7 @@ def trained(tiny_prepared):
     """The tiny run (torch engine) with a checkpoint of random weights, and a backend holding them."""
     cfg, data = tiny_prepared
     _, weights, cfg = random_checkpoint(cfg.model_copy(update={"backend": "torch"}), data, seed=4)
-    backend = create_backend(cfg, ModelSpec.from_config(cfg.model))
+    backend = create_backend(cfg, ModelSpec.from_config(cfg.model), launch_layout(cfg))
     backend.load_weights(weights)
     return cfg, data, Path(cfg.run_dir), backend
 

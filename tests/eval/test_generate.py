@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from mindfoundry.backends.base import create_backend
+from mindfoundry.parallel.layout import launch_layout
 from mindfoundry.eval.generate import GenerationError, fit_prompt, generate, sample_next
 from mindfoundry.model.spec import ModelSpec, init_weights
 
@@ -19,7 +20,7 @@ def random_backend(engine: str, make_config, **model):
     spec = ModelSpec.from_config(cfg.model)
     rng = np.random.default_rng(5)
     weights = {n: (w + rng.normal(0, 0.05, w.shape)).astype(np.float32) for n, w in init_weights(spec, 1).items()}
-    backend = create_backend(cfg, spec)
+    backend = create_backend(cfg, spec, launch_layout(cfg))
     backend.load_weights(weights)
     return backend, spec
 

@@ -30,6 +30,7 @@ from mf_testing import ArraySource, padded_markov_samples, tiny_config  # noqa: 
 from mindfoundry.data.dataset.loader import TrainLoader  # noqa: E402
 from mindfoundry.data.dataset.packing import IGNORE_INDEX  # noqa: E402
 from mindfoundry.model.spec import ModelSpec, init_weights  # noqa: E402
+from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 from mindfoundry.train.schedule import step_scalars  # noqa: E402
 
 VOCAB, SEQ, ACCUM, GLOBAL_MICRO, TOTAL_STEPS = 300, 16, 2, 4, 5
@@ -53,7 +54,7 @@ def make_backend(parallel: dict | None = None):
     cfg = tiny_config(train={"micro_batch_size": GLOBAL_MICRO // dp, "grad_accum": ACCUM, "seq_len": SEQ},
                       parallel=parallel or {})
     spec = ModelSpec.from_config(cfg.model)
-    return MindSporeBackend(cfg, spec), cfg, spec
+    return MindSporeBackend(cfg, spec, launch_layout(cfg)), cfg, spec
 
 
 def train(backend, cfg) -> dict:

@@ -18,8 +18,12 @@ MODEL = ModelConfig(vocab_size=8192, d_model=256, n_layers=4, n_heads=8, n_kv_he
 BATCH = Batch(seq_len=128, micro_batch_size=2, grad_accum=8)
 
 
+def with_experts(model: ModelConfig, num_experts: int) -> ModelConfig:
+    return model.model_copy(update={"moe": model.moe.model_copy(update={"num_experts": num_experts})})
+
+
 def problems(world_size: int | None = None, model: ModelConfig = MODEL, batch: Batch = BATCH, num_experts: int = 0, **parallel) -> list[str]:
-    return layout_problems(ParallelConfig(**parallel), model, batch, world_size=world_size, num_experts=num_experts)
+    return layout_problems(ParallelConfig(**parallel), with_experts(model, num_experts), batch, world_size=world_size)
 
 
 def test_a_valid_layout_has_no_problems() -> None:
@@ -127,6 +131,9 @@ def test_ep_must_divide_experts_and_the_fsdp_cp_ranks() -> None:
         "parallel.ep=4 does not divide parallel.dp_shard*cp = 2*1 = 2 (experts are spread over the FSDP and context-parallel "
         "ranks): use ep in {1, 2} or raise dp_shard"]
     assert problems(world_size=8, dp_shard=2, cp=2, tp=2, ep=4, num_experts=8) == []
+    assert problems(world_size=2, dp_shard=2, ep=2) == [  # the one home of this rule (the engines no longer repeat it)
+        "parallel.ep=2 spreads experts, but the model is dense (model.moe.num_experts=0): set model.moe.num_experts "
+        "(a multiple of ep) or parallel.ep: 1"]
 
 
 def test_every_problem_is_reported_at_once() -> None:
@@ -153,7 +160,7 @@ def test_feasible_layouts_split_the_global_batch() -> None:
     assert Layout(dp_replicate=2, tp=4, optimizer_shard=True) in found  # ZeRO-1 variant
     with_pp = [lay for lay in found if lay.pp > 1]
     assert all(8 // (lay.dp * 2) >= lay.pp for lay in with_pp)  # grad_accum >= pp for 1F1B
-    moe = feasible_layouts(MODEL, BATCH, 4, num_experts=4, optimizer_shard_variants=False)
+    moe = feasible_layouts(with_experts(MODEL, 4), BATCH, 4, optimizer_shard_variants=False)
     assert Layout(dp_shard=4, ep=4) in moe and Layout(dp_shard=4, ep=2) in moe and Layout(tp=4, ep=2) not in moe
 
 
@@ -169,10 +176,10 @@ def test_launch_checks_the_launchers_world_size() -> None:
     assert launched_world_size({"WORLD_SIZE": "4"}) == 4
     assert launched_world_size({"MS_WORKER_NUM": "2"}) == 2
     assert launched_world_size({}) is None
-    assert launch_layout(ParallelConfig(dp_shard=-1, tp=2), MODEL, BATCH, env={"WORLD_SIZE": "8"}) == Layout(dp_shard=4, tp=2)
+    assert launch_layout(validate_run_config(tree(dp_shard=-1, tp=2)), env={"WORLD_SIZE": "8"}) == Layout(dp_shard=4, tp=2)
     with pytest.raises(LayoutError, match="product dp_replicate\\*dp_shard\\*cp\\*tp\\*pp = 2 but the launcher started 4 processes"):
-        launch_layout(ParallelConfig(tp=2), MODEL, BATCH, env={"WORLD_SIZE": "4"})
-    assert launch_layout(ParallelConfig(), MODEL, BATCH, env={}) == Layout()
+        launch_layout(validate_run_config(tree(tp=2)), env={"WORLD_SIZE": "4"})
+    assert launch_layout(validate_run_config(tree()), env={}) == Layout()
 
 
 # --- through the config ---------------------------------------------------------------------------

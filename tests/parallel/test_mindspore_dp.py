@@ -28,7 +28,7 @@ import pytest
 pytest.importorskip("mindspore")
 
 import ms_dp_worker as worker  # noqa: E402  (this folder is on sys.path: rootdir-less test module)
-from mf_testing import tiny_config  # noqa: E402
+from mf_testing import launched, tiny_config  # noqa: E402
 from mindfoundry.backends.mindspore import distributed  # noqa: E402
 from mindfoundry.backends.mindspore.strategies import apply_strategies, plan_strategies  # noqa: E402
 from mindfoundry.model.spec import ModelSpec, init_weights  # noqa: E402
@@ -138,7 +138,7 @@ def test_cpu_refuses_semi_auto_layouts_at_backend_creation(parallel: dict, named
     train = {"grad_accum": 2} if parallel.get("pp") else {}
     cfg = tiny_config(parallel=parallel, train=train)
     with pytest.raises(LayoutError) as info:
-        MindSporeBackend(cfg, ModelSpec.from_config(cfg.model))
+        MindSporeBackend(cfg, ModelSpec.from_config(cfg.model), launched(cfg, cfg.parallel.degree_product))
     message = str(info.value)
     assert named in message and "Ascend" in message and "semi-auto" in message
     assert "backend: torch" in message  # the CPU alternative
@@ -160,7 +160,7 @@ def test_accelerators_take_the_semi_auto_layouts() -> None:
 def test_data_parallel_without_msrun_says_how_to_launch() -> None:
     cfg = tiny_config(parallel={"dp_replicate": 2})
     with pytest.raises(LayoutError, match=r"needs 2 processes: launch with `msrun --worker_num=2"):
-        distributed.setup(cfg, "CPU", env={})
+        distributed.setup(cfg, Layout(dp_replicate=2), "CPU", env={})
 
 
 def test_launch_detection_and_single_process_placement() -> None:
@@ -168,7 +168,7 @@ def test_launch_detection_and_single_process_placement() -> None:
     assert distributed.under_msrun({"MS_ROLE": "MS_SCHED"})
     assert not distributed.under_msrun({"WORLD_SIZE": "2"})
     cfg = tiny_config()
-    placement = distributed.setup(cfg, "CPU", env={})
+    placement = distributed.setup(cfg, Layout(), "CPU", env={})
     assert (placement.rank, placement.world_size, placement.dp_rank, placement.dp_size) == (0, 1, 0, 1)
     assert not placement.data_parallel
 
@@ -198,13 +198,13 @@ def test_exact_sum_encoding() -> None:
 
 # -- semi-auto parallel strategies (construction only: they run on Ascend/GPU) ------------------------
 def _plan(parallel: dict, devices: int, model: dict | None = None, train: dict | None = None, validated: bool = True):
-    """The plan of a tiny config; ``validated=False`` puts `parallel` past the config checks (which apply the same
-    layout rules at load time) to show that plan_strategies applies them itself."""
+    """The plan of a tiny config on `devices` msrun workers; ``validated=False`` puts `parallel` past the config checks
+    (which apply the same layout rules at load time) to show that the launch applies them (once, before the engine)."""
     cfg = tiny_config(parallel=parallel if validated else {}, model=model or {}, train=train or {})
     if not validated:
         cfg = cfg.model_copy(update={"parallel": cfg.parallel.model_copy(update=parallel)})
     spec = ModelSpec.from_config(cfg.model)
-    return plan_strategies(cfg, spec, devices), cfg, spec
+    return plan_strategies(cfg, spec, launched(cfg, devices)), cfg, spec
 
 
 def test_tp2_dp4_on_8_devices() -> None:
@@ -270,7 +270,7 @@ def test_parallel_optimizer() -> None:
 
 
 def test_expert_strategies_only_with_experts() -> None:
-    with pytest.raises(LayoutError, match="no mixture-of-experts layers"):
+    with pytest.raises(LayoutError, match="spreads experts, but the model is dense"):
         _plan({"dp_shard": 2, "ep": 2}, 2, validated=False)
     moe = {"moe": {"num_experts": 4, "top_k": 2}}
     plan, _, spec = _plan({"dp_shard": 4, "ep": 2, "tp": 2}, 8, model=moe)
@@ -333,7 +333,7 @@ def test_mindspore_accepts_the_context_and_builds_the_step(tmp_path: Path) -> No
         sys.path.insert(0, sys.argv[1])
         import mindspore as ms
         import numpy as np
-        from mf_testing import tiny_config
+        from mf_testing import launched, tiny_config
         from mindfoundry.backends.mindspore import semi_auto
         from mindfoundry.backends.mindspore.model import LossCell, Transformer
         from mindfoundry.backends.mindspore.train_step import AdamW, TrainStep
@@ -342,7 +342,7 @@ def test_mindspore_accepts_the_context_and_builds_the_step(tmp_path: Path) -> No
         cfg = tiny_config(model={"n_layers": 4}, train={"grad_accum": 4}, run_dir=sys.argv[2],
                           parallel={"pp": 2, "pp_schedule": "Interleaved1F1B", "pp_virtual_stages": 2, "tp": 2, "dp_shard": 2})
         spec = ModelSpec.from_config(cfg.model)
-        plan = semi_auto.enter(cfg, spec, 8, 0)
+        plan = semi_auto.enter(cfg, spec, launched(cfg, 8), 0)
         keys = ["parallel_mode", "device_num", "gradients_mean", "dataset_strategy", "pipeline_stages",
                 "enable_parallel_optimizer", "pipeline_interleave", "pipeline_scheduler", "strategy_ckpt_config"]
         context = {k: ms.get_auto_parallel_context(k) for k in keys}
@@ -377,7 +377,7 @@ def test_every_shipped_config_has_a_semi_auto_plan(config: str) -> None:
 
     cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / config)
     spec = ModelSpec.from_config(cfg.model)
-    plan = plan_strategies(cfg, spec, cfg.parallel.world_size)
+    plan = plan_strategies(cfg, spec, launched(cfg, cfg.parallel.world_size))
     assert plan.context["device_num"] == cfg.parallel.world_size
     assert plan.context["enable_parallel_optimizer"] == cfg.parallel.shards_optimizer
     assert plan.strategy("layers.0.attn.q_proj.matmul") == ((cfg.parallel.dp, 1), (cfg.parallel.tp, 1))

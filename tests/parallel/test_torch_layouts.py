@@ -24,6 +24,7 @@ pytest.importorskip("torch")
 
 import torch_layout_worker as worker  # noqa: E402  (this folder is on sys.path: rootdir-less test module)
 from mindfoundry.model.spec import init_weights, parameter_shapes  # noqa: E402
+from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -326,11 +327,11 @@ def test_trainer_under_torchrun_matches_one_process(tiny_prepared, tmp_path: Pat
     parallel = TRAINER_LAYOUTS[layout]
     dp = parallel.get("dp_shard", 1)
     fsdp = cfg.model_copy(update={
-        "run_dir": str(fsdp_dir), "parallel": cfg.parallel.model_copy(update=parallel),
+        "run_dir": str(fsdp_dir), "parallel": cfg.parallel.model_copy(update={**parallel, "world_size": 2}),
         "train": cfg.train.model_copy(update={"micro_batch_size": cfg.train.micro_batch_size // dp}),  # same global batch
     })
     launch(2, tmp_path / "out", [{"kind": "trainer", "config": fsdp.model_dump(mode="json")}])
-    Trainer(cfg.model_copy(update={"run_dir": str(single_dir)}), data, single_dir).run()
+    Trainer(cfg.model_copy(update={"run_dir": str(single_dir)}), data, single_dir, launch_layout(cfg)).run()
 
     def steps(run_dir: Path) -> list[dict]:
         return [r for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]

@@ -37,6 +37,7 @@ from mindfoundry.data.dataset.loader import TrainLoader  # noqa: E402
 from mindfoundry.data.dataset.masking import MaskingRule  # noqa: E402
 from mindfoundry.data.dataset.packing import IGNORE_INDEX  # noqa: E402
 from mindfoundry.model.spec import PAD_ID, ModelSpec, init_weights  # noqa: E402
+from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 from mindfoundry.train.schedule import step_scalars  # noqa: E402
 
 VOCAB, SEQ, ACCUM, GLOBAL_MICRO, TOTAL_STEPS = 300, 16, 2, 4, 5
@@ -63,7 +64,7 @@ def make_backend(parallel: dict | None = None, model: dict | None = None, memory
     cfg = tiny_config(train={"micro_batch_size": GLOBAL_MICRO // dp, "grad_accum": ACCUM, "seq_len": SEQ},
                       model=model or {}, parallel=parallel or {}, memory=memory or {}).model_copy(update={"backend": "torch"})
     spec = ModelSpec.from_config(cfg.model)
-    return TorchBackend(cfg, spec), cfg, spec
+    return TorchBackend(cfg, spec, launch_layout(cfg)), cfg, spec
 
 
 def train(backend, cfg, first: int, last: int) -> dict:
@@ -152,7 +153,7 @@ def run_trainer(job: dict) -> None:
 
     cfg = RunConfig.model_validate(job["config"])
     data = load_prepared(cfg.data.output_dir, cfg.model.vocab_size)
-    trainer_mod.Trainer(cfg, data, Path(cfg.run_dir)).run()
+    trainer_mod.Trainer(cfg, data, Path(cfg.run_dir), launch_layout(cfg)).run()
 
 
 def main() -> None:

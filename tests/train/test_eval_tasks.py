@@ -13,6 +13,7 @@ from mindfoundry.config.load import ConfigError  # noqa: E402
 from mindfoundry.eval.tasks import read_tasks, score_tasks  # noqa: E402
 from mindfoundry.monitor.tensorboard import scalars  # noqa: E402
 from mindfoundry.train.metrics import read_metrics  # noqa: E402
+from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 from mindfoundry.train.trainer import Trainer  # noqa: E402
 
 ROWS = [{"question": "def main():\n    ", "choices": ["return", "zzzz", "}}}}"], "answer": 0, "subject": "code"},
@@ -27,7 +28,7 @@ def test_tasks_are_scored_at_every_evaluation(tiny_prepared, tmp_path: Path) -> 
     task.write_text("\n".join(json.dumps(r) for r in ROWS) + "\n")
     cfg = cfg.model_copy(update={"backend": "torch", "eval": cfg.eval.model_copy(update={"tasks": [str(task)]}),
                                  "train": cfg.train.model_copy(update={"steps": 2, "eval_every": 1})})
-    trainer = Trainer(cfg, data, Path(cfg.run_dir))
+    trainer = Trainer(cfg, data, Path(cfg.run_dir), launch_layout(cfg))
     trainer.run()
     evals = [r for r in read_metrics(Path(cfg.run_dir) / "metrics.jsonl") if "task_acc" in r]
     assert [r["step"] for r in evals] == [0, 1, 2] and all(set(r["task_acc"]) == {"mc"} for r in evals)

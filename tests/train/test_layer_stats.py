@@ -22,12 +22,13 @@ def test_grouping_and_values_by_hand() -> None:
 def test_engines_report_per_parameter_gradient_norms(make_config, engine: str) -> None:
     pytest.importorskip(engine)
     from mindfoundry.backends.base import create_backend
+    from mindfoundry.parallel.layout import launch_layout
     from mindfoundry.model.spec import ModelSpec, init_weights
     from mindfoundry.train.schedule import step_scalars
 
     cfg = make_config(backend=engine)
     spec = ModelSpec.from_config(cfg.model)
-    backend = create_backend(cfg, spec)
+    backend = create_backend(cfg, spec, launch_layout(cfg))
     backend.load_weights(init_weights(spec, 0))
     tokens = np.random.default_rng(0).integers(0, spec.vocab_size, (1, 4, 17)).astype(np.int32)
     out = backend.train_step(tokens[..., :-1], tokens[..., 1:], step_scalars(1, 10, cfg.optim, 64))

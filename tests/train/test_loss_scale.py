@@ -99,6 +99,7 @@ def test_trainer_backs_off_an_overflowing_scale_without_an_anomaly(tiny_prepared
     """A scale of 2**24 overflows float16 on the first steps: each such step is dropped (weights
     untouched), logged as loss_scale_backoff, not counted as an anomaly, and training proceeds."""
     from mindfoundry.train.metrics import read_metrics
+    from mindfoundry.parallel.layout import launch_layout
     from mindfoundry.train.trainer import Trainer
 
     cfg, data = tiny_prepared
@@ -106,7 +107,7 @@ def test_trainer_backs_off_an_overflowing_scale_without_an_anomaly(tiny_prepared
         "precision": "fp16", "loss_scale_init": 2.0**24, "loss_scale_growth_interval": 4, "steps": 20})})
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    trainer = Trainer(cfg, data, run_dir)
+    trainer = Trainer(cfg, data, run_dir, launch_layout(cfg))
     result = trainer.run()
 
     records = read_metrics(run_dir / "metrics.jsonl")

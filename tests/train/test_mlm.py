@@ -160,6 +160,7 @@ def test_demo_mlm_runs_resumes_bit_exact_and_agrees_across_engines(tmp_path: Pat
     from safetensors.numpy import load_file
 
     from mindfoundry.backends.base import create_backend
+    from mindfoundry.parallel.layout import launch_layout
     from mindfoundry.config.load import load_config
     from mindfoundry.data.dataset.prepared import load_prepared
     from mindfoundry.model.spec import init_weights
@@ -212,7 +213,7 @@ def test_demo_mlm_runs_resumes_bit_exact_and_agrees_across_engines(tmp_path: Pat
     scalars = step_scalars(1, cfg.train.steps, cfg.optim, int((labels != IGNORE_INDEX).sum()))
     out = {}
     for engine in ("mindspore", "torch"):
-        backend = create_backend(cfg.model_copy(update={"backend": engine}), spec)
+        backend = create_backend(cfg.model_copy(update={"backend": engine}), spec, launch_layout(cfg))
         backend.load_weights(init_weights(spec, cfg.seed))
         out[engine] = backend.train_step(ids, labels, scalars).loss
     assert out["mindspore"] == pytest.approx(losses["straight"][1], rel=1e-6)  # the run's first step is this step

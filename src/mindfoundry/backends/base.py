@@ -22,6 +22,7 @@ from mindfoundry.config.schema import RunConfig
 from mindfoundry.errors import MindFoundryError
 from mindfoundry.debug.probe import Probe
 from mindfoundry.model.spec import ModelSpec
+from mindfoundry.parallel.layout import Layout
 
 
 @dataclass(frozen=True)
@@ -202,6 +203,7 @@ def import_engine(backend: str) -> ModuleType:
         ) from None
 
 
-def create_backend(cfg: RunConfig, spec: ModelSpec) -> Backend:
-    """The configured engine, built for this model and launch."""
-    return import_engine(cfg.backend).create(cfg, spec)
+def create_backend(cfg: RunConfig, spec: ModelSpec, layout: Layout) -> Backend:
+    """The configured engine, built for this model on the launch's layout (resolved and checked once, by
+    :func:`mindfoundry.parallel.layout.launch_layout`; the engine refuses only what it cannot run)."""
+    return import_engine(cfg.backend).create(cfg, spec, layout)

@@ -216,9 +216,6 @@ def _parallel_problems(cfg: RunConfig) -> list[str]:
     :mod:`mindfoundry.parallel.layout`'s, added by :func:`mindfoundry.parallel.layout.validate_run_config`)."""
     out = []
     p = cfg.parallel
-    if p.ep > 1 and not cfg.model.moe.num_experts:
-        out.append(f"parallel.ep={p.ep} spreads experts, but the model is dense (model.moe.num_experts=0): "
-                   "set model.moe.num_experts (a multiple of ep) or parallel.ep: 1")
     if cfg.model.objective == "mlm":
         for key, value, why in (("pp", p.pp, "the later pipeline stages never see the token ids the padding mask comes from"),
                                 ("cp", p.cp, "its attention is written for the causal mask")):

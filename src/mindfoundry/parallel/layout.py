@@ -136,12 +136,17 @@ class _Dims:
     n_heads: int
     n_kv_heads: int
     ffn_dim: int
+    num_experts: int  # 0: a dense model
 
 
 def _dims(model: ModelSpec | ModelConfig) -> _Dims:
     """Model sizes from a ModelSpec or a (possibly unresolved) ModelConfig."""
-    ffn = model.resolved_ffn_dim() if isinstance(model, ModelConfig) else model.ffn_dim
-    return _Dims(model.vocab_size, model.d_model, model.n_layers, model.n_heads, model.n_kv_heads or model.n_heads, ffn)
+    if isinstance(model, ModelConfig):
+        ffn, experts = model.resolved_ffn_dim(), model.moe.num_experts
+    else:
+        ffn, experts = model.ffn_dim, model.num_experts
+    return _Dims(model.vocab_size, model.d_model, model.n_layers, model.n_heads, model.n_kv_heads or model.n_heads, ffn,
+                 experts)
 
 
 def divisors(n: int) -> list[int]:
@@ -231,10 +236,13 @@ def _ep_rules(lay: Layout, num_experts: int) -> list[str]:
     e = lay.ep
     if e == 1:
         return []
+    if not num_experts:
+        return [f"parallel.ep={e} spreads experts, but the model is dense (model.moe.num_experts=0): "
+                "set model.moe.num_experts (a multiple of ep) or parallel.ep: 1"]
     out = []
     spread = lay.dp_shard * lay.cp if lay.dp_shard > 0 else None
-    good = divisors(math.gcd(num_experts or e, spread or e))
-    if num_experts and num_experts % e:
+    good = divisors(math.gcd(num_experts, spread or e))
+    if num_experts % e:
         out.append(f"parallel.ep={e} does not divide model.moe.num_experts={num_experts}: use ep in {_set(good)}")
     if spread is not None and spread % e:
         out.append(f"parallel.ep={e} does not divide parallel.dp_shard*cp = {lay.dp_shard}*{lay.cp} = {spread} "
@@ -242,10 +250,10 @@ def _ep_rules(lay: Layout, num_experts: int) -> list[str]:
     return out
 
 
-def _model_rules(lay: Layout, d: _Dims, train: BatchShape, num_experts: int) -> list[str]:
+def _model_rules(lay: Layout, d: _Dims, train: BatchShape) -> list[str]:
     """Every rule that does not involve the world size."""
     return (_tp_rules(lay, d, train.seq_len) + _cp_rules(lay, train.seq_len)
-            + _pp_rules(lay, d, train.grad_accum) + _ep_rules(lay, num_experts))
+            + _pp_rules(lay, d, train.grad_accum) + _ep_rules(lay, d.num_experts))
 
 
 def _factorizations(n: int, parts: int) -> list[tuple[int, ...]]:
@@ -255,14 +263,14 @@ def _factorizations(n: int, parts: int) -> list[tuple[int, ...]]:
     return [(d, *rest) for d in divisors(n) for rest in _factorizations(n // d, parts - 1)]
 
 
-def _suggest(lay: Layout, d: _Dims, train: BatchShape, world: int, num_experts: int) -> str:
+def _suggest(lay: Layout, d: _Dims, train: BatchShape, world: int) -> str:
     """The valid layout for `world` processes closest to `lay`: fewest doublings/halvings, model-parallel degrees kept first."""
     def distance(c: Layout) -> tuple[float, float]:
         moved = {n: abs(math.log2(getattr(c, n) / max(getattr(lay, n), 1))) for n in DEGREES}
         return sum(moved.values()), moved["tp"] + moved["pp"] + moved["cp"]
 
-    candidates = [c for c in _grid(lay, world) if not _model_rules(c, d, train, num_experts)]
-    candidates += [c for c in _grid(_with(lay, ep=1), world) if not _model_rules(c, d, train, num_experts)] if not candidates else []
+    candidates = [c for c in _grid(lay, world) if not _model_rules(c, d, train)]
+    candidates += [c for c in _grid(_with(lay, ep=1), world) if not _model_rules(c, d, train)] if not candidates else []
     if not candidates:
         return f"no layout of this model has {world} processes; change the number of processes"
     best = min(candidates, key=distance)
@@ -280,12 +288,12 @@ def _grid(lay: Layout, world: int) -> list[Layout]:
 
 
 def layout_problems(parallel: ParallelConfig | Layout, model: ModelSpec | ModelConfig, train: BatchShape,
-                 world_size: int | None = None, num_experts: int = 0) -> list[str]:
+                    world_size: int | None = None) -> list[str]:
     """Every violated layout rule, one message each (empty: the layout works).
 
     ``world_size`` is the number of processes the launcher started; without it the config's
     parallel.world_size (if set) is checked instead, and without either the product is not checked.
-    ``num_experts`` is the MoE expert count (0: a dense model, or not known; that rule is skipped).
+    The expert rules read the model's expert count (0: dense).
     """
     d = _dims(model)
     configured = parallel.world_size if isinstance(parallel, ParallelConfig) else None
@@ -304,19 +312,19 @@ def layout_problems(parallel: ParallelConfig | Layout, model: ModelSpec | ModelC
         lay = Layout.from_config(parallel, world) if known else Layout.from_config(parallel.model_copy(update={"dp_shard": 1}))
         if not known and world is not None:
             out.append(f"parallel.dp_shard=-1 takes what is left of the world size, but dp_replicate*cp*tp*pp = {rest} does not "
-                       f"divide {count}: e.g. {_suggest(lay, d, train, world, num_experts)}")
+                       f"divide {count}: e.g. {_suggest(lay, d, train, world)}")
         if not known:  # dp_shard unknown until launch: leave out the rules that involve it
             lay = _with(lay, dp_shard=0)
     if world is not None and lay.dp_shard > 0 and lay.world_size != world:
         out.append(f"product dp_replicate*dp_shard*cp*tp*pp = {lay.world_size} but {source.format(world)}: "
-                   f"e.g. {_suggest(lay, d, train, world, num_experts)}")
-    return out + _model_rules(lay, d, train, num_experts)
+                   f"e.g. {_suggest(lay, d, train, world)}")
+    return out + _model_rules(lay, d, train)
 
 
 def config_problems(cfg: RunConfig) -> list[str]:
     """The layout rules a config must pass before any launch: divisibility by the model's heads, layers,
     vocabulary and the sequence, pipeline micro-batches, and parallel.world_size when it is set."""
-    return layout_problems(cfg.parallel, cfg.model, cfg.train, num_experts=cfg.model.moe.num_experts)
+    return layout_problems(cfg.parallel, cfg.model, cfg.train)
 
 
 def validate_run_config(tree: dict) -> RunConfig:
@@ -330,14 +338,14 @@ def load_run_config(path: str | Path, overrides: Iterable[str] = ()) -> RunConfi
 
 
 def feasible_layouts(model: ModelSpec | ModelConfig, train: BatchShape, world_size: int, *, global_batch: int | None = None,
-                     num_experts: int = 0, sequence_parallel: bool = True, pp_schedule: Schedule = "1F1B",
+                     sequence_parallel: bool = True, pp_schedule: Schedule = "1F1B",
                      pp_virtual_stages: int = 1, optimizer_shard_variants: bool = True) -> list[Layout]:
     """Every layout of `world_size` processes that passes :func:`layout_problems`, in grid order.
 
     With ``global_batch`` (sequences per optimizer step), the batch must split evenly:
     grad_accum = global_batch / (dp * train.micro_batch_size) must be a whole number, and it is what
-    the pipeline rules see; without it, train.grad_accum is used as is. With ``num_experts`` every ep
-    dividing both num_experts and dp_shard*cp is tried. ``optimizer_shard_variants`` adds a ZeRO-1
+    the pipeline rules see; without it, train.grad_accum is used as is. For a mixture-of-experts model
+    every ep dividing both its expert count and dp_shard*cp is tried. ``optimizer_shard_variants`` adds a ZeRO-1
     variant (optimizer_shard=true) of each layout with dp_replicate > 1.
     """
     d = _dims(model)
@@ -350,11 +358,11 @@ def feasible_layouts(model: ModelSpec | ModelConfig, train: BatchShape, world_si
             if per_rank != int(per_rank) or per_rank < 1:
                 continue
             shape = Batch(train.seq_len, train.micro_batch_size, int(per_rank))
-        eps = divisors(math.gcd(num_experts, lay.dp_shard * lay.cp)) if num_experts else [1]
+        eps = divisors(math.gcd(d.num_experts, lay.dp_shard * lay.cp)) if d.num_experts else [1]
         shards = (False, True) if optimizer_shard_variants and lay.dp_replicate > 1 else (False,)
         for ep, shard in product(eps, shards):
             cand = _with(lay, ep=ep, optimizer_shard=shard)
-            if not _model_rules(cand, d, shape, num_experts):
+            if not _model_rules(cand, d, shape):
                 out.append(cand)
     return out
 
@@ -387,11 +395,11 @@ def launched_scheduler(env: Mapping[str, str] | None = None) -> bool:
     return env.get("MS_ROLE") == "MS_SCHED"
 
 
-def launch_layout(parallel: ParallelConfig, model: ModelSpec | ModelConfig, train: BatchShape,
-                  env: Mapping[str, str] | None = None, num_experts: int = 0) -> Layout:
-    """The layout to run under the current launcher (one process when none): raises LayoutError listing every problem."""
+def launch_layout(cfg: RunConfig, env: Mapping[str, str] | None = None) -> Layout:
+    """The layout to run under the current launcher (one process when none), checked against every rule once: the
+    object the engines are given (they refuse only what they cannot run). Raises LayoutError listing every problem."""
     world = launched_world_size(env) or 1
-    problems = layout_problems(parallel, model, train, world_size=world, num_experts=num_experts)
+    problems = layout_problems(cfg.parallel, cfg.model, cfg.train, world_size=world)
     if problems:
         raise LayoutError("parallel layout does not fit this launch:\n  " + "\n  ".join(problems))
-    return Layout.from_config(parallel, world)
+    return Layout.from_config(cfg.parallel, world)

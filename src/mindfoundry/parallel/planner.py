@@ -257,7 +257,7 @@ def estimate(spec: ModelSpec, layout: Layout, micro_batch: int, seq: int, precis
 
 
 def communication(spec: ModelSpec, layout: Layout, micro_batch: int, seq: int, num_micro_batches: int, precision: Precision,
-                  recompute: Recompute = "none", *, moe_top_k: int = 0) -> CommEstimate:
+                  recompute: Recompute = "none") -> CommEstimate:
     """Bytes each device sends per optimizer step (ring collectives: an all-reduce of N bytes over n
     ranks sends 2(n-1)/n*N, an all-gather or reduce-scatter of a full N-byte tensor (n-1)/n*N).
 
@@ -278,7 +278,7 @@ def communication(spec: ModelSpec, layout: Layout, micro_batch: int, seq: int, n
     - CP: per block and micro-batch, K and V all-gathered forward and their gradients
       reduce-scattered backward: 2 * (c-1)/c * 2*s*b*kv_dim*e/t (kv_dim = n_kv_heads*head_dim); full and
       selective recompute both run the attention core again, repeating the forward's gathers.
-    - EP (MoE only, moe_top_k > 0): per block and micro-batch, tokens dispatched and combined forward
+    - EP (a mixture-of-experts model only): per block and micro-batch, tokens dispatched and combined forward
       and backward: 4 all-to-alls of (ep-1)/ep * A*top_k.
     """
     e = dtype_bytes(precision)
@@ -309,8 +309,8 @@ def communication(spec: ModelSpec, layout: Layout, micro_batch: int, seq: int, n
     if c > 1:
         kv = 2 * seq * micro_batch * spec.n_kv_heads * spec.head_dim * e / t
         cp = (1 + cp_repeat) * ring(c) * kv * layers * m
-    if layout.ep > 1 and moe_top_k:
-        ep = 4 * ring(layout.ep) * hidden * moe_top_k * layers * m
+    if layout.ep > 1 and spec.num_experts:
+        ep = 4 * ring(layout.ep) * hidden * spec.moe_top_k * layers * m
     return CommEstimate(*(int(x) for x in (dp, fsdp, tp, pp, cp, ep)))
 
 
@@ -382,18 +382,18 @@ class PlanRow:
 
 def plan(spec: ModelSpec, devices: int, device_memory: int, seq: int, global_batch: int, precision: Precision = "bf16", *,
          micro_batch: int = 1, fixed_overhead_bytes: int = DEFAULT_FIXED_OVERHEAD, flash_attention: bool = True,
-         fused_norm: bool = True, num_experts: int = 0, moe_top_k: int = 0) -> list[PlanRow]:
+         fused_norm: bool = True) -> list[PlanRow]:
     """Every feasible layout of `devices` processes for this model and batch, best first (PlanRow.sort_key)."""
     if global_batch % micro_batch:
         raise ValueError(f"global batch {global_batch} is not a multiple of the micro-batch {micro_batch}")
-    layouts = feasible_layouts(spec, Batch(seq, micro_batch, 1), devices, global_batch=global_batch, num_experts=num_experts)
+    layouts = feasible_layouts(spec, Batch(seq, micro_batch, 1), devices, global_batch=global_batch)
     rows = []
     modes: tuple[Recompute, ...] = ("none", "selective", "full")
     for lay in layouts:
         m = global_batch // (lay.dp * micro_batch)
         mem = [estimate(spec, lay, micro_batch, seq, precision, rc, num_micro_batches=m, fixed_overhead_bytes=fixed_overhead_bytes,
                         flash_attention=flash_attention, fused_norm=fused_norm) for rc in modes]
-        comm = [communication(spec, lay, micro_batch, seq, m, precision, rc, moe_top_k=moe_top_k) for rc in modes]
+        comm = [communication(spec, lay, micro_batch, seq, m, precision, rc) for rc in modes]
         rows.append(PlanRow(lay, micro_batch, m, *mem, *comm, device_memory, pipeline_bubble(lay, m)))
     return sorted(rows, key=PlanRow.sort_key)
 

@@ -40,7 +40,7 @@ from mindfoundry.monitor.hardware import HardwareSampler
 from mindfoundry.monitor.health import HealthMonitor
 from mindfoundry.monitor.mfu import UnknownPeakError, mfu, observed_peak, peak_flops
 from mindfoundry.monitor.tensorboard import TensorBoardSink, scalars
-from mindfoundry.parallel.layout import launched_local_rank
+from mindfoundry.parallel.layout import Layout, launched_local_rank
 from mindfoundry.train.anomaly import AnomalyMonitor
 from mindfoundry.train.debug_steps import StepDebugger
 from mindfoundry.train.layer_stats import layer_grad_norms, layer_update_ratios, layer_weight_norms
@@ -76,20 +76,20 @@ def _versions(backend: Backend) -> dict[str, str]:
 class Trainer:
     """Owns one run: builds the engine, restores or initialises state, loops, saves, recovers.
 
-    The caller has checked the launch (:func:`mindfoundry.workflows.run.check_launch`): the layout
-    rules run once per process, before the run directory is touched."""
+    The caller has checked the launch and passes its layout (:func:`mindfoundry.workflows.run.check_launch`): the
+    layout rules run once per process, before the run directory is touched, and the engine is given the result."""
 
-    def __init__(self, cfg: RunConfig, data: PreparedData, run_dir: Path, console: Console | None = None):
-        self.cfg, self.data, self.run_dir = cfg, data, run_dir
+    def __init__(self, cfg: RunConfig, data: PreparedData, run_dir: Path, layout: Layout, console: Console | None = None):
+        self.cfg, self.data, self.run_dir, self.layout = cfg, data, run_dir, layout
         self.console = console or Console(stderr=True)
         self.spec = ModelSpec.from_config(cfg.model)
         self.source = training_source(cfg, data)
         with signals.held():  # an engine's import cut by a stop signal aborted the process at exit (train.stop)
             import_engine(cfg.backend)
-        self.backend = create_backend(cfg, self.spec)  # first: under torchrun it knows this rank's slice of the batch
-        self.loader = TrainLoader(self.source, micro_batch_size=cfg.train.micro_batch_size, grad_accum=cfg.train.grad_accum,
-                                  dp_rank=self.backend.dp_rank, dp_size=self.backend.dp_size,
-                                  masking=masking_for(cfg, data.tokenizer, TRAIN))
+        self.backend = create_backend(cfg, self.spec, layout)  # first: it knows which feed of the batch this rank is
+        self.loader = TrainLoader.for_global_batch(self.source, cfg.global_batch(layout.world_size), grad_accum=cfg.train.grad_accum,
+                                                   dp_rank=self.backend.dp_rank, dp_size=self.backend.dp_size,
+                                                   masking=masking_for(cfg, data.tokenizer, TRAIN))
         self.is_main = self.backend.rank == 0  # only rank 0 writes metrics and checkpoints
         self._batches: BatchIterator | None = None
         self.val_samples = data.packed("validation", cfg.train.seq_len)
@@ -208,14 +208,13 @@ class Trainer:
     def evaluate(self) -> EvalResult:
         t = self.cfg.train
         # batches of the global micro-batch (every rank passes the same rows; the backend splits them over dp ranks)
-        return evaluate(self.backend, self.val_samples, t.micro_batch_size * self.loader.dp_size, t.eval_batches,
+        return evaluate(self.backend, self.val_samples, self.loader.global_micro_batch, t.eval_batches,
                         self.data.bytes_per_token("validation"), self.val_masking)
 
     def _eval_scope(self, explain: bool = False) -> str:
         """Which part of the validation split a training-time evaluation scores; with ``explain``, how that sample is
         taken and that ``mindfoundry eval`` scores all of it."""
-        batch = self.cfg.train.micro_batch_size * self.loader.dp_size
-        total = -(-len(self.val_samples) // batch)
+        total = -(-len(self.val_samples) // self.loader.global_micro_batch)
         used = min(self.cfg.train.eval_batches, total)
         if used == total:
             return f"all {total} validation batches"

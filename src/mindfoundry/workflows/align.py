@@ -24,6 +24,7 @@ from mindfoundry.debug.dump import DumpWriter
 from mindfoundry.debug.probe import DIRECTIONS, Probe
 from mindfoundry.errors import OutputExistsError
 from mindfoundry.model.spec import ModelSpec, init_weights
+from mindfoundry.parallel.layout import launch_layout
 from mindfoundry.train.schedule import step_scalars
 
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -178,7 +179,7 @@ def align(cfg: RunConfig, data, a: Side, b: Side, out: Path, *, steps: int = 1, 
     for side in (a, b):
         log(f"align: {side.label}: {steps} step(s) with {mode} dumps")
         side_cfg = side.config(cfg)
-        backend = create_backend(side_cfg, spec)
+        backend = create_backend(side_cfg, spec, launch_layout(side_cfg))  # both sides in this process
         backend.load_weights(weights)
         results[side.label] = run_side(backend, side_cfg, batches, out / side.label, mode)
         del backend

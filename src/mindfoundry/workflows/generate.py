@@ -21,6 +21,7 @@ from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.prepare.tokenizer import eos_id, load_tokenizer
 from mindfoundry.eval.generate import GenerationError, fit_prompt, generate
 from mindfoundry.model.spec import ModelSpec
+from mindfoundry.parallel.layout import Layout
 
 
 @dataclass
@@ -42,7 +43,7 @@ def load_trained(path: str | Path, engine: str | None = None, *, causal_for: str
         cfg.model.require_causal(causal_for)
     cfg = cfg.model_copy(update={"backend": engine or cfg.backend, "parallel": ParallelConfig()})
     tokenizer = load_tokenizer(run_tokenizer(ckpt, cfg))
-    backend = create_backend(cfg, ModelSpec.from_config(cfg.model))
+    backend = create_backend(cfg, ModelSpec.from_config(cfg.model), Layout())  # one process
     try:
         backend.load_weights(load_checkpoint(ckpt).weights)
     except ValueError as exc:

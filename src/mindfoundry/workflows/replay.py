@@ -20,6 +20,7 @@ from mindfoundry.config.schema import DumpConfig, RunConfig
 from mindfoundry.config.selection import parse_selection
 from mindfoundry.data.prepare.pipeline import prepare_data
 from mindfoundry.errors import OutputExistsError
+from mindfoundry.parallel.layout import launch_layout
 from mindfoundry.train.trainer import Trainer
 
 
@@ -63,7 +64,7 @@ def replay_dump(cfg: RunConfig, choice: DumpChoice, out: Path, *, resume: bool, 
         raise OutputExistsError(f"{out} holds an earlier dump: choose another --out (dumps are never overwritten)")
     (out / "replay").mkdir(parents=True)
     data = prepare_data(cfg, log=console.print)
-    trainer = Trainer(dcfg, data, out / "replay", console)
+    trainer = Trainer(dcfg, data, out / "replay", launch_layout(dcfg), console)
     steps = parse_selection(dcfg.debug.dump.steps)
     if resume:  # the newest checkpoint before the first dumped step, so that step is replayed
         trainer.resume_from, trainer.resume_before = Path(cfg.run_dir), min(lo for lo, _ in steps.ranges)

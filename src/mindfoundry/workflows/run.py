@@ -24,7 +24,7 @@ from mindfoundry.data.prepare.tokenizer import eos_id
 from mindfoundry.eval.fill_mask import fill_masks
 from mindfoundry.eval.generate import generate
 from mindfoundry.model.spec import ModelSpec, flops_per_token, num_parameters
-from mindfoundry.parallel.layout import Layout, launch_layout, launched_rank, launched_scheduler, launched_world_size
+from mindfoundry.parallel.layout import Layout, launch_layout, launched_rank, launched_scheduler
 from mindfoundry.parallel.planner import (CPU_FIXED_OVERHEAD, DEFAULT_FIXED_OVERHEAD, check_host_fit, estimate, format_bytes,
                                           memory_options)
 from mindfoundry.train.rundir import HASH_FILE, prepare_run_dir
@@ -37,10 +37,10 @@ def check_launch(cfg: RunConfig) -> Layout:
 
     A tp=2 config started as one process is refused here instead of silently training on one device;
     whether the engine implements the layout is its own check, when the backend is created."""
-    layout = launch_layout(cfg.parallel, cfg.model, cfg.train, num_experts=cfg.model.moe.num_experts)
+    layout = launch_layout(cfg)
     if cfg.device == "cpu":
         check_host_fit(ModelSpec.from_config(cfg.model), layout, cfg.train.micro_batch_size, cfg.train.seq_len,
-                       cfg.train.precision, processes=launched_world_size() or 1, memory=cfg.memory)
+                       cfg.train.precision, processes=layout.world_size, memory=cfg.memory)
     return layout
 
 
@@ -56,7 +56,7 @@ def dry_start(cfg: RunConfig) -> list[str]:
     est = estimate(spec, layout, t.micro_batch_size, t.seq_len, t.precision, **memory_options(cfg.memory, spec.n_layers),
                    num_micro_batches=t.grad_accum, fixed_overhead_bytes=overhead)
     return [f"model: {num_parameters(spec):,} parameters, {flops_per_token(spec, cfg.train.seq_len):,} FLOPs/token; backend {cfg.backend}",
-            f"layout: {layout}; global batch {cfg.global_batch(launched_world_size() or 1)} sequences of {cfg.train.seq_len}",
+            f"layout: {layout}; global batch {cfg.global_batch(layout.world_size)} sequences of {cfg.train.seq_len}",
             f"memory: {cfg.memory.describe(spec.n_layers)}; planned peak {format_bytes(est.total)} per process "
             f"(activations {format_bytes(est.activations)})",
             f"run dir {run_dir} {state}; data {cfg.data.output_dir}",
@@ -78,9 +78,9 @@ class TrainedRun:
 
 def train(cfg: RunConfig, *, resume: bool, overwrite: bool, stop_at_step: int | None, console: Console) -> TrainedRun:
     """Check the launch, claim the run dir and prepare the data (rank 0), then train to the end or `stop_at_step`."""
-    check_launch(cfg)
+    layout = check_launch(cfg)
     if launched_scheduler():  # msrun's scheduler: it joins the cluster as its meta server (in the engine) and never trains;
-        create_backend(cfg, ModelSpec.from_config(cfg.model))  # it must not claim the run dir that rank 0 claims
+        create_backend(cfg, ModelSpec.from_config(cfg.model), layout)  # it must not claim the run dir that rank 0 claims
         raise SystemExit(0)  # not reached: MindSpore ends the scheduler process when the job ends
     if launched_rank() == 0:  # under torchrun/msrun one process claims the run dir and prepares the data
         run_dir = prepare_run_dir(cfg, resume=resume, overwrite=overwrite, log=console.print)
@@ -90,7 +90,7 @@ def train(cfg: RunConfig, *, resume: bool, overwrite: bool, stop_at_step: int | 
     spec = ModelSpec.from_config(cfg.model)
     console.print(f"model: {num_parameters(spec):,} parameters, {flops_per_token(spec, cfg.train.seq_len):,} FLOPs/token; "
                   f"backend {cfg.backend}; run dir {run_dir}")
-    trainer = Trainer(cfg, data, run_dir, console)
+    trainer = Trainer(cfg, data, run_dir, layout, console)
     return TrainedRun(trainer, data, trainer.run(resume=resume, stop_at_step=stop_at_step))
 
 

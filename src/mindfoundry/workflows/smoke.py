@@ -18,6 +18,7 @@ import psutil
 
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.prepared import PreparedData
+from mindfoundry.parallel.layout import Layout
 from mindfoundry.train.anomaly import AnomalyStop
 from mindfoundry.train.metrics import read_metrics
 
@@ -98,13 +99,13 @@ def evaluate_smoke(records: list[dict[str, Any]], cfg: RunConfig, stop: str | No
     return checks
 
 
-def run_smoke(cfg: RunConfig, data: PreparedData, steps: int, console) -> list[Check]:
+def run_smoke(cfg: RunConfig, data: PreparedData, steps: int, layout: Layout, console) -> list[Check]:
     from mindfoundry.train.trainer import Trainer
 
     run_dir = Path(cfg.run_dir) / "smoke"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    trainer = Trainer(smoke_config(cfg, steps, run_dir), data, run_dir, console)
+    trainer = Trainer(smoke_config(cfg, steps, run_dir), data, run_dir, layout, console)
     stop = None
     try:
         trainer.run()
@@ -115,7 +116,7 @@ def run_smoke(cfg: RunConfig, data: PreparedData, steps: int, console) -> list[C
     return evaluate_smoke(records, cfg, stop, peak, psutil.virtual_memory().total / 2**20)
 
 
-def first_step_agreement(cfg: RunConfig, data: PreparedData) -> Check:
+def first_step_agreement(cfg: RunConfig, data: PreparedData, layout: Layout) -> Check:
     """Same initial weights and first batch on both engines: the first-step loss must agree."""
     from mindfoundry.backends.base import create_backend
     from mindfoundry.data.dataset.packing import IGNORE_INDEX
@@ -128,7 +129,7 @@ def first_step_agreement(cfg: RunConfig, data: PreparedData) -> Check:
     scalars = step_scalars(1, cfg.train.steps, cfg.optim, int((labels != IGNORE_INDEX).sum()))
     out = {}
     for engine in ("mindspore", "torch"):
-        backend = create_backend(cfg.model_copy(update={"backend": engine}), spec)
+        backend = create_backend(cfg.model_copy(update={"backend": engine}), spec, layout)
         backend.load_weights(init_weights(spec, cfg.seed))
         out[engine] = backend.train_step(ids, labels, scalars)
     rel = abs(out["mindspore"].loss / out["torch"].loss - 1)
@@ -142,9 +143,9 @@ def smoke(cfg: RunConfig, steps: int, *, compare_backend: bool, console) -> list
     them; with ``compare_backend`` also the first step on both engines."""
     from mindfoundry.workflows.run import check_launch, prepare
 
-    check_launch(cfg)
+    layout = check_launch(cfg)
     data = prepare(cfg, log=console.print)
-    checks = run_smoke(cfg, data, steps, console)
+    checks = run_smoke(cfg, data, steps, layout, console)
     if compare_backend:
-        checks.append(first_step_agreement(cfg, data))
+        checks.append(first_step_agreement(cfg, data, layout))
     return checks

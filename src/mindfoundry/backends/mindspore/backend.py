@@ -28,6 +28,7 @@ from mindfoundry.backends.mindspore.train_step import AccumulatingStep, AdamW, T
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.debug.probe import Probe
 from mindfoundry.model.spec import ModelSpec, module_boundaries, parameter_shapes
+from mindfoundry.parallel.layout import Layout
 
 _DEVICE_TARGETS = {"cpu": "CPU", "ascend": "Ascend", "npu": "Ascend", "gpu": "GPU", "cuda": "GPU"}
 
@@ -55,10 +56,10 @@ class MindSporeBackend:
     # the compiled step updates in place and raises nothing that says how far it got: a step that raised may be torn
     update_began = True
 
-    def __init__(self, cfg: RunConfig, spec: ModelSpec):
+    def __init__(self, cfg: RunConfig, spec: ModelSpec, layout: Layout):
         configure_context(cfg.device)
-        # first, before any Tensor: checks the layout and, under msrun, joins the cluster (msrun's scheduler exits in there)
-        self.placement = distributed.setup(cfg, ms.get_context("device_target"))
+        # first, before any Tensor: refuses what it cannot run and, under msrun, joins the cluster (msrun's scheduler exits there)
+        self.placement = distributed.setup(cfg, layout, ms.get_context("device_target"))
         p = self.placement
         self.rank, self.world_size, self.dp_rank, self.dp_size = p.rank, p.world_size, p.dp_rank, p.dp_size
         # MindSpore reports only the target kind; Ascend training hardware is the 910B family
@@ -251,5 +252,5 @@ def _assign(targets: Mapping[str, ms.Parameter], values: Mapping[str, np.ndarray
         param.set_data(Tensor(np.asarray(values[name], dtype=np.float32)))
 
 
-def create(cfg: RunConfig, spec: ModelSpec) -> MindSporeBackend:
-    return MindSporeBackend(cfg, spec)
+def create(cfg: RunConfig, spec: ModelSpec, layout: Layout) -> MindSporeBackend:
+    return MindSporeBackend(cfg, spec, layout)

@@ -45,7 +45,7 @@ from mindfoundry.backends.mindspore.strategies import StrategyPlan
 from mindfoundry.config.parallel import split_settings
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.model.spec import ModelSpec, parameter_shapes
-from mindfoundry.parallel.layout import Layout, LayoutError, launched_rank, launched_world_size
+from mindfoundry.parallel.layout import Layout, LayoutError, launched_rank
 
 def under_msrun(env: Mapping[str, str] | None = None) -> bool:
     """True in a process started by msrun (a worker or the scheduler)."""
@@ -88,38 +88,27 @@ def refusal(layout: Layout, device_target: str) -> str | None:
             "parallelism here (parallel.dp_replicate: N under msrun)")
 
 
-def resolve_layout(cfg: RunConfig, device_target: str, env: Mapping[str, str] | None = None) -> Layout:
-    """The layout under the current launch (msrun's MS_WORKER_NUM, else one process).
-
-    The layout rules (:mod:`mindfoundry.parallel.layout`) were checked when the config was loaded and
-    at launch. Raises LayoutError for a layout this engine cannot run on `device_target`
-    (:func:`refusal`), and for a launch of another size, saying how to launch it.
-    """
-    world = launched_world_size(env) or 1
-    try:
-        layout = Layout.from_config(cfg.parallel, world)
-    except ValueError as exc:  # dp_shard=-1 that the launch does not resolve
-        raise LayoutError(str(exc)) from None
+def check_engine_runs(layout: Layout, device_target: str, env: Mapping[str, str] | None = None) -> None:
+    """Refuse what this engine cannot run: a layout :func:`refusal` names on `device_target`, and a multi-process
+    layout started without msrun (saying how to launch it). The layout rules were checked once, at launch
+    (:func:`mindfoundry.parallel.layout.launch_layout`), which built `layout`."""
     reason = refusal(layout, device_target)
     if reason:
         raise LayoutError(reason)
-    if world == 1 and layout.world_size > 1:
+    if layout.world_size > 1 and not under_msrun(env):
         raise LayoutError(f"parallel {layout.describe()} needs {layout.world_size} processes: launch with "
                           f"`msrun --worker_num={layout.world_size} --local_worker_num={layout.world_size} "
                           "--master_port=PORT --log_dir=DIR --join=True ...`")
-    if layout.world_size != world:
-        raise LayoutError(f"parallel {layout.describe()} needs {layout.world_size} processes but msrun started {world}")
-    return layout
 
 
-def setup(cfg: RunConfig, device_target: str, env: Mapping[str, str] | None = None) -> Placement:
-    """Check the layout, join the msrun cluster when there is one and put MindSpore in DATA_PARALLEL mode, or (a
-    layout that splits the model or its state) in SEMI_AUTO_PARALLEL mode with the layout's strategy plan.
+def setup(cfg: RunConfig, layout: Layout, device_target: str, env: Mapping[str, str] | None = None) -> Placement:
+    """Join the msrun cluster when there is one and put MindSpore in DATA_PARALLEL mode, or (a layout that splits
+    the model or its state) in SEMI_AUTO_PARALLEL mode with the layout's strategy plan.
 
     Call after the device is set and before any Tensor or Cell is created. One process without a
     launcher (and a single-process layout) leaves MindSpore untouched.
     """
-    layout = resolve_layout(cfg, device_target, env)
+    check_engine_runs(layout, device_target, env)
     if layout.world_size == 1 and not under_msrun(env):
         return Placement(layout)
     import mindspore as ms
@@ -132,8 +121,8 @@ def setup(cfg: RunConfig, device_target: str, env: Mapping[str, str] | None = No
     expected = launched_rank(env)
     if rank != expected:
         raise RuntimeError(f"MindSpore reports rank {rank} but msrun exported RANK_ID={expected}")
-    if split_settings(layout):  # not on CPU: refusal() stopped that in resolve_layout
-        plan = semi_auto.enter(cfg, ModelSpec.from_config(cfg.model), world, rank)
+    if split_settings(layout):  # not on CPU: refusal() stopped that in check_engine_runs
+        plan = semi_auto.enter(cfg, ModelSpec.from_config(cfg.model), layout, rank)
         _fuse_gradients(cfg)
         return Placement(layout, rank=rank, world_size=world, plan=plan)
     if world > 1:

@@ -11,11 +11,12 @@ MindSpore's own ``transform_checkpoints`` (docs/parallelism.md has the table of 
 The step (:class:`.train_step.TrainStep`) is the single-device one: the compiler inserts the collectives the
 strategies imply (gradient all-reduce over the data-parallel ranks, the tensor-parallel reductions, the parallel
 optimizer's all-gathers), so nothing here reduces by hand. ``dataset_strategy: full_batch``: every rank is fed the
-whole global batch and the strategies slice it, so the data loader runs as one process (dp_rank 0 of 1) on every rank.
+whole global batch and the strategies slice it, so the data loader runs as one feed (dp_rank 0 of 1) on every rank, in
+micro-batches of ``micro_batch_size * dp`` rows (the run's global batch, as on the torch engine and in the run's identity).
 
 - pipeline (``pp > 1``): the loss Cell is wrapped in ``mindspore.parallel.nn.Pipeline(loss, micro_size)``, which cuts
   its inputs along the first axis into ``train.grad_accum`` micro-batches and sums their losses; the step then takes
-  the global batch as one "micro-batch" of ``grad_accum * micro_batch_size`` rows, and the gradients pass through
+  the global batch as one "micro-batch" of ``grad_accum * micro_batch_size * dp`` rows, and the gradients pass through
   ``PipelineGradReducer`` before the update (MindSpore's documented pipeline training pattern);
 - strategy file: ``strategy_ckpt_config`` makes the compiler write each rank's tensor layouts to
   ``RUN/strategy/rank_N.json`` (all parameters, the AdamW moments included);
@@ -41,6 +42,7 @@ from mindspore import Parameter, nn, ops
 from mindfoundry.backends.mindspore.strategies import StrategyPlan, apply_strategies, configure_context, plan_strategies
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.model.spec import ModelSpec
+from mindfoundry.parallel.layout import Layout
 from mindfoundry.parallel.tensor_layout import STRATEGY_FILE, rank_file_name
 
 
@@ -49,9 +51,9 @@ def strategy_dir(cfg: RunConfig) -> Path:
     return Path(cfg.run_dir) / "strategy"
 
 
-def enter(cfg: RunConfig, spec: ModelSpec, world: int, rank: int) -> StrategyPlan:
-    """Semi-auto parallel mode for `cfg.parallel` on `world` devices (after ``communication.init()``, before any Cell)."""
-    plan = plan_strategies(cfg, spec, world)
+def enter(cfg: RunConfig, spec: ModelSpec, layout: Layout, rank: int) -> StrategyPlan:
+    """Semi-auto parallel mode for the launch's `layout` (after ``communication.init()``, before any Cell)."""
+    plan = plan_strategies(cfg, spec, layout)
     configure_context(plan)
     folder = strategy_dir(cfg)
     folder.mkdir(parents=True, exist_ok=True)

@@ -4,8 +4,8 @@ MindSpore's SEMI_AUTO_PARALLEL mode compiles one graph for all devices from per-
 strategies, Cell ``pipeline_stage`` attributes and the auto-parallel context. This module derives all
 three from the same layout the torch engine runs (:class:`mindfoundry.parallel.layout.Layout`):
 
-- :func:`plan_strategies` (pure, no MindSpore import): the :class:`StrategyPlan` for a config on
-  ``device_num`` devices, or LayoutError for a layout that cannot run;
+- :func:`plan_strategies` (pure, no MindSpore import): the :class:`StrategyPlan` of a launch's layout (checked
+  against the layout rules once, by :func:`mindfoundry.parallel.layout.launch_layout`);
 - :func:`apply_strategies`: ``shard()`` on the model's primitives and ``pipeline_stage`` /
   ``pipeline_segment`` on its Cells;
 - :func:`configure_context`: ``ms.set_auto_parallel_context(**plan.context)``.
@@ -76,7 +76,7 @@ from typing import Any
 
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.model.spec import ModelSpec, is_moe_layer, parameter_shapes
-from mindfoundry.parallel.layout import Layout, LayoutError, layout_problems
+from mindfoundry.parallel.layout import Layout
 from mindfoundry.parallel.tensor_layout import TensorLayout, TensorLayoutError
 
 Strategy = tuple[tuple[int, ...], ...]
@@ -101,16 +101,9 @@ class StrategyPlan:
         return self.shards[path][0]
 
 
-def plan_strategies(cfg: RunConfig, spec: ModelSpec, device_num: int) -> StrategyPlan:
-    """The semi-auto plan of ``cfg.parallel`` for `spec` on `device_num` devices; LayoutError lists every problem."""
-    p = cfg.parallel
-    problems = layout_problems(p, spec, cfg.train, world_size=device_num, num_experts=spec.num_experts)
-    if p.ep > 1 and not spec.num_experts:
-        problems.append(f"parallel.ep={p.ep}: the model has no mixture-of-experts layers (model.moe.num_experts: 0), so there "
-                        "are no experts to spread over expert-parallel ranks: set parallel.ep: 1")
-    if problems:
-        raise LayoutError(f"parallel layout cannot run on {device_num} devices:\n  " + "\n  ".join(problems))
-    lay = Layout.from_config(p, device_num)
+def plan_strategies(cfg: RunConfig, spec: ModelSpec, lay: Layout) -> StrategyPlan:
+    """The semi-auto plan of the launch's layout `lay` (on ``lay.world_size`` devices) for `spec`."""
+    device_num = lay.world_size
     dp, tp, cp, pp, v, ep = lay.dp, lay.tp, lay.cp, lay.pp, lay.pp_virtual_stages, lay.ep
     rows = dp * cp
     column: Strategy = ((rows, 1), (tp, 1))

@@ -36,7 +36,7 @@ from torch.distributed.tensor import DTensor, Shard
 from mindfoundry.backends.base import BackendUnavailable, StepOutput, StepScalars, check_state_names, device_memory_record
 from mindfoundry.backends.torch import memory, probe_hooks
 from mindfoundry.backends.torch.distributed import (
-    Layout, all_reduce_sum, build_mesh, full_value, init_process_group, shard_like, wants_processes,
+    all_reduce_sum, build_mesh, full_value, init_process_group, shard_like, wants_processes,
 )
 from mindfoundry.backends.torch.memory import apply_memory
 from mindfoundry.backends.torch.model import Transformer, eval_sums
@@ -44,7 +44,7 @@ from mindfoundry.backends.torch.train_step import TrainStep, autocast_for, build
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.debug.probe import Probe
 from mindfoundry.model.spec import ModelSpec, module_boundaries, parameter_shapes
-from mindfoundry.parallel.layout import launched_world_size
+from mindfoundry.parallel.layout import Layout
 
 
 def select_device(requested: str) -> torch.device:
@@ -69,10 +69,10 @@ class TorchBackend:
     name = "torch"
     shard_format = "torch.distributed.checkpoint"  # what save_sharded writes and load_sharded reads
 
-    def __init__(self, cfg: RunConfig, spec: ModelSpec):
+    def __init__(self, cfg: RunConfig, spec: ModelSpec, layout: Layout):
         torch.manual_seed(cfg.seed)
         self.device = select_device(cfg.device)
-        self.layout = Layout.from_config(cfg.parallel, launched_world_size())  # dp_shard=-1: what the launch leaves
+        self.layout = layout
         self.mesh = self.dp_mesh = None  # the world DeviceMesh and its flattened dp dims, with several processes
         if wants_processes(self.layout):
             init_process_group(self.device)  # pins the rank's accelerator before anything is allocated
@@ -333,5 +333,5 @@ class TorchBackend:
         return full_value(out).float().cpu().numpy()
 
 
-def create(cfg: RunConfig, spec: ModelSpec) -> TorchBackend:
-    return TorchBackend(cfg, spec)
+def create(cfg: RunConfig, spec: ModelSpec, layout: Layout) -> TorchBackend:
+    return TorchBackend(cfg, spec, layout)

@@ -38,8 +38,9 @@ from torch.distributed import _functional_collectives as funcol
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
-from mindfoundry.backends.torch.distributed import Layout, dp_mesh_for_fsdp
+from mindfoundry.backends.torch.distributed import dp_mesh_for_fsdp
 from mindfoundry.backends.torch.model import GroupedLinear, MoE
+from mindfoundry.parallel.layout import Layout
 
 #: The mesh dims whose ranks hold different tokens of one (per-rank) micro-batch.
 TOKEN_DIMS = ("cp",)
@@ -50,12 +51,10 @@ def moe_modules(model: nn.Module) -> list[MoE]:
 
 
 def check_moe_layout(model: nn.Module, layout: Layout) -> None:
-    """Refuse MoE layouts this version cannot run, naming the fix."""
+    """Refuse MoE layouts this version cannot run, naming the fix (the layout rules, ep dividing the experts
+    included, were checked at launch: :mod:`mindfoundry.parallel.layout`)."""
     moe = moe_modules(model)
     if not moe:
-        if layout.ep > 1:
-            raise ValueError(f"parallel.ep={layout.ep} spreads experts, but the model is dense: set model.moe.num_experts "
-                             "(a multiple of ep) or parallel.ep: 1")
         return
     other = [f"{n}={getattr(layout, n)}" for n in ("tp", "pp", "cp") if getattr(layout, n) > 1]
     if other:
@@ -65,8 +64,6 @@ def check_moe_layout(model: nn.Module, layout: Layout) -> None:
     if layout.ep == 1:
         return
     experts = moe[0].num_experts
-    if experts % layout.ep:
-        raise ValueError(f"parallel.ep={layout.ep} does not divide model.moe.num_experts={experts}")
     if layout.ep != layout.dp_shard:
         raise NotImplementedError(f"parallel.ep={layout.ep} with dp_shard={layout.dp_shard}: this version spreads the "
                                   f"experts over all dp_shard ranks; set ep: {layout.dp_shard} (it must divide "

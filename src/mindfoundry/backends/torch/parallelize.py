@@ -61,7 +61,7 @@ def refuse_unsupported(model: Transformer, layout: Layout) -> None:
 
     Whether a layout divides the model and the sequence is the layout rules' question
     (:mod:`mindfoundry.parallel.layout`), answered when the config was loaded and at launch."""
-    check_moe_layout(model, layout)  # ep needs a MoE model; MoE runs with dp and ep only (expert_parallel.py)
+    check_moe_layout(model, layout)  # MoE runs with dp and ep only in this version (expert_parallel.py)
     mixed = [f"{a}={getattr(layout, a)} with {b}={getattr(layout, b)}" for a, b in (("pp", "tp"), ("pp", "cp"), ("cp", "tp"))
              if getattr(layout, a) > 1 and getattr(layout, b) > 1]
     if layout.pp > 1 and model.loss_chunk:

@@ -19,7 +19,7 @@ import queue
 import threading
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -93,6 +93,18 @@ class TrainLoader:
         self.prefetch = prefetch
         self.masking = masking
 
+    @classmethod
+    def for_global_batch(cls, source: BatchSource, global_batch: int, *, grad_accum: int, dp_rank: int = 0,
+                         dp_size: int = 1, **options: Any) -> "TrainLoader":
+        """The loader of one of `dp_size` feeds of a global batch of `global_batch` samples (the run's, from
+        :meth:`mindfoundry.config.schema.RunConfig.global_batch`), in `grad_accum` micro-batches per step. A feed
+        is a data-parallel rank, or every rank of a semi-auto layout, which is fed the whole batch (dp_size 1)."""
+        rows, rest = divmod(global_batch, grad_accum * dp_size)
+        if rest or rows < 1:
+            raise ValueError(f"a global batch of {global_batch} does not split into {dp_size} feeds of {grad_accum} "
+                             "micro-batches")
+        return cls(source, micro_batch_size=rows, grad_accum=grad_accum, dp_rank=dp_rank, dp_size=dp_size, **options)
+
     @property
     def local_batch(self) -> int:
         """Samples this rank reads per optimizer step."""
@@ -102,6 +114,11 @@ class TrainLoader:
     def global_batch(self) -> int:
         """Samples all ranks consume per optimizer step: the amount the position advances."""
         return self.local_batch * self.dp_size
+
+    @property
+    def global_micro_batch(self) -> int:
+        """Samples all ranks consume per micro-batch (the rows of one evaluation batch)."""
+        return self.micro_batch_size * self.dp_size
 
     def batch(self, position: int) -> Batch:
         """This rank's slice of the global batch starting at ``position``, computed now."""
