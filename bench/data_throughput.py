@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mindfoundry.parallel.layout import load_run_config
-from mindfoundry.config.data import MixtureConfig
+from mindfoundry.config.data_config import MixtureConfig
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.clean.curate import CHUNK_DOCUMENTS
 from mindfoundry.data.ingest.inputs import read_source

@@ -3,7 +3,7 @@
     .venv/bin/python bench/generate_throughput.py [--config configs/demo.yaml] [--prompt 32] [--new 128]
 
 The demo model with its initial weights (the speed does not depend on the values). "cached" is
-`mindfoundry.eval.generate.generate` (prefill once, then one cached step per token); "window" is
+`mindfoundry.eval.sampling.generate` (prefill once, then one cached step per token); "window" is
 the previous implementation: every token re-runs the forward pass over a fixed window of
 prompt + new tokens, padded (one compiled shape). Both decode greedily; the script checks that
 they produce the same tokens, then prints tokens/s and the ratio. The first call of each path
@@ -20,7 +20,7 @@ import numpy as np
 
 from mindfoundry.backends.base import create_backend
 from mindfoundry.parallel.layout import launch_layout
-from mindfoundry.eval.generate import generate
+from mindfoundry.eval.sampling import generate
 from mindfoundry.model.spec import ModelSpec, init_weights
 from mindfoundry.parallel.layout import load_run_config
 

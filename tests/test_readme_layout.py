@@ -44,3 +44,19 @@ def test_a_missing_file_is_noticed() -> None:
     text = "## Layout\n\n```\nsrc/mindfoundry/  errors.py (the base, not cli.py)\n  cli/  main.py,\n        args.py\nbench/  a.py\n```\n"
     assert readme_layout(text) == {"src/mindfoundry/": {"errors.py"}, "src/mindfoundry/cli/": {"main.py", "args.py"},
                                    "bench/": {"a.py"}}
+
+
+#: The two engines mirror each other file for file: the same job has the same name, the engine's folder is in the path.
+ENGINE_MIRROR = {"backend.py", "distributed.py", "memory.py", "model.py", "native.py", "probe_hooks.py", "train_step.py"}
+ENGINES = ["src/mindfoundry/backends/mindspore", "src/mindfoundry/backends/torch"]
+
+
+def test_a_file_name_says_which_file_it_is() -> None:
+    """Outside the engines' mirror no two packages share a file name (`generate.py` was in eval/ and workflows/,
+    `pipeline.py` in three packages): an import or a traceback line names one file."""
+    folders: dict[str, list[str]] = {}
+    for path in sorted((REPO / "src" / "mindfoundry").rglob("*.py")):
+        if path.name not in ("__init__.py", "__main__.py"):
+            folders.setdefault(path.name, []).append(path.parent.relative_to(REPO).as_posix())
+    repeated = {name: where for name, where in folders.items() if len(where) > 1}
+    assert repeated == {name: ENGINES for name in ENGINE_MIRROR}

@@ -21,7 +21,7 @@ from mindfoundry.cli.main import main  # noqa: E402
 from mindfoundry.config.load import to_yaml  # noqa: E402
 from mindfoundry.data.prepare.tokenizer import eos_id, pad_id  # noqa: E402
 from mindfoundry.errors import OutputExistsError  # noqa: E402
-from mindfoundry.eval.generate import generate  # noqa: E402
+from mindfoundry.eval.sampling import generate  # noqa: E402
 from mindfoundry.model.spec import ModelSpec, parameter_shapes  # noqa: E402
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # local folders only, never the hub

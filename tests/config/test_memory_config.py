@@ -7,7 +7,7 @@ import pytest
 from mf_testing import tiny_config
 
 from mindfoundry.config.load import ConfigError
-from mindfoundry.config.memory import MemoryConfig
+from mindfoundry.config.memory_config import MemoryConfig
 
 
 @pytest.mark.parametrize("section,layers", [

@@ -11,11 +11,11 @@ import pytest
 
 from mindfoundry.config.load import ConfigError, validate
 from mindfoundry.config.clean import CLEAN_BLOCKS, DEFAULT_AD_PATTERNS, CleanConfig
-from mindfoundry.data.clean.base import EMPTY
+from mindfoundry.data.clean.block import EMPTY
 from mindfoundry.data.clean.boilerplate import BoilerplateRemover, LineCounter
 from mindfoundry.data.clean.garbled import MojibakeFilter, SymbolRunFilter, SymbolRunRemover
 from mindfoundry.data.clean.normalize import ControlCharRemover, NfkcNormalizer, TimestampRemover
-from mindfoundry.data.clean.pipeline import PROFILES, SECTION_BLOCKS, build_pipeline, resolve_profile
+from mindfoundry.data.clean.profiles import PROFILES, SECTION_BLOCKS, build_pipeline, resolve_profile
 from mindfoundry.data.clean.quality import LengthFilter, QualityFilter, RepetitionFilter, ScriptFilter
 from mindfoundry.data.clean.curate import clean_settings
 from mindfoundry.data.document import Document

@@ -12,7 +12,7 @@ import pytest
 
 from mindfoundry.config.clean import CleanConfig
 from mindfoundry.config.load import validate
-from mindfoundry.data.clean.pipeline import build_pipeline, with_profile
+from mindfoundry.data.clean.profiles import build_pipeline, with_profile
 from mindfoundry.data.clean.quality import ScriptFilter
 from mindfoundry.data.clean.text import is_cjk_text, script_counts
 from mindfoundry.data.document import Document

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mindfoundry.config.load import ConfigError, validate
-from mindfoundry.config.data import DedupConfig
+from mindfoundry.config.data_config import DedupConfig
 from mindfoundry.data.clean.dedup_benchmark import make_twin
 from mindfoundry.data.clean.dedup import Deduplicator, char_stream, exact_key, jaccard, shingle_hashes, shingles
 from mindfoundry.data.document import Document

@@ -15,7 +15,7 @@ import zstandard
 
 from mindfoundry.data.ingest import files as sources
 from mindfoundry.data.document import Document
-from mindfoundry.config.data import BUILTIN_SOURCES
+from mindfoundry.config.data_config import BUILTIN_SOURCES
 from mindfoundry.data.ingest.builtin import read_builtin
 from mindfoundry.data.ingest.files import DataSourceError, SourceStats, read_files
 

@@ -126,7 +126,7 @@ def test_length_histogram_buckets_by_powers_of_two() -> None:
 
 def test_inspect_sets_the_raw_share_beside_the_target_and_the_realised_share(tiny_prepared, tiny_run, capsys) -> None:
     """A category that is most of the tokens may be a small part of what is trained on: inspect says both."""
-    from mindfoundry.config.data import MixtureConfig
+    from mindfoundry.config.data_config import MixtureConfig
     from mindfoundry.data.dataset.inspect import mixture_shares
 
     cfg, data = tiny_prepared

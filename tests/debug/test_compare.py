@@ -14,7 +14,7 @@ import pytest
 
 from mindfoundry.debug import compare as compare_mod
 from mindfoundry.debug.compare import Thresholds, compare_dumps, compare_trees
-from mindfoundry.report.compare import summary_lines, write_csv, write_html
+from mindfoundry.report.compare_report import summary_lines, write_csv, write_html
 from mindfoundry.debug.dump import DumpError, DumpWriter
 
 RNG = np.random.default_rng(0)
@@ -295,7 +295,7 @@ def test_thresholds_are_configurable(tmp_path: Path):
 
 
 def test_no_engine_imported():
-    code = ("import sys, mindfoundry.debug.compare, mindfoundry.report.compare; "
+    code = ("import sys, mindfoundry.debug.compare, mindfoundry.report.compare_report; "
             "print([m for m in sys.modules if m.split('.')[0] in ('torch', 'mindspore')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -16,7 +16,7 @@ from mindfoundry.backends.base import create_backend  # noqa: E402
 from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 from mindfoundry.cli.main import main  # noqa: E402
 from mindfoundry.data.prepare.tokenizer import encode_batch  # noqa: E402
-from mindfoundry.eval.generate import generate  # noqa: E402
+from mindfoundry.eval.sampling import generate  # noqa: E402
 from mindfoundry.eval.tasks import TaskError, read_tasks  # noqa: E402
 from mindfoundry.model.spec import ModelSpec  # noqa: E402
 

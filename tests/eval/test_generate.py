@@ -7,7 +7,7 @@ import pytest
 
 from mindfoundry.backends.base import create_backend
 from mindfoundry.parallel.layout import launch_layout
-from mindfoundry.eval.generate import GenerationError, fit_prompt, generate, sample_next
+from mindfoundry.eval.sampling import GenerationError, fit_prompt, generate, sample_next
 from mindfoundry.model.spec import ModelSpec, init_weights
 
 ENGINES = ["mindspore", "torch"]

@@ -9,8 +9,8 @@ import yaml
 
 from mindfoundry.cli.main import main
 from mindfoundry.config.load import ConfigError
-from mindfoundry.config.model import ModelConfig
-from mindfoundry.config.parallel import ParallelConfig
+from mindfoundry.config.model_config import ModelConfig
+from mindfoundry.config.parallel_config import ParallelConfig
 from mindfoundry.parallel.layout import (Batch, Layout, LayoutError, feasible_layouts, launch_layout, launched_world_size,
                                          layout_problems, validate_run_config, _factorizations)
 

@@ -9,7 +9,7 @@ import pytest
 
 from mindfoundry.cli.main import main
 from mindfoundry.config.load import load_config
-from mindfoundry.config.memory import MemoryConfig
+from mindfoundry.config.memory_config import MemoryConfig
 from mindfoundry.model.spec import ModelSpec, num_parameters
 from mindfoundry.parallel.layout import Layout
 from mindfoundry.parallel.planner import (GiB, activation_bytes_per_layer, communication, estimate, micro_batches_in_flight,

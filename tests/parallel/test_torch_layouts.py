@@ -212,7 +212,7 @@ def test_stages_keep_names_and_compose_to_the_model() -> None:
 
     from mindfoundry.backends.torch.context_parallel import chunk_positions
     from mindfoundry.backends.torch.model import Transformer
-    from mindfoundry.backends.torch.pipeline import RankModules, StageModule
+    from mindfoundry.backends.torch.pipeline_parallel import RankModules, StageModule
     from mindfoundry.model.spec import ModelSpec
 
     for model_cfg in (FOUR, FOUR | UNTIED):

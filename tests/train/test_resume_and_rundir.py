@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 
 from mindfoundry.train.metrics import read_metrics  # noqa: E402
 from mindfoundry.report.plots import mixture_rows  # noqa: E402
-from mindfoundry.report.run import load_run  # noqa: E402
+from mindfoundry.report.run_data import load_run  # noqa: E402
 from mf_testing import rewrite_as_rank_slices, tiny_run_tree  # noqa: E402
 
 pytestmark = pytest.mark.slow

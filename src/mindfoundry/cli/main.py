@@ -3,7 +3,7 @@
 A :class:`~mindfoundry.errors.MindFoundryError` (bad config, missing data, corrupted files, an
 occupied run directory or output, a layout that does not fit) prints its one-line message and
 exits with status 2; tracebacks are reserved for bugs (exit 70). Pre-emption exits 75, an
-anomaly stop 3 (see :mod:`mindfoundry.cli.train`).
+anomaly stop 3 (see :mod:`mindfoundry.cli.train_commands`).
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ import sys
 from typing import Sequence
 
 from mindfoundry.cli.args import console
-from mindfoundry.cli.ckpt import add_ckpt_commands
-from mindfoundry.cli.config import add_config_commands
-from mindfoundry.cli.data import add_data_commands
-from mindfoundry.cli.debug import add_debug_commands
-from mindfoundry.cli.parallel import add_parallel_commands
-from mindfoundry.cli.report import add_report_commands
+from mindfoundry.cli.ckpt_commands import add_ckpt_commands
+from mindfoundry.cli.config_commands import add_config_commands
+from mindfoundry.cli.data_commands import add_data_commands
+from mindfoundry.cli.debug_commands import add_debug_commands
+from mindfoundry.cli.parallel_commands import add_parallel_commands
+from mindfoundry.cli.report_commands import add_report_commands
 from mindfoundry.cli.commands import TRAINING_COMMANDS
-from mindfoundry.cli.train import add_train_commands
+from mindfoundry.cli.train_commands import add_train_commands
 from mindfoundry.errors import MindFoundryError
 from mindfoundry.train.run_lock import release_all
 from mindfoundry.train.stop import Preempted, signals

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 
 from mindfoundry.config.schema import ASCEND_DEVICES, RunConfig
-from mindfoundry.config.parallel import split_settings
+from mindfoundry.config.parallel_config import split_settings
 
 #: 256 byte symbols plus the EOS and PAD special tokens.
 MIN_BYTE_BPE_VOCAB = 258

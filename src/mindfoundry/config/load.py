@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 from mindfoundry.config.aliases import canonical
 from mindfoundry.config.checks import cross_field_problems
 from mindfoundry.config.clean import JunkConfig
-from mindfoundry.config.parallel import RENAMED_KEYS
+from mindfoundry.config.parallel_config import RENAMED_KEYS
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.config.yaml12 import load_yaml
 from mindfoundry.errors import MindFoundryError

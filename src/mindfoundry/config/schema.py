@@ -13,10 +13,10 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from mindfoundry.config.data import DataConfig
-from mindfoundry.config.memory import MemoryConfig
-from mindfoundry.config.model import ModelConfig
-from mindfoundry.config.parallel import ParallelConfig
+from mindfoundry.config.data_config import DataConfig
+from mindfoundry.config.memory_config import MemoryConfig
+from mindfoundry.config.model_config import ModelConfig
+from mindfoundry.config.parallel_config import ParallelConfig
 from mindfoundry.config.section import Section, checked_path
 from mindfoundry.config.selection import parse_selection
 

@@ -75,7 +75,7 @@ from typing import Literal
 
 import numpy as np
 
-from mindfoundry.config.model import ModelConfig
+from mindfoundry.config.model_config import ModelConfig
 
 #: Output projections that add into the residual stream; their init std is scaled by 1/sqrt(2L).
 RESIDUAL_PROJECTIONS = ("attn.o_proj.weight", "mlp.down_proj.weight", "mlp.experts.down_proj.weight")

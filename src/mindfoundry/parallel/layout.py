@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Iterable, Literal, Mapping, Protocol
 
 from mindfoundry.config.load import load_config, validate
-from mindfoundry.config.model import ModelConfig
-from mindfoundry.config.parallel import ParallelConfig
+from mindfoundry.config.model_config import ModelConfig
+from mindfoundry.config.parallel_config import ParallelConfig
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.errors import MindFoundryError
 from mindfoundry.model.spec import ModelSpec

@@ -28,7 +28,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from mindfoundry.config.memory import MemoryConfig, Recompute
+from mindfoundry.config.memory_config import MemoryConfig, Recompute
 from mindfoundry.errors import MindFoundryError
 from mindfoundry.model.spec import ModelSpec
 from mindfoundry.parallel.layout import Batch, Layout, feasible_layouts

@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from mindfoundry.monitor.records import LAYER_KEYS, realized_shares
-from mindfoundry.report.run import RunData
+from mindfoundry.report.run_data import RunData
 
 RUN_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
 CATEGORY_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd")

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Sequence
 
 from mindfoundry.monitor.health import HealthConfig
 from mindfoundry.report import plots
-from mindfoundry.report.run import RunData, load_run
+from mindfoundry.report.run_data import RunData, load_run
 
 SECTIONS = (
     ("overview", "Overview"),

@@ -9,7 +9,7 @@ from typing import Callable
 from mindfoundry import atomic
 from mindfoundry.checkpoint.store import list_checkpoints
 from mindfoundry.config.load import config_hash, to_yaml
-from mindfoundry.config.parallel import ParallelConfig
+from mindfoundry.config.parallel_config import ParallelConfig
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.parallel.layout import launched_world_size
 from mindfoundry.errors import MindFoundryError

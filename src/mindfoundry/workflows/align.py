@@ -165,7 +165,7 @@ def align(cfg: RunConfig, data, a: Side, b: Side, out: Path, *, steps: int = 1, 
     """Run both sides from the config's initial weights on the same batches, dump, compare, judge.
 
     ``data`` None: claim the run dir and prepare the config's data first (what `mindfoundry align` does)."""
-    from mindfoundry.report.compare import write_csv, write_html
+    from mindfoundry.report.compare_report import write_csv, write_html
     from mindfoundry.workflows.run import prepare
 
     if data is None:

@@ -2,7 +2,7 @@
 
 The checkpoint (a run directory's newest valid one, or the folder given) is loaded into one
 process of the run's engine (or another), with the run's own tokenizer, and continued with the
-engine's key/value cache (:mod:`mindfoundry.eval.generate`).
+engine's key/value cache (:mod:`mindfoundry.eval.sampling`).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from mindfoundry.backends.base import Backend, create_backend
 from mindfoundry.checkpoint.run_files import checkpoint_of, run_config, run_tokenizer
 from mindfoundry.checkpoint.reader import load_checkpoint
 from mindfoundry.checkpoint.store import CheckpointError
-from mindfoundry.config.parallel import ParallelConfig
+from mindfoundry.config.parallel_config import ParallelConfig
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.prepare.tokenizer import eos_id, load_tokenizer
-from mindfoundry.eval.generate import GenerationError, fit_prompt, generate
+from mindfoundry.eval.sampling import GenerationError, fit_prompt, generate
 from mindfoundry.model.spec import ModelSpec
 from mindfoundry.parallel.layout import Layout
 

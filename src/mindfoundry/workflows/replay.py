@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from mindfoundry.config.load import ConfigError
-from mindfoundry.config.parallel import ParallelConfig
+from mindfoundry.config.parallel_config import ParallelConfig
 from mindfoundry.config.schema import DumpConfig, RunConfig
 from mindfoundry.config.selection import parse_selection
 from mindfoundry.data.prepare.pipeline import prepare_data

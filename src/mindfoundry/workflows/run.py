@@ -22,7 +22,7 @@ from mindfoundry.data.dataset.prepared import PreparedData
 from mindfoundry.data.prepare.pipeline import prepare_data, wait_for_prepared
 from mindfoundry.data.prepare.tokenizer import eos_id
 from mindfoundry.eval.fill_mask import fill_masks
-from mindfoundry.eval.generate import generate
+from mindfoundry.eval.sampling import generate
 from mindfoundry.model.spec import ModelSpec, flops_per_token, num_parameters
 from mindfoundry.parallel.layout import Layout, launch_layout, launched_rank, launched_scheduler
 from mindfoundry.parallel.planner import (CPU_FIXED_OVERHEAD, DEFAULT_FIXED_OVERHEAD, check_host_fit, estimate, format_bytes,

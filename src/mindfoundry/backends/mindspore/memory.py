@@ -22,7 +22,7 @@ from mindspore import nn
 
 from mindfoundry.backends.mindspore.model import LossCell, Transformer
 from mindfoundry.backends.mindspore.moe import MoE
-from mindfoundry.config.memory import MemoryConfig
+from mindfoundry.config.memory_config import MemoryConfig
 
 
 def apply_memory(model: Transformer, loss_cell: LossCell, memory: MemoryConfig) -> None:

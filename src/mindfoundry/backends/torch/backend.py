@@ -15,7 +15,7 @@ parallelism and FSDP2 (:mod:`.parallelize`). The interface stays the single-proc
   divide it (else every rank computes all of it) and returns the summed result of the whole
   batch; ``logits``/``module_outputs`` compute the whole batch on every rank. All are collective.
 
-With ``parallel.pp > 1`` each rank holds its pipeline stages only (:mod:`.pipeline`): ``self.model``
+With ``parallel.pp > 1`` each rank holds its pipeline stages only (:mod:`.pipeline_parallel`): ``self.model``
 is those modules under the full model's names, the step runs the pipeline schedule, and the state
 and evaluation calls gather across the pipeline ranks. With ``parallel.cp > 1`` each sequence is
 split over the cp ranks for training and ``eval_batch`` (:mod:`.context_parallel`); ``logits`` and
@@ -91,7 +91,7 @@ class TorchBackend:
                 raise NotImplementedError("train.compile with parallel.pp > 1 or cp > 1 is not supported in this version: "
                                           "set train.compile: false")
             if self.layout.pp > 1:
-                from mindfoundry.backends.torch.pipeline import Pipeline
+                from mindfoundry.backends.torch.pipeline_parallel import Pipeline
 
                 refuse_unsupported(self.model, self.layout)
                 self.pipeline = Pipeline(self.model, self.mesh, self.layout, self.device, self.autocast, cfg.train.grad_accum)
@@ -114,7 +114,7 @@ class TorchBackend:
         step_model = torch.compile(self.model) if cfg.train.compile else self.model
         clip = None if cfg.optim.clip_norm is None else float(cfg.optim.clip_norm)
         if self.pipeline is not None:
-            from mindfoundry.backends.torch.pipeline import PipelineTrainStep
+            from mindfoundry.backends.torch.pipeline_parallel import PipelineTrainStep
 
             self.step_fn = PipelineTrainStep(self.pipeline, self.optimizer, clip, saved_tensors)
         else:

@@ -17,7 +17,7 @@ import torch
 
 from mindfoundry.backends.base import BackendUnavailable
 from mindfoundry.backends.torch.model import MoE, Transformer
-from mindfoundry.config.memory import MemoryConfig
+from mindfoundry.config.memory_config import MemoryConfig
 
 
 def apply_memory(model: Transformer, memory: MemoryConfig) -> None:

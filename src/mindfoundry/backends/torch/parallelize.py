@@ -31,7 +31,7 @@ applied as a division by 1.0, exact) instead of NCCL's PREMUL_SUM, which gloo an
 
 With context parallelism (cp > 1) FSDP runs over dp_shard x cp (``dp_shard_cp``), which also sums
 the cp ranks' partial gradients (:mod:`.context_parallel`); pipeline parallelism builds its stages
-first and applies :func:`apply_fsdp` to each stage (:mod:`.pipeline`). pp and cp combine with
+first and applies :func:`apply_fsdp` to each stage (:mod:`.pipeline_parallel`). pp and cp combine with
 dp_replicate/dp_shard, not (yet) with tp or with each other (:func:`refuse_unsupported` says so).
 """
 

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from mindfoundry.config.clean import BoilerplateConfig
-from mindfoundry.data.clean.base import Transform
+from mindfoundry.data.clean.block import Transform
 from mindfoundry.data.clean.kind import is_content_line
 from mindfoundry.config.patterns import UserPatterns
 from mindfoundry.data.clean.text import canonical

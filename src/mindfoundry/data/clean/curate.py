@@ -20,10 +20,10 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
 from mindfoundry.config.clean import CLEAN_BLOCKS
-from mindfoundry.config.data import DataConfig, SourceConfig
-from mindfoundry.data.clean.base import event
+from mindfoundry.config.data_config import DataConfig, SourceConfig
+from mindfoundry.data.clean.block import event
 from mindfoundry.data.clean.boilerplate import FrequentLines
-from mindfoundry.data.clean.pipeline import (
+from mindfoundry.data.clean.profiles import (
     CleaningPipeline,
     active_sections,
     build_pipeline,

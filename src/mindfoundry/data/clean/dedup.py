@@ -45,7 +45,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from mindfoundry.config.data import DedupConfig
+from mindfoundry.config.data_config import DedupConfig
 from mindfoundry.data.clean.text import CJK_RANGES, canonical, units
 from mindfoundry.data.document import Document, origin_name
 
@@ -266,7 +266,7 @@ class Clusters:
         return clusters
 
 
-#: The data.dedup defaults (their one home is :class:`~mindfoundry.config.data.DedupConfig`).
+#: The data.dedup defaults (their one home is :class:`~mindfoundry.config.data_config.DedupConfig`).
 _DEFAULT = DedupConfig()
 
 

@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from mindfoundry.config.clean import MojibakeConfig, SymbolRunsConfig
-from mindfoundry.data.clean.base import Drop, Filter, Transform, Verdict
+from mindfoundry.data.clean.block import Drop, Filter, Transform, Verdict
 from mindfoundry.data.clean.text import CJK_RANGES, count, non_space_chars, remove_matches
 from mindfoundry.data.document import Document
 

@@ -22,7 +22,7 @@ from functools import lru_cache
 from typing import Any
 
 from mindfoundry.config.clean import JunkConfig
-from mindfoundry.data.clean.base import Drop, Transform
+from mindfoundry.data.clean.block import Drop, Transform
 from mindfoundry.data.clean.normalize import TIMESTAMP_PATTERNS
 from mindfoundry.data.clean.text import count
 from mindfoundry.data.document import Document

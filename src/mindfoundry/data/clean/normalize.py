@@ -1,6 +1,6 @@
 """Character-level normalization: control characters, Unicode NFKC, timestamps.
 
-Order matters and is fixed by :mod:`~mindfoundry.data.clean.pipeline`: mojibake is detected on
+Order matters and is fixed by :mod:`~mindfoundry.data.clean.profiles`: mojibake is detected on
 the raw text first (NFKC would turn the tell-tale ``â€™`` into ``â€'`` and ``™`` into ``TM``),
 then control characters go, then NFKC folds compatibility forms.
 """
@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from mindfoundry.config.clean import ControlCharsConfig, NfkcConfig, TimestampsConfig
-from mindfoundry.data.clean.base import Transform
+from mindfoundry.data.clean.block import Transform
 from mindfoundry.data.clean.text import remove_matches
 from mindfoundry.data.document import Document
 

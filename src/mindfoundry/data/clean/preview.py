@@ -15,7 +15,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from mindfoundry.config.data import DataConfig
+from mindfoundry.config.data_config import DataConfig
 from mindfoundry.data.clean.boilerplate import LineCounter
 from mindfoundry.data.clean.curate import (
     CUT,

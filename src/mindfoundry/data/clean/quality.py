@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from mindfoundry.config.clean import LengthConfig, QualityConfig, RepetitionConfig, ScriptConfig
-from mindfoundry.data.clean.base import Drop, Filter, Transform, Verdict
+from mindfoundry.data.clean.block import Drop, Filter, Transform, Verdict
 from mindfoundry.data.clean.garbled import is_table_rule
 from mindfoundry.data.clean.text import WORD, count, is_cjk_text, non_space_chars, script_counts, units
 from mindfoundry.data.document import Document

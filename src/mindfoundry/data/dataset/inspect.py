@@ -22,7 +22,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from mindfoundry.config.data import MixtureConfig
+from mindfoundry.config.data_config import MixtureConfig
 from mindfoundry.data.dataset.mixture import build_mixture
 from mindfoundry.data.dataset.prepared import SPLITS, TOKENIZER, PreparedData, read_manifest
 from mindfoundry.data.prepare.tokenizer import load_tokenizer

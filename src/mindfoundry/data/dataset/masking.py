@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from tokenizers import Tokenizer
 
-from mindfoundry.config.model import MLMConfig
+from mindfoundry.config.model_config import MLMConfig
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.packing import IGNORE_INDEX
 from mindfoundry.data.prepare.tokenizer import PAD, TokenizerError, mask_id, pad_id, special_ids

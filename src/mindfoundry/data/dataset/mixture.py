@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from mindfoundry.config.data import MixtureConfig
+from mindfoundry.config.data_config import MixtureConfig
 from mindfoundry.data.dataset.packing import PackedSamples, SampleOrder
 from mindfoundry.data.dataset.prepared import DataError, PreparedData
 from mindfoundry.data.prepare.tokenizer import pad_id

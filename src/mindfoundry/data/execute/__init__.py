@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from mindfoundry.config.data import DataConfig
+from mindfoundry.config.data_config import DataConfig
 from mindfoundry.data.execute.local import LocalExecutor
 from mindfoundry.data.execute.ray_cluster import RayExecutor
 

@@ -20,7 +20,7 @@ import socket
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from mindfoundry.config.data import RayConfig
+from mindfoundry.config.data_config import RayConfig
 from mindfoundry.data.execute.stage import TIMING, Stage, run_task
 from mindfoundry.errors import MindFoundryError
 

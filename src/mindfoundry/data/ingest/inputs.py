@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mindfoundry.config.data import DataConfig, SourceConfig
+from mindfoundry.config.data_config import DataConfig, SourceConfig
 from mindfoundry.data.document import Document
 from mindfoundry.data.ingest.builtin import read_builtin
 from mindfoundry.data.ingest.files import (

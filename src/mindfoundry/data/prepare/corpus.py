@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mindfoundry.config.data import DataConfig, SourceConfig
+from mindfoundry.config.data_config import DataConfig, SourceConfig
 from mindfoundry.data.ingest.inputs import InputTask
 
 # The stages, in the order they run (each a folder of the work area).

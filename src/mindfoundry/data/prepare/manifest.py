@@ -12,9 +12,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from mindfoundry.config.data import SourceConfig
-from mindfoundry.data.clean.base import BlockStats
-from mindfoundry.data.clean.pipeline import BLOCK_SECTION
+from mindfoundry.config.data_config import SourceConfig
+from mindfoundry.data.clean.block import BlockStats
+from mindfoundry.data.clean.profiles import BLOCK_SECTION
 from mindfoundry.data.dataset.prepared import SPLITS, DataError
 
 Result = dict[str, Any]

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from mindfoundry.config.data import DedupConfig
+from mindfoundry.config.data_config import DedupConfig
 from mindfoundry.data.clean.boilerplate import (
     FrequentLines,
     document_keys,

@@ -17,7 +17,7 @@ from rich.table import Table
 from mindfoundry.cli.args import add_max_restarts, console
 from mindfoundry.config.load import ConfigError
 from mindfoundry.parallel.layout import load_run_config
-from mindfoundry.config.parallel import ParallelConfig
+from mindfoundry.config.parallel_config import ParallelConfig
 
 
 

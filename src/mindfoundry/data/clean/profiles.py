@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from mindfoundry.config.clean import CLEAN_BLOCKS, GOPHER_DUPLICATE_NGRAMS
-from mindfoundry.data.clean.base import Block, BlockStats
+from mindfoundry.data.clean.block import Block, BlockStats
 from mindfoundry.data.clean.boilerplate import BoilerplateRemover, FrequentLines
 from mindfoundry.data.clean.garbled import MojibakeFilter, SymbolRunFilter, SymbolRunRemover
 from mindfoundry.data.clean.junk import JunkRemover

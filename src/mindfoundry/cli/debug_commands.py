@@ -50,7 +50,7 @@ def cmd_locate(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from mindfoundry.debug.compare import compare_trees
-    from mindfoundry.report.compare import summary_lines, write_csv, write_html
+    from mindfoundry.report.compare_report import summary_lines, write_csv, write_html
 
     comparisons = compare_trees(Path(args.dump_a), Path(args.dump_b), Thresholds(cosine_error=args.cosine, rel_error=args.rel_error))
     out = Path(args.out) if args.out else Path(args.dump_a).parent / f"compare-{Path(args.dump_a).name}-vs-{Path(args.dump_b).name}"
@@ -65,7 +65,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_align(args: argparse.Namespace) -> int:
-    from mindfoundry.report.compare import summary_lines
+    from mindfoundry.report.compare_report import summary_lines
     from mindfoundry.workflows.align import Side, align
 
     cfg = config_from_args(args)

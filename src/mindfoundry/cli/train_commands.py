@@ -27,7 +27,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 def _preview(cfg, n: int, chars: int) -> int:
     """Print what cleaning would drop or change in the first ``n`` documents of each source; write nothing."""
-    from mindfoundry.cli.data import print_drops, stdout
+    from mindfoundry.cli.data_commands import print_drops, stdout
     from mindfoundry.data.clean.droplog import summarise
     from mindfoundry.data.clean.preview import preview_cleaning
 
