@@ -1,5 +1,5 @@
 """The `parallel` section: the degrees of the process grid (the rules that relate them to the model are
-:mod:`mindfoundry.parallel.rules`')."""
+:mod:`mindfoundry.parallel.layout`'s)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class ParallelConfig(Section):
 
     The processes form a grid dp_replicate x dp_shard x cp x tp x pp whose product is the world size;
     ep is carved out of dp_shard x cp (torchtitan-style). The rules that relate these numbers to the
-    model, the sequence and the batch are in :mod:`mindfoundry.parallel.rules`.
+    model, the sequence and the batch are in :mod:`mindfoundry.parallel.layout`.
     """
 
     dp_replicate: int = Field(1, ge=1, description="Data-parallel replicas: whole copies of the (tp/pp-split) model whose gradients "
