@@ -79,11 +79,25 @@ def _tiny_config(root: Path, name: str, engine: str, steps: int) -> Path:
         stdlib = Path(sysconfig.get_paths()["stdlib"])
         texts = [f.read_text(encoding="utf-8") for f in sorted((stdlib / "email").glob("*.py"))]
         corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    tree = {"name": name, "run_dir": str(root / name), "seed": 7, "backend": engine,
-            "model": {"vocab_size": 512, "d_model": 32, "n_layers": 2, "n_heads": 2, "max_seq_len": 64},
-            "data": {"sources": [{"name": "code", "paths": [str(corpus)]}], "validation_fraction": 0.1},
-            "train": {"steps": steps, "micro_batch_size": 4, "grad_accum": 2, "seq_len": 32, "eval_every": 0, "eval_batches": 2},
-            "optim": {"warmup_steps": 2, "lr": 1e-2}, "checkpoint": {"every": 1, "keep_last": 2}, "monitor": {"progress": False}}
+    tree = {
+        "name": name,
+        "run_dir": str(root / name),
+        "seed": 7,
+        "backend": engine,
+        "model": {"vocab_size": 512, "d_model": 32, "n_layers": 2, "n_heads": 2, "max_seq_len": 64},
+        "data": {"sources": [{"name": "code", "paths": [str(corpus)]}], "validation_fraction": 0.1},
+        "train": {
+            "steps": steps,
+            "micro_batch_size": 4,
+            "grad_accum": 2,
+            "seq_len": 32,
+            "eval_every": 0,
+            "eval_batches": 2,
+        },
+        "optim": {"warmup_steps": 2, "lr": 1e-2},
+        "checkpoint": {"every": 1, "keep_last": 2},
+        "monitor": {"progress": False},
+    }
     path = root / f"{name}.yaml"
     path.write_text(yaml.safe_dump(tree))
     return path
@@ -112,7 +126,10 @@ def soak(trials: int, engine: str, root: Path, steps: int = 16) -> dict:
         while _last_step(run_dir) < target and proc.poll() is None:
             time.sleep(0.01)
         if proc.poll() is not None:
-            raise SystemExit(f"trial {trial}: training ended by itself (exit {proc.returncode}) before the kill:\n{proc.stderr.read()[-2000:]}")
+            raise SystemExit(
+                f"trial {trial}: training ended by itself (exit {proc.returncode}) before the "
+                f"kill:\n{proc.stderr.read()[-2000:]}"
+            )
         time.sleep(rng.uniform(0, 0.05))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -136,15 +153,20 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="mf-bench-ckpt-"))
     try:
         result = {"speed": speed(args.params_m, root)}
-        print(f"save/load {result['speed']['state_mb']} MB: save {result['speed']['save_mb_s']} MB/s, load {result['speed']['load_mb_s']} MB/s")
+        print(
+            f"save/load {result['speed']['state_mb']} MB: save {result['speed']['save_mb_s']} MB/s, load "
+            f"{result['speed']['load_mb_s']} MB/s"
+        )
         result["overhead"] = [overhead(args.overhead_steps, every, args.engine, root) for every in (10, 5)]
         for o in result["overhead"]:
             print(f"checkpoint every {o['every']} steps on the demo model ({args.engine}): {o['mean_ckpt_s']} s each, "
                   f"{o['overhead']:.1%} of training time")
         if args.soak:
             result["soak"] = soak(args.soak, args.engine, root)
-            print(f"SIGKILL soak: {result['soak']['exact']}/{args.soak} resumed runs reproduce the uninterrupted losses exactly "
-                  f"({result['soak']['killed_inside_a_checkpoint_write']} kills inside a checkpoint write)")
+            print(
+                f"SIGKILL soak: {result['soak']['exact']}/{args.soak} resumed runs reproduce the uninterrupted losses "
+                f"exactly ({result['soak']['killed_inside_a_checkpoint_write']} kills inside a checkpoint write)"
+            )
         print(json.dumps(result))
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -34,17 +34,31 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).parent))
 from curation_sources import source_documents  # noqa: E402
-
 from mindfoundry.config.load import apply_overrides, validate  # noqa: E402
 from mindfoundry.data.clean.preview import preview_cleaning  # noqa: E402
 
-PRODUCTS = {"zh": ["减肥茶", "手机壳", "护肤品", "发票", "二手车", "保健品"], "en": ["watches", "pills", "loans", "sneakers"]}
+PRODUCTS = {
+    "zh": ["减肥茶", "手机壳", "护肤品", "发票", "二手车", "保健品"],
+    "en": ["watches", "pills", "loans", "sneakers"],
+}
 AD_LINES = {
-    "zh": ["加微信 vip{n} 了解详情", "联系QQ：{n}，24小时在线", "代开发票 {p} 电话 1{n}", "全场包邮，限时特价，立即抢购！",
-           "{p}厂家直销，价格优惠，欢迎来电咨询 1{n}", "扫码添加客服微信 wx{n}，领取优惠券", "专业代办{p}，加V：a{n}"],
-    "en": ["Call now 1-800-{n} for a free quote!", "Limited time offer: 50% off all {p}, free shipping!",
-           "Contact us on WhatsApp +1 {n} for the best price", "Buy cheap {p} online now, no prescription needed",
-           "CLICK HERE to claim your free {p} today!!!", "Earn $5000 a week from home, message me on Telegram @deal{n}"],
+    "zh": [
+        "加微信 vip{n} 了解详情",
+        "联系QQ：{n}，24小时在线",
+        "代开发票 {p} 电话 1{n}",
+        "全场包邮，限时特价，立即抢购！",
+        "{p}厂家直销，价格优惠，欢迎来电咨询 1{n}",
+        "扫码添加客服微信 wx{n}，领取优惠券",
+        "专业代办{p}，加V：a{n}",
+    ],
+    "en": [
+        "Call now 1-800-{n} for a free quote!",
+        "Limited time offer: 50% off all {p}, free shipping!",
+        "Contact us on WhatsApp +1 {n} for the best price",
+        "Buy cheap {p} online now, no prescription needed",
+        "CLICK HERE to claim your free {p} today!!!",
+        "Earn $5000 a week from home, message me on Telegram @deal{n}",
+    ],
 }
 STAMP_LINES = {"zh": ["发布时间：{y}-{m:02d}-{d:02d} {H:02d}:{M:02d}:{S:02d}", "[{y}-{m:02d}-{d:02d} {H:02d}:{M:02d}]",
                       "date: {y}-{m:02d}-{d:02d}", "{y}年{m}月{d}日 {H:02d}:{M:02d}", "time: {H:02d}:{M:02d}:{S:02d}"],
@@ -64,8 +78,14 @@ def _ad(lang: str, rng: random.Random) -> str:
 
 
 def _stamp(lang: str, rng: random.Random) -> str:
-    return rng.choice(STAMP_LINES[lang]).format(y=rng.randrange(2005, 2026), m=rng.randrange(1, 13), d=rng.randrange(1, 29),
-                                                H=rng.randrange(24), M=rng.randrange(60), S=rng.randrange(60))
+    return rng.choice(STAMP_LINES[lang]).format(
+        y=rng.randrange(2005, 2026),
+        m=rng.randrange(1, 13),
+        d=rng.randrange(1, 29),
+        H=rng.randrange(24),
+        M=rng.randrange(60),
+        S=rng.randrange(60),
+    )
 
 
 def junk_line(kind: str, lang: str, rng: random.Random) -> str:
@@ -89,8 +109,10 @@ def junk_document(kind: str, lang: str, rng: random.Random, good: list[str]) -> 
                 chars = [chr(rng.randrange(0x4E00, 0x9FA6)) if rng.random() < 0.7 else rng.choice(SYMBOLS)
                          for _ in range(rng.randrange(20, 60))]
             else:
-                chars = [rng.choice("abcdefghijklmnopqrstuvwxyz0123456789" + SYMBOLS[8:]) if rng.random() < 0.85 else " "
-                         for _ in range(rng.randrange(30, 80))]
+                chars = [
+                    rng.choice("abcdefghijklmnopqrstuvwxyz0123456789" + SYMBOLS[8:]) if rng.random() < 0.85 else " "
+                    for _ in range(rng.randrange(30, 80))
+                ]
             lines.append("".join(chars))
     elif kind == "ads":
         lines = [_ad(lang, rng) for _ in range(rng.randrange(4, 12))]
@@ -101,7 +123,9 @@ def junk_document(kind: str, lang: str, rng: random.Random, good: list[str]) -> 
         text = rng.choice([t for t in good if 200 < len(t) < 5000] or good)
         if lang == "zh":
             return text.encode("utf-8").decode("gbk", errors="replace")
-        return text.encode("utf-8").decode("latin-1") + " café – naïve “quoted”".encode("utf-8").decode("cp1252", "replace")
+        return text.encode("utf-8").decode("latin-1") + " café – naïve “quoted”".encode("utf-8").decode(
+            "cp1252", "replace"
+        )
     return "\n".join(lines)
 
 
@@ -184,8 +208,17 @@ def measure(items: dict[str, list[Item]], overrides: list[str]) -> dict[str, dic
     cleaned, events = clean_all(items, overrides)
     results: dict[str, dict] = {}
     for item, text in zip(flat, cleaned, strict=True):
-        r = results.setdefault(item.source, {"good_chars": 0, "kept_chars": 0, "junk_docs": Counter(), "junk_docs_removed": Counter(),
-                                             "junk_lines": Counter(), "junk_lines_removed": Counter()})
+        r = results.setdefault(
+            item.source,
+            {
+                "good_chars": 0,
+                "kept_chars": 0,
+                "junk_docs": Counter(),
+                "junk_docs_removed": Counter(),
+                "junk_lines": Counter(),
+                "junk_lines_removed": Counter(),
+            },
+        )
         if item.junk_kind:
             r["junk_docs"][item.junk_kind] += 1
             r["junk_docs_removed"][item.junk_kind] += text is None
@@ -248,8 +281,17 @@ def write_fixtures(items: dict[str, list[Item]], folder: Path, per_source: int, 
                 pick.append(item)
         with (folder / f"{name}.jsonl").open("w", encoding="utf-8") as fh:
             for item in pick:
-                fh.write(json.dumps({"text": item.text, "junk": item.junk_kind, "junk_lines": [l for _, l in item.junk_lines]},
-                                    ensure_ascii=False) + "\n")
+                fh.write(
+                    json.dumps(
+                        {
+                            "text": item.text,
+                            "junk": item.junk_kind,
+                            "junk_lines": [line for _, line in item.junk_lines],
+                        },
+                        ensure_ascii=False,
+                    )
+                    + "\n"
+                )
 
 
 def main() -> None:
@@ -267,10 +309,20 @@ def main() -> None:
         return
     results = measure(items, args.overrides)
     table = Table(title="curation on real text never tuned on (characters of good text; junk removed)")
-    for col in ("source", "docs", "good chars", "kept", "junk docs removed", "junk lines removed", "biggest losses (documents without junk lines)"):
+    for col in (
+        "source",
+        "docs",
+        "good chars",
+        "kept",
+        "junk docs removed",
+        "junk lines removed",
+        "biggest losses (documents without junk lines)",
+    ):
         table.add_column(col)
     for name, r in results.items():
-        losses = ", ".join(f"{k} {v / max(r['good_chars'], 1):.1%}" for k, v in r.get("losses", Counter()).most_common(3))
+        losses = ", ".join(
+            f"{k} {v / max(r['good_chars'], 1):.1%}" for k, v in r.get("losses", Counter()).most_common(3)
+        )
         table.add_row(name, str(len(items[name])), f"{r['good_chars']:,}", f"{r['kept_chars'] / r['good_chars']:.1%}",
                       f"{sum(r['junk_docs_removed'].values())}/{sum(r['junk_docs'].values())}",
                       f"{sum(r['junk_lines_removed'].values())}/{sum(r['junk_lines'].values())}", losses)

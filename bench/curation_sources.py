@@ -109,19 +109,35 @@ def _sample(paths: list[Path], count: int, seed: int) -> list[Path]:
 def source_documents(cache: Path = CACHE, seed: int = 0) -> dict[str, list[str]]:
     """Every source's documents (non-empty texts), in a fixed order; man and help pages a fixed sample."""
     if not all((cache / name).is_dir() for name in PACKAGES):
-        raise SystemExit(f"the Debian packages are not in {cache}: run `.venv/bin/python bench/curation_sources.py --fetch`")
+        raise SystemExit(
+            f"the Debian packages are not in {cache}: run `.venv/bin/python bench/curation_sources.py --fetch`"
+        )
     readers: dict[str, Callable[[], list[str]]] = {
-        "zh_reference": lambda: [html_text(p) for p in sorted((cache / "debian-reference-zh-cn").rglob("*.zh-cn.html"))],
-        "zh_help": lambda: [html_text(p) for p in _sample(list((cache / "gimp-help-zh-cn").rglob("*.html")), 300, seed)],
-        "zh_man": lambda: [_man_page(p) for p in _sample([p for p in (cache / "manpages-zh").rglob("*.gz")
-                                                          if "/man/" in str(p)], 200, seed)],
-        "zh_poems": lambda: [t for name in ("tang300", "song100", "chinese")
-                             for t in _fortunes(cache / "fortunes-zh" / "usr/share/games/fortunes" / name)],
-        "en_library": lambda: [p.read_text(encoding="utf-8") for p in
-                               sorted((cache / "python3.11-doc").rglob("_sources/library/*.rst.txt"))],
+        "zh_reference": lambda: [
+            html_text(p) for p in sorted((cache / "debian-reference-zh-cn").rglob("*.zh-cn.html"))
+        ],
+        "zh_help": lambda: [
+            html_text(p) for p in _sample(list((cache / "gimp-help-zh-cn").rglob("*.html")), 300, seed)
+        ],
+        "zh_man": lambda: [
+            _man_page(p)
+            for p in _sample([p for p in (cache / "manpages-zh").rglob("*.gz") if "/man/" in str(p)], 200, seed)
+        ],
+        "zh_poems": lambda: [
+            t
+            for name in ("tang300", "song100", "chinese")
+            for t in _fortunes(cache / "fortunes-zh" / "usr/share/games/fortunes" / name)
+        ],
+        "en_library": lambda: [
+            p.read_text(encoding="utf-8")
+            for p in sorted((cache / "python3.11-doc").rglob("_sources/library/*.rst.txt"))
+        ],
         "en_reference": lambda: [html_text(p) for p in sorted((cache / "debian-reference-en").rglob("*.en.html"))],
-        "en_quotes": lambda: [t for name in ("wisdom", "people", "love", "songs-poems", "humorists", "art", "education", "work")
-                              for t in _fortunes(cache / "fortunes" / "usr/share/games/fortunes" / name)],
+        "en_quotes": lambda: [
+            t
+            for name in ("wisdom", "people", "love", "songs-poems", "humorists", "art", "education", "work")
+            for t in _fortunes(cache / "fortunes" / "usr/share/games/fortunes" / name)
+        ],
     }
     return {name: [t for t in read() if t.strip()] for name, read in readers.items()}
 

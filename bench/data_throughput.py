@@ -13,7 +13,8 @@ Prepares the config's data first if needed (reused when present), then measures,
 3. the training loader: samples/s of `TrainLoader` over the plain stream and over a category
    mixture, with and without prefetch, next to what the training step consumes (the demo's
    measured ~5,700 tokens/s, i.e. ~45 samples/s of 128 tokens);
-4. MindRecord: export MB/s on disk and of int32 token payload (`export_mindrecord`) and `MindDataset` read samples/s and tokens/s.
+4. MindRecord: export MB/s on disk and of int32 token payload (`export_mindrecord`) and `MindDataset` read samples/s and
+tokens/s.
 
 Prints a table and one final JSON line.
 """
@@ -30,16 +31,16 @@ from typing import Callable
 from rich.console import Console
 from rich.table import Table
 
-from mindfoundry.parallel.layout import load_run_config
 from mindfoundry.config.data_config import MixtureConfig
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.clean.curate import CHUNK_DOCUMENTS
-from mindfoundry.data.ingest.inputs import read_source
 from mindfoundry.data.dataset.loader import TrainLoader, training_source
-from mindfoundry.data.prepare.pipeline import prepare_data
 from mindfoundry.data.ingest.files import SourceStats
+from mindfoundry.data.ingest.inputs import read_source
+from mindfoundry.data.prepare.pipeline import prepare_data
 from mindfoundry.data.prepare.split import split_documents
 from mindfoundry.data.prepare.tokenizer import encode_batch
+from mindfoundry.parallel.layout import load_run_config
 
 # The demo's measured training throughput (docs/benchmarks.md, MindSpore engine): what the loader must beat.
 STEP_TOKENS_PER_S = 5_700
@@ -65,7 +66,9 @@ def bench_read(cfg: RunConfig) -> tuple[dict[str, float], list[str]]:
     docs = 0
     t0 = time.perf_counter()
     for index in range(len(cfg.data.sources)):
-        for split, doc in split_documents(read_source(cfg.data, index, SourceStats()), cfg.seed, cfg.data.validation_fraction):
+        for split, doc in split_documents(
+            read_source(cfg.data, index, SourceStats()), cfg.seed, cfg.data.validation_fraction
+        ):
             docs += 1
             if split == "train":
                 texts.append(doc.text)
@@ -80,7 +83,9 @@ def bench_tokenize(tokenizer, texts: list[str], repeats: int) -> dict[str, float
     The two alternate in ABBA order (so neither always runs first, on warm caches) and each keeps
     its fastest pass: on a shared machine the minimum is the figure least moved by other jobs.
     """
-    batches = [texts[i : i + CHUNK_DOCUMENTS] for i in range(0, len(texts), CHUNK_DOCUMENTS)]  # prepare tokenizes per chunk
+    batches = [
+        texts[i : i + CHUNK_DOCUMENTS] for i in range(0, len(texts), CHUNK_DOCUMENTS)
+    ]  # prepare tokenizes per chunk
     tokens = sum(len(ids) for batch in batches for ids in encode_batch(tokenizer, batch))
     runs: dict[str, Callable[[], object]] = {
         "mf": lambda: [encode_batch(tokenizer, b) for b in batches],
@@ -91,7 +96,12 @@ def bench_tokenize(tokenizer, texts: list[str], repeats: int) -> dict[str, float
         for name in ("mf", "raw") if i % 2 == 0 else ("raw", "mf"):
             times[name].append(_seconds(runs[name]))
     mf_s, raw_s = min(times["mf"]), min(times["raw"])
-    return {"tokens": tokens, "mf_tokens_per_s": tokens / mf_s, "hf_tokens_per_s": tokens / raw_s, "ratio": raw_s / mf_s}
+    return {
+        "tokens": tokens,
+        "mf_tokens_per_s": tokens / mf_s,
+        "hf_tokens_per_s": tokens / raw_s,
+        "ratio": raw_s / mf_s,
+    }
 
 
 def bench_loader(cfg: RunConfig, data, steps: int) -> dict[str, float]:
@@ -101,7 +111,9 @@ def bench_loader(cfg: RunConfig, data, steps: int) -> dict[str, float]:
     for name, config in (("plain", cfg), ("mixture", with_mixture(cfg))):
         source = training_source(config, data)
         for prefetch in (0, 2):
-            loader = TrainLoader(source, micro_batch_size=t.micro_batch_size, grad_accum=t.grad_accum, prefetch=prefetch)
+            loader = TrainLoader(
+                source, micro_batch_size=t.micro_batch_size, grad_accum=t.grad_accum, prefetch=prefetch
+            )
             with loader.iterate(0) as batches:
                 next(batches)  # first permutation and thread start, not steady state
                 t0 = time.perf_counter()
@@ -117,7 +129,9 @@ def bench_prefetch_wait(source, cfg: RunConfig, steps: int, step_s: float) -> di
     releases the GIL as the compiled engine step does): what prefetching hides."""
     out = {}
     for prefetch in (0, 2):
-        loader = TrainLoader(source, micro_batch_size=cfg.train.micro_batch_size, grad_accum=cfg.train.grad_accum, prefetch=prefetch)
+        loader = TrainLoader(
+            source, micro_batch_size=cfg.train.micro_batch_size, grad_accum=cfg.train.grad_accum, prefetch=prefetch
+        )
         waited = 0.0
         with loader.iterate(0) as batches:
             next(batches)
@@ -146,7 +160,9 @@ def bench_mindrecord(data_dir: Path, shards: int) -> dict[str, float]:
         files = [str(f) for f in mindrecord_files(out, "train")]
         t0 = time.perf_counter()
         rows = tokens = 0
-        for (ids,) in ds.MindDataset(files, columns_list=["tokens"], shuffle=False).create_tuple_iterator(output_numpy=True, num_epochs=1):
+        for (ids,) in ds.MindDataset(files, columns_list=["tokens"], shuffle=False).create_tuple_iterator(
+            output_numpy=True, num_epochs=1
+        ):
             rows += 1
             tokens += ids.size
         read_s = time.perf_counter() - t0
@@ -165,14 +181,20 @@ def bench_curation(cfg: RunConfig) -> dict[str, float]:
     stages, report = manifest["timings"]["stages"], manifest["dedup"]
     read = stages["read"]["documents"]
     cleaning = sum(stages[name]["seconds"] for name in ("read", "boilerplate", "clean") if name in stages)
-    return {"docs": read, "clean_docs_per_s": read / cleaning, "dedup_docs_per_s": report["documents"] / report["seconds"],
-            "seconds": cleaning}
+    return {
+        "docs": read,
+        "clean_docs_per_s": read / cleaning,
+        "dedup_docs_per_s": report["documents"] / report["seconds"],
+        "seconds": cleaning,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="configs/demo.yaml")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override, e.g. run_dir=/tmp/bench-data")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="config override, e.g. run_dir=/tmp/bench-data"
+    )
     parser.add_argument("--repeats", type=int, default=4, help="tokenization passes per variant (fastest kept)")
     parser.add_argument("--loader-steps", type=int, default=300, help="global batches timed per loader variant")
     parser.add_argument("--shards", type=int, default=4, help="MindRecord files per split")
@@ -198,12 +220,23 @@ def main() -> None:
                   f"raw HF encode_batch {tok['hf_tokens_per_s']:,.0f} tokens/s (ratio {tok['ratio']:.2f}x)")
     for key, rate in loader.items():
         if key != "step_needs":
-            table.add_row(f"loader {key.replace('_', ', ')}", f"{rate:,.0f} samples/s", f"step needs {loader['step_needs']:.0f} samples/s")
-    table.add_row("loop waits for data (mixture, 10 ms step)", f"{wait['wait_us_prefetch2']:,.0f} µs/step with prefetch 2",
-                  f"{wait['wait_us_prefetch0']:,.0f} µs/step without")
+            table.add_row(
+                f"loader {key.replace('_', ', ')}",
+                f"{rate:,.0f} samples/s",
+                f"step needs {loader['step_needs']:.0f} samples/s",
+            )
+    table.add_row(
+        "loop waits for data (mixture, 10 ms step)",
+        f"{wait['wait_us_prefetch2']:,.0f} µs/step with prefetch 2",
+        f"{wait['wait_us_prefetch0']:,.0f} µs/step without",
+    )
     table.add_row(f"MindRecord write ({args.shards} files/split)", f"{mr['write_mb_per_s']:.1f} MB/s on disk",
                   f"{mr['written_mb']:.1f} MB in {mr['write_s']:.2f} s; int32 tokens {mr['payload_mb_per_s']:.1f} MB/s")
-    table.add_row("MindDataset read (train)", f"{mr['read_docs_per_s']:,.0f} docs/s", f"{mr['read_tokens_per_s'] / 1e6:.2f} M tokens/s")
+    table.add_row(
+        "MindDataset read (train)",
+        f"{mr['read_docs_per_s']:,.0f} docs/s",
+        f"{mr['read_tokens_per_s'] / 1e6:.2f} M tokens/s",
+    )
     Console(width=120).print(table)  # fixed width: the table stays readable in a pipe or log
     figures = {"read": read, "curation": curation, "tokenize": tok, "loader": {**loader, **wait}, "mindrecord": mr}
     print(json.dumps({stage: {k: round(v, 3) for k, v in f.items()} for stage, f in figures.items()}))

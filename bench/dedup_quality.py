@@ -5,7 +5,8 @@
 
 Builds :mod:`mindfoundry.data.clean.dedup_benchmark` (``--pairs`` groups per edit kind and
 language, documents of 400-6,000 characters from the Debian documentation of bench/curation_sources.py, never
-tuned on, or with ``--texts demo`` from the demo packages: character edits at 2% and at 4%, inserted ad lines, inserted timestamp lines, truncation to
+tuned on, or with ``--texts demo`` from the demo packages: character edits at 2% and at 4%, inserted ad lines, inserted
+timestamp lines, truncation to
 85-95% from the head or the tail; plus ``--distractors`` unrelated documents per language), then
 scores:
 
@@ -40,7 +41,17 @@ sys.path.insert(0, str(Path(__file__).parent))
 from rich.console import Console
 from rich.table import Table
 
-from mindfoundry.data.clean.dedup_benchmark import KINDS, LANGUAGES, Case, Score, build, kept_ids, pieces, run_ours, score
+from mindfoundry.data.clean.dedup_benchmark import (
+    KINDS,
+    LANGUAGES,
+    Case,
+    Score,
+    build,
+    kept_ids,
+    pieces,
+    run_ours,
+    score,
+)
 
 
 def datatrove_kept_for(cases: list[Case], workdir: Path) -> Callable[[str], str | None] | None:
@@ -48,8 +59,13 @@ def datatrove_kept_for(cases: list[Case], workdir: Path) -> Callable[[str], str 
     try:
         import nltk
         from datatrove.executor.local import LocalPipelineExecutor
-        from datatrove.pipeline.dedup.minhash import (MinhashConfig, MinhashDedupBuckets, MinhashDedupCluster,
-                                                      MinhashDedupFilter, MinhashDedupSignature)
+        from datatrove.pipeline.dedup.minhash import (
+            MinhashConfig,
+            MinhashDedupBuckets,
+            MinhashDedupCluster,
+            MinhashDedupFilter,
+            MinhashDedupSignature,
+        )
         from datatrove.pipeline.readers import JsonlReader
         from datatrove.pipeline.writers import JsonlWriter
         from datatrove.utils import word_tokenizers
@@ -86,12 +102,19 @@ def datatrove_kept_for(cases: list[Case], workdir: Path) -> Callable[[str], str 
                     fh.write(json.dumps({"id": case.doc.id, "text": case.doc.text}, ensure_ascii=False) + "\n")
         config = MinhashConfig()  # datatrove's defaults
         stages = [
-            [JsonlReader(str(root / "input")), MinhashDedupSignature(str(root / "sigs"), config=config, language=language)],
+            [
+                JsonlReader(str(root / "input")),
+                MinhashDedupSignature(str(root / "sigs"), config=config, language=language),
+            ],
             [MinhashDedupBuckets(str(root / "sigs"), str(root / "buckets"), config=config)],
             [MinhashDedupCluster(str(root / "buckets"), str(root / "remove"), config=config, save_cluster_id=True)],
-            [JsonlReader(str(root / "input")),
-             MinhashDedupFilter(str(root / "remove"), exclusion_writer=JsonlWriter(str(root / "removed")), load_cluster_ids=True),
-             JsonlWriter(str(root / "kept"))],
+            [
+                JsonlReader(str(root / "input")),
+                MinhashDedupFilter(
+                    str(root / "remove"), exclusion_writer=JsonlWriter(str(root / "removed")), load_cluster_ids=True
+                ),
+                JsonlWriter(str(root / "kept")),
+            ],
         ]
         for i, pipeline in enumerate(stages):
             tasks = config.num_buckets if i == 1 else 1
@@ -138,16 +161,25 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=60, help="groups per edit kind and language")
     parser.add_argument("--distractors", type=int, default=200, help="unrelated documents per language")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--texts", choices=("demo", "debian"), default="debian",
-                        help="demo: People's Daily, Shakespeare, Python's reference manual; debian: the Debian documentation "
-                             "of bench/curation_sources.py (never tuned on)")
+    parser.add_argument(
+        "--texts",
+        choices=("demo", "debian"),
+        default="debian",
+        help="demo: People's Daily, Shakespeare, Python's reference manual; debian: the Debian documentation "
+        "of bench/curation_sources.py (never tuned on)",
+    )
     parser.add_argument("--set", action="append", default=[], dest="settings",
                         help="a data.dedup setting for our default row, e.g. char_ngram=3 or threshold=0.6")
     args = parser.parse_args()
     console = Console()
-    cases = build(args.pairs, args.distractors, seed=args.seed, texts=debian_texts() if args.texts == "debian" else None)
+    cases = build(
+        args.pairs, args.distractors, seed=args.seed, texts=debian_texts() if args.texts == "debian" else None
+    )
     ours = {key: json.loads(value) for key, value in (item.split("=", 1) for item in args.settings)}
-    console.print(f"{len(cases)} documents: {args.pairs} groups per edit kind and language, {args.distractors} distractors per language")
+    console.print(
+        f"{len(cases)} documents: {args.pairs} groups per edit kind and language, {args.distractors} distractors per "
+        "language"
+    )
     results: dict[str, dict] = {}
     runs: list[tuple[str, Callable[[], Callable[[str], str | None] | None]]] = [
         (f"ours (defaults{', ' + str(ours) if ours else ''})", lambda: kept_ids(run_ours(cases, **ours))),

@@ -31,11 +31,10 @@ from pathlib import Path
 import numpy as np
 
 from mindfoundry.backends.base import create_backend
-from mindfoundry.parallel.layout import launch_layout
-from mindfoundry.parallel.layout import load_run_config
 from mindfoundry.debug.dump import DumpWriter
 from mindfoundry.debug.probe import Probe
 from mindfoundry.model.spec import ModelSpec, init_weights, num_parameters, parameter_shapes
+from mindfoundry.parallel.layout import launch_layout, load_run_config
 from mindfoundry.train.schedule import step_scalars
 
 DIRECTIONS = ("forward", "backward", "params", "grads")
@@ -62,7 +61,11 @@ def time_engine(config: str, engine: str, steps: int) -> dict:
     backend = create_backend(cfg, spec, launch_layout(cfg))
     weights = init_weights(spec, cfg.seed)
     t = cfg.train
-    tokens = np.random.default_rng(0).integers(0, spec.vocab_size, (t.grad_accum, t.micro_batch_size, t.seq_len + 1)).astype(np.int32)
+    tokens = (
+        np.random.default_rng(0)
+        .integers(0, spec.vocab_size, (t.grad_accum, t.micro_batch_size, t.seq_len + 1))
+        .astype(np.int32)
+    )
     batch = (tokens[..., :-1], tokens[..., 1:])
     result = {"engine": engine, "parameters": num_parameters(spec), "tokens_per_step": int(batch[0].size)}
     for kind in KINDS:
@@ -131,17 +134,25 @@ def main() -> int:
         return 0
     if args.memory:
         for row in memory(args.engine):
-            print(f"{row['engine']:9s} {row['mode']:10s} {row['parameters'] / 1e6:.0f}M params: peak RSS {row['peak_rss_mb']:,.0f} MiB, "
-                  f"dump {row['dump_bytes'] / 2**20:,.0f} MiB (largest tensor {row['largest_tensor_mb']:.0f} MiB)")
+            print(
+                f"{row['engine']:9s} {row['mode']:10s} {row['parameters'] / 1e6:.0f}M params: peak RSS "
+                f"{row['peak_rss_mb']:,.0f} MiB, "
+                f"dump {row['dump_bytes'] / 2**20:,.0f} MiB (largest tensor {row['largest_tensor_mb']:.0f} MiB)"
+            )
         return 0
     for engine in args.engines:
         r = time_engine(args.config, engine, args.steps)
         print(f"{engine}: {r['parameters']:,} params, {r['tokens_per_step']} tokens/step")
         for label in KINDS:
             m = r[label]
-            print(f"  {label:10s} {m['median_s'] * 1000:8.1f} ms/step" + (f"  dump {m['bytes'] / 2**20:7.1f} MiB" if m["bytes"] else ""))
-        print(f"  statistics: {r['statistics_vs_eager']:.2f}x the hooked eager step, {r['statistics_vs_plain']:.2f}x the plain step; "
-              f"tensor: {r['tensor_vs_eager']:.2f}x eager, {r['tensor_vs_plain']:.2f}x plain")
+            print(
+                f"  {label:10s} {m['median_s'] * 1000:8.1f} ms/step"
+                + (f"  dump {m['bytes'] / 2**20:7.1f} MiB" if m["bytes"] else "")
+            )
+        print(
+            f"  statistics: {r['statistics_vs_eager']:.2f}x the hooked eager step, {r['statistics_vs_plain']:.2f}x the "
+            f"plain step; tensor: {r['tensor_vs_eager']:.2f}x eager, {r['tensor_vs_plain']:.2f}x plain"
+        )
     return 0
 
 

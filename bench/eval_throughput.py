@@ -17,9 +17,8 @@ import time
 import numpy as np
 
 from mindfoundry.backends.base import create_backend
-from mindfoundry.parallel.layout import launch_layout
 from mindfoundry.model.spec import ModelSpec, init_weights
-from mindfoundry.parallel.layout import load_run_config
+from mindfoundry.parallel.layout import launch_layout, load_run_config
 from mindfoundry.train.schedule import step_scalars
 
 
@@ -48,9 +47,18 @@ def main() -> None:
             for i in range(1, args.batches + 1):
                 run(i)
             timings[name] = args.batches * ids[0].size / (time.perf_counter() - t0)
-        print(json.dumps({"engine": engine, "tokens_per_batch": int(ids[0].size), "eval_tokens_per_s": round(timings["eval"]),
-                          "train_tokens_per_s": round(timings["train"]), "eval_over_train": round(timings["eval"] / timings["train"], 2)}),
-              flush=True)
+        print(
+            json.dumps(
+                {
+                    "engine": engine,
+                    "tokens_per_batch": int(ids[0].size),
+                    "eval_tokens_per_s": round(timings["eval"]),
+                    "train_tokens_per_s": round(timings["train"]),
+                    "eval_over_train": round(timings["eval"] / timings["train"], 2),
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@ Every GEMM of one training step of the bench size (bench/peers.py's SIZES: forwa
 products dX = dY W and dW = dY^T X of each projection and the tied head; the attention core's QK^T and PV and
 their four backward products, batched over every sequence and head), with the transposes the engines' kernels
 use, timed one shape at a time in each runtime (MindSpore's compiled, as in its engine) with the thread count
-pinned (the fastest of --repeats after a warm-up: on this shared machine a kernel's time moves 2x between repeats). Their sum is the
-step time if everything else (softmax, norms, RoPE, the loss, AdamW, the host) took no time at all, so
+pinned (the fastest of --repeats after a warm-up: on this shared machine a kernel's time moves 2x between repeats).
+Their sum is the step time if everything else (softmax, norms, RoPE, the loss, AdamW, the host) took no time at all, so
 
     MFU ceiling = model FLOPs per step / (GEMM-only step time * sustained GEMM peak)
 
@@ -43,9 +43,15 @@ def step_gemms(size: str) -> tuple[list[tuple[str, int, tuple[int, int, int], st
     spec = ModelSpec.from_config(cfg.model)
     b, s, d, L = cfg.train.micro_batch_size * cfg.train.grad_accum, cfg.train.seq_len, spec.d_model, spec.n_layers
     m, hd = b * s, spec.head_dim
-    linears = [("q_proj", d, spec.n_heads * hd), ("k_proj", d, spec.n_kv_heads * hd), ("v_proj", d, spec.n_kv_heads * hd),
-               ("o_proj", spec.n_heads * hd, d), ("gate_proj", d, spec.ffn_dim), ("up_proj", d, spec.ffn_dim),
-               ("down_proj", spec.ffn_dim, d)]
+    linears = [
+        ("q_proj", d, spec.n_heads * hd),
+        ("k_proj", d, spec.n_kv_heads * hd),
+        ("v_proj", d, spec.n_kv_heads * hd),
+        ("o_proj", spec.n_heads * hd, d),
+        ("gate_proj", d, spec.ffn_dim),
+        ("up_proj", d, spec.ffn_dim),
+        ("down_proj", spec.ffn_dim, d),
+    ]
     out = []
     for name, i, o in linears + [("head", d, spec.vocab_size)]:
         count = 1 if name == "head" else L
@@ -62,8 +68,8 @@ def step_gemms(size: str) -> tuple[list[tuple[str, int, tuple[int, int, int], st
 
 def time_gemm(runtime: str, mkn: tuple[int, int, int], transposes: str, repeats: int, batch: int = 1) -> float:
     """Fastest seconds over `repeats` of one (m, k) x (k, n) product laid out as `transposes` says (`batch` of them in
-    one batched kernel): the best case, so that the sum bounds a step from below however busy the machine is. MindSpore's runs as a compiled graph (GRAPH_MODE, as in the engine): eager ops pay milliseconds of
-    dispatch each."""
+    one batched kernel): the best case, so that the sum bounds a step from below however busy the machine is.
+    MindSpore's runs as a compiled graph (GRAPH_MODE, as in the engine): eager ops pay milliseconds of dispatch each."""
     import numpy as np
 
     m, k, n = mkn
@@ -138,8 +144,23 @@ def main(argv: list[str] | None = None) -> int:
     env = pinned_env(args.threads)
     results = {}
     for runtime in args.runtime:  # one process each: no two runtimes' thread pools compete
-        proc = subprocess.run([sys.executable, __file__, "--worker", runtime, "--size", args.size, "--threads",
-                               str(args.threads), "--repeats", str(args.repeats)], capture_output=True, text=True, env=env)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--worker",
+                runtime,
+                "--size",
+                args.size,
+                "--threads",
+                str(args.threads),
+                "--repeats",
+                str(args.repeats),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
         if proc.returncode:
             print(proc.stderr[-3000:], file=sys.stderr)
             return proc.returncode

@@ -19,10 +19,9 @@ import time
 import numpy as np
 
 from mindfoundry.backends.base import create_backend
-from mindfoundry.parallel.layout import launch_layout
 from mindfoundry.eval.sampling import generate
 from mindfoundry.model.spec import ModelSpec, init_weights
-from mindfoundry.parallel.layout import load_run_config
+from mindfoundry.parallel.layout import launch_layout, load_run_config
 
 
 def window_greedy(backend, prompt: list[int], new: int, window: int) -> list[int]:
@@ -61,9 +60,20 @@ def main() -> None:
         t0 = time.perf_counter()
         b = window_greedy(backend, prompt, args.new, window)
         t_window = time.perf_counter() - t0
-        print(json.dumps({"engine": engine, "prompt_tokens": args.prompt, "new_tokens": args.new, "same_tokens": a == b,
-                          "cached_tokens_per_s": round(args.new / t_cached, 1), "window_tokens_per_s": round(args.new / t_window, 1),
-                          "speedup": round(t_window / t_cached, 2)}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "engine": engine,
+                    "prompt_tokens": args.prompt,
+                    "new_tokens": args.new,
+                    "same_tokens": a == b,
+                    "cached_tokens_per_s": round(args.new / t_cached, 1),
+                    "window_tokens_per_s": round(args.new / t_window, 1),
+                    "speedup": round(t_window / t_cached, 2),
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

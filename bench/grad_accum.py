@@ -30,13 +30,14 @@ def measure(engine: str, size: str, accum: int, steps: int, threads: int) -> dic
     import numpy as np
 
     from mindfoundry.backends.base import create_backend
-    from mindfoundry.parallel.layout import launch_layout
     from mindfoundry.model.spec import ModelSpec, init_weights
-    from mindfoundry.parallel.layout import load_run_config
+    from mindfoundry.parallel.layout import launch_layout, load_run_config
     from mindfoundry.train.schedule import step_scalars
 
     _pin_threads(engine, threads)
-    cfg = load_run_config(ROOT / "configs" / "demo.yaml", SIZES[size] + [f"backend={engine}", f"train.grad_accum={accum}"])
+    cfg = load_run_config(
+        ROOT / "configs" / "demo.yaml", SIZES[size] + [f"backend={engine}", f"train.grad_accum={accum}"]
+    )
     spec, t = ModelSpec.from_config(cfg.model), cfg.train
     backend = create_backend(cfg, spec, launch_layout(cfg))
     backend.load_weights(init_weights(spec, cfg.seed))
@@ -75,13 +76,37 @@ def main(argv: list[str] | None = None) -> int:
     env = pinned_env(args.threads, GLOG_v="3", PYTHONPATH=os.environ.get("PYTHONPATH", str(ROOT / "src")))
     rows = []
     for accum in args.accum:
-        out = subprocess.run([sys.executable, __file__, "--engine", args.engine, "--size", args.size, "--steps", str(args.steps),
-                              "--threads", str(args.threads), "--worker", str(accum)], env=env, capture_output=True, text=True, cwd=ROOT)
+        out = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--engine",
+                args.engine,
+                "--size",
+                args.size,
+                "--steps",
+                str(args.steps),
+                "--threads",
+                str(args.threads),
+                "--worker",
+                str(accum),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
         if out.returncode:
             raise SystemExit(f"grad_accum={accum} failed:\n{out.stderr[-3000:]}")
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print(f"{args.engine}, size {args.size} ({' '.join(SIZES[args.size]) or 'configs/demo.yaml'}), code from {env['PYTHONPATH']}")
-    print(f"{'grad_accum':>10} {'1st step s':>10} {'step s':>8} {'s/micro-batch':>13} {'peak RSS MiB':>12} {'1st loss':>11}")
+    print(
+        f"{args.engine}, size {args.size} ({' '.join(SIZES[args.size]) or 'configs/demo.yaml'}), code from "
+        f"{env['PYTHONPATH']}"
+    )
+    print(
+        f"{'grad_accum':>10} {'1st step s':>10} {'step s':>8} {'s/micro-batch':>13} {'peak RSS MiB':>12} "
+        f"{'1st loss':>11}"
+    )
     for r in rows:
         print(f"{r['accum']:>10} {r['first_step_s']:>10.1f} {r['step_s']:>8.3f} {r['per_micro_batch_s']:>13.3f} "
               f"{r['peak_rss_mib']:>12.0f} {r['first_loss']:>11.7f}")

@@ -11,7 +11,8 @@ resident set is the *static* baseline (weights, AdamW moments, runtime); the ker
 mark is reset (/proc/self/clear_refs) and activation memory = peak RSS of the timed steps - baseline
 (gradients being allocated while activations are freed are part of it, as on a device). MindSpore keeps
 what its first step allocated in its memory pool, so its baseline is taken before the first step and
-its figure is everything the compiled step holds (graph, pool: activations, gradients, workspace). A CPU keeps everything in RSS, so RSS is the
+its figure is everything the compiled step holds (graph, pool: activations, gradients, workspace). A CPU keeps
+everything in RSS, so RSS is the
 device memory here; on an accelerator the same script would read the device's peak allocation.
 
 The planner's figures for each mode are `parallel.planner.estimate(...)` for this engine's attention
@@ -38,8 +39,18 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MODEL = ["model.vocab_size=8192", "model.d_model=512", "model.n_layers=8", "model.n_heads=8", "model.n_kv_heads=8",
-         "model.max_seq_len=1024", "train.seq_len=1024", "train.micro_batch_size=2", "train.grad_accum=1", "train.precision=fp32"]
+MODEL = [
+    "model.vocab_size=8192",
+    "model.d_model=512",
+    "model.n_layers=8",
+    "model.n_heads=8",
+    "model.n_kv_heads=8",
+    "model.max_seq_len=1024",
+    "train.seq_len=1024",
+    "train.micro_batch_size=2",
+    "train.grad_accum=1",
+    "train.precision=fp32",
+]
 #: glibc raises its mmap threshold after each large free, after which freed activations stay in the heap and in
 #: RSS; a fixed threshold keeps every large tensor in its own mapping, so RSS follows the live tensors.
 MALLOC = {"MALLOC_MMAP_THRESHOLD_": "131072"}
@@ -65,9 +76,8 @@ def worker(engine: str, sets: list[str], steps: int) -> dict:
     import numpy as np
 
     from mindfoundry.backends.base import create_backend
-    from mindfoundry.parallel.layout import launch_layout
     from mindfoundry.model.spec import ModelSpec, init_weights
-    from mindfoundry.parallel.layout import load_run_config
+    from mindfoundry.parallel.layout import launch_layout, load_run_config
     from mindfoundry.train.schedule import step_scalars
 
     cfg = load_run_config(ROOT / "configs" / "demo.yaml", [f"backend={engine}", *sets])
@@ -141,10 +151,25 @@ def planned(engine: str, sets: list[str]) -> dict:
 
     cfg = load_run_config(ROOT / "configs" / "demo.yaml", [f"backend={engine}", *sets])
     spec, t, m = ModelSpec.from_config(cfg.model), cfg.train, cfg.memory
-    est = estimate(spec, Layout(), t.micro_batch_size, t.seq_len, t.precision, **memory_options(m, spec.n_layers),
-                   fixed_overhead_bytes=0, flash_attention=engine == "torch", fused_norm=False, vocab_parallel_loss=False)
-    return {"activations": est.activations, "logits": est.logits, "static": est.weights + est.optimizer, "total": est.total,
-            "head_gradient": spec.vocab_size * spec.d_model * 4}  # fp32 (V, C): the chunked backward's weight gradient
+    est = estimate(
+        spec,
+        Layout(),
+        t.micro_batch_size,
+        t.seq_len,
+        t.precision,
+        **memory_options(m, spec.n_layers),
+        fixed_overhead_bytes=0,
+        flash_attention=engine == "torch",
+        fused_norm=False,
+        vocab_parallel_loss=False,
+    )
+    return {
+        "activations": est.activations,
+        "logits": est.logits,
+        "static": est.weights + est.optimizer,
+        "total": est.total,
+        "head_gradient": spec.vocab_size * spec.d_model * 4,
+    }  # fp32 (V, C): the chunked backward's weight gradient
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,8 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1, help="processes per (engine, mode), run round-robin so that load "
                     "from other jobs hits every mode alike; medians over the rounds")
     ap.add_argument("--set", action="append", default=[], help="extra config overrides, e.g. train.micro_batch_size=4")
-    ap.add_argument("--pynative", action="store_true", help="instead: MindSpore eager (PYNATIVE) peak RSS without and with "
-                    "Cell.recompute on every block, one process each")
+    ap.add_argument(
+        "--pynative",
+        action="store_true",
+        help="instead: MindSpore eager (PYNATIVE) peak RSS without and with "
+        "Cell.recompute on every block, one process each",
+    )
     ap.add_argument("--worker", nargs=2, metavar=("ENGINE", "MODE"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker and args.worker[0] == "pynative":
@@ -165,14 +194,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.pynative:
         got = {}
         for mode in ("none", "full"):
-            proc = subprocess.run([sys.executable, __file__, "--worker", "pynative", mode, *sum((["--set", s] for s in args.set), [])],
-                                  capture_output=True, text=True, cwd=ROOT, env={**os.environ, "GLOG_v": "3", **MALLOC})
+            proc = subprocess.run(
+                [sys.executable, __file__, "--worker", "pynative", mode, *sum((["--set", s] for s in args.set), [])],
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
+                env={**os.environ, "GLOG_v": "3", **MALLOC},
+            )
             if proc.returncode:
                 raise SystemExit(f"pynative {mode} failed:\n{proc.stderr[-2000:]}")
             got[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
             print(f"MindSpore PYNATIVE, recompute {mode:4s}: peak RSS {got[mode]['peak'] / 2**20:7.0f} MiB, "
                   f"step {got[mode]['step_s']:.2f} s")
-        print(f"full recompute: peak x{got['full']['peak'] / got['none']['peak']:.2f}, step x{got['full']['step_s'] / got['none']['step_s']:.2f}")
+        print(
+            f"full recompute: peak x{got['full']['peak'] / got['none']['peak']:.2f}, step "
+            f"x{got['full']['step_s'] / got['none']['step_s']:.2f}"
+        )
         print(json.dumps({"model": MODEL + args.set, "pynative": got}))
         return 0
     if args.worker:
@@ -185,7 +222,9 @@ def main(argv: list[str] | None = None) -> int:
             for mode in args.modes:
                 cmd = [sys.executable, __file__, "--worker", engine, mode, "--steps", str(args.steps),
                        *sum((["--set", s] for s in args.set), [])]
-                proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "GLOG_v": "3", **MALLOC})
+                proc = subprocess.run(
+                    cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "GLOG_v": "3", **MALLOC}
+                )
                 if proc.returncode:
                     print(proc.stderr[-2000:], file=sys.stderr)
                     raise SystemExit(f"{engine} {mode} failed (exit {proc.returncode})")
@@ -200,23 +239,36 @@ def main(argv: list[str] | None = None) -> int:
         row["peak_to_plan"] = got["peak"] / row["planned_peak"]
         rows.append(row)
     print()
-    print(f"{'engine':9s} {'mode':10s} {'baseline':>9s} {'act.':>9s} {'planned':>9s} {'peak':>9s} {'planned':>9s} {'ratio':>6s} "
-          f"{'act. saved':>10s} {'step s':>7s} {'x none':>7s}")
+    print(
+        f"{'engine':9s} {'mode':10s} {'baseline':>9s} {'act.':>9s} {'planned':>9s} {'peak':>9s} {'planned':>9s} "
+        f"{'ratio':>6s} {'act. saved':>10s} {'step s':>7s} {'x none':>7s}"
+    )
     for r in rows:
         none = next(x for x in rows if x["engine"] == r["engine"] and x["mode"] == "none")
         r["saved_vs_none"] = 1 - r["measured"] / none["measured"]
         r["time_vs_none"] = r["step_s"] / none["step_s"]
-        if r["mode"] == "chunk":  # measured saving as a share of the planned full-vocabulary logits term, and what is left
+        if (
+            r["mode"] == "chunk"
+        ):  # measured saving as a share of the planned full-vocabulary logits term, and what is left
             r["logits_removed"] = (none["measured"] - r["measured"]) / none["plan"]["logits"]
             r["logits_left"] = r["measured"] - (none["measured"] - none["plan"]["logits"])
         mib = lambda b: f"{b / 2**20:8.0f}M"  # noqa: E731
-        print(f"{r['engine']:9s} {r['mode']:10s} {mib(r['baseline'])} {mib(r['measured'])} {mib(r['plan']['activations'])} "
-              f"{mib(r['peak'])} {mib(r['planned_peak'])} {r['peak_to_plan']:6.2f} {r['saved_vs_none']:10.0%} "
-              f"{r['step_s']:7.2f} {r['time_vs_none']:7.2f}"
-              + (f"\n    saved {r['logits_removed']:.0%} of the logits term ({none['plan']['logits'] / 2**20:.0f} MiB planned); "
-                 f"left {r['logits_left'] / 2**20:.0f} MiB: one chunk's logits ({r['plan']['logits'] / 2**20:.0f} MiB planned) and "
-                 f"the head weight's gradient ({r['plan']['head_gradient'] / 2**20:.0f} MiB), which the plain run allocates only "
-                 "after its logits are freed" if "logits_removed" in r else ""))
+        print(
+            f"{r['engine']:9s} {r['mode']:10s} {mib(r['baseline'])} {mib(r['measured'])} "
+            f"{mib(r['plan']['activations'])} "
+            f"{mib(r['peak'])} {mib(r['planned_peak'])} {r['peak_to_plan']:6.2f} {r['saved_vs_none']:10.0%} "
+            f"{r['step_s']:7.2f} {r['time_vs_none']:7.2f}"
+            + (
+                f"\n    saved {r['logits_removed']:.0%} of the logits term ({none['plan']['logits'] / 2**20:.0f} MiB "
+                "planned); "
+                f"left {r['logits_left'] / 2**20:.0f} MiB: one chunk's logits ({r['plan']['logits'] / 2**20:.0f} MiB "
+                "planned) and "
+                f"the head weight's gradient ({r['plan']['head_gradient'] / 2**20:.0f} MiB), which the plain run "
+                "allocates only after its logits are freed"
+                if "logits_removed" in r
+                else ""
+            )
+        )
     print(json.dumps({"model": MODEL + args.set, "rows": rows}))
     return 0
 

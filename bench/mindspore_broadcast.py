@@ -66,7 +66,12 @@ def run_variant(name: str, chain: int, rows: int, cols: int) -> dict:
         t0 = time.perf_counter()
         cell(x, y, c).asnumpy()
         times.append(time.perf_counter() - t0)
-    return {"variant": name, "held_mib": held / 2**20, "ms": min(times) * 1e3, "checksum": float(out.astype(np.float64).sum())}
+    return {
+        "variant": name,
+        "held_mib": held / 2**20,
+        "ms": min(times) * 1e3,
+        "checksum": float(out.astype(np.float64).sum()),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,14 +86,31 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     results = []
     for name in VARIANTS:
-        proc = subprocess.run([sys.executable, __file__, "--variant", name, "--chain", str(args.chain), "--rows", str(args.rows),
-                               "--cols", str(args.cols)], capture_output=True, text=True, check=True)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--variant",
+                name,
+                "--chain",
+                str(args.chain),
+                "--rows",
+                str(args.rows),
+                "--cols",
+                str(args.cols),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     size = args.rows * args.cols * 4 / 2**20
     print(f"{args.chain} chained ops on ({args.rows}, {args.cols}) float32 ({size:.0f} MiB per tensor)")
     print(f"{'variant':<14}{'held MiB':>10}{'x tensor':>10}{'ms':>9}  checksum")
     for r in results:
-        print(f"{r['variant']:<14}{r['held_mib']:>10.0f}{r['held_mib'] / size:>10.1f}{r['ms']:>9.1f}  {r['checksum']:.6e}")
+        print(
+            f"{r['variant']:<14}{r['held_mib']:>10.0f}{r['held_mib'] / size:>10.1f}{r['ms']:>9.1f}  {r['checksum']:.6e}"
+        )
     print(json.dumps({"chain": args.chain, "shape": [args.rows, args.cols], "results": results}))
     return 0
 

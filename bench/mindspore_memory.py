@@ -38,10 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     from mindspore import ops
 
     from mindfoundry.backends.base import create_backend
-    from mindfoundry.parallel.layout import launch_layout
     from mindfoundry.backends.mindspore.train_step import TrainStep, scalar, squared_norms
     from mindfoundry.model.spec import ModelSpec, init_weights
-    from mindfoundry.parallel.layout import Layout, load_run_config
+    from mindfoundry.parallel.layout import Layout, launch_layout, load_run_config
     from mindfoundry.parallel.planner import estimate
     from mindfoundry.train.schedule import step_scalars
 
@@ -57,21 +56,34 @@ def main(argv: list[str] | None = None) -> int:
             return loss, loss, loss > 0, loss
 
     phases = {"import": _rss_mib()}
-    cfg = load_run_config(ROOT / "configs" / "demo.yaml", SIZES[args.size] + args.set + ["backend=mindspore", "train.grad_accum=1"])
+    cfg = load_run_config(
+        ROOT / "configs" / "demo.yaml", SIZES[args.size] + args.set + ["backend=mindspore", "train.grad_accum=1"]
+    )
     spec, t = ModelSpec.from_config(cfg.model), cfg.train
     backend = create_backend(cfg, spec, launch_layout(cfg))
     backend.load_weights(init_weights(spec, cfg.seed))
     step = backend.step_cell
     if args.graph != "full":
-        step = {"grad": GradOnly, "forward": ForwardOnly}[args.graph](step.loss_cell, backend.optimizer, 1, backend.clip)
+        step = {"grad": GradOnly, "forward": ForwardOnly}[args.graph](
+            step.loss_cell, backend.optimizer, 1, backend.clip
+        )
     phases["built"] = _rss_mib()
     rng = np.random.default_rng(cfg.seed)
     ids = rng.integers(0, spec.vocab_size, size=(1, t.micro_batch_size, t.seq_len)).astype(np.int32)
     sc = step_scalars(1, 1000, cfg.optim, valid_tokens=ids.size)
     from mindspore import Tensor
 
-    inputs = (Tensor(ids), Tensor(ids), scalar(sc.loss_scale), scalar(sc.lr), scalar(sc.step_size), scalar(sc.bias_correction2_sqrt),
-              scalar(sc.loss_limit), scalar(sc.grad_limit), scalar(sc.grad_unscale))
+    inputs = (
+        Tensor(ids),
+        Tensor(ids),
+        scalar(sc.loss_scale),
+        scalar(sc.lr),
+        scalar(sc.step_size),
+        scalar(sc.bias_correction2_sqrt),
+        scalar(sc.loss_limit),
+        scalar(sc.grad_limit),
+        scalar(sc.grad_unscale),
+    )
     step.compile(*inputs)
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     phases["compiled"] = _rss_mib()
@@ -80,9 +92,12 @@ def main(argv: list[str] | None = None) -> int:
         phases[f"step {i}"] = _rss_mib()
     est = estimate(spec, Layout(), t.micro_batch_size, t.seq_len, t.precision, flash_attention=False, fused_norm=False,
                    vocab_parallel_loss=False)
-    print(f"size {args.size} {' '.join(args.set)}, graph {args.graph}: " + ", ".join(f"{k} {v:.0f}" for k, v in phases.items())
-          + f" MiB; planner total {est.total / 2**20:.0f} MiB (activations {est.activations / 2**20:.0f}, "
-          f"weights+grads+AdamW {est.model_states / 2**20:.0f}, fixed overhead {est.overhead / 2**20:.0f})")
+    print(
+        f"size {args.size} {' '.join(args.set)}, graph {args.graph}: "
+        + ", ".join(f"{k} {v:.0f}" for k, v in phases.items())
+        + f" MiB; planner total {est.total / 2**20:.0f} MiB (activations {est.activations / 2**20:.0f}, "
+        f"weights+grads+AdamW {est.model_states / 2**20:.0f}, fixed overhead {est.overhead / 2**20:.0f})"
+    )
     print(json.dumps({"size": args.size, "graph": args.graph, "rss_mib": phases, "planned": est.to_dict()}))
     return 0
 

@@ -22,12 +22,11 @@ import numpy as np
 import psutil
 
 from mindfoundry.backends.base import create_backend
-from mindfoundry.parallel.layout import launch_layout
-from mindfoundry.parallel.layout import load_run_config
 from mindfoundry.model.spec import ModelSpec, flops_per_token, init_weights, parameter_shapes
 from mindfoundry.monitor.health import HealthMonitor
 from mindfoundry.monitor.mfu import mfu, peak_flops
 from mindfoundry.monitor.tensorboard import TensorBoardSink
+from mindfoundry.parallel.layout import launch_layout, load_run_config
 from mindfoundry.train.layer_stats import layer_grad_norms, layer_update_ratios, layer_weight_norms
 from mindfoundry.train.metrics import JsonlSink, MetricsLogger
 from mindfoundry.train.schedule import step_scalars
@@ -47,7 +46,9 @@ def main() -> int:
     backend.load_weights(init_weights(spec, cfg.seed))
     t = cfg.train
     rng = np.random.default_rng(0)
-    tokens = rng.integers(0, spec.vocab_size, (args.steps + 1, t.grad_accum, t.micro_batch_size, t.seq_len + 1)).astype(np.int32)
+    tokens = rng.integers(0, spec.vocab_size, (args.steps + 1, t.grad_accum, t.micro_batch_size, t.seq_len + 1)).astype(
+        np.int32
+    )
     times, outs = [], []
     for i in range(args.steps + 1):
         ids, labels = tokens[i, ..., :-1], tokens[i, ..., 1:]
@@ -63,11 +64,23 @@ def main() -> int:
         t0 = time.perf_counter()
         for n in range(args.records):
             out = outs[n % len(outs)]
-            record = {"step": n + 1, "loss": out.loss, "lr": 1e-3, "grad_norm": out.grad_norm, "applied": True,
-                      "tokens": ids.size, "valid_tokens": ids.size, "tokens_per_s": ids.size / step_s, "step_time_s": step_s,
-                      "data_time_s": 1e-4, "model_tflops_per_s": 0.1, "consumed_samples": n,
-                      "rss_mb": proc.memory_info().rss / 2**20, "copy_fraction": float((labels == ids).mean()),
-                      "mfu": mfu(flops_tok, ids.size / step_s, peak)}
+            record = {
+                "step": n + 1,
+                "loss": out.loss,
+                "lr": 1e-3,
+                "grad_norm": out.grad_norm,
+                "applied": True,
+                "tokens": ids.size,
+                "valid_tokens": ids.size,
+                "tokens_per_s": ids.size / step_s,
+                "step_time_s": step_s,
+                "data_time_s": 1e-4,
+                "model_tflops_per_s": 0.1,
+                "consumed_samples": n,
+                "rss_mb": proc.memory_info().rss / 2**20,
+                "copy_fraction": float((labels == ids).mean()),
+                "mfu": mfu(flops_tok, ids.size / step_s, peak),
+            }
             logger.log(record)
             for event in health.observe(record):
                 logger.log(event.to_dict())
@@ -75,8 +88,14 @@ def main() -> int:
         t0 = time.perf_counter()
         before = backend.weights()
         after = backend.weights()
-        logger.log({"step": 1, "layer_weight_norm": layer_weight_norms(after), "layer_update_ratio": layer_update_ratios(before, after),
-                    "layer_grad_norm": layer_grad_norms(list(parameter_shapes(spec)), outs[-1].grad_sq)})
+        logger.log(
+            {
+                "step": 1,
+                "layer_weight_norm": layer_weight_norms(after),
+                "layer_update_ratio": layer_update_ratios(before, after),
+                "layer_grad_norm": layer_grad_norms(list(parameter_shapes(spec)), outs[-1].grad_sq),
+            }
+        )
         detail = time.perf_counter() - t0
         logger.close()
     every = cfg.monitor.detail_every

@@ -131,7 +131,9 @@ def build_contender(name: str, size: str):
 
         def step(i: int) -> float:
             k = i % 4
-            return backend.train_step(ids[k], labels[k], step_scalars(i + 1, 1000, cfg.optim, valid_tokens=labels[k].size)).loss
+            return backend.train_step(
+                ids[k], labels[k], step_scalars(i + 1, 1000, cfg.optim, valid_tokens=labels[k].size)
+            ).loss
 
         return step, flops_per_token(spec, seq), tokens, num_parameters(spec)
     if name == "naive-mindspore":
@@ -154,9 +156,16 @@ def build_contender(name: str, size: str):
 
     from plain_torch import build, num_params
 
-    model, plain_step = build(spec.vocab_size, spec.d_model, spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.ffn_dim, seq)
+    model, plain_step = build(
+        spec.vocab_size, spec.d_model, spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.ffn_dim, seq
+    )
     tids, tlabels = torch.from_numpy(ids), torch.from_numpy(labels)
-    return (lambda i: plain_step(tids[i % 4, 0], tlabels[i % 4, 0])), flops_per_token(spec, seq), tokens, num_params(model)
+    return (
+        (lambda i: plain_step(tids[i % 4, 0], tlabels[i % 4, 0])),
+        flops_per_token(spec, seq),
+        tokens,
+        num_params(model),
+    )
 
 
 def worker(name: str, size: str, threads: int, warmup: int) -> None:
@@ -193,9 +202,25 @@ class Contender:
     def __init__(self, name: str, size: str, threads: int, warmup: int):
         env = pinned_env(threads, GLOG_v="3", PYTHONPATH=str(ROOT / "src"))
         self.name = name
-        self.proc = subprocess.Popen([sys.executable, __file__, "--worker", name, "--size", size, "--threads", str(threads),
-                                      "--warmup", str(warmup)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     env=env, cwd=ROOT)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--worker",
+                name,
+                "--size",
+                size,
+                "--threads",
+                str(threads),
+                "--warmup",
+                str(warmup),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=ROOT,
+        )
         self.info = self._read()
 
     def _read(self) -> dict:
@@ -251,19 +276,26 @@ def run_size(size: str, names: list[str], args) -> dict:
     for a, b in PAIRS:
         if a in names and b in names:  # tokens/s ratio per round (same tokens per step for all contenders)
             per_round = [(info[a]["tokens"] / ta) / (info[b]["tokens"] / tb) for ta, tb in zip(times[a], times[b])]
-            ratios[f"{a} / {b}"] = {"median": statistics.median(per_round), "min": min(per_round), "max": max(per_round)}
+            ratios[f"{a} / {b}"] = {
+                "median": statistics.median(per_round),
+                "min": min(per_round),
+                "max": max(per_round),
+            }
 
     print(f"\n== size {size}: {' '.join(SIZES[size]) or 'configs/demo.yaml'}; {args.threads} threads per process, "
           f"{args.warmup} warmup + {args.pairs} rounds")
     print(f"GEMM {args.gemm_size}^3 fp32, sustained GFLOP/s before/after: "
           + ", ".join(f"{k} {before[k]:.0f}/{after[k]:.0f}" for k in gemm) + f"  -> peak {peak:.0f}")
     print(f"load average (1 min) before {load_before:.2f}, after {load_after:.2f}")
-    hdr = f"{'contender':<18} {'params':>11} {'GFLOP/tok':>9} {'step s':>8} {'tokens/s':>9} {'MFU':>6} {'1st step s':>10} {'peak RSS MiB':>12}"
+    hdr = (f"{'contender':<18} {'params':>11} {'GFLOP/tok':>9} {'step s':>8} {'tokens/s':>9} {'MFU':>6} "
+           f"{'1st step s':>10} {'peak RSS MiB':>12}")
     print(hdr)
     print("-" * len(hdr))
     for n in names:
-        print(f"{n:<18} {info[n]['params']:>11,} {info[n]['flops_per_token'] / 1e9:>9.4f} {step_s[n]:>8.3f} {tps[n]:>9.0f} "
-              f"{mfu[n]:>6.1%} {info[n]['first_step_s']:>10.1f} {hwm[n]:>12.0f}")
+        print(
+            f"{n:<18} {info[n]['params']:>11,} {info[n]['flops_per_token'] / 1e9:>9.4f} {step_s[n]:>8.3f} "
+            f"{tps[n]:>9.0f} {mfu[n]:>6.1%} {info[n]['first_step_s']:>10.1f} {hwm[n]:>12.0f}"
+        )
     for k, r in ratios.items():
         print(f"tokens/s {k}: {r['median']:.2f}x (range {r['min']:.2f}-{r['max']:.2f})")
     return {"size": size, "overrides": SIZES[size], "threads": args.threads, "pairs": args.pairs,

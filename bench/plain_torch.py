@@ -45,7 +45,9 @@ class Block(nn.Module):
 
     def forward(self, x, cos, sin):
         b, s, _ = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split([self.heads * self.hd, self.kv_heads * self.hd, self.kv_heads * self.hd], -1)
+        q, k, v = self.qkv(self.ln1(x)).split(
+            [self.heads * self.hd, self.kv_heads * self.hd, self.kv_heads * self.hd], -1
+        )
         q = rope(q.view(b, s, self.heads, self.hd).transpose(1, 2), cos, sin)
         k = rope(k.view(b, s, self.kv_heads, self.hd).transpose(1, 2), cos, sin)
         v = v.view(b, s, self.kv_heads, self.hd).transpose(1, 2)
@@ -89,8 +91,11 @@ def build(vocab: int, d: int, layers: int, heads: int, kv_heads: int, ffn: int, 
     model = GPT(vocab, d, layers, heads, kv_heads, ffn, seq)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr,
+        betas=(0.9, 0.95),
+    )
 
     def step(ids: torch.Tensor, targets: torch.Tensor) -> float:
         loss = model(ids, targets)

@@ -9,7 +9,8 @@ micro-batch 4, fp32, AdamW), for a few training steps. Every rank reports its pe
 shown in the last column). The planner's fixed overhead is measured instead of guessed: the peak RSS
 of the same layout training a negligible model (d_model 64, 2 layers, vocab 512) — Python, torch,
 the process groups and their buffers; the estimate is `parallel.planner.estimate` with that
-overhead, so what is checked is its model-dependent part. A CPU keeps everything in RSS, so RSS is the device memory the planner models.
+overhead, so what is checked is its model-dependent part. A CPU keeps everything in RSS, so RSS is the device memory the
+planner models.
 """
 
 from __future__ import annotations
@@ -28,8 +29,18 @@ from pathlib import Path
 
 import psutil
 
-MODEL = ["model.vocab_size=16384", "model.d_model=512", "model.n_layers=8", "model.n_heads=8", "model.n_kv_heads=8",
-         "model.max_seq_len=256", "train.seq_len=256", "train.micro_batch_size=4", "train.grad_accum=1", "backend=torch"]
+MODEL = [
+    "model.vocab_size=16384",
+    "model.d_model=512",
+    "model.n_layers=8",
+    "model.n_heads=8",
+    "model.n_kv_heads=8",
+    "model.max_seq_len=256",
+    "train.seq_len=256",
+    "train.micro_batch_size=4",
+    "train.grad_accum=1",
+    "backend=torch",
+]
 #: A model too small to matter: its run measures what the runtime itself takes under a layout.
 TINY = ["model.vocab_size=512", "model.d_model=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=4",
         "model.max_seq_len=256", "train.seq_len=256", "train.micro_batch_size=4", "train.grad_accum=1", "backend=torch"]
@@ -41,9 +52,8 @@ def worker(layout: str, steps: int, out: Path, model: list[str]) -> None:
     import torch.distributed as dist
 
     from mindfoundry.backends.base import create_backend
-    from mindfoundry.parallel.layout import launch_layout
-    from mindfoundry.parallel.layout import load_run_config
     from mindfoundry.model.spec import ModelSpec, init_weights
+    from mindfoundry.parallel.layout import launch_layout, load_run_config
     from mindfoundry.train.schedule import step_scalars
 
     sets = model + [f"parallel.{kv}" for kv in layout.split(",") if kv != "single"]
@@ -68,13 +78,17 @@ def worker(layout: str, steps: int, out: Path, model: list[str]) -> None:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     for step in range(1, steps + 1):
-        tokens = rng.integers(0, spec.vocab_size, (t.grad_accum, t.micro_batch_size * backend.dp_size, t.seq_len + 1)).astype(np.int32)
+        tokens = rng.integers(
+            0, spec.vocab_size, (t.grad_accum, t.micro_batch_size * backend.dp_size, t.seq_len + 1)
+        ).astype(np.int32)
         mine = tokens[:, backend.dp_rank * t.micro_batch_size:(backend.dp_rank + 1) * t.micro_batch_size]
         backend.train_step(mine[..., :-1], mine[..., 1:], step_scalars(step, 10, cfg.optim, tokens[..., 1:].size))
     done.set()
     sampler.join()
     whole = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    (out / f"rank{backend.rank}.json").write_text(json.dumps({"baseline": baseline, "peak": peak[0], "peak_with_load": whole}))
+    (out / f"rank{backend.rank}.json").write_text(
+        json.dumps({"baseline": baseline, "peak": peak[0], "peak_with_load": whole})
+    )
 
 
 def measure(layout: str, steps: int, tiny: bool = False) -> dict:
@@ -93,16 +107,23 @@ def measure(layout: str, steps: int, tiny: bool = False) -> dict:
 
 
 def estimate(layout: str, overhead: int) -> int:
-    from mindfoundry.parallel.layout import load_run_config
     from mindfoundry.model.spec import ModelSpec
-    from mindfoundry.parallel.layout import Layout
+    from mindfoundry.parallel.layout import Layout, load_run_config
     from mindfoundry.parallel.planner import estimate as planner_estimate
 
     cfg = load_run_config("configs/demo.yaml", MODEL)
     degrees = {} if layout == "single" else {k: int(v) for k, v in (kv.split("=") for kv in layout.split(","))}
-    est = planner_estimate(ModelSpec.from_config(cfg.model), Layout(**degrees), cfg.train.micro_batch_size, cfg.train.seq_len,
-                           "fp32", fixed_overhead_bytes=overhead, flash_attention=True, fused_norm=False,
-                           vocab_parallel_loss=False)  # the torch engine gathers full-vocab logits before the loss
+    est = planner_estimate(
+        ModelSpec.from_config(cfg.model),
+        Layout(**degrees),
+        cfg.train.micro_batch_size,
+        cfg.train.seq_len,
+        "fp32",
+        fixed_overhead_bytes=overhead,
+        flash_attention=True,
+        fused_norm=False,
+        vocab_parallel_loss=False,
+    )  # the torch engine gathers full-vocab logits before the loss
     return est.total
 
 
@@ -117,8 +138,11 @@ def main() -> int:
     if args.worker:
         worker(args.worker, args.steps, Path(args.out), TINY if args.tiny else MODEL)
         return 0
-    print(f"{'layout':18s} {'procs':>5s} {'runtime MiB':>12s} {'peak RSS MiB':>12s} {'estimate MiB':>12s} {'est/peak':>8s} "
-          f"{'peak incl. load':>15s}")
+    print(
+        f"{'layout':18s} {'procs':>5s} {'runtime MiB':>12s} {'peak RSS MiB':>12s} {'estimate MiB':>12s} "
+        f"{'est/peak':>8s} "
+        f"{'peak incl. load':>15s}"
+    )
     for layout in args.layouts:
         runtime = measure(layout, args.steps, tiny=True)["peak"]  # what the layout's runtime takes without a model
         m = measure(layout, args.steps)

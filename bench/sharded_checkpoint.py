@@ -39,18 +39,30 @@ def worker(fmt: str, root: Path, d_model: int, layers: int, vocab: int) -> None:
     from mindfoundry.backends.torch.backend import TorchBackend
     from mindfoundry.checkpoint.reader import load_checkpoint
     from mindfoundry.checkpoint.store import Retention, save_checkpoint, shard_folders
-    from mindfoundry.parallel.layout import launch_layout, validate_run_config
     from mindfoundry.model.spec import ModelSpec, num_parameters
+    from mindfoundry.parallel.layout import launch_layout, validate_run_config
 
     world = int(os.environ["WORLD_SIZE"])
-    cfg = validate_run_config({"backend": "torch", "data": {"sources": [{"name": "c", "paths": ["x"]}]},
-                    "model": {"vocab_size": vocab, "d_model": d_model, "n_layers": layers, "n_heads": 8, "max_seq_len": 64},
-                    "train": {"micro_batch_size": 1, "seq_len": 16, "steps": 100}, "parallel": {"dp_shard": world},
-                    "checkpoint": {"format": fmt}})
+    cfg = validate_run_config(
+        {
+            "backend": "torch",
+            "data": {"sources": [{"name": "c", "paths": ["x"]}]},
+            "model": {"vocab_size": vocab, "d_model": d_model, "n_layers": layers, "n_heads": 8, "max_seq_len": 64},
+            "train": {"micro_batch_size": 1, "seq_len": 16, "steps": 100},
+            "parallel": {"dp_shard": world},
+            "checkpoint": {"format": fmt},
+        }
+    )
     spec = ModelSpec.from_config(cfg.model)
-    backend = TorchBackend(cfg, spec, launch_layout(cfg))  # random init; nothing full-sized allocated before the measurement
+    backend = TorchBackend(
+        cfg, spec, launch_layout(cfg)
+    )  # random init; nothing full-sized allocated before the measurement
     for p in backend.params.values():  # zero moments in the parameters' layout (local shards only)
-        backend.optimizer.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+        backend.optimizer.state[p] = {
+            "step": torch.tensor(0.0),
+            "exp_avg": torch.zeros_like(p),
+            "exp_avg_sq": torch.zeros_like(p),
+        }
     rank = dist.get_rank()
     dist.barrier()
     base = _peak_mb()
@@ -83,8 +95,17 @@ def worker(fmt: str, root: Path, d_model: int, layers: int, vocab: int) -> None:
                                   "peak_mb_after_save": round(save_peak), "peak_mb_after_load": round(load_peak)})
     if rank == 0:
         mb = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1e6
-        print(json.dumps({"format": fmt, "ranks": world, "parameters": num_parameters(spec), "checkpoint_mb": round(mb, 1),
-                          "per_rank": rows}))
+        print(
+            json.dumps(
+                {
+                    "format": fmt,
+                    "ranks": world,
+                    "parameters": num_parameters(spec),
+                    "checkpoint_mb": round(mb, 1),
+                    "per_rank": rows,
+                }
+            )
+        )
     dist.destroy_process_group()
 
 
@@ -99,12 +120,31 @@ def main() -> None:
     if args.worker:
         worker(args.worker[0], Path(args.worker[1]), args.d_model, args.layers, args.vocab)
         return
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     env["OMP_NUM_THREADS"] = "1"
     for fmt in ("full", "sharded"):
         with tempfile.TemporaryDirectory() as root:
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}", __file__,
-                   "--d-model", str(args.d_model), "--layers", str(args.layers), "--vocab", str(args.vocab), "--worker", fmt, root]
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc_per_node={args.nproc}",
+                __file__,
+                "--d-model",
+                str(args.d_model),
+                "--layers",
+                str(args.layers),
+                "--vocab",
+                str(args.vocab),
+                "--worker",
+                fmt,
+                root,
+            ]
             out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
             if out.returncode:
                 sys.exit(out.stdout + out.stderr)

@@ -1,6 +1,7 @@
 """Training throughput and MFU: MindFoundry on MindSpore and on PyTorch vs a naive tutorial loop (CPU).
 
-    .venv/bin/python bench/train_throughput.py [--config configs/demo.yaml] [--steps N] [--warmup N] [--set key=value ...]
+    .venv/bin/python bench/train_throughput.py [--config configs/demo.yaml] [--steps N] [--warmup N] [--set key=value
+    ...]
 
 1. Measures this machine's fp32 GEMM peak in the same run (numpy, MindSpore eager and jit matmul,
    before and after the training steps; the best median is the peak used for MFU).
@@ -94,9 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--steps and --warmup must be >= 1 (the first step compiles)")
 
     from mindfoundry.backends.base import create_backend
-    from mindfoundry.parallel.layout import launch_layout
-    from mindfoundry.parallel.layout import load_run_config
     from mindfoundry.model.spec import ModelSpec, flops_per_token, init_weights, num_parameters
+    from mindfoundry.parallel.layout import launch_layout, load_run_config
     from mindfoundry.train.schedule import step_scalars
 
     cfg = load_run_config(args.config, args.overrides)
@@ -110,11 +110,15 @@ def main(argv: list[str] | None = None) -> int:
     # 2. MindFoundry step, built as the trainer builds it -------------------------------------
     from naive_reference import build_train_net, naive_flops_per_token
 
-    engines = {"mindspore": cfg} | ({"torch": cfg.model_copy(update={"backend": "torch"})} if _torch_available() else {})
+    engines = {"mindspore": cfg} | (
+        {"torch": cfg.model_copy(update={"backend": "torch"})} if _torch_available() else {}
+    )
     backends, build_s = {}, {}
     for name, engine_cfg in engines.items():
         t0 = time.perf_counter()
-        backends[name] = create_backend(engine_cfg, spec, launch_layout(engine_cfg))  # the MindSpore one sets GRAPH_MODE
+        backends[name] = create_backend(
+            engine_cfg, spec, launch_layout(engine_cfg)
+        )  # the MindSpore one sets GRAPH_MODE
         backends[name].load_weights(init_weights(spec, cfg.seed))
         build_s[name] = time.perf_counter() - t0
 
@@ -131,7 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     def mf_step(backend):
         def run(step: int) -> float:
             k = step % n_batches
-            return backend.train_step(ids[k], labels[k], step_scalars(step, cfg.train.steps, cfg.optim, valid_tokens=labels[k].size)).loss
+            return backend.train_step(
+                ids[k], labels[k], step_scalars(step, cfg.train.steps, cfg.optim, valid_tokens=labels[k].size)
+            ).loss
+
         return run
 
     def naive_step(step: int) -> float:
@@ -183,9 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"fp32 GEMM ({args.gemm_size}^3), median of {args.gemm_repeats}, measured before and after the steps:")
     for k, v in gemm.items():
-        print(f"  {k:<20} {gemm_before[k]:8.1f} {gemm_after[k]:8.1f}  -> {v:8.1f} GFLOP/s{'   <- peak' if k == peak_source else ''}")
+        print(
+            f"  {k:<20} {gemm_before[k]:8.1f} {gemm_after[k]:8.1f}  -> {v:8.1f} "
+            f"GFLOP/s{'   <- peak' if k == peak_source else ''}"
+        )
     print()
-    hdr = f"{'engine':<36} {'params':>10} {'GFLOP/tok':>10} {'tok/step':>9} {'step s':>8} {'min s':>7} {'tokens/s':>9} {'MFU':>7} {'1st step s':>10}"
+    hdr = (f"{'engine':<36} {'params':>10} {'GFLOP/tok':>10} {'tok/step':>9} {'step s':>8} {'min s':>7} "
+           f"{'tokens/s':>9} {'MFU':>7} {'1st step s':>10}")
     print(hdr)
     print("-" * len(hdr))
     for name in steppers:
@@ -197,8 +208,10 @@ def main(argv: list[str] | None = None) -> int:
         if name != "naive":
             print(f"tokens/s ratio {labels_[name]} / naive: {tps[name] / tps['naive']:.2f}x")
     if "mf-torch" in steppers:
-        print(f"tokens/s ratio MindSpore / PyTorch backend: {tps['mf-mindspore'] / tps['mf-torch']:.2f}x; "
-              f"last losses {losses['mf-mindspore'][-1]:.6f} vs {losses['mf-torch'][-1]:.6f} (same weights and batches)")
+        print(
+            f"tokens/s ratio MindSpore / PyTorch backend: {tps['mf-mindspore'] / tps['mf-torch']:.2f}x; "
+            f"last losses {losses['mf-mindspore'][-1]:.6f} vs {losses['mf-torch'][-1]:.6f} (same weights and batches)"
+        )
 
     result = {
         "peak_gflops": round(peak, 2),

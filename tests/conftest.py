@@ -27,7 +27,11 @@ def corpus_dir(tmp_path_factory) -> Path:
     """~120 real documents: Python stdlib modules as a .jsonl and a folder of .txt files."""
     root = tmp_path_factory.mktemp("corpus")
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted((stdlib / "email").glob("*.py")) + sorted((stdlib / "json").glob("*.py")) + sorted((stdlib / "logging").glob("*.py"))
+    files = (
+        sorted((stdlib / "email").glob("*.py"))
+        + sorted((stdlib / "json").glob("*.py"))
+        + sorted((stdlib / "logging").glob("*.py"))
+    )
     with open(root / "code.jsonl", "w", encoding="utf-8") as fh:
         for f in files:
             fh.write(json.dumps({"text": f.read_text(encoding="utf-8")}) + "\n")

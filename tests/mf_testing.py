@@ -9,19 +9,33 @@ from pathlib import Path
 
 import numpy as np
 
-from mindfoundry.parallel.layout import Layout, launch_layout, validate_run_config
-from mindfoundry.data.dataset.packing import IGNORE_INDEX
 from mindfoundry.config.schema import RunConfig
+from mindfoundry.data.dataset.packing import IGNORE_INDEX
+from mindfoundry.parallel.layout import Layout, launch_layout, validate_run_config
 from mindfoundry.train.stop import Preempted
-
 
 #: `--set` overrides that shrink configs/demo.yaml (and demo-mlm.yaml) to a test-sized run on the same corpora.
 DEMO_TEST_SIZE = [
-    "model.vocab_size=1024", "model.d_model=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",
-    "data.sources.0.max_bytes=150000", "data.sources.1.max_bytes=100000",
-    "data.sources.2.max_bytes=150000", "data.sources.3.max_bytes=150000", "data.validation_fraction=0.05",
-    "train.steps=40", "train.seq_len=64", "train.micro_batch_size=8", "train.eval_every=20", "train.eval_batches=4",
-    "optim.warmup_steps=5", "optim.lr=5e-3", "checkpoint.every=20", "monitor.progress=false", "generate.max_new_tokens=8",
+    "model.vocab_size=1024",
+    "model.d_model=64",
+    "model.n_layers=2",
+    "model.n_heads=4",
+    "model.n_kv_heads=2",
+    "data.sources.0.max_bytes=150000",
+    "data.sources.1.max_bytes=100000",
+    "data.sources.2.max_bytes=150000",
+    "data.sources.3.max_bytes=150000",
+    "data.validation_fraction=0.05",
+    "train.steps=40",
+    "train.seq_len=64",
+    "train.micro_batch_size=8",
+    "train.eval_every=20",
+    "train.eval_batches=4",
+    "optim.warmup_steps=5",
+    "optim.lr=5e-3",
+    "checkpoint.every=20",
+    "monitor.progress=false",
+    "generate.max_new_tokens=8",
 ]
 
 
@@ -31,10 +45,21 @@ def tiny_run_tree(corpus: Path, run_dir: Path, **overrides) -> dict:
         "run_dir": str(run_dir),
         "seed": 7,
         "model": {"vocab_size": 512, "d_model": 32, "n_layers": 2, "n_heads": 2, "max_seq_len": 64},
-        "data": {"sources": [{"name": "code", "paths": [str(corpus / "code.jsonl")]},
-                             {"name": "asyncio", "paths": [str(corpus / "txt")]}],
-                 "validation_fraction": 0.1},
-        "train": {"steps": 6, "micro_batch_size": 4, "grad_accum": 2, "seq_len": 32, "eval_every": 0, "eval_batches": 2},
+        "data": {
+            "sources": [
+                {"name": "code", "paths": [str(corpus / "code.jsonl")]},
+                {"name": "asyncio", "paths": [str(corpus / "txt")]},
+            ],
+            "validation_fraction": 0.1,
+        },
+        "train": {
+            "steps": 6,
+            "micro_batch_size": 4,
+            "grad_accum": 2,
+            "seq_len": 32,
+            "eval_every": 0,
+            "eval_batches": 2,
+        },
         "optim": {"warmup_steps": 2, "lr": 1e-2},
         "checkpoint": {"every": 3, "keep_last": 5},
         "monitor": {"progress": False, "detail_every": 3},
@@ -88,7 +113,8 @@ class ArraySource:
 
 
 def markov_batches(vocab: int, steps: int, shape: tuple[int, int, int], seed: int = 0) -> np.ndarray:
-    """Learnable token streams (each token determines the next) so the loss really moves: [steps, *shape[:2], shape[2]+1]."""
+    """Learnable token streams (each token determines the next) so the loss really moves: [steps, *shape[:2],
+    shape[2]+1]."""
     rng = np.random.default_rng(seed)
     table = rng.integers(0, vocab, vocab)
     out = np.empty((steps, *shape[:2], shape[2] + 1), np.int32)
@@ -99,8 +125,8 @@ def markov_batches(vocab: int, steps: int, shape: tuple[int, int, int], seed: in
 
 
 def random_checkpoint(cfg: RunConfig, data, *, seed: int = 3, **model):
-    """A checkpoint of a tiny run (with `model` overrides) whose every weight, norms included, is random; the run dir gets
-    the config.yaml training writes. Returns (checkpoint folder, weights, config)."""
+    """A checkpoint of a tiny run (with `model` overrides) whose every weight, norms included, is random; the run dir
+    gets the config.yaml training writes. Returns (checkpoint folder, weights, config)."""
     from mindfoundry.checkpoint.store import Retention, save_checkpoint
     from mindfoundry.config.load import to_yaml
     from mindfoundry.model.spec import ModelSpec, init_weights
@@ -109,7 +135,10 @@ def random_checkpoint(cfg: RunConfig, data, *, seed: int = 3, **model):
     run = Path(cfg.run_dir)
     (run / "config.yaml").write_text(to_yaml(cfg))
     rng = np.random.default_rng(seed)
-    weights = {n: (w + rng.normal(0, 0.05, w.shape)).astype(np.float32) for n, w in init_weights(ModelSpec.from_config(cfg.model), 1).items()}
+    weights = {
+        n: (w + rng.normal(0, 0.05, w.shape)).astype(np.float32)
+        for n, w in init_weights(ModelSpec.from_config(cfg.model), 1).items()
+    }
     moments = {f"{k}.{n}": np.zeros_like(w) for n, w in weights.items() for k in ("exp_avg", "exp_avg_sq")}
     path = save_checkpoint(run, 1, weights, moments, {"adam_step": 1, "consumed_samples": 8, "consumed_tokens": 256},
                            Retention(), extra_files={"data_manifest.json": data.manifest_bytes})
@@ -136,8 +165,8 @@ def rewrite_as_rank_slices(ckpt_dir: Path, parallel: dict, devices: int) -> Path
     Same step, state and data manifest; committed anew through the store."""
     from mindfoundry.backends.mindspore.strategies import parameter_layouts, plan_strategies
     from mindfoundry.checkpoint.rank_slices import write_rank_slices, write_strategy
-    from mindfoundry.checkpoint.run_files import run_config
     from mindfoundry.checkpoint.reader import load_checkpoint
+    from mindfoundry.checkpoint.run_files import run_config
     from mindfoundry.checkpoint.store import Retention, save_checkpoint
     from mindfoundry.model.spec import ModelSpec
 
@@ -153,8 +182,16 @@ def rewrite_as_rank_slices(ckpt_dir: Path, parallel: dict, devices: int) -> Path
                 write_rank_slices(folder, arrays, layouts, rank)
             write_strategy(folder, layouts)
 
-    return save_checkpoint(Path(ckpt_dir).parent.parent, ckpt.state["step"], None, None, ckpt.state, Retention(keep_last=100),
-                           {"data_manifest.json": (Path(ckpt_dir) / "data_manifest.json").read_bytes()}, writer=writer)
+    return save_checkpoint(
+        Path(ckpt_dir).parent.parent,
+        ckpt.state["step"],
+        None,
+        None,
+        ckpt.state,
+        Retention(keep_last=100),
+        {"data_manifest.json": (Path(ckpt_dir) / "data_manifest.json").read_bytes()},
+        writer=writer,
+    )
 
 
 @contextmanager
@@ -164,7 +201,9 @@ def small_disk(path: Path, size: str) -> Iterator[Path]:
     import pytest
 
     path.mkdir(parents=True, exist_ok=True)
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True).returncode:
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+    ).returncode:
         pytest.skip("cannot mount a small tmpfs here (needs root): the full-disk case is not exercised")
     try:
         yield path

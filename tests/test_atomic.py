@@ -13,9 +13,14 @@ from mindfoundry import atomic
 SRC = Path(__file__).resolve().parents[1] / "src" / "mindfoundry"
 #: Renames that move something aside rather than publish what was written (run --overwrite, a prepared folder
 #: replaced, a checkpoint step replaced or deleted), and a shard's two files renamed in order.
-MOVES_ASIDE = {("train/rundir.py", "run_dir.rename(aside)"), ("data/prepare/pipeline.py", "out.rename("),
-               ("checkpoint/store.py", "os.replace(final, replaced)"), ("checkpoint/store.py", "os.replace(path, doomed)"),
-               ("data/dataset/shard_writer.py", "os.replace(self._bin_tmp"), ("data/dataset/shard_writer.py", "os.replace(self._idx_tmp")}
+MOVES_ASIDE = {
+    ("train/rundir.py", "run_dir.rename(aside)"),
+    ("data/prepare/pipeline.py", "out.rename("),
+    ("checkpoint/store.py", "os.replace(final, replaced)"),
+    ("checkpoint/store.py", "os.replace(path, doomed)"),
+    ("data/dataset/shard_writer.py", "os.replace(self._bin_tmp"),
+    ("data/dataset/shard_writer.py", "os.replace(self._idx_tmp"),
+}
 
 
 def test_a_file_is_replaced_whole_and_nothing_is_left_aside(tmp_path: Path) -> None:

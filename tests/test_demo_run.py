@@ -31,8 +31,17 @@ MEMORY = {"mindspore": (["memory.recompute=full"], "full recompute (all blocks)"
 def test_demo_end_to_end(tmp_path: Path, backend: str) -> None:
     pytest.importorskip(backend)
     run_dir = tmp_path / "demo"
-    cmd = [sys.executable, "-m", "mindfoundry.cli", "run", str(REPO / "configs" / "demo.yaml"), "--set", f"run_dir={run_dir}",
-           "--set", f"backend={backend}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mindfoundry.cli",
+        "run",
+        str(REPO / "configs" / "demo.yaml"),
+        "--set",
+        f"run_dir={run_dir}",
+        "--set",
+        f"backend={backend}",
+    ]
     sets, described = MEMORY[backend]
     for item in DEMO_TEST_SIZE + sets:
         cmd += ["--set", item]
@@ -47,7 +56,10 @@ def test_demo_end_to_end(tmp_path: Path, backend: str) -> None:
     assert [s["prompt"] for s in summary["samples"]] == ["ROMEO:\n", "中国人民", "def read_"]
     manifest = json.loads((run_dir / "data" / "manifest.json").read_text())
     assert {s["category"] for s in manifest["sources"]} == {"news", "reviews", "literature", "code"}
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step_")) == ["step_00000020", "step_00000040"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step_")) == [
+        "step_00000020",
+        "step_00000040",
+    ]
     assert "held-out evaluation" in proc.stdout
     report = (run_dir / "report.html").read_text()
     assert 'id="loss"' in report and "data:image/png;base64," in report

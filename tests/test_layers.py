@@ -64,7 +64,9 @@ def violations(modules: dict[str, tuple[str, bool]], layers: list[set[str]]) -> 
             continue
         for line, target in imported_modules(module, source, is_package):
             if target.split(".")[0] in FRAMEWORKS and src != ENGINE_PACKAGE:
-                problems.append(f"{module}:{line} imports {target}: only {ENGINE_PACKAGE}/ may import an engine framework")
+                problems.append(
+                    f"{module}:{line} imports {target}: only {ENGINE_PACKAGE}/ may import an engine framework"
+                )
             dst = package_of(target)
             if dst is None or dst == src:
                 continue
@@ -131,8 +133,10 @@ def test_a_sideways_import_a_relative_import_and_a_cycle_fail() -> None:
         "mindfoundry.data.ok": ("from mindfoundry.config.schema import RunConfig\nimport numpy\n", False),
     }
     assert violations(modules, LAYERS) == [
-        "mindfoundry.checkpoint.store:1 imports mindfoundry.monitor: checkpoint may not import monitor (sideways the layer order)",
-        "mindfoundry.monitor.sink:1 imports mindfoundry.checkpoint: monitor may not import checkpoint (sideways the layer order)",
+        "mindfoundry.checkpoint.store:1 imports mindfoundry.monitor: checkpoint may not import monitor (sideways the "
+        "layer order)",
+        "mindfoundry.monitor.sink:1 imports mindfoundry.checkpoint: monitor may not import checkpoint (sideways the "
+        "layer order)",
         "import cycle between packages: checkpoint -> monitor -> checkpoint",
     ]
 

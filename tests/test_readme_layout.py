@@ -11,7 +11,8 @@ FILE = re.compile(r"[\w-]+\.(?:py|yaml|jsonl|md)\b")
 
 
 def readme_layout(text: str) -> dict[str, set[str]]:
-    """Folder (relative to the repository) -> the file names its entry lists; descriptions in parentheses are skipped."""
+    """Folder (relative to the repository) -> the file names its entry lists; descriptions in parentheses are skipped.
+    """
     block = text.split("## Layout\n", 1)[1].split("```\n", 2)[1]
     out: dict[str, set[str]] = {}
     folder = None
@@ -41,13 +42,22 @@ def test_readme_layout_is_the_tree() -> None:
 
 
 def test_a_missing_file_is_noticed() -> None:
-    text = "## Layout\n\n```\nsrc/mindfoundry/  errors.py (the base, not cli.py)\n  cli/  main.py,\n        args.py\nbench/  a.py\n```\n"
+    text = ("## Layout\n\n```\nsrc/mindfoundry/  errors.py (the base, not cli.py)\n  cli/  main.py,\n        args.py\n"
+            "bench/  a.py\n```\n")
     assert readme_layout(text) == {"src/mindfoundry/": {"errors.py"}, "src/mindfoundry/cli/": {"main.py", "args.py"},
                                    "bench/": {"a.py"}}
 
 
 #: The two engines mirror each other file for file: the same job has the same name, the engine's folder is in the path.
-ENGINE_MIRROR = {"backend.py", "distributed.py", "memory.py", "model.py", "native.py", "probe_hooks.py", "train_step.py"}
+ENGINE_MIRROR = {
+    "backend.py",
+    "distributed.py",
+    "memory.py",
+    "model.py",
+    "native.py",
+    "probe_hooks.py",
+    "train_step.py",
+}
 ENGINES = ["src/mindfoundry/backends/mindspore", "src/mindfoundry/backends/torch"]
 
 

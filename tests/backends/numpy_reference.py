@@ -54,7 +54,9 @@ def moe(spec: ModelSpec, w: dict[str, np.ndarray], p: str, y: np.ndarray) -> tup
         for j, expert in enumerate(top):
             routed[expert] += 1
             if kept[t, j]:
-                out[t] += gates[j] * _swiglu(x, *(w[p + f"mlp.experts.{m}.weight"][expert] for m in ("gate_proj", "up_proj", "down_proj")))
+                out[t] += gates[j] * _swiglu(
+                    x, *(w[p + f"mlp.experts.{m}.weight"][expert] for m in ("gate_proj", "up_proj", "down_proj"))
+                )
     n = len(tokens)
     aux = e * float(np.sum(routed / n * probs.mean(0)))
     return out.reshape(y.shape), aux

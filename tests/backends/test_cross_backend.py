@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from mf_testing import markov_batches
 
 pytest.importorskip("mindspore")
 pytest.importorskip("torch")
 
 from mindfoundry.backends.base import create_backend  # noqa: E402
-from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 from mindfoundry.model.spec import ModelSpec, init_weights, module_boundaries  # noqa: E402
+from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 from mindfoundry.train.schedule import step_scalars  # noqa: E402
 
 

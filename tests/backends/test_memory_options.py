@@ -1,4 +1,5 @@
-"""Recompute, chunked loss and offload change memory, never numbers: every option against the plain step, both engines."""
+"""Recompute, chunked loss and offload change memory, never numbers: every option against the plain step, both engines.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +10,11 @@ import pytest
 import torch
 
 from mf_testing import padded_markov_samples, tiny_config
-
 from mindfoundry.backends.base import BackendUnavailable, create_backend
-from mindfoundry.parallel.layout import launch_layout
 from mindfoundry.debug.dump import DumpWriter
 from mindfoundry.debug.probe import Probe
 from mindfoundry.model.spec import ModelSpec, init_weights
+from mindfoundry.parallel.layout import launch_layout
 from mindfoundry.train.schedule import step_scalars
 
 pytest.importorskip("mindspore")
@@ -71,15 +71,20 @@ def test_memory_options_keep_the_numbers(plain, engine, memory, exact) -> None:
         if exact:
             assert (loss, norm) == (loss0, norm0)
             np.testing.assert_array_equal(sq, sq0)
-        else:  # the head over other row blocks (torch: gradients computed by hand) rounds differently; measured rel <= 1.1e-7
+        # the head over other row blocks (torch: gradients computed by hand) rounds differently; measured rel <= 1.1e-7
+        else:
             assert loss == pytest.approx(loss0, rel=2e-7)
             assert norm == pytest.approx(norm0, rel=2e-7)
-            np.testing.assert_allclose(np.sqrt(sq), np.sqrt(sq0), rtol=1e-6)  # per-parameter gradient norms: measured <= 6.8e-7
+            np.testing.assert_allclose(
+                np.sqrt(sq), np.sqrt(sq0), rtol=1e-6
+            )  # per-parameter gradient norms: measured <= 6.8e-7
     for name, w in ref_weights.items():
         if exact:
             np.testing.assert_array_equal(weights[name], w, err_msg=name)
         else:  # AdamW's first steps (m/sqrt(v) ~ sign(g) for gradients near eps) amplify those roundings: measured
-            np.testing.assert_allclose(weights[name], w, atol=4e-5, err_msg=name)  # <= 2.7e-5 (torch), 5.0e-6 (MindSpore)
+            np.testing.assert_allclose(
+                weights[name], w, atol=4e-5, err_msg=name
+            )  # <= 2.7e-5 (torch), 5.0e-6 (MindSpore)
 
 
 def test_offload_saves_activations_in_host_memory_with_the_same_numbers() -> None:
@@ -111,13 +116,16 @@ def test_cpu_offload_is_refused_with_the_alternative() -> None:
     cfg = tiny_config(backend="torch", device="auto") if not torch.cuda.is_available() else None
     if cfg is None:
         pytest.skip("this machine has an accelerator")
-    with pytest.raises(BackendUnavailable, match="on device cpu the activations already are in host memory; use memory.recompute"):
+    with pytest.raises(
+        BackendUnavailable, match="on device cpu the activations already are in host memory; use memory.recompute"
+    ):
         saved_tensors(cfg.memory.model_copy(update={"offload_activations": True}), torch.device("cpu"))
 
 
 @pytest.mark.parametrize("engine", ["torch", "mindspore"])
 def test_a_debug_step_dumps_the_same_with_recompute(engine, tmp_path) -> None:
-    """Hooks fire once per module call: the debug step runs the blocks without recompute and dumps what the plain run dumps."""
+    """Hooks fire once per module call: the debug step runs the blocks without recompute and dumps what the plain run
+    dumps."""
     dumps = {}
     for label, memory in (("plain", {}), ("recompute", {"recompute": "full", "loss_chunk": 5})):
         cfg = tiny_config(backend=engine, memory=memory, train={"micro_batch_size": 2, "seq_len": 16, "grad_accum": 1})

@@ -10,12 +10,13 @@ import pytest
 
 ms = pytest.importorskip("mindspore")
 
+from numpy_reference import forward, mean_nll  # noqa: E402
+
 from mindfoundry.backends.base import create_backend  # noqa: E402
-from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 from mindfoundry.data.dataset.packing import IGNORE_INDEX  # noqa: E402
 from mindfoundry.model.spec import ModelSpec, init_weights, parameter_shapes  # noqa: E402
+from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 from mindfoundry.train.schedule import step_scalars  # noqa: E402
-from numpy_reference import forward, mean_nll  # noqa: E402
 
 
 def batch(rng: np.random.Generator, vocab: int, a: int, b: int, s: int) -> tuple[np.ndarray, np.ndarray]:
@@ -29,7 +30,9 @@ def test_parameter_names_follow_the_spec(make_config, tie: bool) -> None:
     spec = ModelSpec.from_config(cfg.model)
     backend = create_backend(cfg, spec, launch_layout(cfg))
     assert {n: w.shape for n, w in backend.weights().items()} == parameter_shapes(spec)
-    assert set(backend.optimizer_state()) == {f"{m}.{n}" for m in ("exp_avg", "exp_avg_sq") for n in parameter_shapes(spec)}
+    assert set(backend.optimizer_state()) == {
+        f"{m}.{n}" for m in ("exp_avg", "exp_avg_sq") for n in parameter_shapes(spec)
+    }
 
 
 def test_forward_and_loss_match_numpy_reference(tiny) -> None:
@@ -65,12 +68,16 @@ def test_adamw_matches_torch_formula(tiny) -> None:
     opt = AdamW(params, o.beta1, o.beta2, o.eps, o.weight_decay)
     assert isinstance(opt, ms.nn.Optimizer)
     assert sorted(p.name for p in opt.get_parameters()) == sorted(
-        ["exp_avg.mat", "exp_avg.vec", "exp_avg_sq.mat", "exp_avg_sq.vec", "global_step", "learning_rate", "mat", "vec"])
+        ["exp_avg.mat", "exp_avg.vec", "exp_avg_sq.mat", "exp_avg_sq.vec", "global_step", "learning_rate", "mat", "vec"]
+    )
     ref = {"w": w0.astype(np.float64), "n": n0.astype(np.float64)}
     m = {k: np.zeros_like(v) for k, v in ref.items()}
     v = {k: np.zeros_like(val) for k, val in ref.items()}
     update = ms.jit(opt.construct)
-    for t, grad_scale in ((1, 1.0), (2, 0.25)):  # the scale the step folds unscale and clip into multiplies each gradient
+    for t, grad_scale in (
+        (1, 1.0),
+        (2, 0.25),
+    ):  # the scale the step folds unscale and clip into multiplies each gradient
         raw = {"w": rng.standard_normal((3, 4)).astype(np.float32), "n": rng.standard_normal(4).astype(np.float32)}
         sc = step_scalars(t, 10, o, valid_tokens=1)
         update((ms.Tensor(raw["w"]), ms.Tensor(raw["n"])), scalar(grad_scale), scalar(sc.lr), scalar(sc.step_size),
@@ -91,7 +98,14 @@ def test_adamw_matches_torch_formula(tiny) -> None:
     bad = (ms.Tensor(np.full((3, 4), np.inf, np.float32)), ms.Tensor(np.full(4, np.nan, np.float32)))
     update(bad, scalar(1.0), scalar(sc.lr), scalar(sc.step_size), scalar(sc.bias_correction2_sqrt), ms.Tensor(False))
     assert all(np.array_equal(a, t.asnumpy()) for a, t in zip(before, (*params, *opt.exp_avg, *opt.exp_avg_sq)))
-    update((ms.Tensor(raw["w"]), ms.Tensor(raw["n"])), scalar(1.0), scalar(0.0), scalar(0.0), scalar(sc.bias_correction2_sqrt), ms.Tensor(True))
+    update(
+        (ms.Tensor(raw["w"]), ms.Tensor(raw["n"])),
+        scalar(1.0),
+        scalar(0.0),
+        scalar(0.0),
+        scalar(sc.bias_correction2_sqrt),
+        ms.Tensor(True),
+    )
     assert [np.array_equal(a, p.asnumpy()) for a, p in zip(before, params)] == [True, True]
     assert not np.array_equal(before[2], opt.exp_avg[0].asnumpy())  # the moments still move, as in torch
 
@@ -116,7 +130,8 @@ def test_gradient_accumulation_equals_one_big_batch(make_config) -> None:
     assert acc.grad_norm == pytest.approx(big.grad_norm, rel=1e-5)
     for name in w_big:
         # Adam divides by sqrt(v): elements with near-zero gradients amplify 1e-7 summation-order
-        # differences, so compare updates at ~1/1000 of the step size (lr 3e-3); measured 3.35e-06 (one element of 12,288)
+        # differences, so compare updates at ~1/1000 of the step size (lr 3e-3); measured 3.35e-06 (one element of
+        # 12,288)
         np.testing.assert_allclose(w_acc[name], w_big[name], rtol=0, atol=3.5e-6)
 
 
@@ -144,7 +159,9 @@ def test_host_looped_accumulation_is_the_in_graph_loop_bit_for_bit(make_config) 
         for step, (ids, labels) in enumerate(batches, start=1):
             valid = int((labels != IGNORE_INDEX).sum())
             grad_limit = 1e-3 if step == 2 else math.inf  # step 2's update is dropped, as a non-finite one would be
-            outs.append(backend.train_step(ids, labels, step_scalars(step, 10, cfg.optim, valid, grad_limit=grad_limit)))
+            outs.append(
+                backend.train_step(ids, labels, step_scalars(step, 10, cfg.optim, valid, grad_limit=grad_limit))
+            )
         runs.append((outs, backend.weights(), backend.optimizer_state()))
     (host, w_host, m_host), (graph, w_graph, m_graph) = runs
     assert [o.applied for o in host] == [True, False, True]
@@ -163,7 +180,10 @@ def test_clipping_reports_the_unclipped_norm_and_limits_the_update(make_config) 
         cfg = make_config(optim={"clip_norm": clip, "weight_decay": 0.0})
         backend = create_backend(cfg, spec, launch_layout(cfg))
         backend.load_weights(init_weights(spec, 0))
-        outs[clip] = (backend.train_step(ids, labels, step_scalars(1, 10, cfg.optim, labels.size)), backend.optimizer_state())
+        outs[clip] = (
+            backend.train_step(ids, labels, step_scalars(1, 10, cfg.optim, labels.size)),
+            backend.optimizer_state(),
+        )
     (free, st_free), (clipped, st_clip) = outs[None], outs[1e-3]
     assert free.grad_norm == pytest.approx(clipped.grad_norm, rel=1e-6)  # the reported norm is pre-clip
     # after one step exp_avg = (1-beta1) * g, so the clipped first moment is scaled by clip/norm
@@ -181,11 +201,12 @@ def test_overfits_one_repeated_batch(tiny) -> None:
     losses = [backend.train_step(ids, labels, step_scalars(t, 200, cfg.optim, labels.size)).loss for t in range(1, 201)]
     assert losses[0] == pytest.approx(math.log(spec.vocab_size), abs=0.1)  # uniform at init
     assert min(losses) < 0.5
-    assert next(i for i, l in enumerate(losses) if l < 0.5) < 200
+    assert next(i for i, loss in enumerate(losses) if loss < 0.5) < 200
 
 
 def hand_vs_automatic(core, part: int | None, *inputs, grads: int) -> list[float]:
-    """max |hand - automatic| / max |automatic| for each of the first `grads` inputs' gradients of sum(out * w), out being
+    """max |hand - automatic| / max |automatic| for each of the first `grads` inputs' gradients of sum(out * w), out
+    being
     core(...) or its output number `part`, differentiated through the core's own bprop (a call) and automatically (its
     construct called as a method, which skips the bprop)."""
     from mindspore import nn, ops
@@ -221,7 +242,9 @@ def test_attention_core_backward_equals_automatic_differentiation(mask_kind: str
     if mask_kind == "causal":
         mask = np.triu(np.full((s, s), -1e9, np.float32), 1)
     else:  # mlm: padding keys hidden, each position keeping itself
-        mask = np.where((np.arange(s) >= 11)[None, None, None, None, :] & ~np.eye(s, dtype=bool), -1e9, 0.0).astype(np.float32)
+        mask = np.where((np.arange(s) >= 11)[None, None, None, None, :] & ~np.eye(s, dtype=bool), -1e9, 0.0).astype(
+            np.float32
+        )
         mask = np.concatenate([mask, np.zeros_like(mask)])  # the second row has no padding
     errors = hand_vs_automatic(AttentionCore(group), None, q, k, v, Tensor(mask), w, grads=3)
     assert max(errors) <= 4e-7  # measured 3.3e-7 (causal), 3.6e-7 (padding)

@@ -7,14 +7,15 @@ import math
 
 import numpy as np
 import pytest
+
 from mf_testing import markov_batches
 
 pytest.importorskip("mindspore")
 
 from mindfoundry.backends.base import create_backend  # noqa: E402
-from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 from mindfoundry.debug.probe import Probe  # noqa: E402
 from mindfoundry.model.spec import ModelSpec, init_weights  # noqa: E402
+from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 from mindfoundry.train.loss_scale import DynamicLossScaler  # noqa: E402
 from mindfoundry.train.schedule import step_scalars  # noqa: E402
 
@@ -24,7 +25,9 @@ HAS_TORCH = __import__("importlib").util.find_spec("torch") is not None
 
 
 def _engine(make_config, backend: str, precision: str):
-    cfg = make_config(train={"grad_accum": 2, "micro_batch_size": 2, "precision": precision}).model_copy(update={"backend": backend})
+    cfg = make_config(train={"grad_accum": 2, "micro_batch_size": 2, "precision": precision}).model_copy(
+        update={"backend": backend}
+    )
     spec = ModelSpec.from_config(cfg.model)
     return create_backend(cfg, spec, launch_layout(cfg)), cfg, spec
 
@@ -206,6 +209,8 @@ def test_torch_refuses_a_device_without_fp16_autocast() -> None:
     from mindfoundry.backends.base import BackendUnavailable
     from mindfoundry.backends.torch.train_step import autocast_for
 
-    assert autocast_for(torch.device("cpu"), "fp16")().fast_dtype == torch.float16  # CPU autocast has float16 (torch >= 2.3)
+    assert (
+        autocast_for(torch.device("cpu"), "fp16")().fast_dtype == torch.float16
+    )  # CPU autocast has float16 (torch >= 2.3)
     with pytest.raises(BackendUnavailable, match="train.precision=fp16: .* use train.precision: fp32"):
         autocast_for(torch.device("meta"), "fp16")  # no autocast at all on this device type

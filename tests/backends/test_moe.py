@@ -9,11 +9,12 @@ pytest.importorskip("mindspore")
 pytest.importorskip("torch")
 
 import numpy_reference as ref  # noqa: E402  (tests/backends is the rootdir of this module)
+
 from mf_testing import tiny_config  # noqa: E402
 from mindfoundry.backends.base import create_backend  # noqa: E402
-from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 from mindfoundry.data.dataset.packing import IGNORE_INDEX  # noqa: E402
-from mindfoundry.model.spec import ModelSpec, init_weights, module_classes, moe_capacity, module_names  # noqa: E402
+from mindfoundry.model.spec import ModelSpec, init_weights, module_classes, module_names, moe_capacity  # noqa: E402
+from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 from mindfoundry.train.schedule import step_scalars  # noqa: E402
 
 MOE = {"moe": {"num_experts": 4, "top_k": 2}}
@@ -38,7 +39,9 @@ def batches() -> tuple[np.ndarray, np.ndarray]:
 def engines():
     out = {}
     for name in ("mindspore", "torch"):
-        cfg = tiny_config(model=MOE, train={"grad_accum": 2, "micro_batch_size": 2}).model_copy(update={"backend": name})
+        cfg = tiny_config(model=MOE, train={"grad_accum": 2, "micro_batch_size": 2}).model_copy(
+            update={"backend": name}
+        )
         spec = ModelSpec.from_config(cfg.model)
         backend = create_backend(cfg, spec, launch_layout(cfg))
         backend.load_weights(init_weights(spec, 11))
@@ -70,7 +73,9 @@ def test_forward_eval_and_first_loss_match_numpy(engines) -> None:
         assert np.abs(logits - want_logits).max() < 1e-5 * np.abs(want_logits).max(), name
         nll, count, _ = backend.eval_batch(ids[0, 0], labels[0, 0])  # evaluation: the LM loss alone
         assert count == (labels[0, 0] != IGNORE_INDEX).sum() and nll == pytest.approx(nll_sum, rel=1e-5), name
-        out = backend.train_step(ids[0], labels[0], step_scalars(1, STEPS, cfg.optim, int((labels[0] != IGNORE_INDEX).sum())))
+        out = backend.train_step(
+            ids[0], labels[0], step_scalars(1, STEPS, cfg.optim, int((labels[0] != IGNORE_INDEX).sum()))
+        )
         assert out.loss == pytest.approx(want_loss, rel=1e-5), name  # the training loss includes the aux term
 
 
@@ -82,12 +87,17 @@ def test_engines_train_the_same_moe(engines) -> None:
         backend.load_optimizer_state({k: np.zeros_like(v) for k, v in backend.optimizer_state().items()}, 0)
         for t in range(1, STEPS + 1):
             valid = int((labels[t - 1] != IGNORE_INDEX).sum())
-            losses[name].append(backend.train_step(ids[t - 1], labels[t - 1], step_scalars(t, STEPS, cfg.optim, valid)).loss)
+            losses[name].append(
+                backend.train_step(ids[t - 1], labels[t - 1], step_scalars(t, STEPS, cfg.optim, valid)).loss
+            )
     ms, pt = np.array(losses["mindspore"]), np.array(losses["torch"])
     w_ms, w_pt = engines["mindspore"][0].weights(), engines["torch"][0].weights()
     params = max(float(np.abs(w_ms[k] - w_pt[k]).max()) for k in w_ms)
-    print(f"\nMoE MindSpore vs torch: first loss rel {abs(ms[0] / pt[0] - 1):.2e}, losses rel {np.abs(ms / pt - 1).max():.2e}, "
-          f"params after {STEPS} steps {params:.2e}")
+    print(
+        f"\nMoE MindSpore vs torch: first loss rel {abs(ms[0] / pt[0] - 1):.2e}, losses rel "
+        f"{np.abs(ms / pt - 1).max():.2e}, "
+        f"params after {STEPS} steps {params:.2e}"
+    )
     assert abs(ms[0] / pt[0] - 1) < 1e-5
     assert np.all(np.abs(ms / pt - 1) < 1e-5)
     assert params < 1e-4
@@ -97,7 +107,8 @@ def test_engines_train_the_same_moe(engines) -> None:
 
 
 def test_aux_gradient_matches_finite_differences() -> None:
-    """torch in float64: d(step loss)/d(router and expert weights) against central differences of the numpy objective."""
+    """torch in float64: d(step loss)/d(router and expert weights) against central differences of the numpy objective.
+    """
     import torch
 
     from mindfoundry.backends.torch.model import Transformer, aux_loss_sum, token_nll
@@ -134,7 +145,9 @@ def test_hookable_modules_are_the_spec_names() -> None:
     from mindfoundry.backends.torch.model import Transformer as PtTransformer
     from mindfoundry.backends.torch.probe_hooks import hookable_modules as pt_modules
 
-    spec = ModelSpec.from_config(tiny_config(model={"n_layers": 4, "moe": {"num_experts": 3, "top_k": 1, "every": 2}}).model)
+    spec = ModelSpec.from_config(
+        tiny_config(model={"n_layers": 4, "moe": {"num_experts": 3, "top_k": 1, "every": 2}}).model
+    )
     for modules in (pt_modules(PtTransformer(spec)), ms_modules(MsTransformer(spec))):
         assert list(modules) == module_names(spec)
         assert {name: type(m).__name__ for name, m in modules.items()} == module_classes(spec)
@@ -159,7 +172,9 @@ def test_both_engines_dump_a_moe_step(engines, tmp_path) -> None:
         writer.close()
         dumps[name] = read_dump(writer.dir)
     spec = engines["torch"][2]
-    assert losses["mindspore"] == pytest.approx(reference_loss(spec, init_weights(spec, 11), ids[0], labels[0]), rel=1e-5)
+    assert losses["mindspore"] == pytest.approx(
+        reference_loss(spec, init_weights(spec, 11), ids[0], labels[0]), rel=1e-5
+    )
     assert losses["torch"] == pytest.approx(losses["mindspore"], rel=1e-5)
     ms, pt = dumps["mindspore"], dumps["torch"]
     names = sorted(r["name"] for r in ms.records)
@@ -187,7 +202,9 @@ def test_torch_refuses_moe_layouts_it_cannot_run() -> None:
     dense = Transformer(ModelSpec.from_config(tiny_config().model))
     check_moe_layout(moe, Layout(dp_shard=2, ep=2))
     check_moe_layout(moe, Layout(dp_replicate=2, dp_shard=2, ep=2))
-    check_moe_layout(dense, Layout(tp=2))  # ep on a dense model is the layout rules' (refused at launch: test_layout.py)
+    check_moe_layout(
+        dense, Layout(tp=2)
+    )  # ep on a dense model is the layout rules' (refused at launch: test_layout.py)
     with pytest.raises(NotImplementedError, match="ep: 4"):
         check_moe_layout(moe, Layout(dp_shard=4, ep=2))
     for layout in (Layout(tp=2), Layout(pp=2), Layout(cp=2)):
@@ -203,7 +220,9 @@ CAPACITY = {"moe": {"num_experts": 4, "top_k": 2, "capacity_factor": 0.75}}  # 6
 def capacity_engines(engines):  # after `engines`: MindSpore's device is set by the first backend of the session
     out = {}
     for name in ("mindspore", "torch"):
-        cfg = tiny_config(model=CAPACITY, train={"grad_accum": 2, "micro_batch_size": 2}).model_copy(update={"backend": name})
+        cfg = tiny_config(model=CAPACITY, train={"grad_accum": 2, "micro_batch_size": 2}).model_copy(
+            update={"backend": name}
+        )
         spec = ModelSpec.from_config(cfg.model)
         out[name] = (create_backend(cfg, spec, launch_layout(cfg)), cfg, spec)
     return out
@@ -222,11 +241,15 @@ def test_capacity_drops_the_late_pairs_on_both_engines(capacity_engines) -> None
     for name, (backend, cfg, _) in capacity_engines.items():
         backend.load_weights(weights)
         logits = backend.logits(ids[0, 0])
-        assert np.abs(logits - want).max() < 1e-6 * np.abs(want).max(), name  # measured 2.1e-7 (MindSpore), 2.3e-7 (torch)
+        assert np.abs(logits - want).max() < 1e-6 * np.abs(want).max(), (
+            name
+        )  # measured 2.1e-7 (MindSpore), 2.3e-7 (torch)
         losses[name] = []
         for t in range(1, STEPS + 1):
             valid = int((labels[t - 1] != IGNORE_INDEX).sum())
-            losses[name].append(backend.train_step(ids[t - 1], labels[t - 1], step_scalars(t, STEPS, cfg.optim, valid)).loss)
+            losses[name].append(
+                backend.train_step(ids[t - 1], labels[t - 1], step_scalars(t, STEPS, cfg.optim, valid)).loss
+            )
     assert losses["mindspore"][0] == pytest.approx(reference_loss(spec, weights, ids[0], labels[0]), rel=1e-5)
     ms, pt = np.array(losses["mindspore"]), np.array(losses["torch"])
     assert np.all(np.abs(ms / pt - 1) < 1e-5)
@@ -253,7 +276,9 @@ def test_mindspore_runs_experts_on_capacity_rows_only(capacity_engines, engines)
             handle.remove()
             ms.set_context(mode=ms.GRAPH_MODE)
         assert seen == [(4, rows, 64)]
-    full = tiny_config(model={"moe": {**MOE["moe"], "capacity_factor": 2.0}}).model_copy(update={"backend": "mindspore"})
+    full = tiny_config(model={"moe": {**MOE["moe"], "capacity_factor": 2.0}}).model_copy(
+        update={"backend": "mindspore"}
+    )
     spec = ModelSpec.from_config(full.model)
     assert moe_capacity(spec, 16) == 16
     routed, dense = create_backend(full, spec, launch_layout(full)), engines["mindspore"][0]

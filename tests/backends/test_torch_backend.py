@@ -8,9 +8,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from mindfoundry.backends.base import BackendUnavailable, create_backend  # noqa: E402
-from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 from mindfoundry.backends.torch.backend import select_device  # noqa: E402
 from mindfoundry.model.spec import ModelSpec, init_weights  # noqa: E402
+from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 from mindfoundry.train.schedule import step_scalars  # noqa: E402
 
 

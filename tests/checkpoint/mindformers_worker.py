@@ -22,18 +22,26 @@ import numpy as np
 
 def main() -> None:
     export, ids_path, out_path = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
-    import mindspore as ms
     import mindformers
+    import mindspore as ms
     from mindformers import LlamaConfig, LlamaForCausalLM, MindFormerConfig
     from mindformers.dataset.blended_datasets.indexed_dataset import IndexedDataset
-    from mindformers.tools.register import MindFormerModuleType as T, MindFormerRegister
+    from mindformers.tools.register import MindFormerModuleType as T
+    from mindformers.tools.register import MindFormerRegister
 
     ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
     cfg = MindFormerConfig(str(export / "run_mindformers.yaml"))
-    types = [(T.TRAINER, cfg.trainer.type), (T.OPTIMIZER, cfg.optimizer.type), (T.LR, cfg.lr_schedule.type),
-             (T.DATASET_LOADER, cfg.train_dataset.data_loader.type), (T.DATASET, cfg.train_dataset_task.type),
-             (T.WRAPPER, cfg.runner_wrapper.type), (T.CONFIG, cfg.model.model_config.type), (T.MODELS, cfg.model.arch.type),
-             *((T.CALLBACK, c["type"]) for c in cfg.callbacks)]
+    types = [
+        (T.TRAINER, cfg.trainer.type),
+        (T.OPTIMIZER, cfg.optimizer.type),
+        (T.LR, cfg.lr_schedule.type),
+        (T.DATASET_LOADER, cfg.train_dataset.data_loader.type),
+        (T.DATASET, cfg.train_dataset_task.type),
+        (T.WRAPPER, cfg.runner_wrapper.type),
+        (T.CONFIG, cfg.model.model_config.type),
+        (T.MODELS, cfg.model.arch.type),
+        *((T.CALLBACK, c["type"]) for c in cfg.callbacks),
+    ]
     unresolved = [name for kind, name in types if not MindFormerRegister.is_exist(kind, name)]
     model_config = {k: v for k, v in cfg.model.model_config.items() if k != "type"}
     accepted = set(inspect.signature(LlamaConfig.__init__).parameters)
@@ -48,12 +56,27 @@ def main() -> None:
     shards = {}
     for weight, prefix in zip(data_path[::2], data_path[1::2]):
         ds = IndexedDataset(prefix)
-        shards[prefix] = {"weight": weight, "documents": len(ds), "first": ds[0].tolist(), "last": ds[len(ds) - 1].tolist()}
-    out_path.write_text(json.dumps({
-        "version": mindformers.__version__, "unresolved_types": unresolved, "unknown_model_keys": unknown,
-        "not_loaded": list(not_loaded), "unused": list(unused), "parallel_config": dict(cfg.parallel_config),
-        "lr_schedule": dict(cfg.lr_schedule), "shards": shards, "tied": bool(cfg.model.model_config.tie_word_embeddings),
-    }))
+        shards[prefix] = {
+            "weight": weight,
+            "documents": len(ds),
+            "first": ds[0].tolist(),
+            "last": ds[len(ds) - 1].tolist(),
+        }
+    out_path.write_text(
+        json.dumps(
+            {
+                "version": mindformers.__version__,
+                "unresolved_types": unresolved,
+                "unknown_model_keys": unknown,
+                "not_loaded": list(not_loaded),
+                "unused": list(unused),
+                "parallel_config": dict(cfg.parallel_config),
+                "lr_schedule": dict(cfg.lr_schedule),
+                "shards": shards,
+                "tied": bool(cfg.model.model_config.tie_word_embeddings),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

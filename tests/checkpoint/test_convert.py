@@ -25,7 +25,11 @@ def run_ckpt(tmp_path: Path, tiny) -> tuple[Path, ModelSpec]:
     (run / "config.yaml").write_text(to_yaml(cfg))
     weights = init_weights(spec, 1)
     rng = np.random.default_rng(0)
-    optim = {f"{k}.{n}": rng.random(s).astype(np.float32) for n, s in parameter_shapes(spec).items() for k in ("exp_avg", "exp_avg_sq")}
+    optim = {
+        f"{k}.{n}": rng.random(s).astype(np.float32)
+        for n, s in parameter_shapes(spec).items()
+        for k in ("exp_avg", "exp_avg_sq")
+    }
     path = save_checkpoint(run, 5, weights, optim, {"consumed_samples": 40, "consumed_tokens": 640})
     return path, spec
 
@@ -42,8 +46,14 @@ def test_round_trip(run_ckpt, tmp_path: Path, suffix: str, engine: str) -> None:
     back = load_checkpoint(import_checkpoint(native, tmp_path / "imported"))
     orig = load_checkpoint(path)
     assert back.state["step"] == 5 and back.state["consumed_samples"] == 40 and back.state["consumed_tokens"] == 640
-    assert all(np.array_equal(orig.weights[k], back.weights[k]) for k in orig.weights) and orig.weights.keys() == back.weights.keys()
-    assert all(np.array_equal(orig.optimizer[k], back.optimizer[k]) for k in orig.optimizer) and orig.optimizer.keys() == back.optimizer.keys()
+    assert (
+        all(np.array_equal(orig.weights[k], back.weights[k]) for k in orig.weights)
+        and orig.weights.keys() == back.weights.keys()
+    )
+    assert (
+        all(np.array_equal(orig.optimizer[k], back.optimizer[k]) for k in orig.optimizer)
+        and orig.optimizer.keys() == back.optimizer.keys()
+    )
     with pytest.raises(CheckpointError, match="already exists"):
         export_checkpoint(path, native)
 
@@ -61,7 +71,10 @@ def test_pt_loads_into_torch_model_and_adamw(run_ckpt, tmp_path: Path, tiny) -> 
     opt = build_adamw(model, cfg.optim)
     opt.load_state_dict(blob["optimizer"])
     q = model.layers[0].attn.q_proj.weight
-    assert torch.equal(opt.state[q]["exp_avg"], torch.from_numpy(load_checkpoint(path).optimizer["exp_avg.layers.0.attn.q_proj.weight"]))
+    assert torch.equal(
+        opt.state[q]["exp_avg"],
+        torch.from_numpy(load_checkpoint(path).optimizer["exp_avg.layers.0.attn.q_proj.weight"]),
+    )
     assert opt.param_groups[1]["weight_decay"] == 0.0 and float(opt.state[q]["step"]) == 5.0
 
 
@@ -90,8 +103,14 @@ def test_convert_says_what_it_wrote_and_every_file_gets_the_umask_mode(run_ckpt,
     for umask, mode in ((0o022, 0o644), (0o027, 0o640)):
         for verb, name in outputs:
             target = tmp_path / f"{umask:o}-{name}"
-            proc = subprocess.run([sys.executable, "-m", "mindfoundry.cli", verb, str(path), str(target)], capture_output=True,
-                                  text=True, timeout=300, preexec_fn=lambda u=umask: os.umask(u), env=dict(os.environ, COLUMNS="300"))
+            proc = subprocess.run(
+                [sys.executable, "-m", "mindfoundry.cli", verb, str(path), str(target)],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                preexec_fn=lambda u=umask: os.umask(u),
+                env=dict(os.environ, COLUMNS="300"),
+            )
             assert proc.returncode == 0, proc.stderr
             assert f"wrote {target}" in proc.stdout and f"mode {mode:o}" in proc.stdout
             assert target.stat().st_mode & 0o777 == mode, (name, oct(target.stat().st_mode))

@@ -14,7 +14,6 @@ torch = pytest.importorskip("torch")
 
 from mf_testing import random_checkpoint  # noqa: E402
 from mindfoundry.backends.base import create_backend  # noqa: E402
-from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 from mindfoundry.checkpoint.hf_export import export_hf, hf_name  # noqa: E402
 from mindfoundry.checkpoint.store import CheckpointError, Retention, save_checkpoint  # noqa: E402
 from mindfoundry.cli.main import main  # noqa: E402
@@ -23,12 +22,15 @@ from mindfoundry.data.prepare.tokenizer import eos_id, pad_id  # noqa: E402
 from mindfoundry.errors import OutputExistsError  # noqa: E402
 from mindfoundry.eval.sampling import generate  # noqa: E402
 from mindfoundry.model.spec import ModelSpec, parameter_shapes  # noqa: E402
+from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # local folders only, never the hub
 
 
 @pytest.mark.parametrize("model", [{}, {"n_kv_heads": 1, "tie_embeddings": False}], ids=["tied-mha", "untied-gqa"])
-def test_transformers_opens_the_export_and_agrees_with_both_engines(tiny_prepared, tmp_path: Path, model: dict, capsys) -> None:
+def test_transformers_opens_the_export_and_agrees_with_both_engines(
+    tiny_prepared, tmp_path: Path, model: dict, capsys
+) -> None:
     cfg, data = tiny_prepared
     ckpt, weights, cfg = random_checkpoint(cfg, data, **model)
     out = export_hf(ckpt, tmp_path / "hf")
@@ -47,7 +49,9 @@ def test_transformers_opens_the_export_and_agrees_with_both_engines(tiny_prepare
         backend = create_backend(cfg.model_copy(update={"backend": engine}), spec, launch_layout(cfg))
         backend.load_weights(weights)
         ours = backend.logits(ids)
-        assert np.abs(ours - theirs).max() < 2e-6, engine  # measured 4.8e-7 / 3.6e-7 (torch), 8.2e-7 / 7.2e-7 (mindspore); logits ~1.7
+        assert np.abs(ours - theirs).max() < 2e-6, (
+            engine
+        )  # measured 4.8e-7 / 3.6e-7 (torch), 8.2e-7 / 7.2e-7 (mindspore); logits ~1.7
 
     tok = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
     text = "def greet(name):\n    return f'你好, {name}!'\n"
@@ -80,11 +84,30 @@ def test_names_and_config(tiny_prepared, tmp_path: Path) -> None:
         "model.layers.1.post_attention_layernorm.weight", "model.layers.1.mlp.down_proj.weight", "model.norm.weight"]
     assert main(["export", str(ckpt), "--out", str(tmp_path / "hf")]) == 0
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    assert {k: config[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                                   "intermediate_size", "vocab_size", "rope_theta", "rms_norm_eps", "tie_word_embeddings")} == {
-        "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
-        "intermediate_size": cfg.model.ffn_dim, "vocab_size": 512, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
-        "tie_word_embeddings": True}
+    assert {
+        k: config[k]
+        for k in (
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "intermediate_size",
+            "vocab_size",
+            "rope_theta",
+            "rms_norm_eps",
+            "tie_word_embeddings",
+        )
+    } == {
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "intermediate_size": cfg.model.ffn_dim,
+        "vocab_size": 512,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": True,
+    }
     mask = os.umask(0)
     os.umask(mask)  # every file as a plain open() makes it (safetensors alone writes 0600)
     assert {f.name: f.stat().st_mode & 0o777 for f in (tmp_path / "hf").iterdir()} == {
@@ -105,8 +128,9 @@ def test_export_refuses_what_it_cannot_write(tiny_prepared, tmp_path: Path, caps
     assert "give --out a name ending in .safetensors" in capsys.readouterr().err
     assert main(["export", str(ckpt), "--format", "safetensors", "--out", str(tmp_path / "w.safetensors")]) == 0
     assert (tmp_path / "w.safetensors").read_bytes() == (ckpt / "model.safetensors").read_bytes()
-    (ckpt.parent.parent / "data" / "tokenizer.json").write_text((ckpt.parent.parent / "data" / "tokenizer.json").read_text()
-                                                                .replace('"<|pad|>"', '"<|pad2|>"'))
+    (ckpt.parent.parent / "data" / "tokenizer.json").write_text(
+        (ckpt.parent.parent / "data" / "tokenizer.json").read_text().replace('"<|pad|>"', '"<|pad2|>"')
+    )
     with pytest.raises(CheckpointError, match="the run's tokenizer .* is in none of"):
         export_hf(ckpt, tmp_path / "other")
     assert not (tmp_path / "other").exists()
@@ -133,22 +157,34 @@ def test_init_from_an_export_round_trips_byte_for_byte(tiny_prepared, tmp_path: 
     assert all(np.array_equal(started[n], weights[n]) for n in weights)
     (tmp_path / "continued").mkdir()
     (tmp_path / "continued" / "config.yaml").write_text(to_yaml(new_run))
-    again = save_checkpoint(tmp_path / "continued", 1, started, {f"{k}.{n}": np.zeros_like(w) for n, w in started.items()
-                                                                 for k in ("exp_avg", "exp_avg_sq")},
-                            {"adam_step": 0, "consumed_samples": 0, "consumed_tokens": 0},
-                            extra_files={"data_manifest.json": data.manifest_bytes})
+    again = save_checkpoint(
+        tmp_path / "continued",
+        1,
+        started,
+        {f"{k}.{n}": np.zeros_like(w) for n, w in started.items() for k in ("exp_avg", "exp_avg_sq")},
+        {"adam_step": 0, "consumed_samples": 0, "consumed_tokens": 0},
+        extra_files={"data_manifest.json": data.manifest_bytes},
+    )
     second = export_hf(again, tmp_path / "second")
     assert (second / "model.safetensors").read_bytes() == (first / "model.safetensors").read_bytes()
     assert (second / "config.json").read_bytes() == (first / "config.json").read_bytes()
 
 
-@pytest.mark.parametrize("edit, message", [
-    ({"attention_bias": True}, "attention_bias=True is not representable"),
-    ({"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}}, "rope_type='linear' \\(RoPE scaling\\)"),
-    ({"hidden_size": 64}, "hidden_size=64 but this run has model.d_model=32: set model.d_model to match"),
-    ({"num_key_value_heads": 1}, "num_key_value_heads=1 but this run has model.n_kv_heads=2"),
-])
-def test_init_from_refuses_what_the_model_cannot_represent(tiny_prepared, tmp_path: Path, edit: dict, message: str) -> None:
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        ({"attention_bias": True}, "attention_bias=True is not representable"),
+        (
+            {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}},
+            "rope_type='linear' \\(RoPE scaling\\)",
+        ),
+        ({"hidden_size": 64}, "hidden_size=64 but this run has model.d_model=32: set model.d_model to match"),
+        ({"num_key_value_heads": 1}, "num_key_value_heads=1 but this run has model.n_kv_heads=2"),
+    ],
+)
+def test_init_from_refuses_what_the_model_cannot_represent(
+    tiny_prepared, tmp_path: Path, edit: dict, message: str
+) -> None:
     from mindfoundry.checkpoint.hf_import import initial_weights
 
     cfg, data = tiny_prepared
@@ -171,11 +207,20 @@ def test_a_sharded_checkpoint_exports_the_same_bytes(tiny_prepared, tmp_path: Pa
     """checkpoint.format: sharded (torch.distributed.checkpoint shards) exports exactly what the full format does."""
     cfg, data = tiny_prepared
     full, weights, cfg = random_checkpoint(cfg, data)
-    backend = create_backend(cfg.model_copy(update={"backend": "torch"}), ModelSpec.from_config(cfg.model), launch_layout(cfg))
+    backend = create_backend(
+        cfg.model_copy(update={"backend": "torch"}), ModelSpec.from_config(cfg.model), launch_layout(cfg)
+    )
     backend.load_weights(weights)
-    sharded = save_checkpoint(Path(cfg.run_dir), 2, None, None, {"adam_step": 0, "consumed_samples": 0, "consumed_tokens": 0},
-                              Retention(keep_last=2), extra_files={"data_manifest.json": data.manifest_bytes},
-                              writer=backend.save_sharded)
+    sharded = save_checkpoint(
+        Path(cfg.run_dir),
+        2,
+        None,
+        None,
+        {"adam_step": 0, "consumed_samples": 0, "consumed_tokens": 0},
+        Retention(keep_last=2),
+        extra_files={"data_manifest.json": data.manifest_bytes},
+        writer=backend.save_sharded,
+    )
     assert (sharded / "model").is_dir()
     a, b = export_hf(full, tmp_path / "from-full"), export_hf(sharded, tmp_path / "from-sharded")
     assert {p.name: p.read_bytes() for p in a.iterdir()} == {p.name: p.read_bytes() for p in b.iterdir()}

@@ -8,8 +8,14 @@ import shutil
 
 import pytest
 
-from mindfoundry.checkpoint.store import (CheckpointError, MODEL_FILE, STATE_FILE, find_resumable, list_checkpoints,
-                                          verify_checkpoint)
+from mindfoundry.checkpoint.store import (
+    MODEL_FILE,
+    STATE_FILE,
+    CheckpointError,
+    find_resumable,
+    list_checkpoints,
+    verify_checkpoint,
+)
 from mindfoundry.cli.main import main
 
 
@@ -93,6 +99,7 @@ def test_leftovers_of_killed_writers_are_removed_at_start(trained, capsys) -> No
 
 def test_a_full_disk_ends_in_one_line_and_keeps_the_earlier_checkpoints(corpus_dir, tmp_path, capsys) -> None:
     import yaml
+
     from mf_testing import small_disk, tiny_run_tree
 
     with small_disk(tmp_path / "disk", "1400k") as disk:
@@ -104,7 +111,11 @@ def test_a_full_disk_ends_in_one_line_and_keeps_the_earlier_checkpoints(corpus_d
         err = capsys.readouterr().err
         lines = [line for line in err.splitlines() if line.strip()]
         assert lines[-1].startswith("error: no space left on the disk of") and "for checkpoint step" in lines[-1]
-        assert "it needs about" in lines[-1] and "is free" in lines[-1] and "the checkpoints written before are intact" in lines[-1]
+        assert (
+            "it needs about" in lines[-1]
+            and "is free" in lines[-1]
+            and "the checkpoints written before are intact" in lines[-1]
+        )
         assert "Traceback" not in err and "last-gasp" not in err  # no retry of the write that failed
         kept = list_checkpoints(disk / "run")
         assert kept and all(verify_checkpoint(p) for p in kept)

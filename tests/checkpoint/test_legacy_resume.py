@@ -21,7 +21,8 @@ pytestmark = pytest.mark.slow
 
 
 def tensor_digest(path: Path) -> str:
-    """sha256 over a safetensors file's tensors (sorted names, each name's bytes then the array's), as in expected.json."""
+    """sha256 over a safetensors file's tensors (sorted names, each name's bytes then the array's), as in expected.json.
+    """
     tensors = load_file(str(path))
     digest = hashlib.sha256()
     for name in sorted(tensors):
@@ -42,7 +43,9 @@ def test_previous_release_checkpoint_resumes_bit_exactly(engine: str, tmp_path: 
                           env=dict(os.environ, COLUMNS="200"))
     assert proc.returncode == 0, proc.stderr
     assert "resumed from run/checkpoints/step_00000003 (step 3, 24 samples consumed)" in proc.stderr
-    assert (tmp_path / "run" / "data" / "manifest.json").read_bytes() == manifest  # the old data was reused, not rebuilt
+    assert (
+        tmp_path / "run" / "data" / "manifest.json"
+    ).read_bytes() == manifest  # the old data was reused, not rebuilt
 
     expected = json.loads((FIXTURE / "expected.json").read_text())[engine]
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
@@ -52,21 +55,29 @@ def test_previous_release_checkpoint_resumes_bit_exactly(engine: str, tmp_path: 
     final = tmp_path / "run" / "checkpoints" / "step_00000006"
     digests = {name: tensor_digest(final / f"{name}.safetensors") for name in ("model", "optimizer")}
     if engine == "torch":
-        # bit for bit what 0.1.0 wrote on a CPU of the same kind: torch's CPU kernels round differently per instruction set
+        # bit for bit what 0.1.0 wrote on a CPU of the same kind: torch's CPU kernels round differently per instruction
+        # set
         # (0.1.0 itself, rerun on an AVX-512 FP16 Xeon, wrote the second digests; the losses above are the same floats)
-        known = [expected["final_sha256"]] + [{k: d[k] for k in digests} for d in expected.get("final_sha256_elsewhere", [])]
-        assert digests in known, (f"final tensors {digests} are none of 0.1.0's on the CPUs it ran on; if this is a new kind "
-                                  "of CPU, rerun f26e99a's resume on it and add its digests to expected.json")
+        known = [expected["final_sha256"]] + [
+            {k: d[k] for k in digests} for d in expected.get("final_sha256_elsewhere", [])
+        ]
+        assert digests in known, (
+            f"final tensors {digests} are none of 0.1.0's on the CPUs it ran on; if this is a new kind "
+            "of CPU, rerun f26e99a's resume on it and add its digests to expected.json"
+        )
     else:
         assert_close_to_old_final(final)
     # the checkpoint format is unchanged: trainer_state.json has the old release's keys, section by section
     old = json.loads((FIXTURE / f"run-{engine}" / "checkpoints" / "step_00000003" / "trainer_state.json").read_text())
     new = json.loads((final / "trainer_state.json").read_text())
     assert shape(new) == shape(old) | {"val_step": "int"}  # one key added since: the step val_loss was measured at
-    assert sorted(p.name for p in final.iterdir()) == sorted(p.name for p in (FIXTURE / f"run-{engine}" / "checkpoints" / "step_00000003").iterdir())
+    assert sorted(p.name for p in final.iterdir()) == sorted(
+        p.name for p in (FIXTURE / f"run-{engine}" / "checkpoints" / "step_00000003").iterdir()
+    )
 
 
-# max |new - old| / max |old| per tensor, measured 1.94e-07 (model) and 4.80e-07 (optimizer; 1.86e-07 and 3.85e-07 before the
+# max |new - old| / max |old| per tensor, measured 1.94e-07 (model) and 4.80e-07 (optimizer; 1.86e-07 and 3.85e-07
+# before the
 # attention core and RMSNorm got backwards of their own, backends/mindspore/attention.py and norm.py): float32 rounding
 OLD_FINAL_BOUND = {"model": 2e-7, "optimizer": 5e-7}
 

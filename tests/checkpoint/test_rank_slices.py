@@ -31,7 +31,11 @@ WORKER = Path(__file__).with_name("ms_transform_worker.py")
 
 #: name -> (parallel section, model overrides, devices)
 LAYOUTS = {
-    "fsdp2_tp2": ({"dp_shard": 2, "tp": 2}, {}, 4),  # parallel optimizer over dp_shard (level3), tied vocab-parallel head
+    "fsdp2_tp2": (
+        {"dp_shard": 2, "tp": 2},
+        {},
+        4,
+    ),  # parallel optimizer over dp_shard (level3), tied vocab-parallel head
     "pp2_tp2_dp2_zero1": ({"pp": 2, "tp": 2, "dp_replicate": 2, "optimizer_shard": True}, {"tie_embeddings": False}, 8),
     "moe_ep2_fsdp2": ({"dp_shard": 2, "ep": 2}, {"moe": {"num_experts": 4, "top_k": 2}}, 2),
 }
@@ -44,7 +48,11 @@ def _state(name: str):
     layouts = parameter_layouts(plan_strategies(cfg, spec, launched(cfg, devices)), spec)
     rng = np.random.default_rng(7)
     weights = {n: (w + rng.normal(0, 0.05, w.shape)).astype(np.float32) for n, w in init_weights(spec, 1).items()}
-    moments = {f"{k}.{n}": rng.normal(0, 1e-3, w.shape).astype(np.float32) for n, w in weights.items() for k in ("exp_avg", "exp_avg_sq")}
+    moments = {
+        f"{k}.{n}": rng.normal(0, 1e-3, w.shape).astype(np.float32)
+        for n, w in weights.items()
+        for k in ("exp_avg", "exp_avg_sq")
+    }
     return weights, moments, layouts, devices
 
 
@@ -63,7 +71,11 @@ def test_layouts_split_what_the_strategies_split() -> None:
     assert layouts["layers.0.attn_norm.weight"] == TensorLayout((2, 2), (-1,), 2, 0)  # whole, 4 replicas -> 2 pieces
     _, _, pp, _ = _state("pp2_tp2_dp2_zero1")
     assert pp["layers.0.mlp.down_proj.weight"] == TensorLayout((2, 2), (-1, 0), -1, 0)
-    assert pp["layers.1.mlp.down_proj.weight"].stage == 1 and pp["lm_head.weight"].stage == 1 and pp["embed.weight"].stage == 0
+    assert (
+        pp["layers.1.mlp.down_proj.weight"].stage == 1
+        and pp["lm_head.weight"].stage == 1
+        and pp["embed.weight"].stage == 0
+    )
     assert list(pp["lm_head.weight"].ranks()) == [4, 5, 6, 7]
     _, _, moe, _ = _state("moe_ep2_fsdp2")
     assert moe["layers.0.mlp.experts.gate_proj.weight"] == TensorLayout((2, 1, 1), (2, -1, -1), 0, 0)  # experts by ep
@@ -106,8 +118,13 @@ def test_mindspore_transform_checkpoints_agrees(tmp_path: Path) -> None:
     for name, weights in jobs:
         out = tmp_path / name / "out"
         out.mkdir()
-        subprocess.run([sys.executable, str(WORKER), str(tmp_path / name / "slices"), str(out)], check=True, cwd=tmp_path,
-                       capture_output=True, timeout=300)
+        subprocess.run(
+            [sys.executable, str(WORKER), str(tmp_path / name / "slices"), str(out)],
+            check=True,
+            cwd=tmp_path,
+            capture_output=True,
+            timeout=300,
+        )
         merged = load_file(str(out / "merged.safetensors"))
         assert merged.keys() == weights.keys()
         for n, a in weights.items():

@@ -20,12 +20,21 @@ import time
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import save_file
 import pytest
+from safetensors.numpy import save_file
 
 from mindfoundry.checkpoint.reader import load_checkpoint
 from mindfoundry.checkpoint.store import (
-    MODEL_DIR, OPTIMIZER_DIR, CheckpointError, Retention, find_resumable, is_sharded, list_checkpoints, save_checkpoint, shard_folders, verify_checkpoint,
+    MODEL_DIR,
+    OPTIMIZER_DIR,
+    CheckpointError,
+    Retention,
+    find_resumable,
+    is_sharded,
+    list_checkpoints,
+    save_checkpoint,
+    shard_folders,
+    verify_checkpoint,
 )
 from mindfoundry.config.load import ConfigError, to_yaml
 from mindfoundry.parallel.layout import launch_layout
@@ -51,8 +60,15 @@ def test_engine_written_files_are_committed_verified_and_retained(tmp_path: Path
                                extra_files=extra, writer=fake_writer)
     assert is_sharded(path) and [p.name for p in list_checkpoints(tmp_path)] == ["step_00000002", "step_00000003"]
     files = json.loads((path / "manifest.json").read_text())["files"]
-    assert sorted(files) == ["data_manifest.json", *(f"{sub}/shard-0000{r}-model-00001-of-00001.safetensors"
-                                                     for sub in (MODEL_DIR, OPTIMIZER_DIR) for r in (1, 2)), "trainer_state.json"]
+    assert sorted(files) == [
+        "data_manifest.json",
+        *(
+            f"{sub}/shard-0000{r}-model-00001-of-00001.safetensors"
+            for sub in (MODEL_DIR, OPTIMIZER_DIR)
+            for r in (1, 2)
+        ),
+        "trainer_state.json",
+    ]
     assert load_checkpoint(path, tensors=False).state == {"consumed_samples": 3, "step": 3}
     shard = path / OPTIMIZER_DIR / "shard-00002-model-00001-of-00001.safetensors"
     data = shard.read_bytes()
@@ -63,7 +79,10 @@ def test_engine_written_files_are_committed_verified_and_retained(tmp_path: Path
     assert found is not None and found.name == "step_00000002" and "shard-00002" in skipped[0]
     (found / MODEL_DIR / "shard-00001-model-00001-of-00001.safetensors").unlink()  # a rank's file lost
     found, skipped = find_resumable(tmp_path)
-    assert found is None and "model/shard-00001-model-00001-of-00001.safetensors: file listed in the manifest is missing" in skipped[1]
+    assert (
+        found is None
+        and "model/shard-00001-model-00001-of-00001.safetensors: file listed in the manifest is missing" in skipped[1]
+    )
 
 
 def test_writer_and_arrays_are_exclusive(tmp_path: Path) -> None:
@@ -83,11 +102,16 @@ def test_writer_and_arrays_are_exclusive(tmp_path: Path) -> None:
 
 def test_mindspore_shards_exactly_its_semi_auto_layouts(make_config) -> None:
     """MindSpore writes rank slices for the layouts it runs in semi-auto mode (Ascend), and only for those."""
-    with pytest.raises(ConfigError, match="checkpoint.format='sharded' with backend mindspore is the form of semi-auto parallel"):
+    with pytest.raises(
+        ConfigError, match="checkpoint.format='sharded' with backend mindspore is the form of semi-auto parallel"
+    ):
         make_config(checkpoint={"format": "sharded"}, backend="mindspore")
     ascend = {"backend": "mindspore", "device": "ascend", "parallel": {"tp": 2}}
-    with pytest.raises(ConfigError, match=r"parallel tp=2: the MindSpore engine runs this layout in semi-auto parallel mode.*"
-                                          r"set checkpoint.format: sharded"):
+    with pytest.raises(
+        ConfigError,
+        match=r"parallel tp=2: the MindSpore engine runs this layout in semi-auto parallel mode.*"
+        r"set checkpoint.format: sharded",
+    ):
         make_config(**ascend)
     assert make_config(checkpoint={"format": "sharded"}, **ascend).checkpoint.format == "sharded"
     assert make_config(checkpoint={"format": "sharded"}, backend="torch").checkpoint.format == "sharded"
@@ -180,10 +204,18 @@ def test_export_is_the_full_format_file_and_loads_in_both_engines(saved, tmp_pat
     torch_again.load_weights(load_file(str(out)))
     assert np.array_equal(torch_again.logits(ids), expected)
     pytest.importorskip("mindspore")
-    ms = create_backend(cfg.model_copy(update={"backend": "mindspore", "checkpoint": cfg.checkpoint.model_copy(update={"format": "full"})}), spec, launch_layout(cfg))
+    ms = create_backend(
+        cfg.model_copy(
+            update={"backend": "mindspore", "checkpoint": cfg.checkpoint.model_copy(update={"format": "full"})}
+        ),
+        spec,
+        launch_layout(cfg),
+    )
     ms.load_weights(load_file(str(out)))
     assert np.abs(ms.logits(ids) - expected).max() < 1e-5
-    ms.load_optimizer_state(ckpt.optimizer, 2)  # what the trainer does with a sharded checkpoint on an engine without load_sharded
+    ms.load_optimizer_state(
+        ckpt.optimizer, 2
+    )  # what the trainer does with a sharded checkpoint on an engine without load_sharded
     assert all(np.array_equal(v, ckpt.optimizer[k]) for k, v in ms.optimizer_state().items())
 
 
@@ -230,23 +262,48 @@ def test_fsdp_sharded_checkpoint_resumes_under_tp_and_one_process(tiny_run, tmp_
     # the uninterrupted FSDP(2) run, full format (its step-3 model.safetensors is the export's reference)
     run("ref_fsdp_full", ["launch", "train", str(ref), *sets, *fsdp2, "--master-port", str(free_port())])
     # the same run, sharded, stopped after its step-3 checkpoint
-    run("fsdp_sharded_to_3", ["launch", "train", str(cfg), *sharded, *fsdp2, "--master-port", str(free_port()), "--stop-at-step", "3"])
+    run(
+        "fsdp_sharded_to_3",
+        ["launch", "train", str(cfg), *sharded, *fsdp2, "--master-port", str(free_port()), "--stop-at-step", "3"],
+    )
     step3 = tmp_path / "fsdp" / "checkpoints" / "step_00000003"
     files = sorted(p.relative_to(step3).as_posix() for p in step3.rglob("*") if p.is_file())
     assert files == sorted(["data_manifest.json", "manifest.json", "manifest.sha256", "trainer_state.json"]
                            + [f"{sub}/shard-0000{r}-model-0000{f}-of-00003.safetensors"
                               for sub in ("model", "optimizer") for r in (1, 2) for f in (1, 2, 3)])
-    assert set(json.loads((step3 / "manifest.json").read_text())["files"]) == set(files) - {"manifest.json", "manifest.sha256"}
+    assert set(json.loads((step3 / "manifest.json").read_text())["files"]) == set(files) - {
+        "manifest.json",
+        "manifest.sha256",
+    }
     # continue under TP(2): every rank reads the pieces of the FSDP shards it needs
     run("tp_resume_4_to_6", ["launch", "train", str(cfg), *sharded, "--set", "parallel.tp=2", *one_batch,
                              "--master-port", str(free_port()), "--resume", "auto"])
     # FSDP(2) x TP(2): loads exactly what the full-format run holds at step 3
     t0 = time.perf_counter()
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", str(WORKER),
-                           str(cfg), str(step3), str(tmp_path / "fsdp_tp.npz"), json.dumps({"dp_shard": 2, "tp": 2})],
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=4",
+            str(WORKER),
+            str(cfg),
+            str(step3),
+            str(tmp_path / "fsdp_tp.npz"),
+            json.dumps({"dp_shard": 2, "tp": 2}),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     times["load_fsdp2xtp2"] = round(time.perf_counter() - t0, 1)
     full = load_checkpoint(tmp_path / "ref" / "checkpoints" / "step_00000003")
@@ -268,11 +325,20 @@ def test_fsdp_sharded_checkpoint_resumes_under_tp_and_one_process(tiny_run, tmp_
     assert "optimizer/shard-00002-model-00002-of-00003.safetensors: sha256 does not match" in capsys.readouterr().out
     run("one_process_resume_4_to_6", ["train", str(cfg), *sharded, *one_batch, "--resume", "auto"])
     err = capsys.readouterr().err
-    assert "skipping checkpoint" in err and "shard-00002-model-00002-of-00003.safetensors" in err and "step_00000003" in err
+    assert (
+        "skipping checkpoint" in err
+        and "shard-00002-model-00002-of-00003.safetensors" in err
+        and "step_00000003" in err
+    )
     # same losses as the uninterrupted FSDP(2) run: 1-3 under FSDP, 4-6 under TP(2), 4-6 again in one process
     (reference,) = _segments(tmp_path / "ref")
     first, under_tp, alone = _segments(tmp_path / "fsdp")
-    assert len(reference) == 6 and _close(first, reference[:3]) and _close(under_tp, reference[3:]) and _close(alone, reference[3:])
+    assert (
+        len(reference) == 6
+        and _close(first, reference[:3])
+        and _close(under_tp, reference[3:])
+        and _close(alone, reference[3:])
+    )
     # export: one file, byte for byte the full-format checkpoint's model.safetensors of the same step
     out = tmp_path / "step3.safetensors"
     t0 = time.perf_counter()
@@ -283,4 +349,6 @@ def test_fsdp_sharded_checkpoint_resumes_under_tp_and_one_process(tiny_run, tmp_
     saves = [e["seconds"] for e in events if e.get("event") == "checkpoint"]
     ref_saves = [json.loads(line)["seconds"] for line in (tmp_path / "ref" / "metrics.jsonl").read_text().splitlines()
                  if '"checkpoint"' in line]
-    print(json.dumps({"wall_s": times, "sharded_save_s": saves, "full_save_s": ref_saves}))  # numbers for docs/checkpoints.md
+    print(
+        json.dumps({"wall_s": times, "sharded_save_s": saves, "full_save_s": ref_saves})
+    )  # numbers for docs/checkpoints.md

@@ -10,7 +10,13 @@ import pytest
 
 from mindfoundry.checkpoint.reader import load_checkpoint
 from mindfoundry.checkpoint.store import (
-    CheckpointError, Retention, apply_retention, checkpoint_eval, find_resumable, list_checkpoints, save_checkpoint,
+    CheckpointError,
+    Retention,
+    apply_retention,
+    checkpoint_eval,
+    find_resumable,
+    list_checkpoints,
+    save_checkpoint,
     verify_checkpoint,
 )
 
@@ -26,11 +32,19 @@ def save(run: Path, step: int, keep_last: int = 10) -> Path:
 def test_round_trip_and_layout(tmp_path: Path) -> None:
     path = save(tmp_path, 12)
     assert path.name == "step_00000012"
-    assert sorted(p.name for p in path.iterdir()) == ["manifest.json", "manifest.sha256", "model.safetensors", "optimizer.safetensors", "trainer_state.json"]
+    assert sorted(p.name for p in path.iterdir()) == [
+        "manifest.json",
+        "manifest.sha256",
+        "model.safetensors",
+        "optimizer.safetensors",
+        "trainer_state.json",
+    ]
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_00000012"
     ckpt = load_checkpoint(path)
     assert ckpt.state == {"consumed_samples": 96, "step": 12}
-    assert np.array_equal(ckpt.weights["embed.weight"], np.random.default_rng(12).standard_normal((8, 4)).astype(np.float32))
+    assert np.array_equal(
+        ckpt.weights["embed.weight"], np.random.default_rng(12).standard_normal((8, 4)).astype(np.float32)
+    )
     manifest = json.loads((path / "manifest.json").read_text())
     assert manifest["files"]["model.safetensors"]["bytes"] == (path / "model.safetensors").stat().st_size
 
@@ -72,7 +86,14 @@ def test_uncommitted_folder_is_rejected(tmp_path: Path) -> None:
         verify_checkpoint(tmp_path / "step_00000001")
 
 
-FILES = ["model.safetensors", "optimizer.safetensors", "trainer_state.json", "data_manifest.json", "manifest.json", "manifest.sha256"]
+FILES = [
+    "model.safetensors",
+    "optimizer.safetensors",
+    "trainer_state.json",
+    "data_manifest.json",
+    "manifest.json",
+    "manifest.sha256",
+]
 
 
 def test_fifty_random_corruptions_are_all_detected(tmp_path: Path) -> None:
@@ -85,7 +106,9 @@ def test_fifty_random_corruptions_are_all_detected(tmp_path: Path) -> None:
         weights = {"w": rng.standard_normal((16, 8)).astype(np.float32)}
         extra = {"data_manifest.json": b'{"sources": []}\n'}
         save_checkpoint(run, 1, weights, {"exp_avg.w": weights["w"] * 0}, {"consumed_samples": 8}, extra_files=extra)
-        newest = save_checkpoint(run, 2, weights, {"exp_avg.w": weights["w"]}, {"consumed_samples": 16}, extra_files=extra)
+        newest = save_checkpoint(
+            run, 2, weights, {"exp_avg.w": weights["w"]}, {"consumed_samples": 16}, extra_files=extra
+        )
         target = newest / FILES[rng.integers(len(FILES))]
         kind = ["truncate", "flip", "delete"][rng.integers(3)]
         kinds[kind] += 1
@@ -121,7 +144,9 @@ def test_retention_rules(tmp_path: Path, keep_last: int, keep_every: int, keep_b
 
 def save_evaluated(run: Path, step: int, val_loss: float | None, val_step: int | None, retention: Retention) -> None:
     """A checkpoint whose trainer state carries the run's latest validation loss, measured at `val_step`."""
-    save_checkpoint(run, step, {"w": np.full(2, step, np.float32)}, {}, {"val_loss": val_loss, "val_step": val_step}, retention)
+    save_checkpoint(
+        run, step, {"w": np.full(2, step, np.float32)}, {}, {"val_loss": val_loss, "val_step": val_step}, retention
+    )
 
 
 def pointer(run: Path, name: str) -> str | None:
@@ -130,7 +155,9 @@ def pointer(run: Path, name: str) -> str | None:
 
 
 @pytest.mark.parametrize("keep_best", [False, True])
-def test_best_pointer_follows_the_lowest_loss_measured_at_the_checkpoints_own_step(tmp_path: Path, keep_best: bool) -> None:
+def test_best_pointer_follows_the_lowest_loss_measured_at_the_checkpoints_own_step(
+    tmp_path: Path, keep_best: bool
+) -> None:
     """Evaluations at steps 2, 4, 6; steps 3 and 5 carry the previous loss along (as the trainer writes it) and are
     not evaluated checkpoints: step 3 carries step 2's 1.0, the lowest value, and is still never best."""
     retention = Retention(keep_last=3, keep_best=keep_best)
@@ -141,12 +168,32 @@ def test_best_pointer_follows_the_lowest_loss_measured_at_the_checkpoints_own_st
         best_after[step] = pointer(tmp_path, "best")
         assert pointer(tmp_path, "latest") == f"step_{step:08d}"
     if keep_best:  # step 2 survives retention and stays best
-        assert best_after == {1: None, 2: "step_00000002", 3: "step_00000002", 4: "step_00000002", 5: "step_00000002", 6: "step_00000002"}
+        assert best_after == {
+            1: None,
+            2: "step_00000002",
+            3: "step_00000002",
+            4: "step_00000002",
+            5: "step_00000002",
+            6: "step_00000002",
+        }
         assert [p.name[5:] for p in list_checkpoints(tmp_path)] == ["00000002", "00000004", "00000005", "00000006"]
     else:  # retention deleted step 2 at step 5 (keep_last 3): the best of what is left is step 4, then step 6
-        assert best_after == {1: None, 2: "step_00000002", 3: "step_00000002", 4: "step_00000002", 5: "step_00000004", 6: "step_00000006"}
-    assert checkpoint_eval(json.loads((tmp_path / "checkpoints" / "step_00000005" / "trainer_state.json").read_text())) is None
-    assert checkpoint_eval(json.loads((tmp_path / "checkpoints" / "step_00000006" / "trainer_state.json").read_text())) == 1.5
+        assert best_after == {
+            1: None,
+            2: "step_00000002",
+            3: "step_00000002",
+            4: "step_00000002",
+            5: "step_00000004",
+            6: "step_00000006",
+        }
+    assert (
+        checkpoint_eval(json.loads((tmp_path / "checkpoints" / "step_00000005" / "trainer_state.json").read_text()))
+        is None
+    )
+    assert (
+        checkpoint_eval(json.loads((tmp_path / "checkpoints" / "step_00000006" / "trainer_state.json").read_text()))
+        == 1.5
+    )
 
 
 def test_checkpoints_of_release_010_are_not_evaluated_ones(tmp_path: Path) -> None:

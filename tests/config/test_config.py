@@ -44,16 +44,29 @@ BAD = [
     (with_("backend", "jax"), "backend='jax': Input should be 'mindspore' or 'torch'"),
     (with_("model.vocab_size", 100), "model.vocab_size=100 is too small for a byte-level BPE tokenizer"),
     ({"data": {"sources": []}}, "data.sources=[]: List should have at least 1 item"),
-    ({"data": {"sources": [{"name": "a", "paths": ["x"]}, {"name": "a", "builtin": "reviews"}]}}, "data.sources[1].name='a' is used twice"),
+    (
+        {"data": {"sources": [{"name": "a", "paths": ["x"]}, {"name": "a", "builtin": "reviews"}]}},
+        "data.sources[1].name='a' is used twice",
+    ),
     ({"data": {"sources": [{"name": "a"}]}}, "data.sources[0] (a) needs exactly one of 'builtin' or 'paths'"),
     ({"model": {}}, "missing required key 'data'"),
-    (with_("data.tokenizer.path", "/nonexistent/tokenizer.json"), "data.tokenizer.path='/nonexistent/tokenizer.json' does not exist"),
+    (
+        with_("data.tokenizer.path", "/nonexistent/tokenizer.json"),
+        "data.tokenizer.path='/nonexistent/tokenizer.json' does not exist",
+    ),
     (with_("data.validation_fraction", 0.7), "data.validation_fraction=0.7: Input should be less than 0.5"),
-    (with_("model.d_model", 260) | {"model": {"d_model": 260, "n_heads": 20}}, "model.d_model/model.n_heads = 13 is odd"),
+    (
+        with_("model.d_model", 260) | {"model": {"d_model": 260, "n_heads": 20}},
+        "model.d_model/model.n_heads = 13 is odd",
+    ),
     (with_("train.precision", "bf16"), "train.precision='bf16' is not available on the mindspore backend yet"),
     (with_("train.compile", True), "train.compile=true applies to the torch backend only"),
     (with_("device", "tpu"), "device='tpu': Input should be 'auto', 'cpu', 'gpu', 'cuda', 'ascend' or 'npu'"),
-    (with_("parallel.dp", 8), "unknown key 'parallel.dp': parallel.dp was split into dp_replicate (replicas) and dp_shard (FSDP shards): set one of them"),
+    (
+        with_("parallel.dp", 8),
+        "unknown key 'parallel.dp': parallel.dp was split into dp_replicate (replicas) and dp_shard (FSDP shards): set "
+        "one of them",
+    ),
     (with_("parallel.tp", 3), "parallel.tp=3 does not divide model.n_heads=4: use tp in {1, 2, 4}"),
     (with_("parallel.dp_shard", 0), "parallel.dp_shard=0: must be >= 1, or -1 for whatever is left of the world size"),
 ]
@@ -83,7 +96,9 @@ def test_resolution_fills_defaults() -> None:
 
 
 def test_overrides_are_parsed_as_yaml() -> None:
-    cfg = load_run_config(DEMO, ["train.steps=7", "optim.warmup_steps=2", "optim.clip_norm=null", "model.tie_embeddings=false"])
+    cfg = load_run_config(
+        DEMO, ["train.steps=7", "optim.warmup_steps=2", "optim.clip_norm=null", "model.tie_embeddings=false"]
+    )
     assert cfg.train.steps == 7 and cfg.optim.clip_norm is None and cfg.model.tie_embeddings is False
 
 
@@ -99,7 +114,10 @@ def test_cli_prints_one_error_line_per_problem_without_traceback(tmp_path: Path)
                           capture_output=True, text=True, env={"COLUMNS": "300", "PATH": ""})
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
-    assert "model.n_heads=6 does not divide model.d_model=256: choose n_heads dividing d_model (e.g. 4 or 8)" in proc.stderr
+    assert (
+        "model.n_heads=6 does not divide model.d_model=256: choose n_heads dividing d_model (e.g. 4 or 8)"
+        in proc.stderr
+    )
 
 
 @pytest.mark.parametrize("content,message", [

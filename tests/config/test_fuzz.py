@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
+from mf_testing import tiny_run_tree
 from mindfoundry.cli.main import main
 from mindfoundry.errors import MindFoundryError
 from mindfoundry.parallel.layout import validate_run_config
 from mindfoundry.workflows.run import dry_start
-from mf_testing import tiny_run_tree
 
 HOSTILE: list[Any] = [2**40, 2**64, -(2**63), -1, 0, 1, math.inf, -math.inf, math.nan, 1e308, -0.0, 3.5, True, None,
                       "", "\x00", "x" * 300, "auto", [], {}, [1] * 5, {"a": 1}, "../../../../etc/passwd", "1e3"]
@@ -49,9 +49,23 @@ def leaf_paths(tree: Any, path: tuple = ()) -> list[tuple]:
 
 
 #: Keys left at their defaults in the tiny tree: fuzzed too, by adding them.
-EXTRA = [("seed",), ("run_dir",), ("model", "init_std"), ("model", "rope_theta"), ("model", "d_model"), ("model", "n_layers"),
-         ("model", "vocab_size"), ("optim", "lr"), ("optim", "weight_decay"), ("data", "workers"), ("data", "output_dir"),
-         ("train", "precision"), ("checkpoint", "every"), ("anomaly", "loss_spike"), ("parallel", "dp_shard")]
+EXTRA = [
+    ("seed",),
+    ("run_dir",),
+    ("model", "init_std"),
+    ("model", "rope_theta"),
+    ("model", "d_model"),
+    ("model", "n_layers"),
+    ("model", "vocab_size"),
+    ("optim", "lr"),
+    ("optim", "weight_decay"),
+    ("data", "workers"),
+    ("data", "output_dir"),
+    ("train", "precision"),
+    ("checkpoint", "every"),
+    ("anomaly", "loss_spike"),
+    ("parallel", "dp_shard"),
+]
 
 
 def _set(tree: dict, path: tuple, value: Any) -> None:
@@ -105,15 +119,23 @@ def test_fuzzed_configs_end_in_a_verdict_naming_the_key(corpus_dir: Path, tmp_pa
     assert slowest < LIMIT_S
 
 
-@pytest.mark.parametrize("name,text,expect", [
-    # "billion laughs": 9 anchors, each a list of 9 aliases of the previous (9^9 values once expanded)
-    ("bomb", "a0: &a0 [x,x,x,x,x,x,x,x,x]\n" + "".join(f"a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 9))
-     + "model: *a8\n", "expands to more than 100,000 values"),
-    ("deep", "model: " + "[" * 20000 + "]" * 20000 + "\n", "nests deeper than 64 levels (at line 1"),
-    ("binary", "\udcff\x00\x01", "is not UTF-8 text"),
-    ("scalar", "42\n", "must hold a mapping of sections"),
-    ("tabs", "model:\n\t- x\n", "is not valid YAML at line 2"),
-])
+@pytest.mark.parametrize(
+    "name,text,expect",
+    [
+        # "billion laughs": 9 anchors, each a list of 9 aliases of the previous (9^9 values once expanded)
+        (
+            "bomb",
+            "a0: &a0 [x,x,x,x,x,x,x,x,x]\n"
+            + "".join(f"a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 9))
+            + "model: *a8\n",
+            "expands to more than 100,000 values",
+        ),
+        ("deep", "model: " + "[" * 20000 + "]" * 20000 + "\n", "nests deeper than 64 levels (at line 1"),
+        ("binary", "\udcff\x00\x01", "is not UTF-8 text"),
+        ("scalar", "42\n", "must hold a mapping of sections"),
+        ("tabs", "model:\n\t- x\n", "is not valid YAML at line 2"),
+    ],
+)
 def test_hostile_yaml_files_are_refused_fast(tmp_path: Path, capsys, name: str, text: str, expect: str) -> None:
     path = tmp_path / f"{name}.yaml"
     path.write_bytes(text.encode("utf-8", "surrogateescape"))

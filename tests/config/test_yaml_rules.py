@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mindfoundry.config.load import ConfigError, apply_overrides, load_config, validate
-
 from mf_testing import tiny_config
+from mindfoundry.config.load import ConfigError, apply_overrides, load_config, validate
 
 
 def written(tmp_path: Path, text: str) -> Path:
@@ -45,4 +44,7 @@ def test_a_mapping_given_to_set_merges_into_the_section() -> None:
     cfg = validate(tree)
     assert cfg.model.model_dump(mode="json") == base["model"]
     assert cfg.train.steps == 2 and cfg.train.seq_len == 32
-    assert cfg.train.micro_batch_size == base["train"]["micro_batch_size"] and cfg.train.eval_every == base["train"]["eval_every"]
+    assert (
+        cfg.train.micro_batch_size == base["train"]["micro_batch_size"]
+        and cfg.train.eval_every == base["train"]["eval_every"]
+    )

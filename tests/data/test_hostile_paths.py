@@ -17,7 +17,9 @@ from mindfoundry.data.ingest.files import DataSourceError, resolve_files
 def test_a_fifo_given_as_a_source_is_named_as_one(tmp_path: Path) -> None:
     fifo = tmp_path / "stream.jsonl"
     os.mkfifo(fifo)
-    with pytest.raises(DataSourceError, match=r"input path '.*stream\.jsonl' is a named pipe \(FIFO\), not a file or folder"):
+    with pytest.raises(
+        DataSourceError, match=r"input path '.*stream\.jsonl' is a named pipe \(FIFO\), not a file or folder"
+    ):
         resolve_files([str(fifo)])
 
 

@@ -44,9 +44,10 @@ def test_rank_slices_partition_the_global_batch(source: OrderedSamples) -> None:
 
 def test_feeds_of_the_run_global_batch(source: OrderedSamples) -> None:
     """The trainer cuts the run's global batch (micro_batch_size * grad_accum * dp, RunConfig.global_batch) into the
-    engine's feeds: 4 data-parallel ranks each read micro-batches of 2; a semi-auto layout with dp=4 feeds every rank the
-    whole batch (one feed, micro-batches of 8 that its strategies split). It used to feed such a rank micro-batches of 2,
-    a quarter of the configured global batch."""
+    engine's feeds: 4 data-parallel ranks each read micro-batches of 2; a semi-auto layout with dp=4 feeds every rank
+    the
+    whole batch (one feed, micro-batches of 8 that its strategies split). It used to feed such a rank micro-batches of
+    2, a quarter of the configured global batch."""
     ranks = [TrainLoader.for_global_batch(source, 24, grad_accum=3, dp_rank=r, dp_size=4, prefetch=0) for r in range(4)]
     assert [(r.micro_batch_size, r.global_batch, r.global_micro_batch) for r in ranks] == [(2, 24, 8)] * 4
     whole = TrainLoader.for_global_batch(source, 24, grad_accum=3, prefetch=0)

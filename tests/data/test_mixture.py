@@ -9,10 +9,10 @@ import pytest
 
 from mindfoundry.config.load import ConfigError
 from mindfoundry.data.dataset.indexed import IndexedDataset
-from mindfoundry.data.dataset.shard_writer import IndexedDatasetWriter
 from mindfoundry.data.dataset.mixture import MixtureSampler, MixtureSource, largest_remainder, temperature_weights
 from mindfoundry.data.dataset.packing import PackedSamples
 from mindfoundry.data.dataset.prepared import DataError
+from mindfoundry.data.dataset.shard_writer import IndexedDatasetWriter
 
 SEQ = 4
 WEIGHTS = {"news": 3.0, "code": 2.0, "literature": 2.0, "reviews": 1.0}
@@ -34,12 +34,19 @@ def sources(tmp_path: Path) -> list[MixtureSource]:
 
 
 def sampler(sources: list[MixtureSource], **kw) -> MixtureSampler:
-    return MixtureSampler(sources, kw.pop("weights", WEIGHTS), temperature=kw.pop("temperature", 0.5), seed=kw.pop("seed", 3), **kw)
+    return MixtureSampler(
+        sources, kw.pop("weights", WEIGHTS), temperature=kw.pop("temperature", 0.5), seed=kw.pop("seed", 3), **kw
+    )
 
 
 def test_realized_ratios_match_the_target_over_100k_samples(sources) -> None:
     report = sampler(sources).realized(0, 100_000)["categories"]
-    assert {c: r["samples"] for c, r in report.items()} == {"news": 37_500, "code": 25_000, "literature": 25_000, "reviews": 12_500}
+    assert {c: r["samples"] for c, r in report.items()} == {
+        "news": 37_500,
+        "code": 25_000,
+        "literature": 25_000,
+        "reviews": 12_500,
+    }
     for category, row in report.items():
         assert row["target"] == WEIGHTS[category] / 8
         assert abs(row["realized"] - row["target"]) < 0.01
@@ -94,17 +101,25 @@ def test_largest_remainder_keeps_every_positive_weight_and_sums_to_the_block() -
 
 
 def test_weights_must_name_exactly_the_categories_of_the_data(sources) -> None:
-    with pytest.raises(DataError, match=r"name categories \['code', 'news'\] but the data has \['news', 'code', 'reviews', 'literature'\]"):
+    with pytest.raises(
+        DataError,
+        match=r"name categories \['code', 'news'\] but the data has \['news', 'code', 'reviews', 'literature'\]",
+    ):
         sampler(sources, weights={"news": 1, "code": 1})
 
 
 def test_zero_weight_and_unknown_categories_are_config_errors(make_config) -> None:
-    sources = [{"name": "daily", "paths": ["x"], "category": "news"}, {"name": "lib", "paths": ["y"], "category": "code"}]
+    sources = [
+        {"name": "daily", "paths": ["x"], "category": "news"},
+        {"name": "lib", "paths": ["y"], "category": "code"},
+    ]
     with pytest.raises(ConfigError) as err:
         make_config(data={"sources": sources, "mixture": {"weights": {"news": 0, "cdoe": 1}}})
     assert str(err.value).splitlines()[1:] == [
-        "  data.mixture.weights.news=0.0: weights must be > 0; to train without category 'news', remove its sources (daily) from data.sources",
-        "  data.mixture.weights.cdoe: no source has category 'cdoe' (categories: news, code): fix the name or remove it",
+        "  data.mixture.weights.news=0.0: weights must be > 0; to train without category 'news', remove its sources "
+        "(daily) from data.sources",
+        "  data.mixture.weights.cdoe: no source has category 'cdoe' (categories: news, code): "
+        "fix the name or remove it",
         "  data.mixture.weights has no weight for category 'code' (sources: lib): add one, or remove those sources",
     ]
     with pytest.raises(ConfigError, match=r"data.mixture.temperature=1.5: must be between 0 .* and 1"):
@@ -119,5 +134,8 @@ def test_a_category_without_any_sample_is_an_error_and_an_empty_source_is_never_
     mix = sampler([*sources, empty])
     assert mix.realized(0, 10_000)["sources"]["stub"]["samples"] == 0
     alone = [s for s in sources if s.category != "code"] + [empty]
-    with pytest.raises(DataError, match=r"category 'code' has no training sample of 4 tokens \(sources: stub\): add data, lower train.seq_len"):
+    with pytest.raises(
+        DataError,
+        match=r"category 'code' has no training sample of 4 tokens \(sources: stub\): add data, lower train.seq_len",
+    ):
         sampler(alone)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from mindfoundry.data.dataset.indexed import IndexedDataset
-from mindfoundry.data.dataset.shard_writer import IndexedDatasetWriter
 from mindfoundry.data.dataset.packing import IGNORE_INDEX, PackedSamples, SampleOrder
+from mindfoundry.data.dataset.shard_writer import IndexedDatasetWriter
 
 PAD = 0
 

@@ -26,7 +26,11 @@ def without_timings(manifest: dict[str, Any]) -> dict[str, Any]:
 
 def output_files(folder: Path) -> dict[str, bytes]:
     """Every file of a prepared folder but the manifest, by relative path."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file() and p.name != "manifest.json"}
+    return {
+        str(p.relative_to(folder)): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != "manifest.json"
+    }
 
 
 def assert_same_output(one: Path, two: Path) -> None:

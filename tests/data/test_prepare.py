@@ -9,15 +9,14 @@ import numpy as np
 import pytest
 import yaml
 
+from mf_testing import tiny_run_tree
 from mindfoundry.cli.main import main
 from mindfoundry.config.load import load_config, validate
 from mindfoundry.data.dataset.indexed import IndexedDataset
-from mindfoundry.data.prepare.pipeline import prepare_data
 from mindfoundry.data.dataset.prepared import DataError, load_prepared
+from mindfoundry.data.prepare.pipeline import prepare_data
 from mindfoundry.data.prepare.split import content_hash
 from mindfoundry.data.prepare.tokenizer import eos_id
-
-from mf_testing import tiny_run_tree
 
 
 def decoded_hashes(data, split: str) -> list[str]:
@@ -37,9 +36,12 @@ def test_split_is_disjoint_by_document_and_duplicates_stay_together(corpus_dir: 
     dup = tmp_path / "dups.jsonl"
     dup.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs[:20] * 2))  # every document twice
     tree = tiny_run_tree(corpus_dir, tmp_path / "run")
-    tree["data"] = {"sources": [{"name": "dups", "paths": [str(dup)]}, {"name": "code", "paths": [str(corpus_dir / "code.jsonl")]}],
-                    "validation_fraction": 0.25,
-                    "clean": {"enabled": False}, "dedup": {"enabled": False}}  # the split alone (dedup would drop the copies)
+    tree["data"] = {
+        "sources": [{"name": "dups", "paths": [str(dup)]}, {"name": "code", "paths": [str(corpus_dir / "code.jsonl")]}],
+        "validation_fraction": 0.25,
+        "clean": {"enabled": False},
+        "dedup": {"enabled": False},
+    }  # the split alone (dedup would drop the copies)
     data = prepare_data(validate(tree), log=lambda _: None)
     train, val = decoded_hashes(data, "train"), decoded_hashes(data, "validation")
     assert val and train
@@ -82,7 +84,9 @@ def test_non_utf8_records_are_skipped_and_counted(corpus_dir: Path, tmp_path: Pa
     tree = tiny_run_tree(corpus_dir, tmp_path / "run")
     # profile none and no dedup: the repetitive synthetic text would (rightly) fail the repetition filter and be near
     # duplicates of each other
-    tree["data"]["sources"] = [{"name": "mixed", "paths": [str(tmp_path / "mixed.jsonl")], "clean": {"profile": "none"}}]
+    tree["data"]["sources"] = [
+        {"name": "mixed", "paths": [str(tmp_path / "mixed.jsonl")], "clean": {"profile": "none"}}
+    ]
     tree["data"]["validation_fraction"] = 0.1
     tree["data"]["dedup"] = {"enabled": False}
     data = prepare_data(validate(tree), log=lambda _: None)

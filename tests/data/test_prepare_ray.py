@@ -22,7 +22,8 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="module")
 def two_nodes():
-    """A Ray cluster of two nodes of 2 CPUs each on this machine (ray.cluster_utils, as Ray's own tests simulate one)."""
+    """A Ray cluster of two nodes of 2 CPUs each on this machine (ray.cluster_utils, as Ray's own tests simulate one).
+    """
     from ray.cluster_utils import Cluster
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -60,7 +61,9 @@ def test_two_ray_nodes_write_what_one_process_writes_and_a_killed_worker_is_retr
     local.data.sources.append(local.data.sources[0].model_validate(news))
     prepare_data(local, log=lambda _: None)
 
-    on_ray = load_config(tiny_run("ray", data__executor="ray", data__workers=4, data__ray={"address": two_nodes}, **overrides))
+    on_ray = load_config(
+        tiny_run("ray", data__executor="ray", data__workers=4, data__ray={"address": two_nodes}, **overrides)
+    )
     on_ray.data.sources.append(on_ray.data.sources[0].model_validate(news))
     killer = KillFirstAttempt(work_dir(on_ray) / "stages" / "read")
     killer.start()
@@ -74,7 +77,9 @@ def test_two_ray_nodes_write_what_one_process_writes_and_a_killed_worker_is_retr
     timings = data.manifest["timings"]
     assert timings["executor"].startswith(f"ray at {two_nodes}, 4 CPUs")
     assert timings["stages"]["read"]["tasks"] == 8
-    assert {stage["nodes"] for stage in timings["stages"].values() if stage["tasks"] - stage["skipped"] > 1} == {2}  # both worked
+    assert {stage["nodes"] for stage in timings["stages"].values() if stage["tasks"] - stage["skipped"] > 1} == {
+        2
+    }  # both worked
     assert not work_dir(on_ray).exists()
 
 
@@ -100,9 +105,23 @@ def test_the_cli_starts_a_ray_instance_of_its_own_with_address_local(tiny_run) -
     local = load_config(tiny_run("plain"))
     prepare_data(local, log=lambda _: None)
     config = tiny_run("own")
-    proc = subprocess.run([sys.executable, "-m", "mindfoundry.cli", "prepare", str(config), "--set", "data.executor=ray",
-                           "--set", "data.workers=2"], capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, RAY_ADDRESS=""))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mindfoundry.cli",
+            "prepare",
+            str(config),
+            "--set",
+            "data.executor=ray",
+            "--set",
+            "data.workers=2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, RAY_ADDRESS=""),
+    )
     assert proc.returncode == 0, proc.stderr
     assert "prepare: 2 read tasks over 2 sources, ray at local, 2 CPUs" in proc.stdout + proc.stderr
     assert_same_output(Path(local.data.output_dir), Path(load_config(config).data.output_dir))

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from mf_testing import StopAt, small_disk, tiny_run_tree
 from test_parallel_prepare import assert_same_output
 
+from mf_testing import StopAt, small_disk, tiny_run_tree
 from mindfoundry.cli.main import main
 from mindfoundry.config.load import load_config
 from mindfoundry.data.execute.workdir import WorkDirError
@@ -83,7 +83,9 @@ def test_prepare_killed_in_two_stages_resumes_to_the_same_bytes(tmp_path, corpus
     tasks = len(plan_inputs(cfg.data))  # each news file, code.jsonl, the asyncio folder in runs of >= 64 KiB
     assert tasks > FILES
     kill_when(cmd, work, "read", 3, tasks)
-    kept_reads = {p.name: p.stat().st_mtime_ns for p in (work / "stages" / "read").glob("task-*") if ".tmp-" not in p.name}
+    kept_reads = {
+        p.name: p.stat().st_mtime_ns for p in (work / "stages" / "read").glob("task-*") if ".tmp-" not in p.name
+    }
     kill_when(cmd, work, "clean", 2, tasks)
     assert {name: (work / "stages" / "read" / name).stat().st_mtime_ns for name in kept_reads} == kept_reads
 
@@ -103,15 +105,20 @@ def test_a_work_dir_that_is_not_ours_or_not_writable_is_refused(tiny_run, tmp_pa
     mine.mkdir()
     (mine / "notes.txt").write_text("a user's file")
     cfg = load_config(tiny_run("foreign", data__work_dir=str(mine)))
-    with pytest.raises(WorkDirError, match=rf"'{mine}' holds files that are not a MindFoundry prepare's \(e.g. 'notes.txt'\): "
-                                           "choose an empty or new folder"):
+    with pytest.raises(
+        WorkDirError,
+        match=rf"'{mine}' holds files that are not a MindFoundry prepare's \(e.g. 'notes.txt'\): "
+        "choose an empty or new folder",
+    ):
         prepare_data(cfg, log=lambda _: None)
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]  # nothing added, nothing removed
 
     blocked = tmp_path / "file"
     blocked.write_text("a file where the work folder should go")
     cfg = load_config(tiny_run("blocked", data__work_dir=str(blocked / "work")))
-    with pytest.raises(WorkDirError, match=rf"the prepare work folder '{blocked / 'work'}' is not writable \(.*\): set data.work_dir"):
+    with pytest.raises(
+        WorkDirError, match=rf"the prepare work folder '{blocked / 'work'}' is not writable \(.*\): set data.work_dir"
+    ):
         prepare_data(cfg, log=lambda _: None)
 
 
@@ -122,7 +129,9 @@ def test_a_second_prepare_on_the_same_work_dir_is_refused(tiny_run) -> None:
     first = WorkDir(work_dir(cfg))
     first.claim("x", "y", fresh=False, log=lambda _: None)
     try:
-        with pytest.raises(WorkDirError, match=rf"another prepare \(pid {os.getpid()} on .*\) is working in '{work_dir(cfg)}'"):
+        with pytest.raises(
+            WorkDirError, match=rf"another prepare \(pid {os.getpid()} on .*\) is working in '{work_dir(cfg)}'"
+        ):
             prepare_data(cfg, log=lambda _: None)
     finally:
         first.release()
@@ -138,7 +147,9 @@ def test_a_full_disk_under_the_work_dir_is_one_line_and_writes_no_output(tiny_ru
         assert main(["prepare", str(config)]) == 2
         err = capsys.readouterr().err
         lines = [line for line in err.splitlines() if line.strip()]
-        assert lines[-1].startswith(f"error: no space left writing under '{disk / 'work'}': free space or set data.work_dir")
+        assert lines[-1].startswith(
+            f"error: no space left writing under '{disk / 'work'}': free space or set data.work_dir"
+        )
         assert "finished tasks are kept and skipped" in lines[-1] and "Traceback" not in err
         assert not Path(load_config(config).data.output_dir).exists()
         assert not [p for p in (disk / "work" / "stages").rglob("*") if ".tmp-" in p.name]  # the failed attempt is gone
@@ -152,7 +163,9 @@ def test_a_corrupt_compressed_file_is_named_with_the_line_it_broke_at(tiny_run, 
     broken = tmp_path / "broken.jsonl.gz"
     broken.write_bytes(whole[: len(whole) * 2 // 3])  # a download cut short
     cfg = load_config(tiny_run("corrupt", data__sources=[{"name": "code", "paths": [str(broken)]}]))
-    with pytest.raises(DataSourceError, match=rf"{broken}: corrupt or truncated gzip data after line \d+ .*: replace the file"):
+    with pytest.raises(
+        DataSourceError, match=rf"{broken}: corrupt or truncated gzip data after line \d+ .*: replace the file"
+    ):
         prepare_data(cfg, log=lambda _: None)
     assert not Path(cfg.data.output_dir).exists()
     read = work_dir(cfg) / "stages" / "read"

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from mindfoundry.data.ingest import files as sources
-from mindfoundry.data.document import Document
 from mindfoundry.config.data_config import BUILTIN_SOURCES
+from mindfoundry.data.document import Document
+from mindfoundry.data.ingest import files as sources
 from mindfoundry.data.ingest.builtin import read_builtin
 from mindfoundry.data.ingest.files import DataSourceError, SourceStats, read_files
 
@@ -213,7 +213,9 @@ def _zst(*frames: bytes) -> bytes:
 
 def test_zstd_text_and_jsonl_stream_every_frame(tmp_path: Path) -> None:
     (tmp_path / "a.txt.zst").write_bytes(_zst("压缩的中文文档\n".encode(), b"second frame"))
-    (tmp_path / "b.jsonl.zst").write_bytes(_zst(b'{"text": "z one"}\n', b'{"text": "z two"}\n{"other": 1}\n' + BAD_UTF8))
+    (tmp_path / "b.jsonl.zst").write_bytes(
+        _zst(b'{"text": "z one"}\n', b'{"text": "z two"}\n{"other": 1}\n' + BAD_UTF8)
+    )
     (tmp_path / "c.txt.zst").write_bytes(_zst(b"one\n\n", b"two\n"))
     docs, stats = _read([str(tmp_path / "a.txt.zst"), str(tmp_path / "b.jsonl.zst")])
     assert [(d.id, d.text) for d in docs] == [
@@ -253,9 +255,16 @@ def test_parquet_rows_are_read_in_batches_with_bad_rows_counted(tmp_path: Path, 
         ("local:a.parquet:6", "last row"),
         ("local:b.parquet:1", "bytes ok"),
     ]
-    assert stats.counters() == {"documents": 5, "bytes": sum(len(d.text.encode()) for d in docs),
-                                "chars": sum(len(d.text) for d in docs), "skipped_non_utf8": 1,
-                                "skipped_empty": 1, "skipped_too_long": 0, "skipped_bad_json": 0, "skipped_missing_text": 1}
+    assert stats.counters() == {
+        "documents": 5,
+        "bytes": sum(len(d.text.encode()) for d in docs),
+        "chars": sum(len(d.text) for d in docs),
+        "skipped_non_utf8": 1,
+        "skipped_empty": 1,
+        "skipped_too_long": 0,
+        "skipped_bad_json": 0,
+        "skipped_missing_text": 1,
+    }
     assert [Path(str(f["path"])).name for f in stats.files] == ["a.parquet", "b.parquet"]
 
 
@@ -268,7 +277,9 @@ def test_parquet_without_a_text_column_is_counted_and_explained(tmp_path: Path, 
     pytest.importorskip("pyarrow.parquet").write_table(pa.table(columns), tmp_path / "c.parquet")
     docs, stats = _read([str(tmp_path / "c.parquet")])
     assert docs == [] and stats.skipped_missing_text == 2
-    assert stats.notes == [f"{tmp_path / 'c.parquet'}: skipped all 2 rows: {note}; set the source's text_field to the text column"]
+    assert stats.notes == [
+        f"{tmp_path / 'c.parquet'}: skipped all 2 rows: {note}; set the source's text_field to the text column"
+    ]
 
 
 def test_corrupt_parquet_names_the_file(tmp_path: Path) -> None:
@@ -280,7 +291,9 @@ def test_corrupt_parquet_names_the_file(tmp_path: Path) -> None:
 
 def test_empty_files_of_every_format_are_counted_not_fatal(tmp_path: Path) -> None:
     pa = pytest.importorskip("pyarrow")
-    pytest.importorskip("pyarrow.parquet").write_table(pa.table({"text": pa.array([], pa.string())}), tmp_path / "e.parquet")
+    pytest.importorskip("pyarrow.parquet").write_table(
+        pa.table({"text": pa.array([], pa.string())}), tmp_path / "e.parquet"
+    )
     for name in ("e.txt", "e.jsonl", "e.txt.zst", "e.jsonl.gz"):
         (tmp_path / name).write_bytes(gzip.compress(b"") if name.endswith(".gz") else b"")
     (tmp_path / "kept.txt").write_text("the only document", encoding="utf-8")

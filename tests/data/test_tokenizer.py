@@ -14,7 +14,17 @@ from tokenizers import Tokenizer
 
 from mindfoundry.data.ingest.builtin import read_builtin
 from mindfoundry.data.ingest.files import SourceStats
-from mindfoundry.data.prepare.tokenizer import EOS, PAD, TokenizerError, encode_batch, eos_id, load_tokenizer, pad_id, tokenizer_hash, train_tokenizer
+from mindfoundry.data.prepare.tokenizer import (
+    EOS,
+    PAD,
+    TokenizerError,
+    encode_batch,
+    eos_id,
+    load_tokenizer,
+    pad_id,
+    tokenizer_hash,
+    train_tokenizer,
+)
 
 VOCAB = 512
 MIXED = [

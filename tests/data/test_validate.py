@@ -10,9 +10,9 @@ import numpy as np
 from rich.console import Console
 
 from mindfoundry.cli.main import main
-from mindfoundry.data.dataset.shard_writer import IndexedDatasetWriter
 from mindfoundry.data.dataset.inspect import inspect_prepared, length_histogram, render_inspect
 from mindfoundry.data.dataset.packing import PackedSamples
+from mindfoundry.data.dataset.shard_writer import IndexedDatasetWriter
 from mindfoundry.data.dataset.validate import validate_prepared
 
 EOS = 0
@@ -30,11 +30,19 @@ def rewrite_shard(root: Path, rel: str, docs: list[list[int]], *, update_manifes
         split, name = rel.split("/")
         entry = next(s for s in manifest["splits"][split]["shards"] if s["path"] == rel)
         old = (entry["num_documents"], entry["num_tokens"])
-        entry.update(num_documents=info.num_documents, num_tokens=info.num_tokens, bin_sha256=info.bin_sha256, idx_sha256=info.idx_sha256)
+        entry.update(
+            num_documents=info.num_documents,
+            num_tokens=info.num_tokens,
+            bin_sha256=info.bin_sha256,
+            idx_sha256=info.idx_sha256,
+        )
         counts = next(s for s in manifest["sources"] if s["name"] == name)["splits"][split]
         counts.update(documents=info.num_documents, tokens=info.num_tokens)
         total = manifest["splits"][split]
-        total.update(documents=total["documents"] - old[0] + info.num_documents, tokens=total["tokens"] - old[1] + info.num_tokens)
+        total.update(
+            documents=total["documents"] - old[0] + info.num_documents,
+            tokens=total["tokens"] - old[1] + info.num_tokens,
+        )
         path.write_text(json.dumps(manifest))
     return str(root / rel)
 
@@ -44,7 +52,11 @@ def test_prepared_data_passes(tiny_prepared) -> None:
     report = validate_prepared(data.root, vocab_size=cfg.model.vocab_size, seq_len=cfg.train.seq_len)
     assert report.ok and report.messages() == []
     assert [(s.split, s.source, s.status) for s in report.shards] == [
-        ("train", "code", "pass"), ("train", "asyncio", "pass"), ("validation", "code", "pass"), ("validation", "asyncio", "pass")]
+        ("train", "code", "pass"),
+        ("train", "asyncio", "pass"),
+        ("validation", "code", "pass"),
+        ("validation", "asyncio", "pass"),
+    ]
     code, shard = report.shards[0], data.shards["train"][0]
     assert (code.documents, code.tokens) == (len(shard), shard.num_tokens)
     assert code.samples == len(PackedSamples([shard], cfg.train.seq_len, pad_id=1))
@@ -53,7 +65,11 @@ def test_prepared_data_passes(tiny_prepared) -> None:
 
 def test_bad_tokens_and_documents_are_named_per_shard(tiny_prepared) -> None:
     cfg, data = tiny_prepared
-    shard = rewrite_shard(data.root, "train/code", [[5, 6, EOS], [600, 7, EOS], [EOS], [8, 9], [10, EOS, 11, EOS], [12, 12, EOS], [12, 12, EOS]])
+    shard = rewrite_shard(
+        data.root,
+        "train/code",
+        [[5, 6, EOS], [600, 7, EOS], [EOS], [8, 9], [10, EOS, 11, EOS], [12, 12, EOS], [12, 12, EOS]],
+    )
     report = validate_prepared(data.root, vocab_size=cfg.model.vocab_size, seq_len=cfg.train.seq_len)
     assert not report.ok
     assert report.messages() == [
@@ -71,8 +87,12 @@ def test_a_train_split_too_small_for_one_sample_fails(tiny_prepared) -> None:
     rewrite_shard(data.root, "train/code", [[EOS]])
     rewrite_shard(data.root, "train/asyncio", [])
     report = validate_prepared(data.root, vocab_size=cfg.model.vocab_size, seq_len=cfg.train.seq_len)
-    assert report.problems == ["the train split is too small for one sample of seq_len=32: add data or lower train.seq_len"]
-    assert report.shards[0].warnings == ["too small for one sample of seq_len=32 (1 tokens): a mixture never draws from it"]
+    assert report.problems == [
+        "the train split is too small for one sample of seq_len=32: add data or lower train.seq_len"
+    ]
+    assert report.shards[0].warnings == [
+        "too small for one sample of seq_len=32 (1 tokens): a mixture never draws from it"
+    ]
 
 
 def test_corrupted_or_changed_shards_fail_on_the_command_line(tiny_run, capsys) -> None:
@@ -91,9 +111,13 @@ def test_corrupted_or_changed_shards_fail_on_the_command_line(tiny_run, capsys) 
     assert main(["data", "validate", config]) == 2
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("error:")]
-    assert lines[0] == (f"error: {root}/train/asyncio: asyncio.bin changed since it was prepared (sha256 differs from the manifest): "
-                        "re-run `mindfoundry prepare --overwrite`")
-    assert lines[1].startswith(f"error: {root}/validation/code: cannot be opened: {root}/validation/code.bin: truncated: 100 bytes")
+    assert lines[0] == (
+        f"error: {root}/train/asyncio: asyncio.bin changed since it was prepared (sha256 differs from the manifest): "
+        "re-run `mindfoundry prepare --overwrite`"
+    )
+    assert lines[1].startswith(
+        f"error: {root}/validation/code: cannot be opened: {root}/validation/code.bin: truncated: 100 bytes"
+    )
     assert "Traceback" not in err
 
 

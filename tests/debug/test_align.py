@@ -12,12 +12,12 @@ pytest.importorskip("mindspore")
 pytest.importorskip("torch")
 
 from mindfoundry.backends.base import create_backend  # noqa: E402
-from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 from mindfoundry.cli.main import main  # noqa: E402
-from mindfoundry.workflows.align import run_side  # noqa: E402
-from mindfoundry.debug.compare import compare_trees  # noqa: E402
 from mindfoundry.data.dataset.masking import MaskingRule  # noqa: E402
+from mindfoundry.debug.compare import compare_trees  # noqa: E402
 from mindfoundry.model.spec import ModelSpec, init_weights  # noqa: E402
+from mindfoundry.parallel.layout import launch_layout  # noqa: E402
+from mindfoundry.workflows.align import run_side  # noqa: E402
 
 
 def _aligned(tmp_path: Path, perturb=None, mode: str = "tensor", objective: str = "clm"):
@@ -32,7 +32,9 @@ def _aligned(tmp_path: Path, perturb=None, mode: str = "tensor", objective: str 
         ids[1, 1, 10:] = 1  # a padded tail: keys hidden from the other positions
         batches = [tuple(a.reshape(2, 2, 16) for a in rule.apply(ids[..., :-1].reshape(4, 16), np.arange(4)))]
     for name in ("mindspore", "torch"):
-        cfg = tiny_config(train={"grad_accum": 2, "micro_batch_size": 2}, model={"objective": objective}).model_copy(update={"backend": name})
+        cfg = tiny_config(train={"grad_accum": 2, "micro_batch_size": 2}, model={"objective": objective}).model_copy(
+            update={"backend": name}
+        )
         spec = ModelSpec.from_config(cfg.model)
         backend, weights = create_backend(cfg, spec, launch_layout(cfg)), init_weights(spec, 11)
         if perturb:
@@ -105,7 +107,9 @@ def test_one_weight_off_by_a_thousandth_is_found_in_its_module(tmp_path) -> None
     def perturb(name, _backend, weights):
         if name == "mindspore":
             w = weights["layers.1.mlp.up_proj.weight"]
-            weights["layers.1.mlp.up_proj.weight"] = (w * (1 + 1e-3 * np.random.default_rng(2).standard_normal(w.shape))).astype(w.dtype)
+            weights["layers.1.mlp.up_proj.weight"] = (
+                w * (1 + 1e-3 * np.random.default_rng(2).standard_normal(w.shape))
+            ).astype(w.dtype)
 
     cmp = _aligned(tmp_path, perturb)
     first = cmp.first_divergence()
@@ -134,7 +138,11 @@ def test_align_and_compare_cli(tiny_run, tmp_path, capsys) -> None:
     assert summary["passed"] and len(summary["steps"]) == 2
     assert summary["steps"][0]["loss_rel_err"] < 1e-5 and summary["steps"][1]["grad_norm_rel_err"] < 1e-4
     assert summary["first_divergence"] is None and summary["lowest_cosine"]["cosine"] > 0.99999
-    assert (out / "compare.html").is_file() and (out / "compare_step1.csv").is_file() and (out / "compare_step2.csv").is_file()
+    assert (
+        (out / "compare.html").is_file()
+        and (out / "compare_step1.csv").is_file()
+        and (out / "compare_step2.csv").is_file()
+    )
     assert main(["align", str(cfg), "--steps", "1", "--out", str(out)]) == 2  # never overwrites
     # compare the two engines' dumps directly
     assert main(["compare", str(out / "mindspore-fp32"), str(out / "torch-fp32"), "--out", str(tmp_path / "cmp")]) == 0
@@ -171,7 +179,6 @@ def test_dump_command_replays_without_touching_the_run(tiny_run, tmp_path) -> No
 @pytest.mark.parametrize("a,b", [("mindspore", "mindspore:fp16"), ("torch", "torch:bf16")])
 def test_precision_comparison_shows_what_mixed_precision_costs(tmp_path, a, b) -> None:
     from mf_testing import tiny_config
-
     from mindfoundry.workflows.align import Side
 
     ids = np.random.default_rng(0).integers(0, 300, (2, 2, 17)).astype(np.int32)

@@ -14,8 +14,8 @@ import pytest
 
 from mindfoundry.debug import compare as compare_mod
 from mindfoundry.debug.compare import Thresholds, compare_dumps, compare_trees
-from mindfoundry.report.compare_report import summary_lines, write_csv, write_html
 from mindfoundry.debug.dump import DumpError, DumpWriter
+from mindfoundry.report.compare_report import summary_lines, write_csv, write_html
 
 RNG = np.random.default_rng(0)
 TOKENS = np.array([[3, 17, 4, 9], [1, 0, 22, 5]], dtype=np.int64)
@@ -84,9 +84,15 @@ def test_first_divergence_and_propagated_errors(tmp_path: Path):
     assert attn.cosine == pytest.approx(1.0, abs=1e-12)
     assert attn.max_abs == pytest.approx(0.01 * np.abs(HIDDEN).max())
     assert attn.rmse == pytest.approx(0.01 * math.sqrt(np.mean(HIDDEN ** 2)))
-    assert attn.rel_over_5e3 == 1.0 and attn.rel_rmse == pytest.approx(0.01) and "relative RMS error 0.01 > 0.0001" in attn.reason
+    assert (
+        attn.rel_over_5e3 == 1.0
+        and attn.rel_rmse == pytest.approx(0.01)
+        and "relative RMS error 0.01 > 0.0001" in attn.reason
+    )
     assert cmp.rows[5].rel_rmse == pytest.approx(1e-6) and cmp.rows[5].verdict == "pass"
-    assert cmp.rows[7].reason.startswith("relative RMS error 0.001 > 0.0001")  # the loss 0.1% off: same weights, a real difference
+    assert cmp.rows[7].reason.startswith(
+        "relative RMS error 0.001 > 0.0001"
+    )  # the loss 0.1% off: same weights, a real difference
 
     worst = cmp.worst_modules(5)
     assert worst[0]["module"] == "layers.0.mlp" and worst[0]["errors"] == 1
@@ -126,7 +132,9 @@ def test_small_values_are_judged_on_their_own_scale(tmp_path: Path):
     b = write(tmp_path / "b", [("grad.w", "w", "grad", grad), ("grad.v", "v", "grad", grad),
                                ("grad.zero", "z", "grad", np.zeros(8)), ("grad.tiny", "t", "grad", np.zeros(8))])
     w, v, zero, tiny = compare_dumps(a, b).rows
-    assert np.linalg.norm(scrambled) == pytest.approx(np.linalg.norm(grad)) and w.max_abs < 1e-3  # the old floor passed it
+    assert (
+        np.linalg.norm(scrambled) == pytest.approx(np.linalg.norm(grad)) and w.max_abs < 1e-3
+    )  # the old floor passed it
     assert w.verdict == "error" and abs(w.cosine) < 0.1 and "cosine" in w.reason
     assert v.verdict == "warning" and v.rel_rmse == pytest.approx(1e-3)
     assert zero.verdict == "pass" and tiny.verdict == "pass" and "numerically zero" in tiny.reason
@@ -246,7 +254,11 @@ def test_reports(tmp_path: Path):
     lines = summary_lines(cmp)
     assert any(line.startswith("first divergence: #3 layers.0.mlp.forward.0.output.0") for line in lines)
     head = next(i for i, line in enumerate(lines) if line.startswith("top-5 modules"))
-    assert lines[head + 1].startswith("  layers.0.mlp: introduces") and "1 error" in lines[head + 1] and lines[-1] == "FAILED"
+    assert (
+        lines[head + 1].startswith("  layers.0.mlp: introduces")
+        and "1 error" in lines[head + 1]
+        and lines[-1] == "FAILED"
+    )
 
 
 def test_statistics_report_and_empty_comparison(tmp_path: Path):
@@ -256,7 +268,9 @@ def test_statistics_report_and_empty_comparison(tmp_path: Path):
     write(tmp_path / "d", [fwd("y", np.ones(4))], mode="statistics")
     stats = compare_dumps(tmp_path / "a", tmp_path / "b")
     empty = compare_dumps(tmp_path / "a", tmp_path / "c")
-    with pytest.raises(DumpError, match=r"no tensor name in common.*A holds e.g. \['x.forward.0.output.0'\], B e.g. \['y.forward"):
+    with pytest.raises(
+        DumpError, match=r"no tensor name in common.*A holds e.g. \['x.forward.0.output.0'\], B e.g. \['y.forward"
+    ):
         compare_dumps(tmp_path / "a", tmp_path / "d")  # different models: said so, with names from each side
     page = write_html([stats, empty], tmp_path / "two.html").read_text(encoding="utf-8")
     assert page.count("<img") == 1 and "No matched tensors to plot." in page and "<nav>" in page

@@ -8,12 +8,12 @@ import math
 import numpy as np
 import pytest
 
+from mindfoundry.config.selection import parse_selection
 from mindfoundry.debug.dump import DumpError, DumpWriter
 from mindfoundry.debug.dump_folders import dump_leaves, read_dump
 from mindfoundry.debug.locate import locate_overflow
 from mindfoundry.debug.probe import Injection, Probe
 from mindfoundry.debug.stats import tensor_stats
-from mindfoundry.config.selection import parse_selection
 
 
 def test_selection_parses_numbers_and_ranges() -> None:
@@ -28,7 +28,15 @@ def test_selection_parses_numbers_and_ranges() -> None:
 def test_stats_are_exact_and_skip_nonfinite() -> None:
     a = np.array([[1.0, -2.0], [3.0, 4.0]], np.float32)
     s = tensor_stats(a)
-    assert s == {"count": 4, "nan": 0, "inf": 0, "min": -2.0, "max": 4.0, "mean": 1.5, "norm": pytest.approx(math.sqrt(30))}
+    assert s == {
+        "count": 4,
+        "nan": 0,
+        "inf": 0,
+        "min": -2.0,
+        "max": 4.0,
+        "mean": 1.5,
+        "norm": pytest.approx(math.sqrt(30)),
+    }
     b = np.array([1.0, np.nan, np.inf, -np.inf, 3.0], np.float32)
     s = tensor_stats(b)
     assert (s["nan"], s["inf"], s["min"], s["max"], s["mean"]) == (1, 2, 1.0, 3.0, 2.0)
@@ -70,8 +78,13 @@ def test_probe_names_calls_and_selects(tmp_path) -> None:
     p.tensor("params", "layers.0.mlp.up_proj.weight", np.ones(2, np.float32))  # module not selected
     w.close()
     names = [r["name"] for r in read_dump(w.dir).records]
-    assert names == ["layers.1.mlp.forward.0.input.0", "layers.1.mlp.forward.0.output.0", "layers.1.mlp.forward.1.input.0",
-                     "layers.1.mlp.forward.1.output.0", "param.layers.1.mlp.up_proj.weight"]
+    assert names == [
+        "layers.1.mlp.forward.0.input.0",
+        "layers.1.mlp.forward.0.output.0",
+        "layers.1.mlp.forward.1.input.0",
+        "layers.1.mlp.forward.1.output.0",
+        "param.layers.1.mlp.up_proj.weight",
+    ]
     with pytest.raises(ValueError, match="match no module"):
         Probe(w, modules=["layer.*"]).modules(["layers.0"])
     with pytest.raises(ValueError, match="not a module of this model"):
@@ -97,7 +110,6 @@ def test_locator_reports_first_nonfinite_with_its_input(tmp_path) -> None:
 
 def test_debug_steps_are_refused_under_a_multi_process_launch(tmp_path) -> None:
     from mf_testing import tiny_config
-
     from mindfoundry.debug.probe import ProbeError
     from mindfoundry.train.debug_steps import StepDebugger
 
@@ -105,11 +117,14 @@ def test_debug_steps_are_refused_under_a_multi_process_launch(tmp_path) -> None:
     assert StepDebugger(cfg, tmp_path, world_size=1).single_process
     with pytest.raises(ProbeError, match="run in a single process.*mindfoundry dump CONFIG --steps"):
         StepDebugger(cfg, tmp_path, world_size=2)
-    assert not StepDebugger(tiny_config(), tmp_path, world_size=2).single_process  # no dump asked: fine, locator replays
+    assert not StepDebugger(
+        tiny_config(), tmp_path, world_size=2
+    ).single_process  # no dump asked: fine, locator replays
 
 
 def test_dump_choices_from_the_command_line_are_validated(tmp_path) -> None:
-    """`mindfoundry dump --steps` gets the selection's own message (not pydantic's help URL), and no steps is refused."""
+    """`mindfoundry dump --steps` gets the selection's own message (not pydantic's help URL), and no steps is refused.
+    """
     from mf_testing import tiny_config
     from mindfoundry.config.load import ConfigError
     from mindfoundry.workflows.replay import DumpChoice, replay_config
@@ -121,4 +136,8 @@ def test_dump_choices_from_the_command_line_are_validated(tmp_path) -> None:
     with pytest.raises(ConfigError, match="no steps to dump: pass --steps"):
         replay_config(cfg, DumpChoice(), tmp_path)
     replayed = replay_config(cfg, DumpChoice(steps="2", mode="tensor"), tmp_path)
-    assert (replayed.debug.dump.steps, replayed.debug.dump.mode, replayed.run_dir) == ("2", "tensor", str(tmp_path / "replay"))
+    assert (replayed.debug.dump.steps, replayed.debug.dump.mode, replayed.run_dir) == (
+        "2",
+        "tensor",
+        str(tmp_path / "replay"),
+    )

@@ -11,13 +11,13 @@ pytest.importorskip("mindspore")
 pytest.importorskip("torch")
 
 from mindfoundry.backends.base import create_backend  # noqa: E402
-from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 from mindfoundry.debug.dump import DumpWriter  # noqa: E402
 from mindfoundry.debug.dump_folders import read_dump  # noqa: E402
 from mindfoundry.debug.locate import locate_overflow  # noqa: E402
 from mindfoundry.debug.probe import Injection, Probe  # noqa: E402
 from mindfoundry.debug.stats import tensor_stats  # noqa: E402
 from mindfoundry.model.spec import ModelSpec, init_weights  # noqa: E402
+from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 from mindfoundry.train.schedule import step_scalars  # noqa: E402
 
 ALL = ("forward", "backward", "params", "grads", "optimizer")
@@ -55,7 +55,9 @@ def test_both_engines_dump_the_same_tensors(engines, tmp_path) -> None:
         plain = backend.train_step(ids, labels, step_scalars(1, 10, cfg.optim, labels.size))  # compiled step
         _reset(engine)
         w = DumpWriter(tmp_path / name, 1, 0, "tensor", {"backend": name})
-        outs[name] = backend.train_step(ids, labels, step_scalars(1, 10, cfg.optim, labels.size), Probe(w, directions=ALL))
+        outs[name] = backend.train_step(
+            ids, labels, step_scalars(1, 10, cfg.optim, labels.size), Probe(w, directions=ALL)
+        )
         assert outs[name].loss == pytest.approx(plain.loss, rel=1e-6)  # the hooked debug step computes the same step
         assert outs[name].grad_norm == pytest.approx(plain.grad_norm, rel=1e-5)
         w.close()
@@ -64,8 +66,14 @@ def test_both_engines_dump_the_same_tensors(engines, tmp_path) -> None:
     names = [r["name"] for r in ms.records]
     assert sorted(names) == sorted(r["name"] for r in pt.records)  # no mapping file: the engines share names
     assert len(names) == 294 and len(set(names)) == len(names)
-    for must in ("layers.1.attn.q_proj.forward.1.output.0", "layers.0.mlp.backward.0.grad_input.0", "model.forward.0.output.0",
-                 "grad.layers.1.mlp.down_proj.weight", "exp_avg_sq.embed.weight", "loss.forward.1.output.0"):
+    for must in (
+        "layers.1.attn.q_proj.forward.1.output.0",
+        "layers.0.mlp.backward.0.grad_input.0",
+        "model.forward.0.output.0",
+        "grad.layers.1.mlp.down_proj.weight",
+        "exp_avg_sq.embed.weight",
+        "loss.forward.1.output.0",
+    ):
         assert must in names
     # the two micro-batch losses add up to the step's loss
     loss = sum(r["mean"] for r in ms.records if r["kind"] == "loss")
@@ -89,7 +97,9 @@ def test_injected_inf_is_located_exactly(engines, tmp_path, name, module, direct
     before = backend.weights()
     ids, labels = _batch()
     w = DumpWriter(tmp_path, 1, 0, "statistics", {})
-    out = backend.train_step(ids, labels, step_scalars(1, 10, cfg.optim, labels.size), Probe(w, inject=Injection(module, direction)))
+    out = backend.train_step(
+        ids, labels, step_scalars(1, 10, cfg.optim, labels.size), Probe(w, inject=Injection(module, direction))
+    )
     w.close()
     assert not out.applied  # the non-finite update was dropped...
     after = backend.weights()
@@ -142,7 +152,11 @@ def test_overflow_error_stop_ends_training_at_the_first_overflow_naming_the_modu
                    debug__inject_inf={"step": 2, "module": "layers.0.mlp.up_proj", "direction": "backward"})
     assert main(["train", str(cfg), "--set", "train.steps=4", "--set", "checkpoint.every=1"]) == 2
     err = capsys.readouterr().err
-    assert "step 2: loss" in err and "overflow located: layers.0.mlp.up_proj" in err and "debug.overflow.error_stop is on" in err
+    assert (
+        "step 2: loss" in err
+        and "overflow located: layers.0.mlp.up_proj" in err
+        and "debug.overflow.error_stop is on" in err
+    )
     run = tmp_path / "run"
     events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [e["module"] for e in events if e.get("event") == "overflow"] == ["layers.0.mlp.up_proj"]
@@ -154,8 +168,14 @@ def test_dump_step_zero_is_refused_and_the_old_locate_key_still_loads(tmp_path) 
     from mindfoundry.config.load import ConfigError, validate
 
     tree = {"data": {"sources": [{"name": "c", "paths": ["x"]}]}}
-    with pytest.raises(ConfigError, match="debug.dump.steps='0|5': step 0 is not a training step: dump steps count optimizer steps from 1"):
+    with pytest.raises(
+        ConfigError,
+        match="debug.dump.steps='0|5': step 0 is not a training step: dump steps count optimizer steps from 1",
+    ):
         validate({**tree, "debug": {"dump": {"steps": "0|5"}}})
     old = validate({**tree, "debug": {"locate_overflow": False}})  # a run's config.yaml written before debug.overflow
     assert old.debug.overflow.enable is False and old.debug.overflow.error_stop is False
-    assert validate({**tree, "debug": {"locate_overflow": False, "overflow": {"enable": True}}}).debug.overflow.enable is True
+    assert (
+        validate({**tree, "debug": {"locate_overflow": False, "overflow": {"enable": True}}}).debug.overflow.enable
+        is True
+    )

@@ -20,19 +20,73 @@ CLASSES = {"model": "Transformer", "layers.0.attn": "Attention", "layers.0.attn.
 RNG = np.random.default_rng(0)
 # (name, module, kind, array): one step of two micro-batches as the probe hands it over
 STEP = [
-    ("param.layers.0.attn.q_proj.weight", "layers.0.attn.q_proj", "param", RNG.standard_normal((4, 4)).astype(np.float32)),
-    *[t for call in (0, 1) for t in (
-        (f"layers.0.attn.forward.{call}.input.0", "layers.0.attn", "forward_input", RNG.standard_normal((2, 3, 4)).astype(np.float32)),
-        (f"layers.0.attn.q_proj.forward.{call}.input.0", "layers.0.attn.q_proj", "forward_input", RNG.standard_normal((2, 3, 4)).astype(np.float32)),
-        (f"layers.0.attn.q_proj.forward.{call}.output.0", "layers.0.attn.q_proj", "forward_output", RNG.standard_normal((2, 3, 4)).astype(np.float32)),
-        (f"layers.0.attn.forward.{call}.output.0", "layers.0.attn", "forward_output", RNG.standard_normal((2, 3, 4)).astype(np.float32)),
-        (f"model.forward.{call}.output.0", "model", "forward_output", RNG.standard_normal((2, 3, 8)).astype(np.float32)),
-        (f"loss.forward.{call}.output.0", "loss", "loss", np.float32(2.5)),
-        (f"layers.0.attn.backward.{call}.grad_output.0", "layers.0.attn", "backward_grad_output", RNG.standard_normal((2, 3, 4)).astype(np.float32)),
-        (f"layers.0.attn.backward.{call}.grad_input.0", "layers.0.attn", "backward_grad_input", RNG.standard_normal((2, 3, 4)).astype(np.float32)),
-    )],
-    ("grad.layers.0.attn.q_proj.weight", "layers.0.attn.q_proj", "grad", RNG.standard_normal((4, 4)).astype(np.float32)),
-    ("exp_avg.layers.0.attn.q_proj.weight", "layers.0.attn.q_proj", "exp_avg", RNG.standard_normal((4, 4)).astype(np.float32)),
+    (
+        "param.layers.0.attn.q_proj.weight",
+        "layers.0.attn.q_proj",
+        "param",
+        RNG.standard_normal((4, 4)).astype(np.float32),
+    ),
+    *[
+        t
+        for call in (0, 1)
+        for t in (
+            (
+                f"layers.0.attn.forward.{call}.input.0",
+                "layers.0.attn",
+                "forward_input",
+                RNG.standard_normal((2, 3, 4)).astype(np.float32),
+            ),
+            (
+                f"layers.0.attn.q_proj.forward.{call}.input.0",
+                "layers.0.attn.q_proj",
+                "forward_input",
+                RNG.standard_normal((2, 3, 4)).astype(np.float32),
+            ),
+            (
+                f"layers.0.attn.q_proj.forward.{call}.output.0",
+                "layers.0.attn.q_proj",
+                "forward_output",
+                RNG.standard_normal((2, 3, 4)).astype(np.float32),
+            ),
+            (
+                f"layers.0.attn.forward.{call}.output.0",
+                "layers.0.attn",
+                "forward_output",
+                RNG.standard_normal((2, 3, 4)).astype(np.float32),
+            ),
+            (
+                f"model.forward.{call}.output.0",
+                "model",
+                "forward_output",
+                RNG.standard_normal((2, 3, 8)).astype(np.float32),
+            ),
+            (f"loss.forward.{call}.output.0", "loss", "loss", np.float32(2.5)),
+            (
+                f"layers.0.attn.backward.{call}.grad_output.0",
+                "layers.0.attn",
+                "backward_grad_output",
+                RNG.standard_normal((2, 3, 4)).astype(np.float32),
+            ),
+            (
+                f"layers.0.attn.backward.{call}.grad_input.0",
+                "layers.0.attn",
+                "backward_grad_input",
+                RNG.standard_normal((2, 3, 4)).astype(np.float32),
+            ),
+        )
+    ],
+    (
+        "grad.layers.0.attn.q_proj.weight",
+        "layers.0.attn.q_proj",
+        "grad",
+        RNG.standard_normal((4, 4)).astype(np.float32),
+    ),
+    (
+        "exp_avg.layers.0.attn.q_proj.weight",
+        "layers.0.attn.q_proj",
+        "exp_avg",
+        RNG.standard_normal((4, 4)).astype(np.float32),
+    ),
 ]
 NOT_IN_MSPROBE = ("model.", "loss.", "exp_avg.")
 
@@ -47,13 +101,24 @@ def write(root: Path, fmt: str, backend: str = "torch", mode: str = "tensor", st
 def test_pt_files_open_in_torch_and_torch_files_open_here(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     p = tmp_path / "t.pt"
-    for a in (RNG.standard_normal((3, 4)).astype(np.float32), RNG.integers(0, 9, 5), np.array(2.5), np.array([True, False]),
-              RNG.standard_normal((2, 3)).astype(np.float16), np.zeros((0, 3), np.float32)):
+    for a in (
+        RNG.standard_normal((3, 4)).astype(np.float32),
+        RNG.integers(0, 9, 5),
+        np.array(2.5),
+        np.array([True, False]),
+        RNG.standard_normal((2, 3)).astype(np.float16),
+        np.zeros((0, 3), np.float32),
+    ):
         write_pt(p, a)
         t = torch.load(p)  # weights_only, torch's default: only a tensor's globals
         assert t.dtype == torch.from_numpy(a).dtype and tuple(t.shape) == a.shape and np.array_equal(t.numpy(), a)
     base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
-    for t in (base.t(), base[1:, 2:5], base[::2], base.to(torch.bfloat16)):  # views keep the whole storage, offset and strides
+    for t in (
+        base.t(),
+        base[1:, 2:5],
+        base[::2],
+        base.to(torch.bfloat16),
+    ):  # views keep the whole storage, offset and strides
         torch.save(t, p)
         assert np.array_equal(read_pt(p), t.float().numpy())
 
@@ -70,22 +135,41 @@ def test_pt_reader_runs_no_code_and_wants_one_tensor(tmp_path: Path) -> None:
         read_pt(tmp_path / "junk.pt")
 
 
-@pytest.mark.parametrize("backend,prefix,suffix,dtype", [("torch", "Module", ".pt", "torch.float32"), ("mindspore", "Cell", ".npy", "Float32")])
+@pytest.mark.parametrize(
+    "backend,prefix,suffix,dtype",
+    [("torch", "Module", ".pt", "torch.float32"), ("mindspore", "Cell", ".npy", "Float32")],
+)
 def test_msprobe_layout_round_trips_to_our_names(tmp_path: Path, backend, prefix, suffix, dtype) -> None:
     leaf = write(tmp_path / "ms", "msprobe", backend)
     assert sorted(p.name for p in leaf.iterdir()) == ["construct.json", "dump.json", "dump_tensor_data", "stack.json"]
     raw = json.loads((leaf / "dump.json").read_text())
-    assert (raw["task"], raw["level"], raw["framework"]) == ("tensor", "L0", "pytorch" if backend == "torch" else "mindspore")
-    assert raw["mindfoundry"]["loss"] == 5.0 and raw["mindfoundry"]["not_in_msprobe_format"] == 5  # model x2, loss x2, exp_avg
+    assert (raw["task"], raw["level"], raw["framework"]) == (
+        "tensor",
+        "L0",
+        "pytorch" if backend == "torch" else "mindspore",
+    )
+    assert (
+        raw["mindfoundry"]["loss"] == 5.0 and raw["mindfoundry"]["not_in_msprobe_format"] == 5
+    )  # model x2, loss x2, exp_avg
     q = f"{prefix}.layers.0.attn.q_proj.Linear"
-    assert sorted(raw["data"]) == sorted([f"{prefix}.layers.0.attn.Attention.{d}.{c}" for d in ("forward", "backward") for c in (0, 1)]
-                                         + [f"{q}.forward.0", f"{q}.forward.1", f"{q}.parameters_grad.1"])
+    assert sorted(raw["data"]) == sorted(
+        [f"{prefix}.layers.0.attn.Attention.{d}.{c}" for d in ("forward", "backward") for c in (0, 1)]
+        + [f"{q}.forward.0", f"{q}.forward.1", f"{q}.parameters_grad.1"]
+    )
     fwd = raw["data"][f"{q}.forward.1"]
-    assert set(fwd) == {"input_args", "input_kwargs", "output", "parameters"} and fwd["parameters"]["weight"]["requires_grad"] is True
+    assert (
+        set(fwd) == {"input_args", "input_kwargs", "output", "parameters"}
+        and fwd["parameters"]["weight"]["requires_grad"] is True
+    )
     assert fwd["output"][0]["dtype"] == dtype and fwd["output"][0]["data_name"] == f"{q}.forward.1.output.0{suffix}"
-    grad = raw["data"][f"{q}.parameters_grad.1"]["weight"][0]  # the step's gradient: msprobe's sum after the last micro-batch
+    grad = raw["data"][f"{q}.parameters_grad.1"]["weight"][
+        0
+    ]  # the step's gradient: msprobe's sum after the last micro-batch
     assert grad["data_name"] == f"{q}.parameters_grad.1.weight{suffix}" and grad["requires_grad"] is False
-    assert json.loads((leaf / "construct.json").read_text())[f"{q}.forward.1"] == f"{prefix}.layers.0.attn.Attention.forward.1"
+    assert (
+        json.loads((leaf / "construct.json").read_text())[f"{q}.forward.1"]
+        == f"{prefix}.layers.0.attn.Attention.forward.1"
+    )
     assert (leaf / "dump_tensor_data" / f"{prefix}.layers.0.attn.Attention.backward.0.input.0{suffix}").is_file()
 
     dump = read_dump(leaf)
@@ -105,7 +189,10 @@ def test_msprobe_layout_round_trips_to_our_names(tmp_path: Path, backend, prefix
 def test_statistics_mode_and_non_finite_values(tmp_path: Path, capsys) -> None:
     from mindfoundry.cli.main import main
 
-    broken = [(n, m, k, np.full_like(a, np.inf) if n == "layers.0.attn.q_proj.forward.1.output.0" else a) for n, m, k, a in STEP]
+    broken = [
+        (n, m, k, np.full_like(a, np.inf) if n == "layers.0.attn.q_proj.forward.1.output.0" else a)
+        for n, m, k, a in STEP
+    ]
     leaf = write(tmp_path / "d", "msprobe", mode="statistics", step=broken)
     raw = json.loads((leaf / "dump.json").read_text())
     assert raw["dump_data_dir"] is None and not (leaf / "dump_tensor_data").exists()
@@ -114,15 +201,19 @@ def test_statistics_mode_and_non_finite_values(tmp_path: Path, capsys) -> None:
     found = locate_overflow(read_dump(leaf))
     assert found.record["name"] == "layers.0.attn.q_proj.forward.1.output.0"
     assert main(["locate", str(tmp_path / "d")]) == 1
-    assert "layers.0.attn.q_proj.forward.1.output.0 (Inf of 24): first non-finite tensor of the step; its input was finite" \
+    assert (
+        "layers.0.attn.q_proj.forward.1.output.0 (Inf of 24): first non-finite tensor of the step; its input was finite"
         in capsys.readouterr().err
+    )
 
 
 def test_bad_dump_folders_are_named(tmp_path: Path) -> None:
     leaf = write(tmp_path / "ms", "msprobe")
     text = (leaf / "dump.json").read_text()
     (leaf / "dump.json").write_text(text[: len(text) // 2])  # a copy cut short
-    with pytest.raises(DumpError, match=r"dump.json is not valid JSON \(.* at line \d+, column \d+\): it is truncated or damaged"):
+    with pytest.raises(
+        DumpError, match=r"dump.json is not valid JSON \(.* at line \d+, column \d+\): it is truncated or damaged"
+    ):
         read_dump(leaf)
     (leaf / "dump.json").write_text(text)
 

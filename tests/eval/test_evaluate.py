@@ -13,12 +13,12 @@ pytest.importorskip("torch")
 
 from mf_testing import random_checkpoint  # noqa: E402
 from mindfoundry.backends.base import create_backend  # noqa: E402
-from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 from mindfoundry.cli.main import main  # noqa: E402
 from mindfoundry.data.prepare.tokenizer import encode_batch  # noqa: E402
 from mindfoundry.eval.sampling import generate  # noqa: E402
 from mindfoundry.eval.tasks import TaskError, read_tasks  # noqa: E402
 from mindfoundry.model.spec import ModelSpec  # noqa: E402
+from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 
 
 @pytest.fixture
@@ -42,9 +42,13 @@ def test_validation_overall_and_per_category(trained, tmp_path: Path) -> None:
                                                                  **{c: n - 1 for c, n in tokens.items()}}
     parts = [result["asyncio"], result["code"]]
     pooled = sum(p["loss"] * p["tokens"] for p in parts) / sum(p["tokens"] for p in parts)
-    assert abs(pooled - result["all"]["loss"]) < 1e-3  # measured 2.0e-4: window placement differs at the source boundary
+    assert (
+        abs(pooled - result["all"]["loss"]) < 1e-3
+    )  # measured 2.0e-4: window placement differs at the source boundary
     assert result["all"]["perplexity"] == pytest.approx(math.exp(result["all"]["loss"]), rel=1e-12)
-    assert main(["eval", str(run), "--json", str(tmp_path / "eval.json")]) == 2  # an existing --json is never overwritten
+    assert (
+        main(["eval", str(run), "--json", str(tmp_path / "eval.json")]) == 2
+    )  # an existing --json is never overwritten
 
 
 def test_documents_are_scored_once_per_token(trained, tmp_path: Path) -> None:
@@ -58,11 +62,17 @@ def test_documents_are_scored_once_per_token(trained, tmp_path: Path) -> None:
     got = json.loads((tmp_path / "e.json").read_text())["data"][str(folder)]
     stream = np.concatenate(encode_batch(data.tokenizer, texts))
     assert got["tokens"] == len(stream) - 1
-    logits = np.concatenate([backend.logits(stream[i:i + cfg.train.seq_len][None].astype(np.int32))[0]
-                             for i in range(0, len(stream) - 1, cfg.train.seq_len)])[: len(stream) - 1].astype(np.float64)
+    logits = np.concatenate(
+        [
+            backend.logits(stream[i : i + cfg.train.seq_len][None].astype(np.int32))[0]
+            for i in range(0, len(stream) - 1, cfg.train.seq_len)
+        ]
+    )[: len(stream) - 1].astype(np.float64)
     nll = -(logits[np.arange(len(stream) - 1), stream[1:]] - np.logaddexp.reduce(logits, axis=1)).mean()
     assert abs(got["loss"] - nll) < 2e-6  # measured 6.0e-7 (float32 engine vs float64 reference)
-    assert got["bits_per_byte"] == pytest.approx(got["loss"] / math.log(2) / (sum(len(t.encode()) for t in texts) / len(stream)))
+    assert got["bits_per_byte"] == pytest.approx(
+        got["loss"] / math.log(2) / (sum(len(t.encode()) for t in texts) / len(stream))
+    )
 
 
 def test_multiple_choice_picks_what_the_model_predicts(trained, tmp_path: Path) -> None:

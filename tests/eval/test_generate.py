@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from mindfoundry.backends.base import create_backend
-from mindfoundry.parallel.layout import launch_layout
 from mindfoundry.eval.sampling import GenerationError, fit_prompt, generate, sample_next
 from mindfoundry.model.spec import ModelSpec, init_weights
+from mindfoundry.parallel.layout import launch_layout
 
 ENGINES = ["mindspore", "torch"]
 
@@ -53,7 +53,9 @@ def test_cached_decoding_equals_the_full_forward(engine: str, make_config) -> No
     assert np.abs(steps - full[12:]).max() < 2e-6  # measured 7.2e-7 (torch), 6.6e-7 (mindspore)
 
     prompt = ids[:6].tolist()
-    cached = generate(backend, prompt, max_seq_len=spec.max_seq_len, max_new_tokens=30, temperature=0, top_k=0, eos_id=0, seed=0)
+    cached = generate(
+        backend, prompt, max_seq_len=spec.max_seq_len, max_new_tokens=30, temperature=0, top_k=0, eos_id=0, seed=0
+    )
     assert cached == greedy_without_cache(backend, prompt, 30, eos=0) and len(cached) == 30  # token for token
 
 
@@ -81,10 +83,14 @@ def test_generate_command_refuses_bad_input(tiny_prepared, capsys) -> None:
     assert main([*base, "--prompt", ""]) == 2
     assert "--prompt is empty: give the text to continue" in capsys.readouterr().err
     assert main([*base, "--prompt", "x", "--top-p", "0", "--max-new-tokens", "8"]) == 2
-    assert "use temperature >= 0 (0 = greedy), top_k >= 0 (0 = all tokens) and 0 < top_p <= 1" in capsys.readouterr().err
+    assert (
+        "use temperature >= 0 (0 = greedy), top_k >= 0 (0 = all tokens) and 0 < top_p <= 1" in capsys.readouterr().err
+    )
     assert main([*base, "--prompt", "x", "--max-new-tokens", "64"]) == 2  # model.max_seq_len is 64
     assert "max_new_tokens=64 must be between 1 and model.max_seq_len-1 = 63" in capsys.readouterr().err
     long = "import json\n" * 40
     assert main([*base, "--prompt", long, "--max-new-tokens", "8", "--temperature", "0"]) == 0
     err = capsys.readouterr().err
-    assert f"the prompt has {len(data.tokenizer.encode(long).ids)} tokens; generating from its last 56" in err.replace("\n", " ")
+    assert f"the prompt has {len(data.tokenizer.encode(long).ids)} tokens; generating from its last 56" in err.replace(
+        "\n", " "
+    )

@@ -34,8 +34,8 @@ def example_task(tmp_path: Path) -> Path:
 
 
 def test_hf_route_our_engines_and_the_eval_command_agree(tiny_prepared, tmp_path: Path) -> None:
-    """One checkpoint (grouped-query attention) through lm-eval's hf model on the export, through our LM on both engines,
-    and through `mindfoundry eval --lm-eval`: the same accuracies and per-choice log-likelihoods."""
+    """One checkpoint (grouped-query attention) through lm-eval's hf model on the export, through our LM on both
+    engines, and through `mindfoundry eval --lm-eval`: the same accuracies and per-choice log-likelihoods."""
     import json
 
     from mindfoundry.cli.main import main
@@ -50,13 +50,21 @@ def test_hf_route_our_engines_and_the_eval_command_agree(tiny_prepared, tmp_path
     for engine in ("torch", "mindspore"):
         pytest.importorskip(engine)
         model = load_trained(ckpt, engine)
-        ours = run_lm_eval(MindFoundryLM(model.backend, model.tokenizer, model.cfg.model.max_seq_len), [task], log_samples=True)
+        ours = run_lm_eval(
+            MindFoundryLM(model.backend, model.tokenizer, model.cfg.model.max_seq_len), [task], log_samples=True
+        )
         b = ours["results"]["mindfoundry_mc"]
         assert (a["acc,none"], a["acc_norm,none"]) == (b["acc,none"], b["acc_norm,none"]), engine
         llb = np.array([[r[0] for r in s["filtered_resps"]] for s in ours["samples"]["mindfoundry_mc"]], np.float64)
-        assert lla.shape == (6, 4) and np.abs(lla - llb).max() < 1e-5, engine  # measured 2.2e-6 (torch), 1.8e-6 (mindspore); sums up to 45
+        assert lla.shape == (6, 4) and np.abs(lla - llb).max() < 1e-5, (
+            engine
+        )  # measured 2.2e-6 (torch), 1.8e-6 (mindspore); sums up to 45
 
-    assert main(["eval", str(ckpt), "--backend", "torch", "--lm-eval", str(task), "--json", str(tmp_path / "r.json")]) == 0
+    assert (
+        main(["eval", str(ckpt), "--backend", "torch", "--lm-eval", str(task), "--json", str(tmp_path / "r.json")]) == 0
+    )
     metrics = json.loads((tmp_path / "r.json").read_text())["lm_eval"]["mindfoundry_mc"]
-    assert (metrics["acc,none"], metrics["acc_norm,none"]) == (a["acc,none"], a["acc_norm,none"]) and 0 <= metrics["acc,none"] <= 1
+    assert (metrics["acc,none"], metrics["acc_norm,none"]) == (a["acc,none"], a["acc_norm,none"]) and 0 <= metrics[
+        "acc,none"
+    ] <= 1
     assert main(["eval", str(ckpt), "--lm-eval", str(tmp_path / "missing.yaml")]) == 2

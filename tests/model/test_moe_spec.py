@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from mf_testing import tiny_config
 from mindfoundry.config.load import ConfigError, validate
 from mindfoundry.model.spec import (
-    ModelSpec, decays, flops_per_token, init_weights, is_moe_layer, module_names, moe_capacity, num_active_parameters, num_parameters,
+    ModelSpec,
+    decays,
+    flops_per_token,
+    init_weights,
+    is_moe_layer,
+    module_names,
+    moe_capacity,
+    num_active_parameters,
+    num_parameters,
     parameter_shapes,
 )
 

@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 
 from mindfoundry.config.load import validate
-from mindfoundry.model.spec import ModelSpec, decays, flops_per_token, init_weights, num_parameters, parameter_shapes, rope_tables
+from mindfoundry.model.spec import (
+    ModelSpec,
+    decays,
+    flops_per_token,
+    init_weights,
+    num_parameters,
+    parameter_shapes,
+    rope_tables,
+)
 
 
 def spec(**model) -> ModelSpec:

@@ -61,7 +61,9 @@ def test_training_records_hardware_and_writes_the_engines_trace(engine: str, cor
     pytest.importorskip(engine)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    stderr = monitored_run(engine, corpus_dir, tmp_path, **({"mindinsight": True, "detail_every": 2} if engine == "mindspore" else {}))
+    stderr = monitored_run(
+        engine, corpus_dir, tmp_path, **({"mindinsight": True, "detail_every": 2} if engine == "mindspore" else {})
+    )
     records = read_records(tmp_path / "run" / "metrics.jsonl")
     steps = step_records(records)
     assert len(steps) == 4

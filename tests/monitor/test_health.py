@@ -30,8 +30,14 @@ def healthy(steps: int = STEPS, seed: int = 0) -> dict[str, np.ndarray]:
 
 def records(curves: dict[str, np.ndarray]) -> list[dict]:
     n = len(curves["loss"])
-    return [{"step": i + 1, "applied": True, **{k: (None if not math.isfinite(v[i]) else float(v[i])) for k, v in curves.items()}}
-            for i in range(n)]
+    return [
+        {
+            "step": i + 1,
+            "applied": True,
+            **{k: (None if not math.isfinite(v[i]) else float(v[i])) for k, v in curves.items()},
+        }
+        for i in range(n)
+    ]
 
 
 def fired(curves: dict[str, np.ndarray], cfg: HealthConfig | None = None) -> list[HealthEvent]:
@@ -149,7 +155,11 @@ def test_offline_takes_the_last_record_per_step_and_ignores_other_kinds():
     """A crashed attempt logged NaN at steps 101-110; the resumed run re-logged them finite: the last wins."""
     recs = records(healthy())
     crashed = [dict(r, loss=None) for r in recs[100:110]]
-    others = [{"event": "start", "step": 0}, {"step": 20, "val_loss": 3.0}, {"step": 50, "layer_grad_norm": {"embed": 1.0}}]
+    others = [
+        {"event": "start", "step": 0},
+        {"step": 20, "val_loss": 3.0},
+        {"step": 50, "layer_grad_norm": {"embed": 1.0}},
+    ]
     assert evaluate([*others, *recs[:100], *crashed, *recs[100:]], warmup_steps=WARMUP) == []
     assert [e.rule for e in evaluate([*recs[:100], *crashed], warmup_steps=WARMUP)] == ["nonfinite"]
 
@@ -173,4 +183,11 @@ def test_config_rejects_unknown_keys_and_documents_every_field():
 def test_event_record_shape():
     event = HealthEvent(7, "nonfinite", "msg", math.nan)
     assert event.to_dict() == {"step": 7, "event": "health", "rule": "nonfinite", "message": "msg", "value": None}
-    assert set(RULES) == {"nonfinite", "loss_spike", "loss_oscillation", "grad_norm_low", "grad_norm_high", "throughput_drop"}
+    assert set(RULES) == {
+        "nonfinite",
+        "loss_spike",
+        "loss_oscillation",
+        "grad_norm_low",
+        "grad_norm_high",
+        "throughput_drop",
+    }

@@ -44,7 +44,9 @@ def test_peak_table(device, dtype, tflops):
 
 def test_unknown_device_or_dtype_is_a_clear_error():
     assert device_key("GeForce RTX 4090") is None
-    with pytest.raises(UnknownPeakError, match="no peak FLOP/s known for device 'GeForce RTX 4090'.*pass the peak explicitly"):
+    with pytest.raises(
+        UnknownPeakError, match="no peak FLOP/s known for device 'GeForce RTX 4090'.*pass the peak explicitly"
+    ):
         peak_flops("GeForce RTX 4090", "bf16")
     with pytest.raises(UnknownPeakError, match="no fp32 peak for ascend910b3"):
         peak_flops("Ascend910B3", "fp32")
@@ -68,8 +70,8 @@ def test_cpu_peak_is_measured_once_per_process(monkeypatch, tmp_path):
 
 
 def test_cpu_peak_is_the_fastest_window_and_never_falls_below_what_the_machine_did_before(monkeypatch, tmp_path):
-    """Issue #36: a peak timed while another process ran read low and MFU showed 60-87% for a tiny model. The peak is the
-    fastest window (load only slows a window), and the highest ever measured on the machine (cached), so a later
+    """Issue #36: a peak timed while another process ran read low and MFU showed 60-87% for a tiny model. The peak is
+    the fastest window (load only slows a window), and the highest ever measured on the machine (cached), so a later
     measurement under load cannot lower it."""
     monkeypatch.setenv("MF_CACHE_DIR", str(tmp_path))
     measured_cpu_peak.cache_clear()
@@ -79,7 +81,9 @@ def test_cpu_peak_is_the_fastest_window_and_never_falls_below_what_the_machine_d
     measured_cpu_peak.cache_clear()
     ticks = iter([0.0, 1.0, 2.0, 3.0, 4.0, 5.0])  # a busy machine: every window 1.0 s, ten times slower
     assert measured_cpu_peak(64, 3) == pytest.approx(2 * 64**3 / 0.1)  # the machine's known peak stands
-    assert json.loads(mfu_module.peak_cache().read_text()) == {mfu_module._machine_key(): pytest.approx(2 * 64**3 / 0.1)}
+    assert json.loads(mfu_module.peak_cache().read_text()) == {
+        mfu_module._machine_key(): pytest.approx(2 * 64**3 / 0.1)
+    }
     measured_cpu_peak.cache_clear()
 
 

@@ -1,5 +1,6 @@
 """`monitor.mindinsight`: MindSpore summary files from a real MindSpore run, read back through MindSpore's own
-protobuf schema (mindspore.train.summary_pb2.Event) with the framing MindSpore Insight checks (length, masked CRC32C)."""
+protobuf schema (mindspore.train.summary_pb2.Event) with the framing MindSpore Insight checks (length, masked
+CRC32C)."""
 
 from __future__ import annotations
 
@@ -54,14 +55,20 @@ def test_mindinsight_on_another_engine_is_a_config_error(tiny_run) -> None:
 
 def assert_summary_matches_metrics(run: Path) -> None:
     """A real MindSpore run's summary file (monitor.mindinsight, detail_every 2, eval_every 2; trained by
-    tests/monitor/test_hardware_and_profile.py, so that MindSpore trains once for both) holds metrics.jsonl's scalars."""
+    tests/monitor/test_hardware_and_profile.py, so that MindSpore trains once for both) holds metrics.jsonl's
+    scalars."""
     import numpy as np
 
     (summary,) = (run / "mindinsight").glob("events.out.events.summary.*_MS")
     tags = read_summary(summary)
     records = read_records(run / "metrics.jsonl")
     steps = step_records(records)
-    for key, tag in (("loss", "train/loss"), ("lr", "train/lr"), ("grad_norm", "train/grad_norm"), ("cpu_util", "hw/cpu_util")):
+    for key, tag in (
+        ("loss", "train/loss"),
+        ("lr", "train/lr"),
+        ("grad_norm", "train/grad_norm"),
+        ("cpu_util", "hw/cpu_util"),
+    ):
         assert tags[tag] == [(r["step"], float(np.float32(r[key]))) for r in steps]  # float32, as summaries store them
     evals = [r for r in records if "val_loss" in r and "event" not in r]
     assert tags["val/loss"] == [(r["step"], float(np.float32(r["val_loss"]))) for r in evals]  # steps 0, 2, 4

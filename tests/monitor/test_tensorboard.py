@@ -38,7 +38,9 @@ def f32(x: float) -> float:
 def test_scalars_read_back_exactly(tmp_path):
     sink = TensorBoardSink(tmp_path / "tb")
     sink.write(STEP)
-    sink.write({**STEP, "step": 4, "loss": 6.5, "grad_norm": None, "time": 1_700_000_001.0})  # None = NaN/Inf in metrics.jsonl
+    sink.write(
+        {**STEP, "step": 4, "loss": 6.5, "grad_norm": None, "time": 1_700_000_001.0}
+    )  # None = NaN/Inf in metrics.jsonl
     sink.write({"step": 4, "val_loss": 6.75, "val_perplexity": 854.06, "val_bits_per_byte": 2.5, "val_tokens": 512})
     sink.close()
     acc = read(tmp_path / "tb")
@@ -51,8 +53,19 @@ def test_scalars_read_back_exactly(tmp_path):
     assert values(acc, "mem/rss_mb") == [(3, 1536.5), (4, 1536.5)]
     assert [e.wall_time for e in acc.Scalars("train/loss")] == [1_700_000_000.5, 1_700_000_001.0]
     assert set(acc.Tags()["scalars"]) == {  # counters and flags (tokens, applied, consumed_samples) are not plotted
-        "train/loss", "train/lr", "train/grad_norm", "val/loss", "val/perplexity", "val/bits_per_byte", "perf/tokens_per_s",
-        "perf/step_time_s", "perf/data_time_s", "perf/model_tflops_per_s", "perf/mfu", "mem/rss_mb"}
+        "train/loss",
+        "train/lr",
+        "train/grad_norm",
+        "val/loss",
+        "val/perplexity",
+        "val/bits_per_byte",
+        "perf/tokens_per_s",
+        "perf/step_time_s",
+        "perf/data_time_s",
+        "perf/model_tflops_per_s",
+        "perf/mfu",
+        "mem/rss_mb",
+    }
 
 
 def test_per_layer_dicts_health_and_anomalies(tmp_path):
@@ -80,7 +93,8 @@ def test_resume_drops_the_crashed_attempts_later_steps(tmp_path):
         first.write({"step": step, "loss": loss, "time": 100.0 + step})
     first.close()
     # TensorBoard reads a folder's event files in name order: events.out.tfevents.<unix second>.<host>.<pid>.<writer
-    # count>. A resumed attempt is a new process seconds later, so its file sorts after the crashed one's; two writers of
+    # count>. A resumed attempt is a new process seconds later, so its file sorts after the crashed one's; two writers
+    # of
     # one process in one second sort by the count as text (uid 10 before 9: this failed under pytest -n 2, where a
     # worker had opened 9 writers before). Open the second in a later second, as a restart does.
     time.sleep(math.floor(time.time()) + 1.01 - time.time())

@@ -36,7 +36,16 @@ from mindfoundry.train.schedule import step_scalars  # noqa: E402
 VOCAB, SEQ, ACCUM, GLOBAL_MICRO, TOTAL_STEPS = 300, 16, 2, 4, 5
 GLOBAL_BATCH = GLOBAL_MICRO * ACCUM  # sequences per optimizer step, whatever the layout
 #: What msrun exports to its workers (measured with MindSpore 2.10); the test checks them.
-MSRUN_VARIABLES = ("MS_ROLE", "MS_WORKER_NUM", "RANK_ID", "RANK_SIZE", "MS_NODE_ID", "DEVICE_ID", "MS_SCHED_HOST", "MS_SCHED_PORT")
+MSRUN_VARIABLES = (
+    "MS_ROLE",
+    "MS_WORKER_NUM",
+    "RANK_ID",
+    "RANK_SIZE",
+    "MS_NODE_ID",
+    "DEVICE_ID",
+    "MS_SCHED_HOST",
+    "MS_SCHED_PORT",
+)
 
 
 def samples(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -81,7 +90,9 @@ def train(backend, cfg) -> dict:
 def main() -> None:
     out_dir = Path(sys.argv[1])
     # gradients all-reduced in 3 fused groups (MindFormers' gradient_aggregation_group): the same sums
-    backend, cfg, spec = make_backend({"dp_replicate": 2, "grad_fusion_groups": 3})  # msrun's scheduler process exits in here
+    backend, cfg, spec = make_backend(
+        {"dp_replicate": 2, "grad_fusion_groups": 3}
+    )  # msrun's scheduler process exits in here
     backend.load_weights(init_weights(spec, 11))
     result = train(backend, cfg)
     result["placement"] = {k: getattr(backend, k) for k in ("rank", "world_size", "dp_rank", "dp_size")}

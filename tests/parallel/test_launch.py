@@ -22,7 +22,9 @@ def test_commands_for_both_launchers(tmp_path) -> None:
             f"--log-dir={tmp_path}"} <= set(cmd)
     assert cmd[-3].endswith("mindfoundry") and cmd[-2:] == ["train", "c.yaml"]
     ms = command(LaunchPlan("mindspore", 4, nnodes=2, master_port=29555, log_dir=tmp_path), ["train", "c.yaml"])
-    assert Path(ms[0]).name == "msrun" and "--worker_num=8" in ms and "--local_worker_num=4" in ms and "--join=True" in ms
+    assert (
+        Path(ms[0]).name == "msrun" and "--worker_num=8" in ms and "--local_worker_num=4" in ms and "--join=True" in ms
+    )
     with pytest.raises(LaunchError, match="node_rank"):
         command(LaunchPlan("torch", 2, nnodes=1, node_rank=1), ["train"])
 
@@ -89,7 +91,22 @@ def test_layout_needing_more_processes_is_refused_before_training(tiny_run, tmp_
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = str(s.getsockname()[1])
-        assert main(["launch", "train", str(cfg), "--set", "parallel.dp_shard=2", "--set", "backend=torch", "--master-port", port]) == 2
+        assert (
+            main(
+                [
+                    "launch",
+                    "train",
+                    str(cfg),
+                    "--set",
+                    "parallel.dp_shard=2",
+                    "--set",
+                    "backend=torch",
+                    "--master-port",
+                    port,
+                ]
+            )
+            == 2
+        )
     assert "already in use" in capsys.readouterr().err
 
 
@@ -150,18 +167,29 @@ def _max_step(run: Path) -> int:
     path = run / "metrics.jsonl"
     if not path.exists():
         return 0
-    return max((json.loads(line).get("step", 0) for line in path.read_text().splitlines() if '"loss"' in line), default=0)
+    return max(
+        (json.loads(line).get("step", 0) for line in path.read_text().splitlines() if '"loss"' in line), default=0
+    )
 
 
-TORCH_DP = ["--set", "backend=torch", "--set", "monitor.detail_every=0", "--set", "parallel.dp_replicate=2", "--set", "train.steps=60"]
+TORCH_DP = [
+    "--set",
+    "backend=torch",
+    "--set",
+    "monitor.detail_every=0",
+    "--set",
+    "parallel.dp_replicate=2",
+    "--set",
+    "train.steps=60",
+]
 
 
 @pytest.fixture(scope="module")
 def torch_dp_reference(corpus_dir: Path, tmp_path_factory) -> list[float]:
     """The 60 losses of an uninterrupted 2-rank data-parallel torch job under torchrun (TORCH_DP)."""
     import yaml
-    from mf_testing import tiny_run_tree
 
+    from mf_testing import tiny_run_tree
     from mindfoundry.parallel.launch import free_port
 
     root = tmp_path_factory.mktemp("torch-dp")
@@ -173,7 +201,9 @@ def torch_dp_reference(corpus_dir: Path, tmp_path_factory) -> list[float]:
 
 
 @pytest.mark.slow
-def test_launch_max_restarts_survives_ten_rank_kills_with_the_uninterrupted_losses(tiny_run, tmp_path, torch_dp_reference) -> None:
+def test_launch_max_restarts_survives_ten_rank_kills_with_the_uninterrupted_losses(
+    tiny_run, tmp_path, torch_dp_reference
+) -> None:
     """2 data-parallel torch ranks under torchrun; 10 times a random rank is SIGKILLed at a random moment (after
     the job made progress since the last kill): the other rank writes a last-gasp checkpoint when it holds the
     whole untorn state, the supervisor restarts the job from the newest valid checkpoint, and the finished run's
@@ -247,7 +277,9 @@ def test_a_signalled_rank_stops_every_rank_after_the_same_step(tiny_run, tmp_pat
     err = log.read_text(errors="replace")
     stopped = _max_step(run)
     assert 3 <= stopped < 60
-    assert f"[default0]:stopped by a stop signal on another rank at step {stopped}; checkpoint written" in err, err[-3000:]
+    assert f"[default0]:stopped by a stop signal on another rank at step {stopped}; checkpoint written" in err, err[
+        -3000:
+    ]
     assert f"[default1]:stopped by SIGTERM at step {stopped}; checkpoint written" in err
     assert [p.name for p in (run / "checkpoints").glob("step_*")] == [f"step_{stopped:08d}"]
     assert main(["launch", "train", str(config), *sets, "--master-port", str(free_port()), "--resume", "auto"]) == 0
@@ -281,9 +313,23 @@ def test_msrun_launch_restarts_after_a_killed_rank_and_stops_on_a_signalled_one(
     run, log = tmp_path / "drilled", tmp_path / "drilled.log"
 
     def launch(name: str, *extra: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "mindfoundry.cli", "launch", "train", str(tmp_path / f"{name}.yaml"), *sets,
-                                 "--master-port", str(free_port()), *extra], stdout=subprocess.DEVNULL,
-                                stderr=(tmp_path / f"{name}.log").open("a"), env=env)
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "mindfoundry.cli",
+                "launch",
+                "train",
+                str(tmp_path / f"{name}.yaml"),
+                *sets,
+                "--master-port",
+                str(free_port()),
+                *extra,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=(tmp_path / f"{name}.log").open("a"),
+            env=env,
+        )
 
     def logged_steps() -> list[int]:
         """The steps of the loss records so far, in the order written (a restarted attempt re-logs steps)."""

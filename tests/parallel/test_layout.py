@@ -11,8 +11,17 @@ from mindfoundry.cli.main import main
 from mindfoundry.config.load import ConfigError
 from mindfoundry.config.model_config import ModelConfig
 from mindfoundry.config.parallel_config import ParallelConfig
-from mindfoundry.parallel.layout import (Batch, Layout, LayoutError, feasible_layouts, launch_layout, launched_world_size,
-                                         layout_problems, validate_run_config, _factorizations)
+from mindfoundry.parallel.layout import (
+    Batch,
+    Layout,
+    LayoutError,
+    _factorizations,
+    feasible_layouts,
+    launch_layout,
+    launched_world_size,
+    layout_problems,
+    validate_run_config,
+)
 
 MODEL = ModelConfig(vocab_size=8192, d_model=256, n_layers=4, n_heads=8, n_kv_heads=4)  # ffn_dim derived: 704
 BATCH = Batch(seq_len=128, micro_batch_size=2, grad_accum=8)
@@ -22,7 +31,9 @@ def with_experts(model: ModelConfig, num_experts: int) -> ModelConfig:
     return model.model_copy(update={"moe": model.moe.model_copy(update={"num_experts": num_experts})})
 
 
-def problems(world_size: int | None = None, model: ModelConfig = MODEL, batch: Batch = BATCH, num_experts: int = 0, **parallel) -> list[str]:
+def problems(
+    world_size: int | None = None, model: ModelConfig = MODEL, batch: Batch = BATCH, num_experts: int = 0, **parallel
+) -> list[str]:
     return layout_problems(ParallelConfig(**parallel), with_experts(model, num_experts), batch, world_size=world_size)
 
 
@@ -33,8 +44,9 @@ def test_a_valid_layout_has_no_problems() -> None:
 
 def test_tp_must_divide_query_and_kv_heads() -> None:
     assert problems(tp=3)[0] == "parallel.tp=3 does not divide model.n_heads=8 (and n_kv_heads=4): use tp in {1, 2, 4}"
-    assert problems(tp=8) == ["parallel.tp=8 does not divide model.n_kv_heads=4 (each rank needs whole key/value heads): "
-                              "use tp in {1, 2, 4}"]
+    assert problems(tp=8) == [
+        "parallel.tp=8 does not divide model.n_kv_heads=4 (each rank needs whole key/value heads): use tp in {1, 2, 4}"
+    ]
 
 
 def test_tp_must_divide_ffn_and_vocab() -> None:
@@ -42,8 +54,10 @@ def test_tp_must_divide_ffn_and_vocab() -> None:
     text = "\n".join(problems(tp=4, model=model))
     assert "parallel.tp=4 does not divide model.ffn_dim=702 (the MLP is split column/row-wise): use tp in {1, 2} " \
            "or set model.ffn_dim to a multiple of 4 (e.g. 704)" in text
-    assert "parallel.tp=4 does not divide model.vocab_size=301 (the embedding and output head are split along the vocabulary): " \
-           "raise model.vocab_size to 304" in text
+    assert (
+        "parallel.tp=4 does not divide model.vocab_size=301 (the embedding and output head are split along the "
+        "vocabulary): raise model.vocab_size to 304" in text
+    )
 
 
 def test_sequence_parallel_needs_seq_len_divisible_by_tp() -> None:
@@ -63,14 +77,17 @@ def test_cp_needs_two_chunks_per_rank() -> None:
 
 
 def test_pp_cannot_exceed_layers() -> None:
-    assert problems(pp=6) == ["parallel.pp=6 exceeds model.n_layers=4: every stage needs at least one layer; use pp in {1, 2, 4}"]
+    assert problems(pp=6) == [
+        "parallel.pp=6 exceeds model.n_layers=4: every stage needs at least one layer; use pp in {1, 2, 4}"
+    ]
 
 
 def test_pp_times_virtual_stages_must_divide_layers() -> None:
     model = MODEL.model_copy(update={"n_layers": 12})
     assert problems(pp=4, pp_virtual_stages=2, pp_schedule="Interleaved1F1B", model=model) == [
-        "parallel.pp * pp_virtual_stages = 4*2 = 8 does not divide model.n_layers=12 (the layers are cut into that many equal "
-        "chunks): use pp in {1, 2, 3, 6} or pp_virtual_stages in {1, 3}"]
+        "parallel.pp * pp_virtual_stages = 4*2 = 8 does not divide model.n_layers=12 (the layers are cut into that "
+        "many equal chunks): use pp in {1, 2, 3, 6} or pp_virtual_stages in {1, 3}"
+    ]
     assert problems(pp=3, model=MODEL.model_copy(update={"n_layers": 4}))[0].startswith(
         "parallel.pp * pp_virtual_stages = 3*1 = 3 does not divide model.n_layers=4")
 
@@ -83,7 +100,9 @@ def test_pipeline_needs_enough_micro_batches() -> None:
     assert problems(pp=4, pp_schedule="GPipe", batch=few) == []
     model = MODEL.model_copy(update={"n_layers": 8})
     assert problems(pp=2, pp_virtual_stages=2, pp_schedule="Interleaved1F1B", model=model, batch=Batch(128, 1, 5)) == [
-        "train.grad_accum=5 is not a multiple of parallel.pp=2: Interleaved1F1B runs micro-batches in rounds of pp; use grad_accum=6"]
+        "train.grad_accum=5 is not a multiple of parallel.pp=2: Interleaved1F1B runs micro-batches in rounds of pp; "
+        "use grad_accum=6"
+    ]
 
 
 def test_schedule_and_virtual_stages_go_together() -> None:
@@ -93,8 +112,9 @@ def test_schedule_and_virtual_stages_go_together() -> None:
         "set pp_schedule: Interleaved1F1B or pp_virtual_stages: 1"]
     assert problems(pp=2, pp_schedule="Interleaved1F1B", model=model)[0].startswith(
         "parallel.pp_schedule=Interleaved1F1B needs parallel.pp_virtual_stages >= 2")
-    assert problems(pp_virtual_stages=2) == ["parallel.pp_virtual_stages=2 needs parallel.pp > 1 (there is no pipeline): "
-                                             "set pp_virtual_stages: 1"]
+    assert problems(pp_virtual_stages=2) == [
+        "parallel.pp_virtual_stages=2 needs parallel.pp > 1 (there is no pipeline): set pp_virtual_stages: 1"
+    ]
 
 
 def test_world_size_mismatch_suggests_a_layout_for_the_launched_processes() -> None:
@@ -103,7 +123,11 @@ def test_world_size_mismatch_suggests_a_layout_for_the_launched_processes() -> N
     text = layout_problems(ParallelConfig(dp_shard=4, tp=2, world_size=4), MODEL, BATCH)
     assert text == ["product dp_replicate*dp_shard*cp*tp*pp = 8 but parallel.world_size=4: e.g. dp_shard=2, tp=2"]
     both = layout_problems(ParallelConfig(dp_shard=8, world_size=8), MODEL, BATCH, world_size=4)
-    assert both[0] == "parallel.world_size=8 but the launcher started 4 processes: launch 8 processes or set parallel.world_size: 4"
+    assert (
+        both[0]
+        == "parallel.world_size=8 but the launcher started 4 processes: launch 8 processes or set parallel.world_size: "
+           "4"
+    )
     assert both[1] == "product dp_replicate*dp_shard*cp*tp*pp = 8 but the launcher started 4 processes: e.g. dp_shard=4"
 
 
@@ -128,8 +152,10 @@ def test_ep_must_divide_experts_and_the_fsdp_cp_ranks() -> None:
     assert problems(world_size=4, dp_shard=4, ep=4, num_experts=6) == [
         "parallel.ep=4 does not divide model.moe.num_experts=6: use ep in {1, 2}"]
     assert problems(world_size=2, dp_shard=2, ep=4, num_experts=8) == [
-        "parallel.ep=4 does not divide parallel.dp_shard*cp = 2*1 = 2 (experts are spread over the FSDP and context-parallel "
-        "ranks): use ep in {1, 2} or raise dp_shard"]
+        "parallel.ep=4 does not divide parallel.dp_shard*cp = 2*1 = 2 (experts are spread over the FSDP and "
+        "context-parallel "
+        "ranks): use ep in {1, 2} or raise dp_shard"
+    ]
     assert problems(world_size=8, dp_shard=2, cp=2, tp=2, ep=4, num_experts=8) == []
     assert problems(world_size=2, dp_shard=2, ep=2) == [  # the one home of this rule (the engines no longer repeat it)
         "parallel.ep=2 spreads experts, but the model is dense (model.moe.num_experts=0): set model.moe.num_experts "
@@ -176,8 +202,12 @@ def test_launch_checks_the_launchers_world_size() -> None:
     assert launched_world_size({"WORLD_SIZE": "4"}) == 4
     assert launched_world_size({"MS_WORKER_NUM": "2"}) == 2
     assert launched_world_size({}) is None
-    assert launch_layout(validate_run_config(tree(dp_shard=-1, tp=2)), env={"WORLD_SIZE": "8"}) == Layout(dp_shard=4, tp=2)
-    with pytest.raises(LayoutError, match="product dp_replicate\\*dp_shard\\*cp\\*tp\\*pp = 2 but the launcher started 4 processes"):
+    assert launch_layout(validate_run_config(tree(dp_shard=-1, tp=2)), env={"WORLD_SIZE": "8"}) == Layout(
+        dp_shard=4, tp=2
+    )
+    with pytest.raises(
+        LayoutError, match="product dp_replicate\\*dp_shard\\*cp\\*tp\\*pp = 2 but the launcher started 4 processes"
+    ):
         launch_layout(validate_run_config(tree(tp=2)), env={"WORLD_SIZE": "4"})
     assert launch_layout(validate_run_config(tree()), env={}) == Layout()
 
@@ -199,7 +229,12 @@ def test_config_validation_applies_the_layout_rules() -> None:
 
 def test_resolution_fills_world_size_and_dp_shard() -> None:
     cfg = validate_run_config(tree(tp=2, dp_shard=-1, world_size=8))
-    assert (cfg.parallel.dp_shard, cfg.parallel.world_size, cfg.parallel.dp, cfg.parallel.degree_product) == (4, 8, 4, 8)
+    assert (cfg.parallel.dp_shard, cfg.parallel.world_size, cfg.parallel.dp, cfg.parallel.degree_product) == (
+        4,
+        8,
+        4,
+        8,
+    )
     cfg = validate_run_config(tree(dp_replicate=2, pp=2) | {"train": {"grad_accum": 2}})
     assert cfg.parallel.world_size == 4 and cfg.parallel.dp == 2
     assert validate_run_config(tree(dp_shard=-1, tp=2)).parallel.world_size is None  # known at launch

@@ -28,6 +28,7 @@ import pytest
 pytest.importorskip("mindspore")
 
 import ms_dp_worker as worker  # noqa: E402  (this folder is on sys.path: rootdir-less test module)
+
 from mf_testing import launched, tiny_config  # noqa: E402
 from mindfoundry.backends.mindspore import distributed  # noqa: E402
 from mindfoundry.backends.mindspore.strategies import apply_strategies, plan_strategies  # noqa: E402
@@ -53,7 +54,11 @@ def test_msrun_data_parallel_matches_one_process(tmp_path: Path) -> None:
     bindir = Path(sys.executable).parent  # msrun starts its processes with `python` from PATH
     msrun = bindir / "msrun" if (bindir / "msrun").exists() else shutil.which("msrun")
     assert msrun, "msrun (installed with mindspore) not found"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MS_") and k not in ("RANK_ID", "RANK_SIZE", "DEVICE_ID")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("MS_") and k not in ("RANK_ID", "RANK_SIZE", "DEVICE_ID")
+    }
     env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
     out, logs = tmp_path / "out", tmp_path / "logs"
     cmd = [str(msrun), "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port()}", f"--log_dir={logs}",
@@ -73,7 +78,9 @@ def test_msrun_data_parallel_matches_one_process(tmp_path: Path) -> None:
         proc.kill()
         text = proc.communicate()[0]
     if proc.returncode:
-        worker_logs = "".join(f"\n--- {p.name}\n" + p.read_text(errors="replace")[-3000:] for p in sorted(logs.glob("*.log")))
+        worker_logs = "".join(
+            f"\n--- {p.name}\n" + p.read_text(errors="replace")[-3000:] for p in sorted(logs.glob("*.log"))
+        )
         pytest.fail(f"msrun failed ({proc.returncode}):\n{text[-3000:]}{worker_logs}")
 
     got = [json.loads((out / f"rank_{r}" / "result.json").read_text()) for r in range(2)]
@@ -212,9 +219,16 @@ def test_tp2_dp4_on_8_devices() -> None:
     col, row = ((4, 1), (2, 1)), ((4, 2), (1, 2))
     for i in range(spec.n_layers):
         for name in ("q_proj", "k_proj", "v_proj"):
-            assert plan.strategy(f"layers.{i}.attn.{name}.matmul") == col  # MatMul(transpose_b): weight [out, in] rows by tp
-        assert plan.shards[f"layers.{i}.attn.o_proj.matmul"] == (row, ((8, 1),))  # sequence parallel: reduce-scatter rows
-        assert plan.strategy(f"layers.{i}.mlp.gate_proj.matmul") == plan.strategy(f"layers.{i}.mlp.up_proj.matmul") == col
+            assert (
+                plan.strategy(f"layers.{i}.attn.{name}.matmul") == col
+            )  # MatMul(transpose_b): weight [out, in] rows by tp
+        assert plan.shards[f"layers.{i}.attn.o_proj.matmul"] == (
+            row,
+            ((8, 1),),
+        )  # sequence parallel: reduce-scatter rows
+        assert (
+            plan.strategy(f"layers.{i}.mlp.gate_proj.matmul") == plan.strategy(f"layers.{i}.mlp.up_proj.matmul") == col
+        )
         assert plan.shards[f"layers.{i}.mlp.down_proj.matmul"] == (row, ((8, 1),))
     assert plan.strategy("head_matmul") == col  # tied embeddings: the vocab-parallel head
     assert plan.pending["embed (gather)"] == ((2, 1), (4, 1))
@@ -264,9 +278,15 @@ def test_parallel_optimizer() -> None:
     assert fsdp.context["parallel_optimizer_config"] == {"optimizer_level": "level3", "optimizer_weight_shard_size": 2}
     assert fsdp.strategy("layers.0.attn.q_proj.matmul") == ((4, 1), (1, 1))  # dp = dp_replicate * dp_shard
     zero1, _, _ = _plan({"dp_replicate": 4, "optimizer_shard": True}, 4)
-    assert zero1.context["parallel_optimizer_config"] == {"optimizer_level": "level1", "optimizer_weight_shard_size": -1}
+    assert zero1.context["parallel_optimizer_config"] == {
+        "optimizer_level": "level1",
+        "optimizer_weight_shard_size": -1,
+    }
     shard_rest, _, _ = _plan({"dp_shard": -1, "tp": 2}, 8)  # dp_shard=-1 takes what is left of the devices
-    assert shard_rest.layout.dp_shard == 4 and shard_rest.context["parallel_optimizer_config"]["optimizer_weight_shard_size"] == 4
+    assert (
+        shard_rest.layout.dp_shard == 4
+        and shard_rest.context["parallel_optimizer_config"]["optimizer_weight_shard_size"] == 4
+    )
 
 
 def test_expert_strategies_only_with_experts() -> None:
@@ -297,7 +317,9 @@ def test_invalid_layouts_are_rejected(parallel: dict, devices: int, model: dict,
 def test_strategies_apply_to_the_model_cells(moe: bool) -> None:
     from mindfoundry.backends.mindspore.model import Transformer
 
-    model = {"n_layers": 4, "tie_embeddings": False} | ({"moe": {"num_experts": 4, "top_k": 2, "every": 2}} if moe else {})
+    model = {"n_layers": 4, "tie_embeddings": False} | (
+        {"moe": {"num_experts": 4, "top_k": 2, "every": 2}} if moe else {}
+    )
     parallel = {"pp": 2, "tp": 2, "dp_shard": 2} | ({"ep": 2} if moe else {})
     plan, _, spec = _plan(parallel, 8, model=model, train={"grad_accum": 2})
     net = Transformer(spec)
@@ -340,7 +362,8 @@ def test_mindspore_accepts_the_context_and_builds_the_step(tmp_path: Path) -> No
         from mindfoundry.model.spec import ModelSpec
         ms.set_context(mode=ms.GRAPH_MODE)
         cfg = tiny_config(model={"n_layers": 4}, train={"grad_accum": 4}, run_dir=sys.argv[2],
-                          parallel={"pp": 2, "pp_schedule": "Interleaved1F1B", "pp_virtual_stages": 2, "tp": 2, "dp_shard": 2})
+                          parallel={"pp": 2, "pp_schedule": "Interleaved1F1B", "pp_virtual_stages": 2, "tp": 2,
+                                    "dp_shard": 2})
         spec = ModelSpec.from_config(cfg.model)
         plan = semi_auto.enter(cfg, spec, launched(cfg, 8), 0)
         keys = ["parallel_mode", "device_num", "gradients_mean", "dataset_strategy", "pipeline_stages",
@@ -349,7 +372,8 @@ def test_mindspore_accepts_the_context_and_builds_the_step(tmp_path: Path) -> No
         model = Transformer(spec)
         params = list(model.get_parameters())
         loss, accum = semi_auto.wrap_loss(plan, model, LossCell(model))
-        step = TrainStep(loss, AdamW(params, 0.9, 0.95, 1e-8, 0.1), accum, 1.0, False, semi_auto.grad_reducer(plan, params))
+        reducer = semi_auto.grad_reducer(plan, params)
+        step = TrainStep(loss, AdamW(params, 0.9, 0.95, 1e-8, 0.1), accum, 1.0, False, reducer)
         ids = semi_auto.step_batch(plan, np.zeros((4, 2, 16), np.int32))
         print(json.dumps({"context": context, "accum": accum, "step": type(step.loss_cell).__name__,
                           "reducer": type(step.pipeline_reducer).__name__, "ids": list(ids.shape),
@@ -369,7 +393,9 @@ def test_mindspore_accepts_the_context_and_builds_the_step(tmp_path: Path) -> No
     assert got["ids"] == [1, 8, 16] and got["q_proj"] == [[2, 1], [2, 1]]
 
 
-@pytest.mark.parametrize("config", sorted(p.name for p in (Path(__file__).resolve().parents[2] / "configs").glob("*.yaml")))
+@pytest.mark.parametrize(
+    "config", sorted(p.name for p in (Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+)
 def test_every_shipped_config_has_a_semi_auto_plan(config: str) -> None:
     """Each layout in configs/ builds its strategies on its own device count: llama-13b's tp=8 splits every projection
     8 ways, llama-1b's dp=8 with optimizer_shard turns on the parallel optimizer, the demos run on one device."""

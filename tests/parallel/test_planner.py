@@ -12,14 +12,25 @@ from mindfoundry.config.load import load_config
 from mindfoundry.config.memory_config import MemoryConfig
 from mindfoundry.model.spec import ModelSpec, num_parameters
 from mindfoundry.parallel.layout import Layout
-from mindfoundry.parallel.planner import (GiB, activation_bytes_per_layer, communication, estimate, micro_batches_in_flight,
-                                          memory_options, parse_bytes, pipeline_bubble, plan, selective_savings_per_layer,
-                                          stage_parameters)
+from mindfoundry.parallel.planner import (
+    GiB,
+    activation_bytes_per_layer,
+    communication,
+    estimate,
+    memory_options,
+    micro_batches_in_flight,
+    parse_bytes,
+    pipeline_bubble,
+    plan,
+    selective_savings_per_layer,
+    stage_parameters,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 LLAMA_13B = REPO / "configs" / "llama-13b.yaml"
 
-# vocab 100, d 8, 2 layers, 2 heads (head_dim 4), ffn 16, untied: per layer 2*8 (norms) + 4*8*8 (q,k,v,o) + 3*8*16 = 656,
+# vocab 100, d 8, 2 layers, 2 heads (head_dim 4), ffn 16, untied: per layer 2*8 (norms) + 4*8*8 (q,k,v,o) + 3*8*16 =
+# 656,
 # embedding 800 + head 800 + final norm 8: 2920 parameters.
 TINY = ModelSpec(vocab_size=100, d_model=8, n_layers=2, n_heads=2, n_kv_heads=2, ffn_dim=16, max_seq_len=16,
                  rope_theta=10000.0, norm_eps=1e-5, tie_embeddings=False, init_std=0.02)
@@ -38,7 +49,9 @@ def test_model_states_by_hand() -> None:
     assert (e.weights, e.gradients, e.optimizer, e.fsdp_buffers) == (2920 * 4, 2920 * 4, 2920 * 8, 0)
     e = est(precision="bf16")  # 2 B weights, 2 B grads, 12 B fp32 master + moments
     assert (e.weights, e.gradients, e.optimizer) == (5840, 5840, 35040)
-    e = est(Layout(dp_shard=2))  # FSDP: everything halved, plus gather buffers of the largest unit (the 800-entry embedding)
+    e = est(
+        Layout(dp_shard=2)
+    )  # FSDP: everything halved, plus gather buffers of the largest unit (the 800-entry embedding)
     assert (e.weights, e.gradients, e.optimizer, e.fsdp_buffers) == (5840, 5840, 11680, 3 * 800 * 4)
     e = est(Layout(dp_replicate=2, optimizer_shard=True))  # ZeRO-1: only the optimizer state halved
     assert (e.weights, e.gradients, e.optimizer) == (11680, 11680, 11680)
@@ -66,7 +79,9 @@ def test_activations_by_hand() -> None:
     assert activation_bytes_per_layer(TINY, Layout(), 1, 4, "fp32", fused_norm=False) == 4 * (520 + 4 * 16)
     e = est()  # 2 layers + logits s*b*V*(4 + 8) = 4*100*12
     assert e.activations == 2 * 2080 + 4800
-    e = est(recompute="full")  # kept: each layer's input s*b*h*4 = 128 bytes; then the larger of the logits term (in the
+    e = est(
+        recompute="full"
+    )  # kept: each layer's input s*b*h*4 = 128 bytes; then the larger of the logits term (in the
     assert e.activations == 2 * 128 + max(2080, 4800)  # loss's backward) and one block recomputed (later)
     assert e.logits == 4800
 
@@ -93,7 +108,12 @@ def test_memory_modes_by_hand() -> None:
 
 def test_memory_options_of_a_run_config() -> None:
     memory = MemoryConfig(recompute="selective", recompute_layers=[0, 3], loss_chunk=2)
-    assert memory_options(memory, 4) == {"recompute": "selective", "recomputed_layers": 2, "loss_chunk": 2, "offload": False}
+    assert memory_options(memory, 4) == {
+        "recompute": "selective",
+        "recomputed_layers": 2,
+        "loss_chunk": 2,
+        "offload": False,
+    }
     assert memory_options(MemoryConfig(), 4)["recomputed_layers"] is None
 
 
@@ -106,7 +126,8 @@ def test_korthikanti_scaling_with_tp_and_sequence_parallel() -> None:
     no_sp = activation_bytes_per_layer(big, Layout(tp=4, sequence_parallel=False), 2, 32, "bf16", flash_attention=False)
     assert no_sp == full // 4 + 2 * 32 * 2 * (4 * 64) * 3 // 4
     # the paper's GPT formula s*b*h*(34 + 5*a*s/h) less dropout (2 sbh + 3 a s^2 b) is what this counting gives for a
-    # block whose MLP keeps 2 tensors of 4h (GeLU) instead of SwiGLU's 4 tensors of f: check with f = 2h (4f = 8h = 2*4h)
+    # block whose MLP keeps 2 tensors of 4h (GeLU) instead of SwiGLU's 4 tensors of f: check with f = 2h (4f = 8h =
+    # 2*4h)
     gpt_like = ModelSpec(**{**big.to_dict(), "ffn_dim": 2 * 64})
     s, b, h, a = 32, 2, 64, 8
     assert activation_bytes_per_layer(gpt_like, Layout(), b, s, "fp16", flash_attention=False) == \
@@ -117,7 +138,9 @@ def test_pipeline_in_flight_micro_batches() -> None:
     assert micro_batches_in_flight(Layout(pp=4), 16) == 4
     assert micro_batches_in_flight(Layout(pp=4), 2) == 2
     assert micro_batches_in_flight(Layout(pp=4, pp_schedule="GPipe"), 16) == 16
-    assert micro_batches_in_flight(Layout(pp=4, pp_schedule="Interleaved1F1B", pp_virtual_stages=2), 16) == 4 * (1 + 3 / 8)
+    assert micro_batches_in_flight(Layout(pp=4, pp_schedule="Interleaved1F1B", pp_virtual_stages=2), 16) == 4 * (
+        1 + 3 / 8
+    )
     assert micro_batches_in_flight(Layout(), 16) == 1
     assert pipeline_bubble(Layout(pp=4), 12) == 3 / 15
     assert pipeline_bubble(Layout(pp=4, pp_schedule="Interleaved1F1B", pp_virtual_stages=2), 12) == 3 / 27
@@ -191,13 +214,31 @@ def test_plan_cli_json(capsys) -> None:
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert len(out["rows"]) == 5 and out["rows"][0]["fits"] != "no" and out["fitting"] >= 1
-    assert out["rows"][0]["memory"]["total"] == out["rows"][0]["memory"]["weights"] + out["rows"][0]["memory"]["gradients"] + \
-        out["rows"][0]["memory"]["optimizer"] + out["rows"][0]["memory"]["fsdp_buffers"] + \
-        out["rows"][0]["memory"]["activations"] + out["rows"][0]["memory"]["overhead"]
+    assert (
+        out["rows"][0]["memory"]["total"]
+        == out["rows"][0]["memory"]["weights"]
+        + out["rows"][0]["memory"]["gradients"]
+        + out["rows"][0]["memory"]["optimizer"]
+        + out["rows"][0]["memory"]["fsdp_buffers"]
+        + out["rows"][0]["memory"]["activations"]
+        + out["rows"][0]["memory"]["overhead"]
+    )
 
 
 def test_plan_cli_table_and_errors(capsys) -> None:
-    args = ["plan", "--model", str(LLAMA_13B), "--devices", "8", "--seq", "4096", "--global-batch", "256", "--precision", "bf16"]
+    args = [
+        "plan",
+        "--model",
+        str(LLAMA_13B),
+        "--devices",
+        "8",
+        "--seq",
+        "4096",
+        "--global-batch",
+        "256",
+        "--precision",
+        "bf16",
+    ]
     assert main([*args, "--device-memory", "32GiB"]) == 0
     captured = capsys.readouterr()
     assert "weights+grads+optim" in captured.out and "best:" in captured.err

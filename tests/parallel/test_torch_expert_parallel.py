@@ -28,15 +28,31 @@ pytestmark = pytest.mark.slow
 
 WORKER = Path(__file__).with_name("torch_ep_worker.py")
 #: name: (processes, parallel section)
-JOBS = {"ep": (2, {"dp_shard": 2, "ep": 2}), "fsdp": (2, {"dp_shard": 2}), "hsdp_ep": (4, {"dp_replicate": 2, "dp_shard": 2, "ep": 2})}
+JOBS = {
+    "ep": (2, {"dp_shard": 2, "ep": 2}),
+    "fsdp": (2, {"dp_shard": 2}),
+    "hsdp_ep": (4, {"dp_replicate": 2, "dp_shard": 2, "ep": 2}),
+}
 
 
 def launch(nproc: int, out: Path) -> Path:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     env["OMP_NUM_THREADS"] = "1"
     jobs = [{"name": name, "parallel": parallel} for name, (n, parallel) in JOBS.items() if n == nproc]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(WORKER), str(out),
-           json.dumps(jobs)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        str(WORKER),
+        str(out),
+        json.dumps(jobs),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     if proc.returncode:
         pytest.fail(f"torchrun ({nproc} processes) failed:\n{(proc.stdout + proc.stderr)[-6000:]}")

@@ -23,6 +23,7 @@ import pytest
 pytest.importorskip("torch")
 
 import torch_layout_worker as worker  # noqa: E402  (this folder is on sys.path: rootdir-less test module)
+
 from mindfoundry.model.spec import init_weights, parameter_shapes  # noqa: E402
 from mindfoundry.parallel.layout import launch_layout  # noqa: E402
 
@@ -80,7 +81,11 @@ CHECKPOINT_JOBS = [
 
 
 def launch(nproc: int, out: Path, jobs: list[dict]) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     env["OMP_NUM_THREADS"] = "1"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            str(WORKER), str(out), json.dumps(jobs)]
@@ -90,8 +95,18 @@ def launch(nproc: int, out: Path, jobs: list[dict]) -> None:
 
 
 def jobs_for(nproc: int) -> list[dict]:
-    return [{"name": name, "parallel": parallel, "model": model, "memory": MEMORY.get(name), "first": 1, "last": worker.TOTAL_STEPS}
-            for name, (n, parallel, model) in LAYOUTS.items() if n == nproc]
+    return [
+        {
+            "name": name,
+            "parallel": parallel,
+            "model": model,
+            "memory": MEMORY.get(name),
+            "first": 1,
+            "last": worker.TOTAL_STEPS,
+        }
+        for name, (n, parallel, model) in LAYOUTS.items()
+        if n == nproc
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +168,9 @@ def test_layout_matches_one_process(name: str, request) -> None:
         "weights_abs": max(float(np.abs(weights[k] - ref["weights"][k]).max()) for k in ref["weights"]),
         "eval_nll_rel": rel(got["eval"][0], want["eval"][0]),
         "logits_abs": float(np.abs(np.load(folder / "logits.npy") - ref["logits"]).max()),
-        "module_outputs_abs": max(float(np.abs(v - ref["boundaries"][k]).max()) for k, v in np.load(folder / "boundaries.npz").items()),
+        "module_outputs_abs": max(
+            float(np.abs(v - ref["boundaries"][k]).max()) for k, v in np.load(folder / "boundaries.npz").items()
+        ),
     }
     print(f"\n{name} ({nproc} processes, {parallel}): " + ", ".join(f"{k}={v:.2e}" for k, v in diffs.items()))
     assert diffs["loss_rel"] < 1e-5
@@ -220,12 +237,15 @@ def test_stages_keep_names_and_compose_to_the_model() -> None:
         torch.manual_seed(0)
         model = Transformer(spec)
         stages = [StageModule(model, i, 4, contextlib.nullcontext) for i in range(4)]
-        assert [n for n, _ in stages[1].named_parameters()] == [n for n in parameter_shapes(spec) if n.startswith("layers.1.")]
+        assert [n for n, _ in stages[1].named_parameters()] == [
+            n for n in parameter_shapes(spec) if n.startswith("layers.1.")
+        ]
         last = {n for n, _ in stages[3].named_parameters() if not n.startswith("layers.")}
         assert last == {"norm.weight", "embed.weight" if spec.tie_embeddings else "lm_head.weight"}
         rank0 = RankModules([stages[0], stages[2]])  # interleaved placement of pp=2 rank 0
-        assert [n for n, _ in rank0.named_parameters()] == [n for n in parameter_shapes(spec)
-                                                           if n == "embed.weight" or n.startswith(("layers.0.", "layers.2."))]
+        assert [n for n, _ in rank0.named_parameters()] == [
+            n for n in parameter_shapes(spec) if n == "embed.weight" or n.startswith(("layers.0.", "layers.2."))
+        ]
         ids = torch.from_numpy(worker.EVAL_IDS.astype(np.int64))
         x = ids
         with torch.no_grad():
@@ -258,7 +278,8 @@ def test_unsupported_pp_cp_layouts_are_refused(parallel: dict, match: str) -> No
     ({"cp": 3}, "divisible by 2\\*cp = 6"),
 ])
 def test_layouts_that_do_not_divide_are_refused_by_the_layout_rules(parallel: dict, match: str) -> None:
-    """The engine leaves divisibility to the one set of rules (mindfoundry.parallel.layout), checked at load and launch."""
+    """The engine leaves divisibility to the one set of rules (mindfoundry.parallel.layout), checked at load and launch.
+    """
     from mindfoundry.parallel.layout import Batch, Layout, layout_problems
 
     _, _, spec = worker.make_backend(model=FOUR)
@@ -298,7 +319,9 @@ def test_checkpoint_pp_to_cp_pp_and_one_process(runs2: Path) -> None:
     diffs = {"single_vs_uninterrupted": rel(single["loss"], uninterrupted["loss"][3:])}
     for name in ("ckpt_cp", "ckpt_pp_resume"):
         diffs[f"{name}_loss_rel"] = rel(json.loads((runs2 / name / "result.json").read_text())["loss"], single["loss"])
-        diffs[f"{name}_weights_abs"] = max(float(np.abs(w - final[k]).max()) for k, w in np.load(runs2 / name / "weights.npz").items())
+        diffs[f"{name}_weights_abs"] = max(
+            float(np.abs(w - final[k]).max()) for k, w in np.load(runs2 / name / "weights.npz").items()
+        )
     print("\ncheckpoint PP(2) -> CP(2) / PP(2) / one process: " + ", ".join(f"{k}={v:.2e}" for k, v in diffs.items()))
     assert all(v < 1e-5 for k, v in diffs.items() if not k.endswith("weights_abs"))
     assert all(v < 1e-4 for k, v in diffs.items() if k.endswith("weights_abs"))
@@ -326,10 +349,15 @@ def test_trainer_under_torchrun_matches_one_process(tiny_prepared, tmp_path: Pat
     fsdp_dir.mkdir()
     parallel = TRAINER_LAYOUTS[layout]
     dp = parallel.get("dp_shard", 1)
-    fsdp = cfg.model_copy(update={
-        "run_dir": str(fsdp_dir), "parallel": cfg.parallel.model_copy(update={**parallel, "world_size": 2}),
-        "train": cfg.train.model_copy(update={"micro_batch_size": cfg.train.micro_batch_size // dp}),  # same global batch
-    })
+    fsdp = cfg.model_copy(
+        update={
+            "run_dir": str(fsdp_dir),
+            "parallel": cfg.parallel.model_copy(update={**parallel, "world_size": 2}),
+            "train": cfg.train.model_copy(
+                update={"micro_batch_size": cfg.train.micro_batch_size // dp}
+            ),  # same global batch
+        }
+    )
     launch(2, tmp_path / "out", [{"kind": "trainer", "config": fsdp.model_dump(mode="json")}])
     Trainer(cfg.model_copy(update={"run_dir": str(single_dir)}), data, single_dir, launch_layout(cfg)).run()
 
@@ -345,12 +373,17 @@ def test_trainer_under_torchrun_matches_one_process(tiny_prepared, tmp_path: Pat
         assert [r[key] for r in two] == [r[key] for r in one], key
     ckpts = sorted(p.name for p in (fsdp_dir / "checkpoints").glob("step_*"))
     assert ckpts == sorted(p.name for p in (single_dir / "checkpoints").glob("step_*")) and ckpts
-    w_two, w_one = load_checkpoint(fsdp_dir / "checkpoints" / ckpts[-1]), load_checkpoint(single_dir / "checkpoints" / ckpts[-1])
-    diffs = {"loss_rel": rel([r["loss"] for r in two], [r["loss"] for r in one]),
-             "grad_norm_rel": rel([r["grad_norm"] for r in two], [r["grad_norm"] for r in one]),
-             "val_loss_rel": rel(evals(fsdp_dir), evals(single_dir)),
-             "ckpt_weights_abs": max(float(np.abs(w_two.weights[k] - w_one.weights[k]).max()) for k in w_one.weights),
-             "ckpt_moments_abs": max(float(np.abs(w_two.optimizer[k] - w_one.optimizer[k]).max()) for k in w_one.optimizer)}
+    w_two, w_one = (
+        load_checkpoint(fsdp_dir / "checkpoints" / ckpts[-1]),
+        load_checkpoint(single_dir / "checkpoints" / ckpts[-1]),
+    )
+    diffs = {
+        "loss_rel": rel([r["loss"] for r in two], [r["loss"] for r in one]),
+        "grad_norm_rel": rel([r["grad_norm"] for r in two], [r["grad_norm"] for r in one]),
+        "val_loss_rel": rel(evals(fsdp_dir), evals(single_dir)),
+        "ckpt_weights_abs": max(float(np.abs(w_two.weights[k] - w_one.weights[k]).max()) for k in w_one.weights),
+        "ckpt_moments_abs": max(float(np.abs(w_two.optimizer[k] - w_one.optimizer[k]).max()) for k in w_one.optimizer),
+    }
     print(f"\ntrainer {parallel} vs one process: " + ", ".join(f"{k}={v:.2e}" for k, v in diffs.items()))
     assert diffs["loss_rel"] < 1e-5 and diffs["grad_norm_rel"] < 1e-5 and diffs["val_loss_rel"] < 1e-5
     assert diffs["ckpt_weights_abs"] < 1e-4 and diffs["ckpt_moments_abs"] < 1e-4

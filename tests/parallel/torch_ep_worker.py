@@ -23,6 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # torch_layout_worker (and, through it, tests/)
 
 import torch_layout_worker as layout_worker  # noqa: E402
+
 from mindfoundry.data.dataset.loader import TrainLoader  # noqa: E402
 from mindfoundry.data.dataset.packing import IGNORE_INDEX  # noqa: E402
 from mindfoundry.model.spec import init_weights  # noqa: E402

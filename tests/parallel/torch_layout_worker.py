@@ -61,8 +61,12 @@ def make_backend(parallel: dict | None = None, model: dict | None = None, memory
     from mindfoundry.backends.torch.backend import TorchBackend
 
     dp = (parallel or {}).get("dp_replicate", 1) * (parallel or {}).get("dp_shard", 1)
-    cfg = tiny_config(train={"micro_batch_size": GLOBAL_MICRO // dp, "grad_accum": ACCUM, "seq_len": SEQ},
-                      model=model or {}, parallel=parallel or {}, memory=memory or {}).model_copy(update={"backend": "torch"})
+    cfg = tiny_config(
+        train={"micro_batch_size": GLOBAL_MICRO // dp, "grad_accum": ACCUM, "seq_len": SEQ},
+        model=model or {},
+        parallel=parallel or {},
+        memory=memory or {},
+    ).model_copy(update={"backend": "torch"})
     spec = ModelSpec.from_config(cfg.model)
     return TorchBackend(cfg, spec, launch_layout(cfg)), cfg, spec
 

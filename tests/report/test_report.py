@@ -20,39 +20,132 @@ IMG = re.compile(r'<img alt="([^"]*)" src="data:image/png;base64,([A-Za-z0-9+/=]
 MODULES = ("embed", "layers.0", "layers.1", "norm")
 
 
-def write_run(root: Path, name: str, backend: str, *, steps: int = 80, detail_every: int | None = 10, slow: float = 1.0) -> Path:
+def write_run(
+    root: Path, name: str, backend: str, *, steps: int = 80, detail_every: int | None = 10, slow: float = 1.0
+) -> Path:
     """A run directory as training leaves it: metrics.jsonl, config.yaml, data manifest, a checkpoint."""
     run = root / name
     (run / "data").mkdir(parents=True)
-    records = [{"event": "start", "step": 0, "backend": backend, "parameters": 5_048_576, "flops_per_token": 31_850_496, "time": 1000.0},
-               {"step": 0, "val_loss": 9.0, "val_perplexity": math.exp(9.0), "val_bits_per_byte": 3.9, "val_tokens": 5000, "time": 1001.0}]
+    records = [
+        {
+            "event": "start",
+            "step": 0,
+            "backend": backend,
+            "parameters": 5_048_576,
+            "flops_per_token": 31_850_496,
+            "time": 1000.0,
+        },
+        {
+            "step": 0,
+            "val_loss": 9.0,
+            "val_perplexity": math.exp(9.0),
+            "val_bits_per_byte": 3.9,
+            "val_tokens": 5000,
+            "time": 1001.0,
+        },
+    ]
     for s in range(1, steps + 1):
         loss = 3.0 + 6.0 * math.exp(-s / 30) + 0.05 * math.sin(s)
-        records.append({"step": s, "loss": None if s == 33 else loss, "lr": 3e-3 * min(1.0, s / 8), "grad_norm": None if s == 33 else 0.6 + 2 * math.exp(-s / 20),
-                        "applied": s != 33, "tokens": 2048, "valid_tokens": 2040, "tokens_per_s": 5000.0 / slow, "step_time_s": 0.41 * slow,
-                        "data_time_s": 0.001, "model_tflops_per_s": 0.16, "mfu": 0.012 / slow, "rss_mb": 900.0 + s, "consumed_samples": 16 * s,
-                        "time": 1001.0 + s, "cpu_util": 90.0 + s % 7, "process_cpu": 180.0, "device_mem_allocated_mb": 2000.0 + s,
-                        "device_mem_reserved_mb": 4096.0, "device_mem_peak_mb": 3000.0, "device_util": 97.0, "device_temp_c": 61.0})
+        records.append(
+            {
+                "step": s,
+                "loss": None if s == 33 else loss,
+                "lr": 3e-3 * min(1.0, s / 8),
+                "grad_norm": None if s == 33 else 0.6 + 2 * math.exp(-s / 20),
+                "applied": s != 33,
+                "tokens": 2048,
+                "valid_tokens": 2040,
+                "tokens_per_s": 5000.0 / slow,
+                "step_time_s": 0.41 * slow,
+                "data_time_s": 0.001,
+                "model_tflops_per_s": 0.16,
+                "mfu": 0.012 / slow,
+                "rss_mb": 900.0 + s,
+                "consumed_samples": 16 * s,
+                "time": 1001.0 + s,
+                "cpu_util": 90.0 + s % 7,
+                "process_cpu": 180.0,
+                "device_mem_allocated_mb": 2000.0 + s,
+                "device_mem_reserved_mb": 4096.0,
+                "device_mem_peak_mb": 3000.0,
+                "device_util": 97.0,
+                "device_temp_c": 61.0,
+            }
+        )
         if s == 33:
-            records.append({"step": s, "event": "anomaly", "kind": "nonfinite", "reason": "loss=nan grad_norm=nan", "action": "skipped"})
+            records.append(
+                {
+                    "step": s,
+                    "event": "anomaly",
+                    "kind": "nonfinite",
+                    "reason": "loss=nan grad_norm=nan",
+                    "action": "skipped",
+                }
+            )
         if detail_every and s % detail_every == 0:
-            records.append({"step": s, **{key: {m: scale * (1 + i) / s for i, m in enumerate(MODULES)}
-                                          for key, scale in (("layer_grad_norm", 5.0), ("layer_weight_norm", 100.0), ("layer_update_ratio", 0.1))}})
+            records.append(
+                {
+                    "step": s,
+                    **{
+                        key: {m: scale * (1 + i) / s for i, m in enumerate(MODULES)}
+                        for key, scale in (
+                            ("layer_grad_norm", 5.0),
+                            ("layer_weight_norm", 100.0),
+                            ("layer_update_ratio", 0.1),
+                        )
+                    },
+                }
+            )
         if s % 20 == 0:
-            records.append({"step": s, "val_loss": 3.5 + 10 / s, "val_perplexity": math.exp(3.5 + 10 / s), "val_bits_per_byte": 1.5, "val_tokens": 5000})
-            records.append({"step": s, "event": "checkpoint", "path": str(run / f"checkpoints/step_{s:08d}"), "seconds": 0.2})
+            records.append(
+                {
+                    "step": s,
+                    "val_loss": 3.5 + 10 / s,
+                    "val_perplexity": math.exp(3.5 + 10 / s),
+                    "val_bits_per_byte": 1.5,
+                    "val_tokens": 5000,
+                }
+            )
+            records.append(
+                {"step": s, "event": "checkpoint", "path": str(run / f"checkpoints/step_{s:08d}"), "seconds": 0.2}
+            )
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    (run / "config.yaml").write_text(f"name: {name}\nbackend: {backend}\ndevice: cpu\noptim:\n  lr: 0.003\n  warmup_steps: 8\n  clip_norm: 1.0\n"
-                                     f"data:\n  output_dir: {run / 'data'}\n  mixture:\n    weights: {{news: 3, code: 1}}\n", encoding="utf-8")
-    sources = [{"name": n, "category": c, "kept": 10, "splits": {"train": {"tokens": t}, "validation": {"tokens": t // 50}},
-                "chars": {"read": 2 * t, "removed_by_rules": t // 10, "removed_by_dedup": t // 20, "added_by_edits": 0,
-                          "kept": 2 * t - t // 10 - t // 20}}
-               for n, c, t in (("daily", "news", 600_000), ("stdlib", "code", 300_000), ("plays", "literature", 100_000))]
-    (run / "data" / "manifest.json").write_text(json.dumps({"identity": "ab" * 32, "created": "2026-01-01T00:00:00Z", "sources": sources}))
+    (run / "config.yaml").write_text(
+        f"name: {name}\nbackend: {backend}\ndevice: cpu\noptim:\n  lr: 0.003\n  warmup_steps: 8\n  clip_norm: 1.0\n"
+        f"data:\n  output_dir: {run / 'data'}\n  mixture:\n    weights: {{news: 3, code: 1}}\n",
+        encoding="utf-8",
+    )
+    sources = [
+        {
+            "name": n,
+            "category": c,
+            "kept": 10,
+            "splits": {"train": {"tokens": t}, "validation": {"tokens": t // 50}},
+            "chars": {
+                "read": 2 * t,
+                "removed_by_rules": t // 10,
+                "removed_by_dedup": t // 20,
+                "added_by_edits": 0,
+                "kept": 2 * t - t // 10 - t // 20,
+            },
+        }
+        for n, c, t in (("daily", "news", 600_000), ("stdlib", "code", 300_000), ("plays", "literature", 100_000))
+    ]
+    (run / "data" / "manifest.json").write_text(
+        json.dumps({"identity": "ab" * 32, "created": "2026-01-01T00:00:00Z", "sources": sources})
+    )
     ckpt = run / "checkpoints" / f"step_{steps:08d}"
     ckpt.mkdir(parents=True)
-    (ckpt / "trainer_state.json").write_text(json.dumps({"step": steps, "backend": backend, "data_manifest_sha256": "cd" * 32,
-                                                         "versions": {"mindfoundry": "0.1.0", "python": "3.11.7", backend: "9.9.9"}}))
+    (ckpt / "trainer_state.json").write_text(
+        json.dumps(
+            {
+                "step": steps,
+                "backend": backend,
+                "data_manifest_sha256": "cd" * 32,
+                "versions": {"mindfoundry": "0.1.0", "python": "3.11.7", backend: "9.9.9"},
+            }
+        )
+    )
     (run / "checkpoints" / "latest").write_text(ckpt.name)
     return run
 
@@ -89,8 +182,10 @@ def test_report_lists_health_findings_anomalies_data_and_environment(tmp_path):
     data = section(text, "data")
     assert "<td>daily</td><td>news</td><td class=\"num\">600,000</td>" in data
     # characters first: read, removed by the rules and by dedup, and the share kept
-    assert ('<td class="num">1,200,000</td><td class="num">60,000</td><td class="num">30,000</td><td class="num">92.5%</td>'
-            in data)
+    assert (
+        '<td class="num">1,200,000</td><td class="num">60,000</td><td class="num">30,000</td><td class="num">92.5%</td>'
+        in data
+    )
     environment = section(text, "environment")
     assert "version: mindspore" in environment and "9.9.9" in environment
     overview = section(text, "overview")
@@ -124,9 +219,19 @@ def test_same_named_runs_are_told_apart(tmp_path):
 def test_run_without_per_layer_or_memory_records_says_so(tmp_path):
     run = write_run(tmp_path, "bare", "torch", detail_every=None)
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    hardware = {"rss_mb", "cpu_util", "process_cpu", "device_mem_allocated_mb", "device_mem_reserved_mb", "device_mem_peak_mb",
-                "device_util", "device_temp_c"}
-    (run / "metrics.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k not in hardware}) + "\n" for r in lines))
+    hardware = {
+        "rss_mb",
+        "cpu_util",
+        "process_cpu",
+        "device_mem_allocated_mb",
+        "device_mem_reserved_mb",
+        "device_mem_peak_mb",
+        "device_util",
+        "device_temp_c",
+    }
+    (run / "metrics.jsonl").write_text(
+        "".join(json.dumps({k: v for k, v in r.items() if k not in hardware}) + "\n" for r in lines)
+    )
     text = write_report(run).read_text(encoding="utf-8")
     assert "no per-layer records (set monitor.detail_every" in section(text, "layers")
     assert "No memory records (rss_mb) in this run." in section(text, "memory")

@@ -1,4 +1,5 @@
-"""eval.tasks: zero-shot tasks scored at every held-out evaluation of training, in metrics, TensorBoard and the report."""
+"""eval.tasks: zero-shot tasks scored at every held-out evaluation of training, in metrics, TensorBoard and the report.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ pytest.importorskip("torch")
 from mindfoundry.config.load import ConfigError  # noqa: E402
 from mindfoundry.eval.tasks import read_tasks, score_tasks  # noqa: E402
 from mindfoundry.monitor.tensorboard import scalars  # noqa: E402
-from mindfoundry.train.metrics import read_metrics  # noqa: E402
 from mindfoundry.parallel.layout import launch_layout  # noqa: E402
+from mindfoundry.train.metrics import read_metrics  # noqa: E402
 from mindfoundry.train.trainer import Trainer  # noqa: E402
 
 ROWS = [{"question": "def main():\n    ", "choices": ["return", "zzzz", "}}}}"], "answer": 0, "subject": "code"},

@@ -11,7 +11,11 @@ from mindfoundry.train.layer_stats import layer_grad_norms, layer_update_ratios,
 def test_grouping_and_values_by_hand() -> None:
     assert module_of("layers.12.mlp.up_proj.weight") == "layers.12" and module_of("lm_head.weight") == "lm_head"
     names = ["embed.weight", "layers.0.attn.q_proj.weight", "layers.0.mlp_norm.weight", "norm.weight"]
-    assert layer_grad_norms(names, np.array([9.0, 3.0, 4.0, 0.25])) == {"embed": 3.0, "layers.0": pytest.approx(np.sqrt(7.0)), "norm": 0.5}
+    assert layer_grad_norms(names, np.array([9.0, 3.0, 4.0, 0.25])) == {
+        "embed": 3.0,
+        "layers.0": pytest.approx(np.sqrt(7.0)),
+        "norm": 0.5,
+    }
     before = {"layers.0.a": np.array([3.0, 4.0], np.float32), "layers.0.b": np.zeros(2, np.float32)}
     after = {"layers.0.a": np.array([3.0, 4.0], np.float32), "layers.0.b": np.array([0.0, 0.05], np.float32)}
     assert layer_weight_norms(before) == {"layers.0": 5.0}
@@ -22,8 +26,8 @@ def test_grouping_and_values_by_hand() -> None:
 def test_engines_report_per_parameter_gradient_norms(make_config, engine: str) -> None:
     pytest.importorskip(engine)
     from mindfoundry.backends.base import create_backend
-    from mindfoundry.parallel.layout import launch_layout
     from mindfoundry.model.spec import ModelSpec, init_weights
+    from mindfoundry.parallel.layout import launch_layout
     from mindfoundry.train.schedule import step_scalars
 
     cfg = make_config(backend=engine)

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mf_testing import tiny_config, tiny_run_tree
 from mindfoundry.train.loss_scale import DynamicLossScaler
 from mindfoundry.train.schedule import step_scalars
-from mf_testing import tiny_config, tiny_run_tree
 
 
 # -- the scaler ------------------------------------------------------------------------------------
@@ -91,15 +91,17 @@ def test_fp16_config_fields() -> None:
 
 
 # -- through the Trainer -----------------------------------------------------------------------
-pytest_ms = pytest.mark.skipif(__import__("importlib").util.find_spec("mindspore") is None, reason="mindspore not installed")
+pytest_ms = pytest.mark.skipif(
+    __import__("importlib").util.find_spec("mindspore") is None, reason="mindspore not installed"
+)
 
 
 @pytest_ms
 def test_trainer_backs_off_an_overflowing_scale_without_an_anomaly(tiny_prepared, tmp_path: Path) -> None:
     """A scale of 2**24 overflows float16 on the first steps: each such step is dropped (weights
     untouched), logged as loss_scale_backoff, not counted as an anomaly, and training proceeds."""
-    from mindfoundry.train.metrics import read_metrics
     from mindfoundry.parallel.layout import launch_layout
+    from mindfoundry.train.metrics import read_metrics
     from mindfoundry.train.trainer import Trainer
 
     cfg, data = tiny_prepared
@@ -135,7 +137,9 @@ def test_trainer_backs_off_an_overflowing_scale_without_an_anomaly(tiny_prepared
 # -- exact resume through the CLI --------------------------------------------------------------
 def cli(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, COLUMNS="200")
-    return subprocess.run([sys.executable, "-m", "mindfoundry.cli", *args], capture_output=True, text=True, env=env, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "mindfoundry.cli", *args], capture_output=True, text=True, env=env, timeout=600
+    )
 
 
 def _fp16_tree(corpus: Path, root: Path, name: str) -> Path:

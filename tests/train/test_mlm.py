@@ -41,7 +41,9 @@ def test_masking_follows_bert_rates_and_is_a_pure_function_of_position() -> None
     chosen = labels != IGNORE_INDEX
     special = np.isin(ids, RULE.special)
     ordinary = (~special).sum(1)
-    assert np.array_equal(chosen.sum(1), np.maximum(1, np.round(0.15 * ordinary)))  # exactly 15% of each row's ordinary tokens
+    assert np.array_equal(
+        chosen.sum(1), np.maximum(1, np.round(0.15 * ordinary))
+    )  # exactly 15% of each row's ordinary tokens
     assert not (chosen & special).any()  # EOS and padding are never predicted
     assert np.array_equal(masked[~chosen], ids[~chosen]) and np.array_equal(labels[chosen], ids[chosen])
     n = int(chosen.sum())  # 3,600 positions
@@ -56,8 +58,16 @@ def test_masking_follows_bert_rates_and_is_a_pure_function_of_position() -> None
     # purity: the same (seed, stream, position) gives the same mask in any batch; another one a different mask
     again, again_labels = RULE.apply(ids[[5, 3]], np.array([5, 3]))
     assert np.array_equal(again, masked[[5, 3]]) and np.array_equal(again_labels, labels[[5, 3]])
-    for other in (RULE.for_stream(VALIDATION), MaskingRule(*[getattr(RULE, f) for f in ("mask_id", "special", "ordinary",
-                  "mask_rate", "mask_token_rate", "random_token_rate")], seed=8)):
+    for other in (
+        RULE.for_stream(VALIDATION),
+        MaskingRule(
+            *[
+                getattr(RULE, f)
+                for f in ("mask_id", "special", "ordinary", "mask_rate", "mask_token_rate", "random_token_rate")
+            ],
+            seed=8,
+        ),
+    ):
         assert not np.array_equal(other.apply(ids[:4], np.arange(4))[1], labels[:4])
     moved, _ = RULE.apply(ids[:4], np.arange(1, 5))  # the same rows at other positions: other masks (dynamic masking)
     assert not np.array_equal(moved, masked[:4])
@@ -69,7 +79,10 @@ def test_loader_masks_by_global_position_across_ranks_and_resumes() -> None:
     ids = rows(48)
     source = ArraySource(ids, np.full_like(ids, IGNORE_INDEX))
     one = TrainLoader(source, micro_batch_size=4, grad_accum=2, prefetch=0, masking=RULE)
-    ranks = [TrainLoader(source, micro_batch_size=2, grad_accum=2, dp_rank=r, dp_size=2, prefetch=0, masking=RULE) for r in (0, 1)]
+    ranks = [
+        TrainLoader(source, micro_batch_size=2, grad_accum=2, dp_rank=r, dp_size=2, prefetch=0, masking=RULE)
+        for r in (0, 1)
+    ]
     with one.iterate(0) as batches:
         seen = [next(batches) for _ in range(3)]
     for b in seen:
@@ -78,7 +91,9 @@ def test_loader_masks_by_global_position_across_ranks_and_resumes() -> None:
         assert np.array_equal(np.concatenate([s.labels.reshape(-1, 64) for s in split]), b.labels.reshape(-1, 64))
     with TrainLoader(source, micro_batch_size=4, grad_accum=2, prefetch=2, masking=RULE).iterate(16) as resumed:
         b = next(resumed)
-    assert b.position == 16 and np.array_equal(b.input_ids, seen[2].input_ids) and np.array_equal(b.labels, seen[2].labels)
+    assert (
+        b.position == 16 and np.array_equal(b.input_ids, seen[2].input_ids) and np.array_equal(b.labels, seen[2].labels)
+    )
 
 
 def test_attention_sees_every_key_but_padding() -> None:
@@ -89,16 +104,27 @@ def test_attention_sees_every_key_but_padding() -> None:
     assert visible_keys(causal, ids)[0].astype(int).tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
 
 
-@pytest.mark.parametrize("section,message", [
-    ({"model": {"objective": "bert"}}, "model.objective"),
-    ({"model": {"objective": "mlm", "mlm": {"mask_rate": 0.0}}}, "mask_rate=0.0: predict a share of the tokens strictly between 0 and 1"),
-    ({"model": {"objective": "mlm", "mlm": {"mask_rate": 1.0}}}, "mask_rate=1.0"),
-    ({"model": {"objective": "mlm", "mlm": {"mask_token_rate": 0.95, "random_token_rate": 0.1}}},
-     "mask_token_rate + random_token_rate = 1.05 exceeds 1"),
-    ({"model": {"objective": "mlm", "vocab_size": 258}}, "model.vocab_size=258 leaves no room for the mask token"),
-    ({"model": {"objective": "mlm", "n_layers": 4}, "parallel": {"pp": 2}}, "parallel.pp=2 with model.objective=mlm"),
-    ({"model": {"objective": "mlm"}, "parallel": {"cp": 2}}, "parallel.cp=2 with model.objective=mlm"),
-])
+@pytest.mark.parametrize(
+    "section,message",
+    [
+        ({"model": {"objective": "bert"}}, "model.objective"),
+        (
+            {"model": {"objective": "mlm", "mlm": {"mask_rate": 0.0}}},
+            "mask_rate=0.0: predict a share of the tokens strictly between 0 and 1",
+        ),
+        ({"model": {"objective": "mlm", "mlm": {"mask_rate": 1.0}}}, "mask_rate=1.0"),
+        (
+            {"model": {"objective": "mlm", "mlm": {"mask_token_rate": 0.95, "random_token_rate": 0.1}}},
+            "mask_token_rate + random_token_rate = 1.05 exceeds 1",
+        ),
+        ({"model": {"objective": "mlm", "vocab_size": 258}}, "model.vocab_size=258 leaves no room for the mask token"),
+        (
+            {"model": {"objective": "mlm", "n_layers": 4}, "parallel": {"pp": 2}},
+            "parallel.pp=2 with model.objective=mlm",
+        ),
+        ({"model": {"objective": "mlm"}, "parallel": {"cp": 2}}, "parallel.cp=2 with model.objective=mlm"),
+    ],
+)
 def test_config_errors_name_the_key_and_the_fix(section: dict, message: str) -> None:
     tree = {"data": {"sources": [{"name": "c", "paths": ["x"]}]}, "model": {"vocab_size": 300}, **section}
     tree["model"] = {"vocab_size": 300, **section.get("model", {})}
@@ -120,7 +146,8 @@ def test_mask_token_takes_the_last_id_or_is_refused_without_room() -> None:
 
 
 def test_prepare_refuses_a_loaded_tokenizer_without_room_for_the_mask_token(corpus_dir: Path, tmp_path: Path) -> None:
-    """data.tokenizer.path with a tokenizer as large as model.vocab_size: `prepare` for mlm stops before writing shards."""
+    """data.tokenizer.path with a tokenizer as large as model.vocab_size: `prepare` for mlm stops before writing shards.
+    """
     from mf_testing import tiny_run_tree
     from mindfoundry.data.prepare.pipeline import prepare_data
 
@@ -128,7 +155,9 @@ def test_prepare_refuses_a_loaded_tokenizer_without_room_for_the_mask_token(corp
     full.save(str(tmp_path / "tok.json"))
     tree = tiny_run_tree(corpus_dir, tmp_path / "run", model__objective="mlm", model__vocab_size=full.get_vocab_size())
     tree["data"]["tokenizer"] = {"path": str(tmp_path / "tok.json")}
-    with pytest.raises(TokenizerError, match=f"all of model.vocab_size={full.get_vocab_size()}: no room for the mask token"):
+    with pytest.raises(
+        TokenizerError, match=f"all of model.vocab_size={full.get_vocab_size()}: no room for the mask token"
+    ):
         prepare_data(validate(tree), log=lambda _: None)
     assert not (tmp_path / "run" / "data").exists()
 
@@ -160,10 +189,10 @@ def test_demo_mlm_runs_resumes_bit_exact_and_agrees_across_engines(tmp_path: Pat
     from safetensors.numpy import load_file
 
     from mindfoundry.backends.base import create_backend
-    from mindfoundry.parallel.layout import launch_layout
     from mindfoundry.config.load import load_config
     from mindfoundry.data.dataset.prepared import load_prepared
     from mindfoundry.model.spec import init_weights
+    from mindfoundry.parallel.layout import launch_layout
     from mindfoundry.train.metrics import read_metrics
     from mindfoundry.train.schedule import step_scalars
     from mindfoundry.workflows.align import first_batches
@@ -228,7 +257,9 @@ def test_demo_mlm_runs_resumes_bit_exact_and_agrees_across_engines(tmp_path: Pat
     assert gen.returncode == 2 and "generation needs a causal LM" in gen.stderr and "model.objective=mlm" in gen.stderr
     hf = cli("export", str(tmp_path / "straight"), "--format", "hf", "--out", str(tmp_path / "hf"))
     assert hf.returncode == 2 and "export --format hf" in hf.stderr and not (tmp_path / "hf").exists()
-    merged = cli("export", str(tmp_path / "straight"), "--format", "safetensors", "--out", str(tmp_path / "mlm.safetensors"))
+    merged = cli(
+        "export", str(tmp_path / "straight"), "--format", "safetensors", "--out", str(tmp_path / "mlm.safetensors")
+    )
     assert merged.returncode == 0, merged.stderr  # the weights themselves export: the same names as a clm model
     weights = load_file(str(tmp_path / "mlm.safetensors"))
     trained = state["model"][0]

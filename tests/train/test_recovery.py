@@ -79,7 +79,8 @@ def reference(corpus_dir: Path, tmp_path_factory) -> dict[str, dict[int, float]]
 
 
 def test_sigkill_at_random_points_then_resume_is_exact(reference, corpus_dir: Path, tmp_path: Path) -> None:
-    """One MindSpore run SIGKILLed 3 times at random points (also inside a checkpoint write), each time resumed from what
+    """One MindSpore run SIGKILLed 3 times at random points (also inside a checkpoint write), each time resumed from
+    what
     the kill left (the first kill hits a fresh run, the others a resumed one); the finished run's every loss equals the
     uninterrupted run's. (`bench/checkpoint.py --soak 50` kills 50 times on either engine; the torch engine's ranks are
     SIGKILLed 10 times in tests/parallel/test_launch.py.)"""
@@ -107,7 +108,9 @@ def test_sigkill_at_random_points_then_resume_is_exact(reference, corpus_dir: Pa
     print(f"{engine}: {interrupted}/3 kills mid-run, {mid_write}/3 inside a checkpoint write")
 
 
-def test_sigterm_checkpoints_the_step_and_a_second_signal_exits_at_once(corpus_dir: Path, tmp_path: Path, reference) -> None:
+def test_sigterm_checkpoints_the_step_and_a_second_signal_exits_at_once(
+    corpus_dir: Path, tmp_path: Path, reference
+) -> None:
     """SIGTERM in the loop: the step is checkpointed (the run's only checkpoint: every 0), exit 75. The resumed process
     gets two SIGINTs: the second exits at once (130), both lines naming SIGINT (MindSpore's runtime used to turn it into
     SIGTERM). The next resume finishes with the uninterrupted losses."""
@@ -121,9 +124,13 @@ def test_sigterm_checkpoints_the_step_and_a_second_signal_exits_at_once(corpus_d
     stopped = last_step(run_dir)
     assert 3 <= stopped < STEPS - 4
     assert f"stopped by SIGTERM at step {stopped}; checkpoint written" in err
-    assert [p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step_")] == [f"step_{stopped:08d}"]
+    assert [p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step_")] == [
+        f"step_{stopped:08d}"
+    ]
 
-    proc = subprocess.Popen(cmd("train", str(config), "--resume", "auto"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd("train", str(config), "--resume", "auto"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     wait_for_step(run_dir, stopped + 2, proc)
     proc.send_signal(signal.SIGINT)
     # the second signal once the first is noted: two SIGINTs that reach the process before either is taken are one
@@ -158,7 +165,9 @@ def wait_for(path: Path, proc: subprocess.Popen, contains: str = "", timeout: fl
         time.sleep(0.01)
 
 
-def test_stop_signals_during_start_up_exit_75_and_leave_the_run_resumable(corpus_dir: Path, tmp_path: Path, reference) -> None:
+def test_stop_signals_during_start_up_exit_75_and_leave_the_run_resumable(
+    corpus_dir: Path, tmp_path: Path, reference
+) -> None:
     """A signal at three moments before the first step (run dir just claimed, data prepared, engine built and
     evaluating step 0): exit 75 each time, no checkpoint and no step written; then the run resumes to the
     uninterrupted losses. SIGINT is reported as SIGINT (MindSpore's runtime turned it into SIGTERM)."""
@@ -167,7 +176,9 @@ def test_stop_signals_during_start_up_exit_75_and_leave_the_run_resumable(corpus
     moments = [(signal.SIGTERM, run_dir / "config.yaml", ""), (signal.SIGINT, run_dir / "data" / "manifest.json", ""),
                (signal.SIGTERM, run_dir / "metrics.jsonl", '"event": "start"')]
     for signum, path, contains in moments:
-        proc = subprocess.Popen(cmd("train", str(config), "--resume", "auto"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            cmd("train", str(config), "--resume", "auto"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
         wait_for(path, proc, contains)
         proc.send_signal(signum)
         _, err = proc.communicate(timeout=120)
@@ -199,11 +210,13 @@ sys.exit(main())
 
 
 def test_a_stop_signal_during_the_engine_import_exits_75(corpus_dir: Path, tmp_path: Path) -> None:
-    """SIGTERM while MindSpore's native extension is being imported: raised there, it left the extension half initialised
+    """SIGTERM while MindSpore's native extension is being imported: raised there, it left the extension half
+    initialised
     and the process aborted at exit (status -6, a fatal Python error) instead of exiting 75 (the import is held)."""
     config = write_config(corpus_dir, tmp_path, "import", "mindspore")
-    proc = subprocess.run([sys.executable, "-c", STOP_DURING_ENGINE_IMPORT, str(config)], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", STOP_DURING_ENGINE_IMPORT, str(config)], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 75, proc.stderr[-3000:]
     assert "stopped by SIGTERM before the first step" in proc.stderr and "Fatal Python error" not in proc.stderr
     assert last_step(tmp_path / "import") == 0
@@ -226,7 +239,9 @@ def test_a_signal_after_the_last_step_is_a_normal_completion(corpus_dir: Path, t
 def test_supervisor_restarts_a_killed_run(corpus_dir: Path, tmp_path: Path, reference) -> None:
     config = write_config(corpus_dir, tmp_path, "sup", "mindspore")
     run_dir = tmp_path / "sup"
-    sup = subprocess.Popen(cmd("train", str(config), "--max-restarts", "2"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    sup = subprocess.Popen(
+        cmd("train", str(config), "--max-restarts", "2"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     wait_for_step(run_dir, 4, sup)
     children = psutil.Process(sup.pid).children()
     assert len(children) == 1
@@ -246,7 +261,9 @@ def ckpt(run_dir: Path, step: int) -> tuple[dict, dict, dict]:
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_injected_nan_is_skipped(engine: str, corpus_dir: Path, tmp_path: Path) -> None:
-    config = write_config(corpus_dir, tmp_path, "nan", engine, debug={"inject_nan_at": [5]}, checkpoint={"every": 1, "keep_last": 20})
+    config = write_config(
+        corpus_dir, tmp_path, "nan", engine, debug={"inject_nan_at": [5]}, checkpoint={"every": 1, "keep_last": 20}
+    )
     proc = run("train", str(config))
     assert proc.returncode == 0, proc.stderr
     run_dir = tmp_path / "nan"
@@ -255,7 +272,10 @@ def test_injected_nan_is_skipped(engine: str, corpus_dir: Path, tmp_path: Path) 
     assert all(np.array_equal(o4[k], o5[k]) for k in o4)  # nor an optimizer moment
     assert (s5["adam_step"], s5["step"]) == (4, 5) and s5["anomaly"]["counts"]["nonfinite"] == 1
     records = read_metrics(run_dir / "metrics.jsonl")
-    assert any(r.get("event") == "anomaly" and r["kind"] == "nonfinite" and r["step"] == 5 and r["action"] == "skipped" for r in records)
+    assert any(
+        r.get("event") == "anomaly" and r["kind"] == "nonfinite" and r["step"] == 5 and r["action"] == "skipped"
+        for r in records
+    )
     final = losses(run_dir)
     assert np.isfinite(final[STEPS]) and final[STEPS] < final[1]
 

@@ -16,17 +16,19 @@ from safetensors.numpy import load_file
 pytest.importorskip("mindspore")
 pytest.importorskip("torch")
 
-from mindfoundry.train.metrics import read_metrics  # noqa: E402
+from mf_testing import rewrite_as_rank_slices, tiny_run_tree  # noqa: E402
 from mindfoundry.report.plots import mixture_rows  # noqa: E402
 from mindfoundry.report.run_data import load_run  # noqa: E402
-from mf_testing import rewrite_as_rank_slices, tiny_run_tree  # noqa: E402
+from mindfoundry.train.metrics import read_metrics  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, COLUMNS="200")
-    return subprocess.run([sys.executable, "-m", "mindfoundry.cli", *args], capture_output=True, text=True, env=env, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "mindfoundry.cli", *args], capture_output=True, text=True, env=env, timeout=600
+    )
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -64,8 +66,10 @@ def write_tiny(corpus_dir: Path, root: Path, name: str) -> Path:
 @pytest.mark.parametrize("engine", ["torch"])
 def test_resume_is_bit_exact(engine: str, straight_runs, corpus_dir: Path, tmp_path: Path) -> None:
     """6 uninterrupted steps vs 3 + a new process + 3: identical losses, weights and optimizer state. The second
-    half starts from the step-3 checkpoint in a MindSpore cluster's rank-slice form and recomputes every block (the memory section may change between resumes: it changes no number). MindSpore's
-    CLI resume, with the same recompute change, is tests/train/test_mlm.py's (and the SIGKILL soak's, test_recovery.py)."""
+    half starts from the step-3 checkpoint in a MindSpore cluster's rank-slice form and recomputes every block (the
+    memory section may change between resumes: it changes no number). MindSpore's
+    CLI resume, with the same recompute change, is tests/train/test_mlm.py's (and the SIGKILL soak's,
+    test_recovery.py)."""
     split = write_tiny(corpus_dir, tmp_path, "split")
     first = cli("train", str(split), "--set", f"backend={engine}", "--stop-at-step", "3")
     assert first.returncode == 0, first.stderr
@@ -73,13 +77,18 @@ def test_resume_is_bit_exact(engine: str, straight_runs, corpus_dir: Path, tmp_p
     # and the strategy file): the run continues from it in one process to the uninterrupted run's numbers
     sliced = rewrite_as_rank_slices(tmp_path / "split" / "checkpoints" / "step_00000003", {"dp_shard": 2, "tp": 2}, 4)
     assert sorted(p.name for p in (sliced / "model").iterdir())[-2:] == ["rank_3.safetensors", "strategy.json"]
-    second = cli("train", str(split), "--set", f"backend={engine}", "--resume", "auto", "--set", "memory.recompute=full")
+    second = cli(
+        "train", str(split), "--set", f"backend={engine}", "--resume", "auto", "--set", "memory.recompute=full"
+    )
     assert second.returncode == 0, second.stderr
     assert "resumed from" in second.stderr and "step 3" in second.stderr
 
     a, b = losses(straight_runs[engine]), losses(tmp_path / "split")
     assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5, 6]
-    for run in (straight_runs[engine], tmp_path / "split"):  # eval_every 0: only the last step was evaluated, so it is best
+    for run in (
+        straight_runs[engine],
+        tmp_path / "split",
+    ):  # eval_every 0: only the last step was evaluated, so it is best
         assert (run / "checkpoints" / "best").read_text() == "step_00000006\n"
     assert [a[s] for s in range(1, 7)] == [b[s] for s in range(1, 7)]  # same floats, not approximately
     assert a[6] < a[1]
@@ -105,7 +114,9 @@ def test_resume_is_bit_exact(engine: str, straight_runs, corpus_dir: Path, tmp_p
 
 
 @pytest.mark.parametrize("first,then", [("mindspore", "torch"), ("torch", "mindspore")])
-def test_checkpoint_continues_on_the_other_engine(first: str, then: str, straight_runs, corpus_dir: Path, tmp_path: Path) -> None:
+def test_checkpoint_continues_on_the_other_engine(
+    first: str, then: str, straight_runs, corpus_dir: Path, tmp_path: Path
+) -> None:
     """3 steps on one engine, 3 more on the other == 6 steps on the first, within 1e-4 relative."""
     cfg = write_tiny(corpus_dir, tmp_path, "mixed")
     assert cli("train", str(cfg), "--set", f"backend={first}", "--stop-at-step", "3").returncode == 0
@@ -149,8 +160,8 @@ def test_run_dir_of_another_run_is_refused(tiny_run, capsys) -> None:
 
 
 def test_checkpoint_of_another_model_shape_is_refused_by_name(tiny_run, capsys) -> None:
-    """A checkpoint imported into a run of a different model size: a clear error naming file and tensor (in this process:
-    the commands' own code path, without four interpreter start-ups)."""
+    """A checkpoint imported into a run of a different model size: a clear error naming file and tensor (in this
+    process: the commands' own code path, without four interpreter start-ups)."""
     from mindfoundry.cli.main import main
 
     small = tiny_run("small", train__steps=2, backend="torch")

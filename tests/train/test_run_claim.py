@@ -12,15 +12,17 @@ from pathlib import Path
 
 import pytest
 
+from mf_testing import StopAt, tiny_config
 from mindfoundry.config.load import to_yaml
 from mindfoundry.train.run_lock import LOCK_FILE, release
 from mindfoundry.train.rundir import CONFIG_FILE, HASH_FILE, prepare_run_dir, run_identity
 from mindfoundry.train.stop import Preempted
-from mf_testing import StopAt, tiny_config
 
 
 @pytest.mark.parametrize("resume", [False, True])
-def test_a_claim_stopped_at_any_file_operation_is_adopted_by_the_next_start(resume: bool, tmp_path: Path, monkeypatch) -> None:
+def test_a_claim_stopped_at_any_file_operation_is_adopted_by_the_next_start(
+    resume: bool, tmp_path: Path, monkeypatch
+) -> None:
     operations = 0
     while True:
         cfg = tiny_config(run_dir=str(tmp_path / f"stopped_at_{operations}"))  # a fresh folder each time
@@ -43,4 +45,6 @@ def test_a_claim_stopped_at_any_file_operation_is_adopted_by_the_next_start(resu
         if finished:
             break
         operations += 1
-    assert operations == 6  # two files, each written aside and fsynced, renamed, the folder fsynced (mindfoundry.atomic)
+    assert (
+        operations == 6
+    )  # two files, each written aside and fsynced, renamed, the folder fsynced (mindfoundry.atomic)

@@ -30,7 +30,9 @@ def holder(run_dir: Path) -> subprocess.Popen:
 
 
 def tree(run_dir: Path) -> list[tuple[str, int]]:
-    return sorted((str(p.relative_to(run_dir)), p.stat().st_size) for p in run_dir.rglob("*") if p.is_file() and p.name != ".lock")
+    return sorted(
+        (str(p.relative_to(run_dir)), p.stat().st_size) for p in run_dir.rglob("*") if p.is_file() and p.name != ".lock"
+    )
 
 
 def test_a_second_writer_is_refused_and_a_dead_ones_lock_taken_over(tiny_run, tmp_path, capsys) -> None:
@@ -40,7 +42,12 @@ def test_a_second_writer_is_refused_and_a_dead_ones_lock_taken_over(tiny_run, tm
     before = tree(run_dir)
     proc = holder(run_dir)
     try:
-        for command in (["train", str(cfg)], ["train", str(cfg), "--overwrite"], ["prepare", str(cfg)], ["run", str(cfg), "--resume", "auto"]):
+        for command in (
+            ["train", str(cfg)],
+            ["train", str(cfg), "--overwrite"],
+            ["prepare", str(cfg)],
+            ["run", str(cfg), "--resume", "auto"],
+        ):
             capsys.readouterr()
             assert main(command) == 2, command
             err = capsys.readouterr().err
@@ -80,7 +87,10 @@ def test_stale_lock_file_of_unknown_content_is_taken_over(tmp_path) -> None:
 def test_a_run_dir_that_cannot_hold_a_lock_file_is_one_line_not_a_traceback(tiny_run, capsys) -> None:
     """--set run_dir=/proc/self used to pass validation and end `train` with exit 70 and a FileNotFoundError."""
     cfg = tiny_run(train__steps=2, train__eval_every=0)
-    for command in (["train", str(cfg), "--set", "run_dir=/proc/self"], ["prepare", str(cfg), "--set", "run_dir=/proc/self"]):
+    for command in (
+        ["train", str(cfg), "--set", "run_dir=/proc/self"],
+        ["prepare", str(cfg), "--set", "run_dir=/proc/self"],
+    ):
         capsys.readouterr()
         assert main(command) == 2, command
         err = capsys.readouterr().err

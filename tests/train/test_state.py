@@ -9,7 +9,12 @@ from mindfoundry.train.state import DataPosition, Evaluations, Keyed, Progress, 
 
 
 def components(scaler: DynamicLossScaler, mixture=None) -> list:
-    return [Progress(), DataPosition(seed=7, shuffle=True, mixture_state=mixture), Keyed("loss_scale", scaler), Evaluations()]
+    return [
+        Progress(),
+        DataPosition(seed=7, shuffle=True, mixture_state=mixture),
+        Keyed("loss_scale", scaler),
+        Evaluations(),
+    ]
 
 
 def test_components_round_trip_through_the_state() -> None:
@@ -40,7 +45,13 @@ def test_older_or_fp32_states_leave_the_defaults() -> None:
     scaler = DynamicLossScaler(1024.0, enabled=True)
     parts = components(scaler)
     restore_state(parts, {"step": 3, "consumed_samples": 24, "consumed_tokens": 768})
-    assert (parts[0].step, parts[0].adam_step, parts[1].skipped_windows, parts[3].initial, parts[3].val_step) == (3, 3, [], None, None)
+    assert (parts[0].step, parts[0].adam_step, parts[1].skipped_windows, parts[3].initial, parts[3].val_step) == (
+        3,
+        3,
+        [],
+        None,
+        None,
+    )
     assert scaler.scale == 1024.0
     Keyed("loss_scale", scaler).restore({"loss_scale": DynamicLossScaler(1.0, enabled=False).state_dict()})
     assert scaler.scale == 1024.0

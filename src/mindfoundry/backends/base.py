@@ -19,8 +19,8 @@ from typing import Any, Mapping, Protocol
 import numpy as np
 
 from mindfoundry.config.schema import RunConfig
-from mindfoundry.errors import MindFoundryError
 from mindfoundry.debug.probe import Probe
+from mindfoundry.errors import MindFoundryError
 from mindfoundry.model.spec import ModelSpec
 from mindfoundry.parallel.layout import Layout
 
@@ -108,7 +108,9 @@ class Backend(Protocol):
         """Stop the profiler started by :meth:`start_profile` and write its trace."""
         ...
 
-    def train_step(self, input_ids: np.ndarray, labels: np.ndarray, scalars: StepScalars, probe: Probe | None = None) -> StepOutput:
+    def train_step(
+        self, input_ids: np.ndarray, labels: np.ndarray, scalars: StepScalars, probe: Probe | None = None
+    ) -> StepOutput:
         """One optimizer step over micro-batches shaped [grad_accum, micro_batch, seq_len].
 
         With a probe the step runs eagerly with module hooks (forward inputs/outputs, backward
@@ -139,7 +141,8 @@ class ShardedCheckpoints(Protocol):
     """Optional, for ``checkpoint.format: sharded`` (the torch engine): each rank writes and reads only its own
     shards of the weights and AdamW moments, so no process ever holds the full state. ``shard_format`` names the
     form on disk that load_sharded reads ("torch.distributed.checkpoint"). (MindSpore's semi-auto engine has only
-    ``save_sharded``: its "rank_slices" folders are read back as full arrays, :mod:`mindfoundry.checkpoint.rank_slices`.)"""
+    ``save_sharded``: its "rank_slices" folders are read back as full arrays,
+    :mod:`mindfoundry.checkpoint.rank_slices`.)"""
 
     shard_format: str
 
@@ -157,12 +160,17 @@ class ShardedCheckpoints(Protocol):
 
 def device_memory_record(allocated: int, reserved: int, peak: int) -> dict[str, float]:
     """An engine allocator's byte counts as the step record's device memory keys (MiB)."""
-    return {"device_mem_allocated_mb": allocated / 2**20, "device_mem_reserved_mb": reserved / 2**20, "device_mem_peak_mb": peak / 2**20}
+    return {
+        "device_mem_allocated_mb": allocated / 2**20,
+        "device_mem_reserved_mb": reserved / 2**20,
+        "device_mem_peak_mb": peak / 2**20,
+    }
 
 
 def supports_sharded(backend: object, form: str) -> bool:
     """Whether `backend` implements :class:`ShardedCheckpoints` and reads shard `form`
-    (:func:`mindfoundry.checkpoint.reader.shard_format`) itself; any other backend gets the checkpoint as full arrays."""
+    (:func:`mindfoundry.checkpoint.reader.shard_format`) itself; any other backend gets the checkpoint as full
+    arrays."""
     if not (callable(getattr(backend, "save_sharded", None)) and callable(getattr(backend, "load_sharded", None))):
         return False
     return getattr(backend, "shard_format", None) == form
@@ -197,7 +205,9 @@ def import_engine(backend: str) -> ModuleType:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.startswith("mindfoundry"):
-            raise BackendUnavailable(f"backend '{backend}' is not implemented in this version (set backend: mindspore)") from None
+            raise BackendUnavailable(
+                f"backend '{backend}' is not implemented in this version (set backend: mindspore)"
+            ) from None
         raise BackendUnavailable(
             f"backend '{backend}' needs {exc.name!r}: pip install 'mindfoundry[{_EXTRAS[backend]}]'"
         ) from None

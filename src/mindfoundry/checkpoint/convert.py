@@ -15,10 +15,10 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from mindfoundry.errors import MindFoundryError
 from mindfoundry.checkpoint.reader import load_checkpoint
-from mindfoundry.checkpoint.store import CheckpointError, Retention, publish_mode, save_checkpoint, write_safetensors
 from mindfoundry.checkpoint.run_files import run_config
+from mindfoundry.checkpoint.store import CheckpointError, Retention, publish_mode, save_checkpoint, write_safetensors
+from mindfoundry.errors import MindFoundryError
 
 NATIVE = {".ckpt": "mindspore", ".pt": "torch"}
 WEIGHTS_ONLY = ".safetensors"
@@ -32,7 +32,9 @@ def _engine_module(suffix: str):
     try:
         return importlib.import_module(f"mindfoundry.backends.{engine}.native")
     except ModuleNotFoundError as exc:
-        raise CheckpointError(f"converting {suffix} files needs {exc.name}: pip install 'mindfoundry[{engine}]'") from None
+        raise CheckpointError(
+            f"converting {suffix} files needs {exc.name}: pip install 'mindfoundry[{engine}]'"
+        ) from None
 
 
 def export_checkpoint(ckpt_dir: Path, out: Path) -> Path:
@@ -63,9 +65,13 @@ def import_checkpoint(native: Path, run_dir: Path, retention: Retention = Retent
     except MindFoundryError:
         raise
     except Exception as exc:  # each engine's loader has its own zoo of errors for a file it cannot parse
-        first = str(exc).strip().split(". ")[0].splitlines()[0][:200] if str(exc).strip() else "unreadable"  # the loader's first sentence
-        raise CheckpointError(f"{native} is not a {native.suffix} file that `mindfoundry convert` wrote "
-                              f"({type(exc).__name__}: {first}): convert a checkpoint folder with `mindfoundry convert STEP_DIR FILE`") from None
+        first = (
+            str(exc).strip().split(". ")[0].splitlines()[0][:200] if str(exc).strip() else "unreadable"
+        )  # the loader's first sentence
+        raise CheckpointError(
+            f"{native} is not a {native.suffix} file that `mindfoundry convert` wrote "
+            f"({type(exc).__name__}: {first}): convert a checkpoint folder with `mindfoundry convert STEP_DIR FILE`"
+        ) from None
     if "step" not in counters:
         raise CheckpointError(f"{native} carries no 'step' counter: it was not written by `mindfoundry convert`")
     step = counters.pop("step")

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from mindfoundry import atomic
-from mindfoundry.checkpoint.run_files import run_config, run_tokenizer
 from mindfoundry.checkpoint.reader import load_checkpoint
+from mindfoundry.checkpoint.run_files import run_config, run_tokenizer
 from mindfoundry.checkpoint.store import CheckpointError, publish_mode
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.prepare.tokenizer import eos_id, load_tokenizer, pad_id
@@ -43,8 +43,10 @@ def load_hand_off(ckpt_dir: Path, fmt: str, target: str) -> HandOff:
     cfg.model.require_causal(f"export --format {fmt} ({target})")
     spec = ModelSpec.from_config(cfg.model)
     if spec.num_experts:
-        raise CheckpointError(f"this model has mixture-of-experts blocks (model.moe.num_experts > 0), which {target} cannot "
-                              "hold: export the weights with --format safetensors")
+        raise CheckpointError(
+            f"this model has mixture-of-experts blocks (model.moe.num_experts > 0), which {target} cannot "
+            "hold: export the weights with --format safetensors"
+        )
     tokenizer_path = run_tokenizer(ckpt_dir, cfg)
     tokenizer = load_tokenizer(tokenizer_path)
     weights = load_checkpoint(ckpt_dir).weights
@@ -53,10 +55,12 @@ def load_hand_off(ckpt_dir: Path, fmt: str, target: str) -> HandOff:
 
 @contextmanager
 def staged_folder(out: Path) -> Iterator[Path]:
-    """A temporary folder that becomes `out` (files with the umask's mode) when the block completes; refuses an existing,
-    non-empty `out` first, and removes the temporary folder when the block fails."""
+    """A temporary folder that becomes `out` (files with the umask's mode) when the block completes; refuses an
+    existing, non-empty `out` first, and removes the temporary folder when the block fails."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise OutputExistsError(f"{out} already exists and is not an empty folder: choose another --out (nothing was written)")
+        raise OutputExistsError(
+            f"{out} already exists and is not an empty folder: choose another --out (nothing was written)"
+        )
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -27,7 +27,12 @@ from mindfoundry.data.prepare.tokenizer import EOS, PAD
 from mindfoundry.model.spec import ModelSpec, parameter_shapes
 
 #: Our parameter-name pieces -> the Llama ones (the layer index is kept).
-_LAYER_PARTS = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm", "attn.": "self_attn.", "mlp.": "mlp."}
+_LAYER_PARTS = {
+    "attn_norm": "input_layernorm",
+    "mlp_norm": "post_attention_layernorm",
+    "attn.": "self_attn.",
+    "mlp.": "mlp.",
+}
 
 
 def hf_name(name: str) -> str:
@@ -48,20 +53,37 @@ def hf_config(spec: ModelSpec, *, eos_id: int, pad_id: int, init_std: float) -> 
     """config.json of a LlamaForCausalLM with exactly this model's sizes (rope theta under both the
     transformers 4.x key and 5.x's rope_parameters)."""
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": spec.vocab_size, "hidden_size": spec.d_model, "intermediate_size": spec.ffn_dim,
-        "num_hidden_layers": spec.n_layers, "num_attention_heads": spec.n_heads, "num_key_value_heads": spec.n_kv_heads,
-        "head_dim": spec.head_dim, "hidden_act": "silu", "max_position_embeddings": spec.max_seq_len,
-        "rms_norm_eps": spec.norm_eps, "rope_theta": spec.rope_theta,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": spec.vocab_size,
+        "hidden_size": spec.d_model,
+        "intermediate_size": spec.ffn_dim,
+        "num_hidden_layers": spec.n_layers,
+        "num_attention_heads": spec.n_heads,
+        "num_key_value_heads": spec.n_kv_heads,
+        "head_dim": spec.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": spec.max_seq_len,
+        "rms_norm_eps": spec.norm_eps,
+        "rope_theta": spec.rope_theta,
         "rope_parameters": {"rope_type": "default", "rope_theta": spec.rope_theta},
-        "tie_word_embeddings": spec.tie_embeddings, "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0,
-        "initializer_range": init_std, "bos_token_id": None, "eos_token_id": eos_id, "pad_token_id": pad_id,
-        "dtype": "float32", "torch_dtype": "float32", "use_cache": True,
+        "tie_word_embeddings": spec.tie_embeddings,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "attention_dropout": 0.0,
+        "initializer_range": init_std,
+        "bos_token_id": None,
+        "eos_token_id": eos_id,
+        "pad_token_id": pad_id,
+        "dtype": "float32",
+        "torch_dtype": "float32",
+        "use_cache": True,
     }
 
 
 def check_weights(spec: ModelSpec, weights: Mapping[str, np.ndarray], what: str) -> None:
-    """`weights` must hold exactly this model's parameter names at its shapes (the engines' own check, as a CheckpointError)."""
+    """`weights` must hold exactly this model's parameter names at its shapes (the engines' own check, as a
+    CheckpointError)."""
     shapes = parameter_shapes(spec)
     try:
         check_state_names(shapes, weights, what, shapes)

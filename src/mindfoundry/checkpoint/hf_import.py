@@ -22,33 +22,52 @@ from mindfoundry.checkpoint.reader import load_checkpoint
 from mindfoundry.checkpoint.store import MANIFEST_FILE, CheckpointError
 from mindfoundry.model.spec import ModelSpec, parameter_shapes
 
+
 def _sizes(spec: ModelSpec) -> dict[str, tuple[str, Any]]:
     """config.json key -> (the model section's key, this model's value) for the sizes that must match."""
-    return {"vocab_size": ("vocab_size", spec.vocab_size), "hidden_size": ("d_model", spec.d_model),
-            "num_hidden_layers": ("n_layers", spec.n_layers), "num_attention_heads": ("n_heads", spec.n_heads),
-            "num_key_value_heads": ("n_kv_heads", spec.n_kv_heads), "intermediate_size": ("ffn_dim", spec.ffn_dim),
-            "head_dim": ("d_model/n_heads", spec.head_dim), "rms_norm_eps": ("norm_eps", spec.norm_eps),
-            "rope_theta": ("rope_theta", spec.rope_theta), "tie_word_embeddings": ("tie_embeddings", spec.tie_embeddings)}
+    return {
+        "vocab_size": ("vocab_size", spec.vocab_size),
+        "hidden_size": ("d_model", spec.d_model),
+        "num_hidden_layers": ("n_layers", spec.n_layers),
+        "num_attention_heads": ("n_heads", spec.n_heads),
+        "num_key_value_heads": ("n_kv_heads", spec.n_kv_heads),
+        "intermediate_size": ("ffn_dim", spec.ffn_dim),
+        "head_dim": ("d_model/n_heads", spec.head_dim),
+        "rms_norm_eps": ("norm_eps", spec.norm_eps),
+        "rope_theta": ("rope_theta", spec.rope_theta),
+        "tie_word_embeddings": ("tie_embeddings", spec.tie_embeddings),
+    }
 
 
 #: Features our model does not have: config.json key -> the only value it can take.
-_UNSUPPORTED = {"model_type": "llama", "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "rope_scaling": None}
+_UNSUPPORTED = {
+    "model_type": "llama",
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "mlp_bias": False,
+    "rope_scaling": None,
+}
 
 
 def check_hf_config(config: dict[str, Any], spec: ModelSpec, where: Path) -> None:
     """Refuse a Llama config this model cannot represent or whose sizes are not this model's, naming the field."""
     rope = config.get("rope_parameters") or {}
-    values = dict(config, rope_theta=rope.get("rope_theta", config.get("rope_theta", 10000.0)),
-                  num_key_value_heads=config.get("num_key_value_heads", config.get("num_attention_heads")),
-                  head_dim=config.get("head_dim", config.get("hidden_size", 0) // max(config.get("num_attention_heads", 1), 1)),
-                  tie_word_embeddings=config.get("tie_word_embeddings", False))
+    values = dict(
+        config,
+        rope_theta=rope.get("rope_theta", config.get("rope_theta", 10000.0)),
+        num_key_value_heads=config.get("num_key_value_heads", config.get("num_attention_heads")),
+        head_dim=config.get("head_dim", config.get("hidden_size", 0) // max(config.get("num_attention_heads", 1), 1)),
+        tie_word_embeddings=config.get("tie_word_embeddings", False),
+    )
     for key, allowed in _UNSUPPORTED.items():
         if values.get(key, allowed) != allowed:
             raise CheckpointError(f"{where}: {key}={values[key]!r} is not representable by MindFoundry's model "
                                   f"(it needs {key}={allowed!r}): this model cannot be imported")
     if rope.get("rope_type", "default") != "default":
-        raise CheckpointError(f"{where}: rope_parameters.rope_type={rope['rope_type']!r} (RoPE scaling) is not representable "
-                              "by MindFoundry's model (plain RoPE only): this model cannot be imported")
+        raise CheckpointError(
+            f"{where}: rope_parameters.rope_type={rope['rope_type']!r} (RoPE scaling) is not representable "
+            "by MindFoundry's model (plain RoPE only): this model cannot be imported"
+        )
     for key, (ours, value) in _sizes(spec).items():
         if values.get(key) != value:
             raise CheckpointError(f"{where}: {key}={values.get(key)!r} but this run has model.{ours}={value!r}: "
@@ -57,7 +76,11 @@ def check_hf_config(config: dict[str, Any], spec: ModelSpec, where: Path) -> Non
 
 def _hf_tensors(folder: Path) -> dict[str, np.ndarray]:
     index = folder / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+    files = (
+        sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        if index.is_file()
+        else ["model.safetensors"]
+    )
     out: dict[str, np.ndarray] = {}
     for name in files:
         try:
@@ -81,7 +104,9 @@ def read_hf_folder(folder: Path, spec: ModelSpec) -> dict[str, np.ndarray]:
     ours = {hf_name(n): n for n in parameter_shapes(spec)}
     unknown = sorted(set(tensors) - set(ours))
     if unknown:
-        raise CheckpointError(f"{folder}: tensors {unknown[:3]} have no place in this model: this model cannot be imported")
+        raise CheckpointError(
+            f"{folder}: tensors {unknown[:3]} have no place in this model: this model cannot be imported"
+        )
     weights = {ours[n]: np.asarray(t, dtype=np.float32) for n, t in tensors.items()}
     check_weights(spec, weights, str(folder))
     return weights
@@ -96,5 +121,7 @@ def initial_weights(path: str | Path, spec: ModelSpec) -> dict[str, np.ndarray]:
         return weights
     if (path / "config.json").is_file():
         return read_hf_folder(path, spec)
-    raise CheckpointError(f"model.init_from={str(path)!r} is neither a checkpoint folder (manifest.json) nor a Hugging Face "
-                          "folder (config.json): point it at RUN/checkpoints/step_N or an exported folder")
+    raise CheckpointError(
+        f"model.init_from={str(path)!r} is neither a checkpoint folder (manifest.json) nor a Hugging Face "
+        "folder (config.json): point it at RUN/checkpoints/step_N or an exported folder"
+    )

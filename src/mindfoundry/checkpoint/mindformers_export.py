@@ -40,9 +40,15 @@ WEIGHTS_DIR, RUN_YAML = "weights", "run_mindformers.yaml"
 
 #: Our block parameter pieces -> MindFormers' Llama ones (the layer index is kept).
 _BLOCK_PARTS = {
-    "attn_norm": "attention_norm", "mlp_norm": "ffn_norm",
-    "attn.q_proj": "attention.wq", "attn.k_proj": "attention.wk", "attn.v_proj": "attention.wv", "attn.o_proj": "attention.wo",
-    "mlp.gate_proj": "feed_forward.w1", "mlp.down_proj": "feed_forward.w2", "mlp.up_proj": "feed_forward.w3",
+    "attn_norm": "attention_norm",
+    "mlp_norm": "ffn_norm",
+    "attn.q_proj": "attention.wq",
+    "attn.k_proj": "attention.wk",
+    "attn.v_proj": "attention.wv",
+    "attn.o_proj": "attention.wo",
+    "mlp.gate_proj": "feed_forward.w1",
+    "mlp.down_proj": "feed_forward.w2",
+    "mlp.up_proj": "feed_forward.w3",
 }
 _DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
@@ -60,18 +66,36 @@ def mindformers_name(name: str) -> str:
 
 
 def model_config(spec: ModelSpec, cfg: RunConfig, *, eos: int, pad: int) -> dict[str, Any]:
-    """``model.model_config`` of the run YAML: a ``LlamaConfig`` with exactly this model's sizes. Parameters stay float32
-    (our master weights); the matmuls run in the run's precision, norms and softmax in float32."""
+    """``model.model_config`` of the run YAML: a ``LlamaConfig`` with exactly this model's sizes. Parameters stay
+    float32 (our master weights); the matmuls run in the run's precision, norms and softmax in float32."""
     compute = _DTYPES[cfg.train.precision]
     return {
-        "type": "LlamaConfig", "batch_size": cfg.train.micro_batch_size, "seq_length": cfg.train.seq_len,
-        "hidden_size": spec.d_model, "num_layers": spec.n_layers, "num_heads": spec.n_heads, "n_kv_heads": spec.n_kv_heads,
-        "intermediate_size": spec.ffn_dim, "vocab_size": spec.vocab_size, "rms_norm_eps": spec.norm_eps, "theta": spec.rope_theta,
-        "max_position_embedding": spec.max_seq_len, "tie_word_embeddings": spec.tie_embeddings,
-        "bos_token_id": eos, "eos_token_id": eos, "pad_token_id": pad, "ignore_token_id": -100,
-        "compute_dtype": compute, "layernorm_compute_type": "float32", "softmax_compute_type": "float32",
-        "rotary_dtype": "float32", "param_init_type": "float32", "use_past": False, "use_flash_attention": True,
-        "qkv_concat": False, "use_rope_slice": True,  # rotate-half as slices (our RoPE), not a swap matmul
+        "type": "LlamaConfig",
+        "batch_size": cfg.train.micro_batch_size,
+        "seq_length": cfg.train.seq_len,
+        "hidden_size": spec.d_model,
+        "num_layers": spec.n_layers,
+        "num_heads": spec.n_heads,
+        "n_kv_heads": spec.n_kv_heads,
+        "intermediate_size": spec.ffn_dim,
+        "vocab_size": spec.vocab_size,
+        "rms_norm_eps": spec.norm_eps,
+        "theta": spec.rope_theta,
+        "max_position_embedding": spec.max_seq_len,
+        "tie_word_embeddings": spec.tie_embeddings,
+        "bos_token_id": eos,
+        "eos_token_id": eos,
+        "pad_token_id": pad,
+        "ignore_token_id": -100,
+        "compute_dtype": compute,
+        "layernorm_compute_type": "float32",
+        "softmax_compute_type": "float32",
+        "rotary_dtype": "float32",
+        "param_init_type": "float32",
+        "use_past": False,
+        "use_flash_attention": True,
+        "qkv_concat": False,
+        "use_rope_slice": True,  # rotate-half as slices (our RoPE), not a swap matmul
     }
 
 
@@ -86,10 +110,17 @@ def _blend(cfg: RunConfig, data_dir: Path) -> list[Any]:
     else:
         weights = [e["num_tokens"] for e in entries]
     total = sum(weights)
-    return [x for w, e in zip(weights, entries) if w > 0 for x in (round(w / total, 6), str((data_dir / e["path"]).resolve()))]
+    return [
+        x
+        for w, e in zip(weights, entries)
+        if w > 0
+        for x in (round(w / total, 6), str((data_dir / e["path"]).resolve()))
+    ]
 
 
-def run_yaml(cfg: RunConfig, spec: ModelSpec, weights_dir: Path, data_path: list[Any], *, eos: int, pad: int) -> dict[str, Any]:
+def run_yaml(
+    cfg: RunConfig, spec: ModelSpec, weights_dir: Path, data_path: list[Any], *, eos: int, pad: int
+) -> dict[str, Any]:
     """The MindFormers run config continuing `cfg`'s pretraining (see the module docstring)."""
     t, o, p, mem = cfg.train, cfg.optim, cfg.parallel, cfg.memory
     dp = p.dp_replicate * p.resolved_dp_shard()
@@ -115,38 +146,88 @@ def run_yaml(cfg: RunConfig, spec: ModelSpec, weights_dir: Path, data_path: list
     if mem.recompute == "full":
         recompute = True if mem.recompute_layers == "all" else len(mem.recomputed_layers(spec.n_layers))
     return {
-        "seed": cfg.seed, "output_dir": "./output", "run_mode": "train",
-        "load_checkpoint": str(weights_dir.resolve()), "load_ckpt_format": "safetensors", "auto_trans_ckpt": True,
-        "only_save_strategy": False, "resume_training": False,
+        "seed": cfg.seed,
+        "output_dir": "./output",
+        "run_mode": "train",
+        "load_checkpoint": str(weights_dir.resolve()),
+        "load_ckpt_format": "safetensors",
+        "auto_trans_ckpt": True,
+        "only_save_strategy": False,
+        "resume_training": False,
         "trainer": {"type": "CausalLanguageModelingTrainer", "model_name": "llama"},
-        "runner_config": {"epochs": 1, "batch_size": t.micro_batch_size, "sink_mode": True, "sink_size": 1,
-                          "gradient_accumulation_steps": t.grad_accum if p.pp == 1 else 1},
+        "runner_config": {
+            "epochs": 1,
+            "batch_size": t.micro_batch_size,
+            "sink_mode": True,
+            "sink_size": 1,
+            "gradient_accumulation_steps": t.grad_accum if p.pp == 1 else 1,
+        },
         "optimizer": {"type": "AdamW", "betas": [o.beta1, o.beta2], "eps": o.eps, "weight_decay": o.weight_decay},
-        "lr_schedule": {"type": "CosineWithWarmUpLR", "learning_rate": o.lr, "lr_end": o.lr * o.min_lr_ratio,
-                        "warmup_steps": o.warmup_steps, "total_steps": steps},
+        "lr_schedule": {
+            "type": "CosineWithWarmUpLR",
+            "learning_rate": o.lr,
+            "lr_end": o.lr * o.min_lr_ratio,
+            "warmup_steps": o.warmup_steps,
+            "total_steps": steps,
+        },
         "train_dataset": dataset,
         "train_dataset_task": {"type": "CausalLanguageModelDataset", "dataset_config": dataset},
         "use_parallel": p.degree_product > 1,
-        "parallel": {"parallel_mode": 1, "gradients_mean": False, "enable_alltoall": p.ep > 1, "full_batch": True,
-                     "search_mode": "sharding_propagation", "enable_parallel_optimizer": p.shards_optimizer,
-                     "strategy_ckpt_save_file": "./ckpt_strategy.ckpt",
-                     "parallel_optimizer_config": {"gradient_accumulation_shard": False, "parallel_optimizer_threshold": 64}},
-        "parallel_config": {"data_parallel": dp, "model_parallel": p.tp, "pipeline_stage": p.pp, "context_parallel": p.cp,
-                            "expert_parallel": p.ep, "use_seq_parallel": p.tp > 1 and p.sequence_parallel,
-                            "micro_batch_num": t.grad_accum if p.pp > 1 else 1, "vocab_emb_dp": p.tp == 1,
-                            "optimizer_shard": p.shards_optimizer,
-                            "gradient_aggregation_group": p.grad_fusion_groups or 4},
+        "parallel": {
+            "parallel_mode": 1,
+            "gradients_mean": False,
+            "enable_alltoall": p.ep > 1,
+            "full_batch": True,
+            "search_mode": "sharding_propagation",
+            "enable_parallel_optimizer": p.shards_optimizer,
+            "strategy_ckpt_save_file": "./ckpt_strategy.ckpt",
+            "parallel_optimizer_config": {"gradient_accumulation_shard": False, "parallel_optimizer_threshold": 64},
+        },
+        "parallel_config": {
+            "data_parallel": dp,
+            "model_parallel": p.tp,
+            "pipeline_stage": p.pp,
+            "context_parallel": p.cp,
+            "expert_parallel": p.ep,
+            "use_seq_parallel": p.tp > 1 and p.sequence_parallel,
+            "micro_batch_num": t.grad_accum if p.pp > 1 else 1,
+            "vocab_emb_dp": p.tp == 1,
+            "optimizer_shard": p.shards_optimizer,
+            "gradient_aggregation_group": p.grad_fusion_groups or 4,
+        },
         "micro_batch_interleave_num": 1,
-        "recompute_config": {"recompute": recompute, "select_recompute": mem.recompute == "selective",
-                             "parallel_optimizer_comm_recompute": False, "mp_comm_recompute": True,
-                             "recompute_slice_activation": True},
-        "callbacks": [{"type": "MFLossMonitor"},
-                      {"type": "CheckpointMonitor", "prefix": cfg.name, "save_checkpoint_steps": cfg.checkpoint.every or steps,
-                       "keep_checkpoint_max": cfg.checkpoint.keep_last, "integrated_save": False, "async_save": False}],
-        "context": {"mode": 0, "device_target": "Ascend", "max_call_depth": 10000, "save_graphs": False, "device_id": 0},
+        "recompute_config": {
+            "recompute": recompute,
+            "select_recompute": mem.recompute == "selective",
+            "parallel_optimizer_comm_recompute": False,
+            "mp_comm_recompute": True,
+            "recompute_slice_activation": True,
+        },
+        "callbacks": [
+            {"type": "MFLossMonitor"},
+            {
+                "type": "CheckpointMonitor",
+                "prefix": cfg.name,
+                "save_checkpoint_steps": cfg.checkpoint.every or steps,
+                "keep_checkpoint_max": cfg.checkpoint.keep_last,
+                "integrated_save": False,
+                "async_save": False,
+            },
+        ],
+        "context": {
+            "mode": 0,
+            "device_target": "Ascend",
+            "max_call_depth": 10000,
+            "save_graphs": False,
+            "device_id": 0,
+        },
         "model": {"model_config": model_config(spec, cfg, eos=eos, pad=pad), "arch": {"type": "LlamaForCausalLM"}},
-        "runner_wrapper": {"type": "MFTrainOneStepCell", "scale_sense": scale, "use_clip_grad": o.clip_norm is not None,
-                           "max_grad_norm": float(o.clip_norm or 1.0)},
+        "runner_wrapper": {
+            "type": "MFTrainOneStepCell",
+            "scale_sense": scale,
+            "use_clip_grad": o.clip_norm is not None,
+            "max_grad_norm": float(o.clip_norm or 1.0),
+        },
     }
 
 
@@ -168,9 +249,16 @@ def export_mindformers(ckpt_dir: str | Path, out: str | Path) -> Path:
             weights.pop("lm_head.weight", None)
         (tmp / WEIGHTS_DIR).mkdir()
         save_file(weights, str(tmp / WEIGHTS_DIR / "model.safetensors"), metadata={"format": "ms"})
-        config = run_yaml(cfg, spec, out / WEIGHTS_DIR, _blend(cfg, model.tokenizer_path.parent), eos=model.eos, pad=model.pad)
-        header = (f"# MindFormers run config written by `mindfoundry export --format mindformers` from {ckpt_dir.resolve()}\n"
-                  "# Continue on Ascend: msrun --worker_num=N ... run_mindformer.py --config THIS_FILE (docs/checkpoints.md)\n")
-        (tmp / RUN_YAML).write_text(header + yaml.safe_dump(config, sort_keys=False, allow_unicode=True), encoding="utf-8")
+        config = run_yaml(
+            cfg, spec, out / WEIGHTS_DIR, _blend(cfg, model.tokenizer_path.parent), eos=model.eos, pad=model.pad
+        )
+        header = (
+            f"# MindFormers run config written by `mindfoundry export --format mindformers` from {ckpt_dir.resolve()}\n"
+            "# Continue on Ascend: msrun --worker_num=N ... run_mindformer.py --config THIS_FILE "
+            "(docs/checkpoints.md)\n"
+        )
+        (tmp / RUN_YAML).write_text(
+            header + yaml.safe_dump(config, sort_keys=False, allow_unicode=True), encoding="utf-8"
+        )
         shutil.copyfile(model.tokenizer_path, tmp / "tokenizer.json")
     return out

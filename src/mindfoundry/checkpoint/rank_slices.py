@@ -28,10 +28,25 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from mindfoundry.checkpoint.store import CheckpointError, write_safetensors
-from mindfoundry.parallel.tensor_layout import (STRATEGY_FILE, TensorLayout, TensorLayoutError, merge_slices, rank_file_name, rank_slice,
-                                                read_strategy, strategy_json)
+from mindfoundry.parallel.tensor_layout import (
+    STRATEGY_FILE,
+    TensorLayout,
+    TensorLayoutError,
+    merge_slices,
+    rank_file_name,
+    rank_slice,
+    read_strategy,
+    strategy_json,
+)
 
-__all__ = ["STRATEGY_FILE", "holds_rank_slices", "read_rank_slices", "stored_shapes", "write_rank_slices", "write_strategy"]
+__all__ = [
+    "STRATEGY_FILE",
+    "holds_rank_slices",
+    "read_rank_slices",
+    "stored_shapes",
+    "write_rank_slices",
+    "write_strategy",
+]
 _RANK_FILE = re.compile(r"^rank_(\d+)\.safetensors$")
 _MOMENTS = ("exp_avg.", "exp_avg_sq.")
 
@@ -55,7 +70,9 @@ def layout_of(name: str, layouts: Mapping[str, TensorLayout]) -> TensorLayout | 
     return None
 
 
-def write_rank_slices(folder: str | Path, arrays: Mapping[str, np.ndarray], layouts: Mapping[str, TensorLayout], rank: int) -> Path:
+def write_rank_slices(
+    folder: str | Path, arrays: Mapping[str, np.ndarray], layouts: Mapping[str, TensorLayout], rank: int
+) -> Path:
     """Write rank `rank`'s slices of the full `arrays` (tensors its stage does not hold are left out)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -134,8 +151,10 @@ def read_rank_slices(folder: str | Path) -> dict[str, np.ndarray]:
         for name in sorted(held_by):
             lay = _layout_for(name, layouts, folder)
             if lay.ranks().start not in held_by[name]:
-                raise CheckpointError(f"{folder}: '{name}' is missing from {rank_file(folder, lay.ranks().start).name} "
-                                      f"(pipeline stage {lay.stage} starts at that rank): copy every rank's file into the folder")
+                raise CheckpointError(
+                    f"{folder}: '{name}' is missing from {rank_file(folder, lay.ranks().start).name} "
+                    f"(pipeline stage {lay.stage} starts at that rank): copy every rank's file into the folder"
+                )
             try:
                 held = {r: files[r].get_tensor(name) for r in held_by[name]}
                 merged[name] = merge_slices(held, lay, lay.full_shape(held[lay.ranks().start].shape), name)

@@ -18,8 +18,17 @@ from safetensors.numpy import load_file
 
 from mindfoundry.backends.base import BackendUnavailable
 from mindfoundry.checkpoint.rank_slices import holds_rank_slices, read_rank_slices
-from mindfoundry.checkpoint.store import (MODEL_DIR, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, Checkpoint, CheckpointError,
-                                          is_sharded, shard_folders, verify_checkpoint)
+from mindfoundry.checkpoint.store import (
+    MODEL_DIR,
+    MODEL_FILE,
+    OPTIMIZER_FILE,
+    STATE_FILE,
+    Checkpoint,
+    CheckpointError,
+    is_sharded,
+    shard_folders,
+    verify_checkpoint,
+)
 from mindfoundry.errors import MindFoundryError
 
 #: The shard forms a checkpoint folder can hold (an engine's ``shard_format`` names the one it reads itself).
@@ -75,6 +84,8 @@ def read_dcp_folder(folder: Path) -> dict[str, np.ndarray]:
     try:
         from mindfoundry.backends.torch.sharded_checkpoint import read_full
     except ModuleNotFoundError as exc:
-        raise BackendUnavailable(f"{folder.parent} is a sharded checkpoint (written by the torch engine); reading it needs "
-                                 f"{exc.name}: pip install 'mindfoundry[torch]'") from None
+        raise BackendUnavailable(
+            f"{folder.parent} is a sharded checkpoint (written by the torch engine); reading it needs "
+            f"{exc.name}: pip install 'mindfoundry[torch]'"
+        ) from None
     return read_full(folder)

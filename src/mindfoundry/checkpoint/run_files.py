@@ -25,8 +25,10 @@ def checkpoint_of(path: str | Path) -> Path:
     found, skipped = find_resumable(path)
     if found is None:
         notes = f" ({'; '.join(skipped)})" if skipped else ""
-        raise CheckpointError(f"'{path}' is neither a checkpoint folder nor a run directory with a valid checkpoint{notes}: "
-                              "pass RUN_DIR or RUN_DIR/checkpoints/step_N")
+        raise CheckpointError(
+            f"'{path}' is neither a checkpoint folder nor a run directory with a valid checkpoint{notes}: "
+            "pass RUN_DIR or RUN_DIR/checkpoints/step_N"
+        )
     return found
 
 
@@ -39,7 +41,8 @@ def run_config(ckpt_dir: Path) -> RunConfig:
 
 
 def run_tokenizer(ckpt_dir: Path, cfg: RunConfig) -> Path:
-    """The run's tokenizer.json: the one the checkpoint's data manifest names (by sha256), from the run's data folder."""
+    """The run's tokenizer.json: the one the checkpoint's data manifest names (by sha256), from the run's data folder.
+    """
     ckpt_dir = Path(ckpt_dir)
     manifest = json.loads((ckpt_dir / "data_manifest.json").read_text(encoding="utf-8"))
     want = manifest["tokenizer"]["sha256"]
@@ -47,5 +50,7 @@ def run_tokenizer(ckpt_dir: Path, cfg: RunConfig) -> Path:
     for path in candidates:
         if path.is_file() and tokenizer_hash(load_tokenizer(path)) == want:
             return path
-    raise CheckpointError(f"the run's tokenizer (sha256 {want[:12]}...) is in none of {', '.join(map(str, candidates))}: "
-                          "use the run directory that trained this checkpoint, with its data folder in place")
+    raise CheckpointError(
+        f"the run's tokenizer (sha256 {want[:12]}...) is in none of {', '.join(map(str, candidates))}: "
+        "use the run directory that trained this checkpoint, with its data folder in place"
+    )

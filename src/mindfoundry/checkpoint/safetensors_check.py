@@ -55,8 +55,10 @@ def check_safetensors(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     covered = 0
     for begin, end in sorted(spans):
         if begin != covered:
-            raise SafetensorsHeaderError(f"{path}: tensor data at byte {begin:,} {'overlaps' if begin < covered else 'leaves a gap after'} "
-                                         f"byte {covered:,}")
+            raise SafetensorsHeaderError(
+                f"{path}: tensor data at byte {begin:,} {'overlaps' if begin < covered else 'leaves a gap after'} "
+                f"byte {covered:,}"
+            )
         covered = end
     if covered != data:
         raise SafetensorsHeaderError(f"{path}: its tensors describe {covered:,} bytes of data, the file holds {data:,}")
@@ -77,6 +79,8 @@ def _entry(path: Path, name: str, entry: object, data: int) -> tuple[str, tuple[
         raise SafetensorsHeaderError(f"{path}: tensor {name!r} has offsets {str(offsets)[:60]} outside the file's "
                                      f"{data:,} bytes of data")
     if offsets[1] - offsets[0] != math.prod(shape) * ITEMSIZE[dtype]:
-        raise SafetensorsHeaderError(f"{path}: tensor {name!r} of shape {shape} and dtype {dtype} needs "
-                                     f"{math.prod(shape) * ITEMSIZE[dtype]:,} bytes, its offsets span {offsets[1] - offsets[0]:,}")
+        raise SafetensorsHeaderError(
+            f"{path}: tensor {name!r} of shape {shape} and dtype {dtype} needs "
+            f"{math.prod(shape) * ITEMSIZE[dtype]:,} bytes, its offsets span {offsets[1] - offsets[0]:,}"
+        )
     return dtype, tuple(shape)

@@ -125,7 +125,9 @@ def write_safetensors(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
     safetensors reports a failed write as SafetensorError; an OS error inside it is raised as the
     OSError it is, so that a full disk is told as one (see :class:`DiskFullError`)."""
     try:
-        save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(path), metadata={"format": "mindfoundry"})
+        save_file(
+            {k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(path), metadata={"format": "mindfoundry"}
+        )
         publish_mode(path)
     except SafetensorError as exc:
         code = re.search(r"os error (\d+)", str(exc))
@@ -139,7 +141,9 @@ def _payload_files(tmp: Path) -> list[Path]:
     return sorted((p for p in tmp.rglob("*") if p.is_file()), key=lambda p: p.relative_to(tmp).as_posix())
 
 
-def _write_payload(tmp: Path, step: int, write_tensors: Callable[[Path], None], state, extra_files: Mapping[str, bytes]) -> None:
+def _write_payload(
+    tmp: Path, step: int, write_tensors: Callable[[Path], None], state, extra_files: Mapping[str, bytes]
+) -> None:
     write_tensors(tmp)
     _write_json(tmp / STATE_FILE, dict(state, step=step))
     for name, blob in extra_files.items():
@@ -176,7 +180,9 @@ def save_checkpoint(
     two folders it is given (``checkpoint.format: sharded``: :func:`shard_folders` of the temporary
     folder; every rank its shards, all done when it returns); the manifest then lists those files.
     """
-    if (writer is None and (weights is None or optimizer is None)) or (writer is not None and (weights is not None or optimizer is not None)):
+    if (writer is None and (weights is None or optimizer is None)) or (
+        writer is not None and (weights is not None or optimizer is not None)
+    ):
         raise ValueError("save_checkpoint: pass weights and optimizer, or a writer (with both None)")
 
     def write_tensors(tmp: Path) -> None:
@@ -302,7 +308,9 @@ def clean_interrupted(run_dir: str | Path) -> list[Path]:
     root = checkpoints_dir(run_dir)
     if not root.is_dir():
         return []
-    leftovers = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith((".tmp-step_", ".old-step_", DELETING)))
+    leftovers = sorted(
+        p for p in root.iterdir() if p.is_dir() and p.name.startswith((".tmp-step_", ".old-step_", DELETING))
+    )
     for path in leftovers:
         shutil.rmtree(path, ignore_errors=True)
     return leftovers
@@ -326,7 +334,9 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     manifest_path, sum_path = path / MANIFEST_FILE, path / MANIFEST_SUM
     if not manifest_path.is_file() or not sum_path.is_file():
-        raise CheckpointError(f"{path}: no {MANIFEST_FILE}/{MANIFEST_SUM}; the checkpoint was never committed (interrupted write)")
+        raise CheckpointError(
+            f"{path}: no {MANIFEST_FILE}/{MANIFEST_SUM}; the checkpoint was never committed (interrupted write)"
+        )
     expected = sum_path.read_text(encoding="utf-8", errors="replace").strip()
     if sha256_file(manifest_path) != expected:
         raise CheckpointError(f"{manifest_path}: does not match {MANIFEST_SUM} (manifest or checksum corrupted)")
@@ -338,9 +348,16 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
     inside = path.resolve()
     for name, meta in files.items():
         f = path / name
-        if Path(name).is_absolute() or ".." in Path(name).parts or f.is_symlink() or not f.resolve().is_relative_to(inside):
-            raise CheckpointError(f"{f}: not a regular file inside the checkpoint folder (a symlink, or a path out of it): "
-                                  f"checkpoint files are never links; the checkpoint was tampered with")
+        if (
+            Path(name).is_absolute()
+            or ".." in Path(name).parts
+            or f.is_symlink()
+            or not f.resolve().is_relative_to(inside)
+        ):
+            raise CheckpointError(
+                f"{f}: not a regular file inside the checkpoint folder (a symlink, or a path out of it): "
+                f"checkpoint files are never links; the checkpoint was tampered with"
+            )
         if not f.is_file():
             raise CheckpointError(f"{f}: file listed in the manifest is missing")
         size = f.stat().st_size
@@ -366,7 +383,11 @@ def _check_steps(path: Path, manifest: Mapping[str, Any]) -> None:
     except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
         pass
     named = _STEP_DIR.match(path.name)
-    steps = {"folder": int(named.group(1)) if named else manifest.get("step"), "manifest": manifest.get("step"), "trainer_state": state_step}
+    steps = {
+        "folder": int(named.group(1)) if named else manifest.get("step"),
+        "manifest": manifest.get("step"),
+        "trainer_state": state_step,
+    }
     if len(set(steps.values())) != 1:
         listed = ", ".join(f"{k} {v}" for k, v in steps.items())
         raise CheckpointError(f"{path}: its steps disagree ({listed}): files of another checkpoint were put here; "

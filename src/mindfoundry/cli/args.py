@@ -27,7 +27,9 @@ def add_max_restarts(p: argparse.ArgumentParser, what: str) -> None:
 
 def add_config_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="YAML run config, e.g. configs/demo.yaml")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable), e.g. train.steps=10")
+    p.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable), e.g. train.steps=10"
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:

@@ -13,8 +13,19 @@ from safetensors import safe_open
 
 from mindfoundry.checkpoint.reader import shard_format
 from mindfoundry.checkpoint.store import (
-    BEST_FILE, LATEST_FILE, MODEL_DIR, MODEL_FILE, OPTIMIZER_DIR, OPTIMIZER_FILE, CheckpointError, checkpoint_eval, checkpoints_dir,
-    list_checkpoints, read_state, verify_checkpoint, written_files,
+    BEST_FILE,
+    LATEST_FILE,
+    MODEL_DIR,
+    MODEL_FILE,
+    OPTIMIZER_DIR,
+    OPTIMIZER_FILE,
+    CheckpointError,
+    checkpoint_eval,
+    checkpoints_dir,
+    list_checkpoints,
+    read_state,
+    verify_checkpoint,
+    written_files,
 )
 from mindfoundry.cli.args import console
 
@@ -54,8 +65,12 @@ def cmd_list(args: argparse.Namespace) -> int:
             problems.append(str(exc))
         state = read_state(path)
         val = checkpoint_eval(state)
-        name = path.name + "".join(f"  ({tag})" for tag, pointed in (("latest", latest), ("best", best)) if path.name == pointed)
-        table.add_row(name, f"{size:.1f}", str(state.get("consumed_samples", "?")), "" if val is None else f"{val:.4f}", status)
+        name = path.name + "".join(
+            f"  ({tag})" for tag, pointed in (("latest", latest), ("best", best)) if path.name == pointed
+        )
+        table.add_row(
+            name, f"{size:.1f}", str(state.get("consumed_samples", "?")), "" if val is None else f"{val:.4f}", status
+        )
     out.print(table)
     for problem in problems:
         out.print(f"[red]INVALID[/] {problem}", highlight=False, soft_wrap=True)
@@ -69,12 +84,16 @@ def cmd_best(args: argparse.Namespace) -> int:
     if name is None:
         if not list_checkpoints(run):
             raise CheckpointError(f"no committed checkpoints under '{checkpoints_dir(run)}'")
-        raise CheckpointError(f"no checkpoint of {run} was evaluated at its own step, so none is best: evaluate where you "
-                              "checkpoint (train.eval_every a multiple of checkpoint.every; the last step always is)")
+        raise CheckpointError(
+            f"no checkpoint of {run} was evaluated at its own step, so none is best: evaluate where you "
+            "checkpoint (train.eval_every a multiple of checkpoint.every; the last step always is)"
+        )
     path = checkpoints_dir(run) / name
     verify_checkpoint(path)
     print(path)
-    console.print(f"best: {name}, validation loss {checkpoint_eval(read_state(path)):.4f} (sha256 verified)", highlight=False)
+    console.print(
+        f"best: {name}, validation loss {checkpoint_eval(read_state(path)):.4f} (sha256 verified)", highlight=False
+    )
     return 0
 
 
@@ -94,8 +113,21 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     path = Path(args.path)
     verify_checkpoint(path)
     state = read_state(path)
-    out.print(f"[bold]{path}[/]  step {state.get('step')}  (AdamW updates applied: {state.get('adam_step', state.get('step'))})")
-    for key in ("consumed_samples", "consumed_tokens", "val_loss", "val_step", "backend", "versions", "loss_scale", "skipped_windows", "anomaly"):
+    out.print(
+        f"[bold]{path}[/]  step {state.get('step')}  (AdamW updates applied: "
+        f"{state.get('adam_step', state.get('step'))})"
+    )
+    for key in (
+        "consumed_samples",
+        "consumed_tokens",
+        "val_loss",
+        "val_step",
+        "backend",
+        "versions",
+        "loss_scale",
+        "skipped_windows",
+        "anomaly",
+    ):
         if key in state:
             out.print(f"  {key}: {state[key]}", highlight=False)
     form = shard_format(path)
@@ -108,14 +140,21 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         for name in (MODEL_DIR, OPTIMIZER_DIR):
             shapes = stored_shapes(path / name)
             first = next(iter(shapes))
-            out.print(f"  {name}/ (sharded, {sum(1 for _ in (path / name).glob('*.safetensors'))} shard files, {form}): {len(shapes)} tensors, "
-                      f"{sum(math.prod(s) for s in shapes.values()):,} values; e.g. {first} {list(shapes[first])}", highlight=False)
+            out.print(
+                f"  {name}/ (sharded, {sum(1 for _ in (path / name).glob('*.safetensors'))} shard files, {form}): "
+                f"{len(shapes)} tensors, "
+                f"{sum(math.prod(s) for s in shapes.values()):,} values; e.g. {first} {list(shapes[first])}",
+                highlight=False,
+            )
         return 0
     for name in (MODEL_FILE, OPTIMIZER_FILE):
         with safe_open(str(path / name), framework="numpy") as f:
             keys = list(f.keys())
             total = sum(math.prod(f.get_slice(k).get_shape()) for k in keys)
-            out.print(f"  {name}: {len(keys)} tensors, {total:,} values; e.g. {keys[0]} {f.get_slice(keys[0]).get_shape()}", highlight=False)
+            out.print(
+                f"  {name}: {len(keys)} tensors, {total:,} values; e.g. {keys[0]} {f.get_slice(keys[0]).get_shape()}",
+                highlight=False,
+            )
     return 0
 
 
@@ -151,26 +190,44 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def add_ckpt_commands(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("convert", help="checkpoint folder (full or sharded) <-> MindSpore .ckpt / PyTorch .pt; -> weights .safetensors")
+    p = sub.add_parser(
+        "convert", help="checkpoint folder (full or sharded) <-> MindSpore .ckpt / PyTorch .pt; -> weights .safetensors"
+    )
     p.add_argument("source", help="RUN/checkpoints/step_N folder (export) or a .ckpt/.pt file (import)")
-    p.add_argument("dest", help="output .ckpt/.pt file or .safetensors (weights alone) (export), or a run directory to import into")
+    p.add_argument(
+        "dest", help="output .ckpt/.pt file or .safetensors (weights alone) (export), or a run directory to import into"
+    )
     p.set_defaults(func=cmd_convert)
-    p = sub.add_parser("export", help="a checkpoint as a Hugging Face Llama folder (transformers opens it) or merged weights")
-    p.add_argument("checkpoint", help="RUN/checkpoints/step_N folder (full or sharded), or RUN_DIR for its newest valid one")
-    p.add_argument("--format", choices=["hf", "mindformers", "safetensors"], default="hf",
-                   help="hf: config.json + model.safetensors (Llama names) + tokenizer; mindformers: weights under MindFormers' "
-                        "Llama names + a MindFormers run YAML over this run's shards + tokenizer; safetensors: one file, our names")
+    p = sub.add_parser(
+        "export", help="a checkpoint as a Hugging Face Llama folder (transformers opens it) or merged weights"
+    )
+    p.add_argument(
+        "checkpoint", help="RUN/checkpoints/step_N folder (full or sharded), or RUN_DIR for its newest valid one"
+    )
+    p.add_argument(
+        "--format",
+        choices=["hf", "mindformers", "safetensors"],
+        default="hf",
+        help="hf: config.json + model.safetensors (Llama names) + tokenizer; mindformers: weights under MindFormers' "
+        "Llama names + a MindFormers run YAML over this run's shards + tokenizer; safetensors: one file, our names",
+    )
     p.add_argument("--out", required=True, help="output folder (hf; must not exist or be empty) or .safetensors file")
     p.set_defaults(func=cmd_export)
 
-    ckpt = sub.add_parser("ckpt", help="list, verify or inspect checkpoints").add_subparsers(dest="ckpt_command", required=True)
+    ckpt = sub.add_parser("ckpt", help="list, verify or inspect checkpoints").add_subparsers(
+        dest="ckpt_command", required=True
+    )
     p = ckpt.add_parser("list", help="a run's checkpoints with size, data position, val loss and status")
     p.add_argument("run_dir")
     p.set_defaults(func=cmd_list)
-    p = ckpt.add_parser("best", help="print the path of the checkpoint with the lowest validation loss (checkpoints/best)")
+    p = ckpt.add_parser(
+        "best", help="print the path of the checkpoint with the lowest validation loss (checkpoints/best)"
+    )
     p.add_argument("run_dir")
     p.set_defaults(func=cmd_best)
-    p = ckpt.add_parser("verify", help="check sizes and sha256 of a checkpoint (or of all of a run's); exit 2 if any is invalid")
+    p = ckpt.add_parser(
+        "verify", help="check sizes and sha256 of a checkpoint (or of all of a run's); exit 2 if any is invalid"
+    )
     p.add_argument("path", help="RUN_DIR or RUN_DIR/checkpoints/step_N")
     p.set_defaults(func=cmd_verify)
     p = ckpt.add_parser("inspect", help="trainer state and tensor summary of one checkpoint")

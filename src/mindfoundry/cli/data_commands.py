@@ -59,8 +59,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     report = inspect_prepared(cfg.data.output_dir, per_category=args.samples, max_chars=args.chars, seed=cfg.seed)
     report.planned = cfg.train.steps * cfg.global_batch(cfg.parallel.world_size or 1)
-    report.shares = mixture_shares(load_prepared(cfg.data.output_dir, cfg.model.vocab_size), cfg.data.mixture,
-                                   seq_len=cfg.train.seq_len, seed=cfg.seed, shuffle=cfg.data.shuffle, planned=report.planned)
+    report.shares = mixture_shares(
+        load_prepared(cfg.data.output_dir, cfg.model.vocab_size),
+        cfg.data.mixture,
+        seq_len=cfg.train.seq_len,
+        seed=cfg.seed,
+        shuffle=cfg.data.shuffle,
+        planned=report.planned,
+    )
     render_inspect(report, stdout())
     return 0
 
@@ -96,14 +102,22 @@ def cmd_drops(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     path = Path(cfg.data.output_dir) / DROPS_FILE
-    summary = summarise(read_drops(path), block=args.block, reason=args.reason, source=args.source, examples=args.examples)
+    summary = summarise(
+        read_drops(path), block=args.block, reason=args.reason, source=args.source, examples=args.examples
+    )
     out = stdout()
-    wanted = ", ".join(f"{k}={v}" for k, v in (("block", args.block), ("reason", args.reason), ("source", args.source)) if v)
+    wanted = ", ".join(
+        f"{k}={v}" for k, v in (("block", args.block), ("reason", args.reason), ("source", args.source)) if v
+    )
     if not summary.total:
         out.print(f"{path}: no line matches{' ' + wanted if wanted else ''}")
         return 0
-    print_drops(out, summary, f"{path}: {summary.total} documents dropped or edited{' (' + wanted + ')' if wanted else ''}",
-                args.chars)
+    print_drops(
+        out,
+        summary,
+        f"{path}: {summary.total} documents dropped or edited{' (' + wanted + ')' if wanted else ''}",
+        args.chars,
+    )
     return 0
 
 
@@ -113,11 +127,15 @@ def cmd_mindrecord(args: argparse.Namespace) -> int:
     try:
         from mindfoundry.backends.mindspore.mindrecord import export_mindrecord
     except ModuleNotFoundError as exc:
-        raise BackendUnavailable(f"MindRecord export needs {exc.name!r}: pip install 'mindfoundry[mindspore]'") from None
+        raise BackendUnavailable(
+            f"MindRecord export needs {exc.name!r}: pip install 'mindfoundry[mindspore]'"
+        ) from None
     cfg = config_from_args(args)
     out = Path(args.out) if args.out else Path(cfg.run_dir) / "mindrecord"
     export_mindrecord(cfg.data.output_dir, out, shards=args.shards)
-    Console(stderr=True).print(f"wrote {out} ({args.shards} file(s) per split; read with mindspore.dataset.MindDataset)")
+    Console(stderr=True).print(
+        f"wrote {out} ({args.shards} file(s) per split; read with mindspore.dataset.MindDataset)"
+    )
     return 0
 
 
@@ -137,7 +155,9 @@ def add_data_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--chars", type=_positive_int, default=160, metavar="N", help="characters shown per document")
     p.set_defaults(func=cmd_inspect)
 
-    p = sub.add_parser("drops", help="what cleaning and dedup dropped or edited, and why, with examples (drops.jsonl.gz)")
+    p = sub.add_parser(
+        "drops", help="what cleaning and dedup dropped or edited, and why, with examples (drops.jsonl.gz)"
+    )
     add_config_arguments(p)
     p.add_argument("--block", default=None, help="only this block (e.g. repetition, boilerplate, dedup)")
     p.add_argument("--reason", default=None, help="only this reason (e.g. duplicate_15gram_chars, near)")
@@ -148,6 +168,8 @@ def add_data_commands(subparsers: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("mindrecord", help="export the prepared documents to MindRecord files (MindDataset)")
     add_config_arguments(p)
-    p.add_argument("--out", default=None, metavar="DIR", help="output folder (must not exist); default RUN_DIR/mindrecord")
+    p.add_argument(
+        "--out", default=None, metavar="DIR", help="output folder (must not exist); default RUN_DIR/mindrecord"
+    )
     p.add_argument("--shards", type=_positive_int, default=1, metavar="N", help="MindRecord files per split")
     p.set_defaults(func=cmd_mindrecord)

@@ -25,7 +25,9 @@ def cmd_dump(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     out = Path(args.out) if args.out else Path(cfg.run_dir) / "dump"
-    choice = DumpChoice(steps=args.steps, mode=args.mode, modules=args.modules, directions=args.directions, format=args.format)
+    choice = DumpChoice(
+        steps=args.steps, mode=args.mode, modules=args.modules, directions=args.directions, format=args.format
+    )
     steps, reached = replay_dump(cfg, choice, out, resume=args.resume == "auto", console=console)
     console.print(f"dumped steps {steps} (reached step {reached}) into {out}", highlight=False)
     return 0
@@ -52,8 +54,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from mindfoundry.debug.compare import compare_trees
     from mindfoundry.report.compare_report import summary_lines, write_csv, write_html
 
-    comparisons = compare_trees(Path(args.dump_a), Path(args.dump_b), Thresholds(cosine_error=args.cosine, rel_error=args.rel_error))
-    out = Path(args.out) if args.out else Path(args.dump_a).parent / f"compare-{Path(args.dump_a).name}-vs-{Path(args.dump_b).name}"
+    comparisons = compare_trees(
+        Path(args.dump_a), Path(args.dump_b), Thresholds(cosine_error=args.cosine, rel_error=args.rel_error)
+    )
+    out = (
+        Path(args.out)
+        if args.out
+        else Path(args.dump_a).parent / f"compare-{Path(args.dump_a).name}-vs-{Path(args.dump_b).name}"
+    )
     out.mkdir(parents=True, exist_ok=True)
     for cmp in comparisons:
         leaf = f"step{cmp.meta_a.get('step')}-rank{cmp.meta_a.get('rank')}"
@@ -79,27 +87,41 @@ def cmd_align(args: argparse.Namespace) -> int:
     for line in summary_lines(result.comparisons[0])[:-1]:
         console.print(line, highlight=False)
     for s in result.steps:
-        console.print(f"step {s.step}: loss {s.loss_a:.6f} vs {s.loss_b:.6f} (abs {s.loss_abs_err:.2e}, rel {s.loss_rel_err:.2e}) "
-                      f"{'ok' if s.loss_ok else 'FAIL'}; grad norm {s.grad_norm_a:.6f} vs {s.grad_norm_b:.6f} "
-                      f"(rel {s.grad_norm_rel_err:.2e}) {'ok' if s.grad_norm_ok else 'FAIL'}", highlight=False)
+        console.print(
+            f"step {s.step}: loss {s.loss_a:.6f} vs {s.loss_b:.6f} (abs {s.loss_abs_err:.2e}, rel "
+            f"{s.loss_rel_err:.2e}) "
+            f"{'ok' if s.loss_ok else 'FAIL'}; grad norm {s.grad_norm_a:.6f} vs {s.grad_norm_b:.6f} "
+            f"(rel {s.grad_norm_rel_err:.2e}) {'ok' if s.grad_norm_ok else 'FAIL'}",
+            highlight=False,
+        )
     low = result.lowest_cosine()
     if low is not None:
         console.print(f"lowest cosine: {low.cosine:.6g} ({low.name})", highlight=False)
     console.print(f"report: {result.files['html']}; summary: {out / 'align.json'}", highlight=False)
     verdict = "[green]ALIGN PASS[/]" if result.passed else "[red]ALIGN FAIL[/]"
-    console.print(f"{verdict} {a.label} vs {b.label} (thresholds: loss abs < {thresholds.loss_abs} or rel < {thresholds.loss_rel:.1%}; "
-                  f"grad norm rel <= {thresholds.grad_norm_rel:.0%})")
+    console.print(
+        f"{verdict} {a.label} vs {b.label} (thresholds: loss abs < {thresholds.loss_abs} or rel < "
+        f"{thresholds.loss_rel:.1%}; "
+        f"grad norm rel <= {thresholds.grad_norm_rel:.0%})"
+    )
     return 0 if result.passed else 1
 
 
 def add_debug_commands(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("dump", help="replay a run's steps in a scratch folder and dump chosen steps (the run is not touched)")
+    p = sub.add_parser(
+        "dump", help="replay a run's steps in a scratch folder and dump chosen steps (the run is not touched)"
+    )
     add_config_arguments(p)
     p.add_argument("--steps", help="steps to dump, e.g. '1|50-60' (default: debug.dump.steps)")
     p.add_argument("--mode", choices=["statistics", "tensor"], help="statistics (default) or full tensors")
-    p.add_argument("--format", choices=list(FORMATS),
-                   help="mindfoundry (default: debug.dump.format) or msprobe: MindStudio Probe's layout, for `msprobe compare`")
-    p.add_argument("--modules", nargs="+", metavar="PATTERN", help="module-name patterns, e.g. 'layers.1.*' (default: all)")
+    p.add_argument(
+        "--format",
+        choices=list(FORMATS),
+        help="mindfoundry (default: debug.dump.format) or msprobe: MindStudio Probe's layout, for `msprobe compare`",
+    )
+    p.add_argument(
+        "--modules", nargs="+", metavar="PATTERN", help="module-name patterns, e.g. 'layers.1.*' (default: all)"
+    )
     p.add_argument("--directions", nargs="+", choices=["forward", "backward", "params", "grads", "optimizer"])
     p.add_argument("--out", help="dump folder (default RUN_DIR/dump)")
     p.add_argument("--resume", choices=["auto", "none"], default="none",
@@ -120,15 +142,29 @@ def add_debug_commands(sub: argparse._SubParsersAction) -> None:
                    help=f"error when RMSE / RMS(reference) is above this ({Thresholds.rel_error})")
     p.set_defaults(func=cmd_compare)
 
-    p = sub.add_parser("align", help="same weights and batches through two engines or precisions; dump, compare, pass/fail")
+    p = sub.add_parser(
+        "align", help="same weights and batches through two engines or precisions; dump, compare, pass/fail"
+    )
     add_config_arguments(p)
     p.add_argument("--a", default="mindspore", help="ENGINE[:PRECISION] under test (default mindspore)")
-    p.add_argument("--b", default="torch", help="reference ENGINE[:PRECISION] (default torch), e.g. 'mindspore:fp16' vs --a mindspore")
+    p.add_argument(
+        "--b",
+        default="torch",
+        help="reference ENGINE[:PRECISION] (default torch), e.g. 'mindspore:fp16' vs --a mindspore",
+    )
     p.add_argument("--steps", type=int, default=1, help="optimizer steps to run and compare (default 1)")
-    p.add_argument("--mode", choices=["statistics", "tensor"], default="tensor", help="dump mode (tensor: full metrics; default)")
+    p.add_argument(
+        "--mode", choices=["statistics", "tensor"], default="tensor", help="dump mode (tensor: full metrics; default)"
+    )
     p.add_argument("--out", help="output folder (default RUN_DIR/align/A-vs-B)")
-    p.add_argument("--loss-abs", type=float, default=0.005, help="first-step loss passes when the abs error is below this ...")
+    p.add_argument(
+        "--loss-abs", type=float, default=0.005, help="first-step loss passes when the abs error is below this ..."
+    )
     p.add_argument("--loss-rel", type=float, default=0.005, help="... or the relative error below this (0.5%%)")
-    p.add_argument("--grad-norm-rel", type=float, default=AlignThresholds.grad_norm_rel,
-                   help=f"grad norm relative error allowed per step ({AlignThresholds.grad_norm_rel:.0%})".replace("%", "%%"))
+    p.add_argument(
+        "--grad-norm-rel",
+        type=float,
+        default=AlignThresholds.grad_norm_rel,
+        help=f"grad norm relative error allowed per step ({AlignThresholds.grad_norm_rel:.0%})".replace("%", "%%"),
+    )
     p.set_defaults(func=cmd_align)

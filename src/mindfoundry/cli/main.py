@@ -14,17 +14,24 @@ from typing import Sequence
 
 from mindfoundry.cli.args import console
 from mindfoundry.cli.ckpt_commands import add_ckpt_commands
+from mindfoundry.cli.commands import TRAINING_COMMANDS
 from mindfoundry.cli.config_commands import add_config_commands
 from mindfoundry.cli.data_commands import add_data_commands
 from mindfoundry.cli.debug_commands import add_debug_commands
 from mindfoundry.cli.parallel_commands import add_parallel_commands
 from mindfoundry.cli.report_commands import add_report_commands
-from mindfoundry.cli.commands import TRAINING_COMMANDS
 from mindfoundry.cli.train_commands import add_train_commands
 from mindfoundry.errors import MindFoundryError
 from mindfoundry.train.run_lock import release_all
 from mindfoundry.train.stop import Preempted, signals
-from mindfoundry.workflows.supervise import EXIT_ANOMALY_STOP, EXIT_CRASHED, EXIT_PREEMPTED, EXIT_USER_ERROR, supervise, training_command
+from mindfoundry.workflows.supervise import (
+    EXIT_ANOMALY_STOP,
+    EXIT_CRASHED,
+    EXIT_PREEMPTED,
+    EXIT_USER_ERROR,
+    supervise,
+    training_command,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,39 +16,71 @@ from rich.table import Table
 
 from mindfoundry.cli.args import add_max_restarts, console
 from mindfoundry.config.load import ConfigError
-from mindfoundry.parallel.layout import load_run_config
 from mindfoundry.config.parallel_config import ParallelConfig
-
+from mindfoundry.parallel.layout import load_run_config
 
 
 def add_parallel_commands(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("plan", help="rank parallel layouts (DP/FSDP/TP/PP/CP) of a model on N devices by memory and communication")
-    p.add_argument("--model", required=True, metavar="CONFIG", help="run config whose model (and defaults) to plan, e.g. configs/llama-13b.yaml")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable), e.g. model.n_layers=48")
+    p = sub.add_parser(
+        "plan", help="rank parallel layouts (DP/FSDP/TP/PP/CP) of a model on N devices by memory and communication"
+    )
+    p.add_argument(
+        "--model",
+        required=True,
+        metavar="CONFIG",
+        help="run config whose model (and defaults) to plan, e.g. configs/llama-13b.yaml",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a config value (repeatable), e.g. model.n_layers=48",
+    )
     p.add_argument("--devices", type=int, required=True, metavar="N", help="number of devices (= processes)")
     p.add_argument("--device-memory", required=True, metavar="SIZE", help="memory per device, e.g. 32GiB, 80GB, 512MiB")
-    p.add_argument("--seq", type=int, default=None, metavar="L", help="sequence length (default: the config's train.seq_len)")
+    p.add_argument(
+        "--seq", type=int, default=None, metavar="L", help="sequence length (default: the config's train.seq_len)"
+    )
     p.add_argument("--global-batch", type=int, default=None, metavar="B",
                    help="sequences per optimizer step (default: the config's micro_batch_size*grad_accum*dp)")
     p.add_argument("--micro-batch", type=int, default=1, metavar="b", help="sequences per micro-batch (default 1)")
-    p.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default=None, help="default: the config's train.precision")
-    p.add_argument("--overhead", default="1GiB", metavar="SIZE", help="fixed per-device overhead: runtime, buffers (default 1GiB)")
+    p.add_argument(
+        "--precision", choices=["bf16", "fp16", "fp32"], default=None, help="default: the config's train.precision"
+    )
+    p.add_argument(
+        "--overhead", default="1GiB", metavar="SIZE", help="fixed per-device overhead: runtime, buffers (default 1GiB)"
+    )
     p.add_argument("--no-flash-attention", action="store_true", help="attention keeps its s*s scores (no fused kernel)")
     p.add_argument("--top", type=int, default=10, metavar="K", help="rows shown (default 10; 0 = all)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON on stdout")
     p.set_defaults(func=cmd_plan)
 
-    p = sub.add_parser("launch", help="run train/run on N processes per node with torchrun (torch) or msrun (mindspore)")
+    p = sub.add_parser(
+        "launch", help="run train/run on N processes per node with torchrun (torch) or msrun (mindspore)"
+    )
     p.add_argument("command", choices=["train", "run"], help="the mindfoundry command every rank runs")
     p.add_argument("config", help="YAML run config; its parallel section sets the layout")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable; passed to every rank)")
-    p.add_argument("--nproc-per-node", type=int, default=None, metavar="N", help="processes on this node (default: the layout's product / nnodes)")
+    p.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable; passed to every rank)"
+    )
+    p.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=None,
+        metavar="N",
+        help="processes on this node (default: the layout's product / nnodes)",
+    )
     p.add_argument("--nnodes", type=int, default=1, help="nodes in the job (default 1)")
     p.add_argument("--node-rank", type=int, default=0, help="this node's rank, 0 on the master node")
     p.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (default 127.0.0.1)")
     p.add_argument("--master-port", type=int, default=29500, help="a free port on node 0 (default 29500)")
     p.add_argument("--log-dir", default=None, help="per-rank logs (default RUN_DIR-logs, beside the run directory)")
-    p.add_argument("--resume", choices=["auto", "none"], default="none", help="passed to the command: auto = continue from the newest checkpoint")
+    p.add_argument(
+        "--resume",
+        choices=["auto", "none"],
+        default="none",
+        help="passed to the command: auto = continue from the newest checkpoint",
+    )
     p.add_argument("--stop-at-step", type=int, default=None, metavar="N", help="passed to the command")
     add_max_restarts(p, "the whole job (every rank)")
     p.set_defaults(func=cmd_launch)
@@ -56,9 +88,8 @@ def add_parallel_commands(sub: argparse._SubParsersAction) -> None:
 
 def cmd_launch(args: argparse.Namespace) -> int:
     """Start `mindfoundry COMMAND CONFIG ...` on every rank of this node with the engine's own launcher."""
-    from pathlib import Path
-
     import os
+    from pathlib import Path
 
     from mindfoundry.parallel.launch import LaunchPlan, check_port, command, launch_env, rank_logs
     from mindfoundry.parallel.layout import layout_problems
@@ -71,8 +102,15 @@ def cmd_launch(args: argparse.Namespace) -> int:
     problems = layout_problems(cfg.parallel, cfg.model, cfg.train, world_size=nproc * nnodes)
     if problems:
         raise ConfigError("the layout does not fit this launch: " + "; ".join(problems))
-    plan = LaunchPlan(cfg.backend, nproc, nnodes, args.node_rank, args.master_addr, args.master_port,
-                      Path(args.log_dir or f"{cfg.run_dir.rstrip('/')}-logs"))  # beside the run dir, which rank 0 claims
+    plan = LaunchPlan(
+        cfg.backend,
+        nproc,
+        nnodes,
+        args.node_rank,
+        args.master_addr,
+        args.master_port,
+        Path(args.log_dir or f"{cfg.run_dir.rstrip('/')}-logs"),
+    )  # beside the run dir, which rank 0 claims
     check_port(plan)
 
     def attempt_command(attempt: int) -> list[str]:  # a restart resumes from the newest valid checkpoint
@@ -80,9 +118,14 @@ def cmd_launch(args: argparse.Namespace) -> int:
                               "--resume", "auto" if attempt else args.resume,
                               *(["--stop-at-step", str(args.stop_at_step)] if args.stop_at_step else [])])
 
-    console.print(f"launching {plan.world_size} processes ({nproc} on this node) with "
-                  f"{'torchrun' if cfg.backend == 'torch' else 'msrun'}; per-rank logs: {rank_logs(plan)}", highlight=False)
-    return supervise(attempt_command, args.max_restarts, console.print, processes=nproc, env=launch_env(plan, os.environ))
+    console.print(
+        f"launching {plan.world_size} processes ({nproc} on this node) with "
+        f"{'torchrun' if cfg.backend == 'torch' else 'msrun'}; per-rank logs: {rank_logs(plan)}",
+        highlight=False,
+    )
+    return supervise(
+        attempt_command, args.max_restarts, console.print, processes=nproc, env=launch_env(plan, os.environ)
+    )
 
 
 def _positive(**values: int) -> None:
@@ -106,27 +149,43 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise ConfigError(f"{exc} (or pass --global-batch)" if "dp_shard" in str(exc) else str(exc)) from None
     _positive(devices=args.devices, seq=seq, global_batch=batch, micro_batch=args.micro_batch)
     if seq > spec.max_seq_len:
-        raise ConfigError(f"--seq {seq} exceeds model.max_seq_len={spec.max_seq_len}: lower --seq or raise model.max_seq_len")
+        raise ConfigError(
+            f"--seq {seq} exceeds model.max_seq_len={spec.max_seq_len}: lower --seq or raise model.max_seq_len"
+        )
     if batch % args.micro_batch:
         raise ConfigError(f"--global-batch {batch} is not a multiple of --micro-batch {args.micro_batch}")
     rows = plan(spec, args.devices, memory, seq, batch, precision, micro_batch=args.micro_batch,
                 fixed_overhead_bytes=overhead, flash_attention=not args.no_flash_attention)
     if not rows:
-        raise ConfigError(f"no layout of {args.devices} devices splits this model and batch: the global batch {batch} must be "
-                          f"divisible by dp * micro-batch, and tp/pp/cp must divide the model (heads {spec.n_heads}, "
-                          f"kv heads {spec.n_kv_heads}, layers {spec.n_layers}, ffn {spec.ffn_dim}, vocab {spec.vocab_size}) "
-                          f"and the sequence {seq}; try another --devices or --global-batch")
+        raise ConfigError(
+            f"no layout of {args.devices} devices splits this model and batch: the global batch {batch} must be "
+            f"divisible by dp * micro-batch, and tp/pp/cp must divide the model (heads {spec.n_heads}, "
+            f"kv heads {spec.n_kv_heads}, layers {spec.n_layers}, ffn {spec.ffn_dim}, vocab {spec.vocab_size}) "
+            f"and the sequence {seq}; try another --devices or --global-batch"
+        )
     shown = rows[: args.top] if args.top > 0 else rows
     fitting = [r for r in rows if r.fits != "no"]
     if args.json:
-        out = {"model": spec.to_dict() | {"parameters": num_parameters(spec)}, "devices": args.devices, "device_memory": memory,
-               "seq": seq, "global_batch": batch, "micro_batch": args.micro_batch, "precision": precision,
-               "fixed_overhead": overhead, "feasible": len(rows), "fitting": len(fitting), "rows": [r.to_dict() for r in shown]}
+        out = {
+            "model": spec.to_dict() | {"parameters": num_parameters(spec)},
+            "devices": args.devices,
+            "device_memory": memory,
+            "seq": seq,
+            "global_batch": batch,
+            "micro_batch": args.micro_batch,
+            "precision": precision,
+            "fixed_overhead": overhead,
+            "feasible": len(rows),
+            "fitting": len(fitting),
+            "rows": [r.to_dict() for r in shown],
+        }
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
         return 0 if fitting else 1
     tokens = batch * seq
-    table = Table(title=f"{cfg.name}: {num_parameters(spec) / 1e9:.2f}B parameters on {args.devices} x {format_bytes(memory)}, "
-                        f"seq {seq}, global batch {batch} ({tokens / 1e6:.2f}M tokens), {precision}")
+    table = Table(
+        title=f"{cfg.name}: {num_parameters(spec) / 1e9:.2f}B parameters on {args.devices} x {format_bytes(memory)}, "
+        f"seq {seq}, global batch {batch} ({tokens / 1e6:.2f}M tokens), {precision}"
+    )
     for col in ("#", "layout", "mb x accum", "weights+grads+optim", "activations", "act. selective", "act. full",
                 "total", "total selective", "total full", "fits", "comm/step", "bubble"):
         table.add_column(col, justify="left" if col in ("layout", "fits") else "right")
@@ -134,22 +193,36 @@ def cmd_plan(args: argparse.Namespace) -> int:
         mark = {"yes": "[green]yes[/]", "selective": "[yellow]selective[/]", "recompute": "[yellow]full recompute[/]",
                 "no": "[red]no[/]"}[r.fits]
         modes = (r.memory, r.memory_selective, r.memory_recompute)
-        table.add_row(str(i), r.layout.describe(), f"{r.micro_batch} x {r.grad_accum}", format_bytes(r.memory.model_states),
-                      *(format_bytes(m.activations) for m in modes), *(format_bytes(m.total) for m in modes), mark,
-                      f"{r.chosen_comm.total / 1e9:.1f} GB", f"{r.bubble:.1%}")
+        table.add_row(
+            str(i),
+            r.layout.describe(),
+            f"{r.micro_batch} x {r.grad_accum}",
+            format_bytes(r.memory.model_states),
+            *(format_bytes(m.activations) for m in modes),
+            *(format_bytes(m.total) for m in modes),
+            mark,
+            f"{r.chosen_comm.total / 1e9:.1f} GB",
+            f"{r.bubble:.1%}",
+        )
     Console(width=max(Console().width, 200)).print(table)
     if not fitting:
         best = min(rows, key=lambda r: r.memory_recompute.total)
-        console.print(f"[red]no layout fits in {format_bytes(memory)} per device[/] (smallest: {best.layout.describe()} needs "
-                      f"{format_bytes(best.memory_recompute.total)} with full recompute): add devices or lower --micro-batch / --seq",
-                      highlight=False)
+        console.print(
+            f"[red]no layout fits in {format_bytes(memory)} per device[/] (smallest: {best.layout.describe()} needs "
+            f"{format_bytes(best.memory_recompute.total)} with full recompute): add devices or lower --micro-batch / "
+            "--seq",
+            highlight=False,
+        )
         return 1
     best = fitting[0]
     defaults = {name: f.default for name, f in ParallelConfig.model_fields.items()}
     section = {k: v for k, v in best.layout.config().items() if k != "world_size" and v != defaults[k]}
     needs = f" with {best.recompute} recompute" if best.recompute != "none" else ""
     memory = f", memory: {{recompute: {best.recompute}}}" if best.recompute != "none" else ""
-    console.print(f"best: {best.layout.describe()}{needs}; config: parallel: {json.dumps(section)}, "
-                  f"train: {{micro_batch_size: {best.micro_batch}, grad_accum: {best.grad_accum}}}{memory}", highlight=False)
+    console.print(
+        f"best: {best.layout.describe()}{needs}; config: parallel: {json.dumps(section)}, "
+        f"train: {{micro_batch_size: {best.micro_batch}, grad_accum: {best.grad_accum}}}{memory}",
+        highlight=False,
+    )
     return 0
 

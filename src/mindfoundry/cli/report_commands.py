@@ -16,10 +16,16 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def add_report_commands(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("report", help="write one self-contained HTML report of a run (plots, health events, data, config)")
+    p = sub.add_parser(
+        "report", help="write one self-contained HTML report of a run (plots, health events, data, config)"
+    )
     p.add_argument("run_dir", help="the run directory (holds metrics.jsonl)")
-    p.add_argument("--compare", metavar="RUN_B", default=None,
-                   help="a second run directory to overlay on the same axes (e.g. the other engine, or before/after a change)")
+    p.add_argument(
+        "--compare",
+        metavar="RUN_B",
+        default=None,
+        help="a second run directory to overlay on the same axes (e.g. the other engine, or before/after a change)",
+    )
     p.add_argument("-o", "--output", metavar="FILE", default=None,
                    help="output file (default RUN_DIR/report.html, or RUN_DIR/report-vs-NAME.html with --compare)")
     p.set_defaults(func=cmd_report)

@@ -1,4 +1,5 @@
-"""`mindfoundry prepare|train|run|smoke CONFIG`: the training commands (the workflows are :mod:`mindfoundry.workflows`').
+"""`mindfoundry prepare|train|run|smoke CONFIG`: the training commands (the workflows are
+:mod:`mindfoundry.workflows`').
 
 Training exit codes: 0 done, 2 user error, 3 stopped by the anomaly policy, 70 crashed (after a
 last-gasp checkpoint when the state was consistent), 75 pre-empted by SIGTERM/SIGINT (checkpoint
@@ -39,9 +40,15 @@ def _preview(cfg, n: int, chars: int) -> int:
             out.print(f"{line}; nothing dropped or changed", highlight=False)
             continue
         drops = sum(e["action"] == "drop" for e in source.events)
-        print_drops(out, summarise(iter(source.events)), f"{line}, dropped {drops}, edited {len(source.events) - drops}", chars)
-    out.print(f"preview only: nothing written; boilerplate counted over the previewed documents (a line in >= {min_documents} "
-              "of them); dedup needs the whole corpus and is not previewed", highlight=False, soft_wrap=True)
+        print_drops(
+            out, summarise(iter(source.events)), f"{line}, dropped {drops}, edited {len(source.events) - drops}", chars
+        )
+    out.print(
+        "preview only: nothing written; boilerplate counted over the previewed documents (a line in >= "
+        f"{min_documents} of them); dedup needs the whole corpus and is not previewed",
+        highlight=False,
+        soft_wrap=True,
+    )
     return 0
 
 
@@ -52,8 +59,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         for line in dry_start(config_from_args(args)):
             console.print(line, highlight=False)
         return 0
-    train(config_from_args(args), resume=args.resume == "auto", overwrite=args.overwrite, stop_at_step=args.stop_at_step,
-          console=console)  # evaluations are printed as they happen, the last one included
+    train(
+        config_from_args(args),
+        resume=args.resume == "auto",
+        overwrite=args.overwrite,
+        stop_at_step=args.stop_at_step,
+        console=console,
+    )  # evaluations are printed as they happen, the last one included
     return 0
 
 
@@ -61,7 +73,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from mindfoundry.workflows.run import run
 
     cfg = config_from_args(args)
-    done = run(cfg, resume=args.resume == "auto", overwrite=args.overwrite, stop_at_step=args.stop_at_step, console=console)
+    done = run(
+        cfg, resume=args.resume == "auto", overwrite=args.overwrite, stop_at_step=args.stop_at_step, console=console
+    )
     if done.summary is None:
         console.print(f"stopped at step {done.trained.result.step} of {cfg.train.steps}; continue with --resume auto")
         return 0
@@ -98,8 +112,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     out = continue_prompt(model, args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                           top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     if out.used_prompt_tokens < out.prompt_tokens:
-        console.print(f"[yellow]the prompt has {out.prompt_tokens} tokens; generating from its last {out.used_prompt_tokens} "
-                      f"(model.max_seq_len {model.cfg.model.max_seq_len} - --max-new-tokens {args.max_new_tokens})[/]")
+        console.print(
+            f"[yellow]the prompt has {out.prompt_tokens} tokens; generating from its last {out.used_prompt_tokens} "
+            f"(model.max_seq_len {model.cfg.model.max_seq_len} - --max-new-tokens {args.max_new_tokens})[/]"
+        )
     if args.json:
         sys.stdout.write(json.dumps({"prompt": out.prompt, "completion": out.completion, "token_ids": out.token_ids},
                                     ensure_ascii=False) + "\n")
@@ -127,7 +143,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
         table.add_column(col)
     for group in ("validation", "data"):
         for name, r in result.get(group, {}).items():
-            table.add_row(f"{group}: {name}", f"{r['loss']:.4f}", f"{r['perplexity']:.2f}", f"{r['bits_per_byte']:.4f}", str(r["tokens"]))
+            table.add_row(
+                f"{group}: {name}",
+                f"{r['loss']:.4f}",
+                f"{r['perplexity']:.2f}",
+                f"{r['bits_per_byte']:.4f}",
+                str(r["tokens"]),
+            )
     out = Console()
     if table.rows:
         out.print(table)
@@ -163,8 +185,13 @@ def add_train_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("prepare", help="raw text -> tokenizer -> Megatron shards")
     add_config_arguments(p)
     p.add_argument("--overwrite", action="store_true", help="rebuild prepared data (old folder moved aside)")
-    p.add_argument("--preview", type=int, default=None, metavar="N",
-                   help="clean the first N documents of each source and print what each block would drop or change; write nothing")
+    p.add_argument(
+        "--preview",
+        type=int,
+        default=None,
+        metavar="N",
+        help="clean the first N documents of each source and print what each block would drop or change; write nothing",
+    )
     p.add_argument("--chars", type=int, default=160, metavar="N", help="characters shown per --preview example")
     p.set_defaults(func=cmd_prepare)
 
@@ -172,13 +199,26 @@ def add_train_commands(sub: argparse._SubParsersAction) -> None:
                              ("run", cmd_run, "prepare -> train -> evaluate -> sample")):
         p = sub.add_parser(name, help=text)
         add_config_arguments(p)
-        p.add_argument("--resume", choices=["auto", "none"], default="none", help="auto: continue from the newest valid checkpoint")
-        p.add_argument("--overwrite", action="store_true", help="start over in a run dir that holds a run (old run moved aside)")
-        p.add_argument("--stop-at-step", type=int, default=None, metavar="N", help="checkpoint and stop after step N (continue later with --resume auto)")
+        p.add_argument(
+            "--resume", choices=["auto", "none"], default="none", help="auto: continue from the newest valid checkpoint"
+        )
+        p.add_argument(
+            "--overwrite", action="store_true", help="start over in a run dir that holds a run (old run moved aside)"
+        )
+        p.add_argument(
+            "--stop-at-step",
+            type=int,
+            default=None,
+            metavar="N",
+            help="checkpoint and stop after step N (continue later with --resume auto)",
+        )
         add_max_restarts(p, "the run")
         if name == "train":
-            p.add_argument("--dry-run", action="store_true",
-                           help="check the config, the launch and the memory it needs, write nothing, exit 0 if it would start")
+            p.add_argument(
+                "--dry-run",
+                action="store_true",
+                help="check the config, the launch and the memory it needs, write nothing, exit 0 if it would start",
+            )
         p.set_defaults(func=func)
     p = sub.add_parser("generate", help="continue a prompt with a trained checkpoint (key/value cache, either engine)")
     p.add_argument("checkpoint", help="RUN_DIR (its newest valid checkpoint) or RUN_DIR/checkpoints/step_N")
@@ -186,24 +226,49 @@ def add_train_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
     p.add_argument("--temperature", type=float, default=0.8, metavar="T", help="0 = greedy (default 0.8)")
     p.add_argument("--top-k", type=int, default=40, metavar="K", help="sample among the K most likely tokens (0 = all)")
-    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus: the most likely tokens holding P (1 = all)")
+    p.add_argument(
+        "--top-p", type=float, default=1.0, metavar="P", help="nucleus: the most likely tokens holding P (1 = all)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", choices=["mindspore", "torch"], default=None, help="engine (default: the run's)")
-    p.add_argument("--json", action="store_true", help="one JSON object: prompt, completion, token_ids of the new tokens")
+    p.add_argument(
+        "--json", action="store_true", help="one JSON object: prompt, completion, token_ids of the new tokens"
+    )
     p.set_defaults(func=cmd_generate)
 
-    p = sub.add_parser("eval", help="held-out loss/perplexity/bits per byte (per category, or on files) and zero-shot multiple choice")
+    p = sub.add_parser(
+        "eval", help="held-out loss/perplexity/bits per byte (per category, or on files) and zero-shot multiple choice"
+    )
     p.add_argument("checkpoint", help="RUN_DIR (its newest valid checkpoint) or RUN_DIR/checkpoints/step_N")
-    p.add_argument("--data", nargs="+", metavar="FILE_OR_GLOB", help=".txt/.jsonl files, folders or globs instead of the validation split")
-    p.add_argument("--tasks", nargs="+", metavar="TASK.jsonl", help="multiple-choice tasks: question, choices, answer[, subject] per line")
-    p.add_argument("--lm-eval", nargs="+", metavar="TASK.yaml", help="lm-evaluation-harness task files, scored on this engine "
-                   "(e.g. examples/lm_eval/mindfoundry_mc.yaml; needs the eval extra)")
-    p.add_argument("--json", metavar="OUT", default=None, help="also write every number to this JSON file (must not exist)")
+    p.add_argument(
+        "--data",
+        nargs="+",
+        metavar="FILE_OR_GLOB",
+        help=".txt/.jsonl files, folders or globs instead of the validation split",
+    )
+    p.add_argument(
+        "--tasks",
+        nargs="+",
+        metavar="TASK.jsonl",
+        help="multiple-choice tasks: question, choices, answer[, subject] per line",
+    )
+    p.add_argument(
+        "--lm-eval",
+        nargs="+",
+        metavar="TASK.yaml",
+        help="lm-evaluation-harness task files, scored on this engine "
+        "(e.g. examples/lm_eval/mindfoundry_mc.yaml; needs the eval extra)",
+    )
+    p.add_argument(
+        "--json", metavar="OUT", default=None, help="also write every number to this JSON file (must not exist)"
+    )
     p.add_argument("--backend", choices=["mindspore", "torch"], default=None, help="engine (default: the run's)")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("smoke", help="a few dozen real steps with pass/fail checks before the big run")
     add_config_arguments(p)
     p.add_argument("--steps", type=int, default=30, help="smoke steps (default 30)")
-    p.add_argument("--compare-backend", action="store_true", help="also compare the first step of MindSpore and PyTorch")
+    p.add_argument(
+        "--compare-backend", action="store_true", help="also compare the first step of MindSpore and PyTorch"
+    )
     p.set_defaults(func=cmd_smoke)

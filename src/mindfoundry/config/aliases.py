@@ -31,7 +31,8 @@ _UNSET = object()
 
 
 def canonical(tree: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """(``tree`` with every alias moved to its canonical key, the conflicts found as messages). A copy when anything moved."""
+    """(``tree`` with every alias moved to its canonical key, the conflicts found as messages). A copy when anything
+    moved."""
     problems: list[str] = []
     parallel, optim = tree.get("parallel"), tree.get("optim")
     aliased = isinstance(parallel, dict) and any(k in parallel for k in PARALLEL_ALIASES)
@@ -63,12 +64,16 @@ def _move(tree: dict[str, Any], alias: str, value: Any, target: str, problems: l
 
 def _warmup(tree: dict[str, Any], ratio: Any, problems: list[str]) -> None:
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
-        problems.append(f"optim.warmup_ratio={ratio!r}: give the share of train.steps spent warming up, between 0 and 1 "
-                        "(e.g. 0.01-0.02), or optim.warmup_steps")
+        problems.append(
+            f"optim.warmup_ratio={ratio!r}: give the share of train.steps spent warming up, between 0 and 1 "
+            "(e.g. 0.01-0.02), or optim.warmup_steps"
+        )
         return
     if "warmup_steps" in tree["optim"]:
-        problems.append(f"optim.warmup_ratio={ratio} and optim.warmup_steps={tree['optim']['warmup_steps']!r} both set the "
-                        "warmup: keep one of the two keys")
+        problems.append(
+            f"optim.warmup_ratio={ratio} and optim.warmup_steps={tree['optim']['warmup_steps']!r} both set the "
+            "warmup: keep one of the two keys"
+        )
         return
     train = tree.get("train")
     default = TrainConfig.model_fields["steps"].default

@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from mindfoundry.config.schema import ASCEND_DEVICES, RunConfig
 from mindfoundry.config.parallel_config import split_settings
+from mindfoundry.config.schema import ASCEND_DEVICES, RunConfig
 
 #: 256 byte symbols plus the EOS and PAD special tokens.
 MIN_BYTE_BPE_VOCAB = 258
@@ -57,8 +57,8 @@ def _model_problems(cfg: RunConfig) -> list[str]:
         )
     if m.moe.num_experts and m.moe.every > m.n_layers:
         out.append(
-            f"model.moe.every={m.moe.every} exceeds model.n_layers={m.n_layers}: no block would be a mixture of experts; "
-            f"use every <= {m.n_layers} (1 = every block) or num_experts: 0 for a dense model"
+            f"model.moe.every={m.moe.every} exceeds model.n_layers={m.n_layers}: no block would be a mixture of "
+            f"experts; use every <= {m.n_layers} (1 = every block) or num_experts: 0 for a dense model"
         )
     return out
 
@@ -75,7 +75,9 @@ def _data_problems(cfg: RunConfig) -> list[str]:
             out.append(f"{key} ({src.name}) needs exactly one of 'builtin' or 'paths': set one and remove the other")
     tok = cfg.data.tokenizer.path
     if tok is not None and not Path(tok).is_file():
-        out.append(f"data.tokenizer.path={tok!r} does not exist: point it at a tokenizer.json or set it to null to train one")
+        out.append(
+            f"data.tokenizer.path={tok!r} does not exist: point it at a tokenizer.json or set it to null to train one"
+        )
     return out + _clean_problems(cfg) + _dedup_problems(cfg)
 
 
@@ -104,16 +106,25 @@ def _clean_problems(cfg: RunConfig) -> list[str]:
                            f"lower {low_field} or raise {high_field}")
         script = clean.script
         if script is not None and (script.min_cjk_ratio or 0) + (script.min_latin_ratio or 0) > 1:
-            out.append(f"{prefix}.script.min_cjk_ratio={script.min_cjk_ratio} plus min_latin_ratio={script.min_latin_ratio} "
-                       "exceeds 1: no document can have both shares; lower one of them")
+            out.append(
+                f"{prefix}.script.min_cjk_ratio={script.min_cjk_ratio} plus min_latin_ratio={script.min_latin_ratio} "
+                "exceeds 1: no document can have both shares; lower one of them"
+            )
     corpus_wide = cfg.data.clean.boilerplate
     for i, src in enumerate(cfg.data.sources):
         own = src.clean.boilerplate
-        for key in ("min_documents", "min_line_chars", "edge_lines", "min_source_share"):  # what the pre-pass counts with
+        for key in (
+            "min_documents",
+            "min_line_chars",
+            "edge_lines",
+            "min_source_share",
+        ):  # what the pre-pass counts with
             if own is not None and getattr(own, key) != getattr(corpus_wide, key):
-                out.append(f"data.sources[{i}].clean.boilerplate.{key}={getattr(own, key)} differs from "
-                           f"data.clean.boilerplate.{key}={getattr(corpus_wide, key)}: lines are counted over the whole "
-                           f"corpus in one pre-pass, so set {key} in data.clean.boilerplate only")
+                out.append(
+                    f"data.sources[{i}].clean.boilerplate.{key}={getattr(own, key)} differs from "
+                    f"data.clean.boilerplate.{key}={getattr(corpus_wide, key)}: lines are counted over the whole "
+                    f"corpus in one pre-pass, so set {key} in data.clean.boilerplate only"
+                )
     return out
 
 
@@ -128,49 +139,89 @@ def _dedup_problems(cfg: RunConfig) -> list[str]:
     if not (d.enabled and d.near):
         return []
     if d.bands * d.rows > d.num_perm:
-        return [f"data.dedup.bands*rows = {d.bands}*{d.rows} = {d.bands * d.rows} exceeds data.dedup.num_perm={d.num_perm}: "
-                f"lower bands or rows, or raise num_perm to {d.bands * d.rows}"]
+        return [
+            f"data.dedup.bands*rows = {d.bands}*{d.rows} = {d.bands * d.rows} exceeds "
+            f"data.dedup.num_perm={d.num_perm}: "
+            f"lower bands or rows, or raise num_perm to {d.bands * d.rows}"
+        ]
     found = lsh_candidate_probability(d.threshold, d.bands, d.rows)
     if found < 0.5:
-        rows = max((r for r in range(1, d.num_perm + 1) if lsh_candidate_probability(d.threshold, d.num_perm // r, r) >= 0.9), default=1)
-        return [f"data.dedup.bands={d.bands} x rows={d.rows} finds a pair at data.dedup.threshold={d.threshold} with probability "
-                f"{found:.2f}: most near-duplicates would be missed; use bands={d.num_perm // rows}, rows={rows}"]
+        rows = max(
+            (r for r in range(1, d.num_perm + 1) if lsh_candidate_probability(d.threshold, d.num_perm // r, r) >= 0.9),
+            default=1,
+        )
+        return [
+            f"data.dedup.bands={d.bands} x rows={d.rows} finds a pair at data.dedup.threshold={d.threshold} with "
+            "probability "
+            f"{found:.2f}: most near-duplicates would be missed; use bands={d.num_perm // rows}, rows={rows}"
+        ]
     return []
 
 
 def _train_problems(cfg: RunConfig) -> list[str]:
     out = []
     if cfg.backend == "mindspore" and cfg.train.precision == "bf16" and cfg.device not in ASCEND_DEVICES:
-        out.append(f"train.precision='bf16' is not available on the mindspore backend yet (MindSpore has no bf16 kernels on CPU): "
-                   f"use train.precision: fp16 (mixed precision with dynamic loss scaling) or fp32, or backend: torch for bf16 "
-                   f"(device: {cfg.device}; MindSpore's bf16 runs with device: ascend)")
+        out.append(
+            "train.precision='bf16' is not available on the mindspore backend yet (MindSpore has no bf16 kernels on "
+            "CPU): "
+            "use train.precision: fp16 (mixed precision with dynamic loss scaling) or fp32, or backend: torch for "
+            f"bf16 (device: {cfg.device}; MindSpore's bf16 runs with device: ascend)"
+        )
     if cfg.train.flash_attention == "on":
-        where = [] if cfg.backend == "mindspore" else [f"the mindspore backend (the {cfg.backend} engine's attention picks its own kernel)"]
-        where += [] if cfg.device in ASCEND_DEVICES else [f"device: ascend (FlashAttentionScore has no {cfg.device} kernel)"]
-        where += [] if cfg.train.precision in ("fp16", "bf16") else ["train.precision fp16 or bf16 (it computes in half precision)"]
+        where = (
+            []
+            if cfg.backend == "mindspore"
+            else [f"the mindspore backend (the {cfg.backend} engine's attention picks its own kernel)"]
+        )
+        where += (
+            [] if cfg.device in ASCEND_DEVICES else [f"device: ascend (FlashAttentionScore has no {cfg.device} kernel)"]
+        )
+        where += (
+            []
+            if cfg.train.precision in ("fp16", "bf16")
+            else ["train.precision fp16 or bf16 (it computes in half precision)"]
+        )
         if where:
-            out.append(f"train.flash_attention=on needs {' and '.join(where)}: set train.flash_attention: auto (or off)")
+            out.append(
+                f"train.flash_attention=on needs {' and '.join(where)}: set train.flash_attention: auto (or off)"
+            )
     if cfg.backend == "mindspore" and cfg.train.compile:
-        out.append("train.compile=true applies to the torch backend only: MindSpore always compiles (GRAPH_MODE); remove it")
+        out.append(
+            "train.compile=true applies to the torch backend only: MindSpore always compiles (GRAPH_MODE); remove it"
+        )
     if cfg.backend != "mindspore" and cfg.monitor.mindinsight:
-        out.append(f"monitor.mindinsight=true writes MindSpore summary files (mindspore.SummaryRecord), which the {cfg.backend} "
-                   "engine does not load: use backend: mindspore, or set monitor.mindinsight: false (TensorBoard has the same scalars)")
+        out.append(
+            "monitor.mindinsight=true writes MindSpore summary files (mindspore.SummaryRecord), which the "
+            f"{cfg.backend} "
+            "engine does not load: use backend: mindspore, or set monitor.mindinsight: false (TensorBoard has the same "
+            "scalars)"
+        )
     if cfg.backend == "mindspore":
         split = split_settings(cfg.parallel)
         if cfg.checkpoint.format == "sharded" and not split:
-            out.append("checkpoint.format='sharded' with backend mindspore is the form of semi-auto parallel layouts (each rank "
-                       "writes the slices it holds); this layout keeps whole replicas: use checkpoint.format: full")
-        elif split and cfg.checkpoint.format == "full" and cfg.device != "cpu":  # on CPU the engine refuses the layout itself
-            out.append(f"parallel {', '.join(split)}: the MindSpore engine runs this layout in semi-auto parallel mode, whose "
-                       "ranks hold slices of the weights and optimizer state: set checkpoint.format: sharded (rank slices + "
-                       "MindSpore's strategy file; they merge into full arrays without MindSpore)")
+            out.append(
+                "checkpoint.format='sharded' with backend mindspore is the form of semi-auto parallel layouts (each "
+                "rank writes the slices it holds); this layout keeps whole replicas: use checkpoint.format: full"
+            )
+        elif (
+            split and cfg.checkpoint.format == "full" and cfg.device != "cpu"
+        ):  # on CPU the engine refuses the layout itself
+            out.append(
+                f"parallel {', '.join(split)}: the MindSpore engine runs this layout in semi-auto parallel mode, whose "
+                "ranks hold slices of the weights and optimizer state: set checkpoint.format: sharded (rank slices + "
+                "MindSpore's strategy file; they merge into full arrays without MindSpore)"
+            )
     if cfg.model.objective == "mlm" and cfg.eval.tasks:
-        out.append("eval.tasks score multiple-choice answers by their causal log-likelihood, which model.objective=mlm (a "
-                   "bidirectional encoder) does not give: remove eval.tasks, or train with model.objective: clm")
+        out.append(
+            "eval.tasks score multiple-choice answers by their causal log-likelihood, which model.objective=mlm (a "
+            "bidirectional encoder) does not give: remove eval.tasks, or train with model.objective: clm"
+        )
     for i, task in enumerate(cfg.eval.tasks):
         if not Path(task).is_file():
-            out.append(f"eval.tasks[{i}]={task!r} does not exist: give a multiple-choice .jsonl file (docs/evaluation.md) "
-                       "or remove it")
+            out.append(
+                f"eval.tasks[{i}]={task!r} does not exist: give a multiple-choice .jsonl file (docs/evaluation.md) "
+                "or remove it"
+            )
     init = cfg.model.init_from
     if init is not None and not Path(init).is_dir():
         out.append(f"model.init_from={init!r} is not a folder: point it at a Hugging Face Llama folder or a "
@@ -196,18 +247,24 @@ def _mixture_problems(cfg: RunConfig) -> list[str]:
     for name, weight in mix.weights.items():
         key = f"data.mixture.weights.{name}"
         if name not in sources:
-            out.append(f"{key}: no source has category {name!r} (categories: {', '.join(sources)}): fix the name or remove it")
+            out.append(
+                f"{key}: no source has category {name!r} (categories: {', '.join(sources)}): fix the name or remove it"
+            )
         elif not 0 < weight < math.inf:
             out.append(f"{key}={weight}: weights must be > 0; to train without category {name!r}, "
                        f"remove its sources ({', '.join(sources[name])}) from data.sources")
     for name, names in sources.items():
         if name not in mix.weights:
-            out.append(f"data.mixture.weights has no weight for category {name!r} (sources: {', '.join(names)}): add one, "
-                       "or remove those sources")
+            out.append(
+                f"data.mixture.weights has no weight for category {name!r} (sources: {', '.join(names)}): add one, "
+                "or remove those sources"
+            )
     largest = max(len(sources), *(len(n) for n in sources.values()))
     if mix.block_size < largest:
-        out.append(f"data.mixture.block_size={mix.block_size} is below the {largest} categories or sources of one category "
-                   f"it must fit: raise it (e.g. 1000)")
+        out.append(
+            f"data.mixture.block_size={mix.block_size} is below the {largest} categories or sources of one category "
+            f"it must fit: raise it (e.g. 1000)"
+        )
     return out
 
 
@@ -217,18 +274,25 @@ def _parallel_problems(cfg: RunConfig) -> list[str]:
     out = []
     p = cfg.parallel
     if cfg.model.objective == "mlm":
-        for key, value, why in (("pp", p.pp, "the later pipeline stages never see the token ids the padding mask comes from"),
-                                ("cp", p.cp, "its attention is written for the causal mask")):
+        for key, value, why in (
+            ("pp", p.pp, "the later pipeline stages never see the token ids the padding mask comes from"),
+            ("cp", p.cp, "its attention is written for the causal mask"),
+        ):
             if value > 1:
                 out.append(f"parallel.{key}={value} with model.objective=mlm: {why}; use parallel.{key}: 1 with mlm "
                            "(dp, dp_shard, tp and ep all train it)")
     if p.grad_fusion_groups is not None and cfg.backend != "mindspore":
-        out.append(f"parallel.grad_fusion_groups={p.grad_fusion_groups} (MindFormers' gradient_aggregation_group) sets MindSpore's "
-                   f"gradient all-reduce fusion; the {cfg.backend} engine's FSDP2 reduces each block's gradients as one group: "
-                   "remove it, or use backend: mindspore")
+        out.append(
+            f"parallel.grad_fusion_groups={p.grad_fusion_groups} (MindFormers' gradient_aggregation_group) sets "
+            "MindSpore's "
+            f"gradient all-reduce fusion; the {cfg.backend} engine's FSDP2 reduces each block's gradients as one "
+            "group: remove it, or use backend: mindspore"
+        )
     if cfg.optim.clip_norm == "auto" and p.dp_shard == -1 and p.world_size is None:
-        out.append("optim.clip_norm='auto' depends on the global batch, which parallel.dp_shard=-1 leaves unknown until launch: "
-                   "set parallel.world_size (the number of processes) or a number for optim.clip_norm")
+        out.append(
+            "optim.clip_norm='auto' depends on the global batch, which parallel.dp_shard=-1 leaves unknown until "
+            "launch: set parallel.world_size (the number of processes) or a number for optim.clip_norm"
+        )
     return out
 
 
@@ -244,21 +308,33 @@ def _memory_problems(cfg: RunConfig) -> list[str]:
         out.append(f"memory.recompute_layers={mem.recompute_layers} has no effect with memory.recompute: none: "
                    "set memory.recompute: full or selective, or remove recompute_layers")
     if mem.loss_chunk > cfg.train.seq_len:
-        out.append(f"memory.loss_chunk={mem.loss_chunk} exceeds train.seq_len={cfg.train.seq_len}: a chunk holds at most one "
-                   f"sequence's positions; use loss_chunk <= {cfg.train.seq_len} (e.g. {max(1, cfg.train.seq_len // 4)}), "
-                   "or 0 for the whole-vocabulary loss in one piece")
+        out.append(
+            f"memory.loss_chunk={mem.loss_chunk} exceeds train.seq_len={cfg.train.seq_len}: a chunk holds at most one "
+            f"sequence's positions; use loss_chunk <= {cfg.train.seq_len} (e.g. {max(1, cfg.train.seq_len // 4)}), "
+            "or 0 for the whole-vocabulary loss in one piece"
+        )
     if mem.offload_activations and cfg.device == "cpu":
-        out.append("memory.offload_activations=true with device: cpu: offloading moves activations from an accelerator to "
-                   "host memory, and on a CPU they already are there; use memory.recompute: full (or selective) to save "
-                   "memory on CPU, or device: cuda/npu")
+        out.append(
+            "memory.offload_activations=true with device: cpu: offloading moves activations from an accelerator to "
+            "host memory, and on a CPU they already are there; use memory.recompute: full (or selective) to save "
+            "memory on CPU, or device: cuda/npu"
+        )
     elif mem.offload_activations and cfg.backend == "mindspore":
-        out.append("memory.offload_activations=true on the mindspore backend: MindSpore's Cell.offload needs lazy-inline "
-                   "blocks on Ascend, which this engine does not build yet; use memory.recompute: full (or selective), or "
-                   "backend: torch on a CUDA/NPU device")
+        out.append(
+            "memory.offload_activations=true on the mindspore backend: MindSpore's Cell.offload needs lazy-inline "
+            "blocks on Ascend, which this engine does not build yet; use memory.recompute: full (or selective), or "
+            "backend: torch on a CUDA/NPU device"
+        )
     return out
 
 
 def cross_field_problems(cfg: RunConfig) -> list[str]:
     """All violated multi-field rules, in section order."""
-    return (_model_problems(cfg) + _data_problems(cfg) + _mixture_problems(cfg) + _train_problems(cfg) + _parallel_problems(cfg)
-            + _memory_problems(cfg))
+    return (
+        _model_problems(cfg)
+        + _data_problems(cfg)
+        + _mixture_problems(cfg)
+        + _train_problems(cfg)
+        + _parallel_problems(cfg)
+        + _memory_problems(cfg)
+    )

@@ -45,11 +45,23 @@ class BlockSection(Section):
 class MojibakeConfig(BlockSection):
     """Drop garbled documents (text decoded with the wrong codec); ratios are over non-space characters."""
 
-    max_replacement_ratio: Ratio | None = Field(0.01, description="Share of U+FFFD characters (bytes a decoder could not read).")
-    max_cjk_mojibake_ratio: Ratio | None = Field(0.0, description="Share of characters in 锟斤拷 / 烫烫烫 / 屯屯屯 runs; 0 = any occurrence drops.")
-    max_latin1_mojibake_ratio: Ratio | None = Field(0.01, description="Share of characters in UTF-8-read-as-Latin-1 sequences such as Ã© or â€™.")
-    max_private_use_ratio: Ratio | None = Field(0.01, description="Share of private-use characters (font-specific glyphs from PDF extraction).")
-    max_unusual_ratio: Ratio | None = Field(0.25, description="Share of characters outside the scripts and symbols of Chinese/English text (other scripts, control bytes).")
+    max_replacement_ratio: Ratio | None = Field(
+        0.01, description="Share of U+FFFD characters (bytes a decoder could not read)."
+    )
+    max_cjk_mojibake_ratio: Ratio | None = Field(
+        0.0, description="Share of characters in 锟斤拷 / 烫烫烫 / 屯屯屯 runs; 0 = any occurrence drops."
+    )
+    max_latin1_mojibake_ratio: Ratio | None = Field(
+        0.01, description="Share of characters in UTF-8-read-as-Latin-1 sequences such as Ã© or â€™."
+    )
+    max_private_use_ratio: Ratio | None = Field(
+        0.01, description="Share of private-use characters (font-specific glyphs from PDF extraction)."
+    )
+    max_unusual_ratio: Ratio | None = Field(
+        0.25,
+        description="Share of characters outside the scripts and symbols of Chinese/English text (other scripts, "
+                    "control bytes).",
+    )
 
 
 class ControlCharsConfig(BlockSection):
@@ -59,39 +71,107 @@ class ControlCharsConfig(BlockSection):
 class NfkcConfig(BlockSection):
     """Unicode normalization: NFC and full-width ASCII folded (default), or NFKC."""
 
-    fold: Literal["width", "compatibility"] = Field("width", description="width: NFC, and full-width letters, digits and symbols (Ａ１＃) folded to ASCII; superscripts, ligatures and CJK compatibility forms stay as written (2⁵² stays 2⁵²). compatibility: NFKC, which also folds those (2⁵² becomes 252).")
+    fold: Literal["width", "compatibility"] = Field(
+        "width",
+        description="width: NFC, and full-width letters, digits and symbols (Ａ１＃) folded to ASCII; superscripts, "
+                    "ligatures and CJK compatibility forms stay as written (2⁵² stays 2⁵²). compatibility: NFKC, which "
+                    "also folds those (2⁵² becomes 252).",
+    )
 
-    keep_cjk_punctuation: bool = Field(True, description="Leave Chinese full-width punctuation (，：；！？（）…～) as written instead of folding it to ASCII.")
+    keep_cjk_punctuation: bool = Field(
+        True,
+        description="Leave Chinese full-width punctuation (，：；！？（）…～) as written instead of folding it to "
+                    "ASCII.",
+    )
 
 
 class TimestampsConfig(BlockSection):
     """Delete dates, clock times and "发布时间：…" / "Posted on …" stamps (off by default)."""
 
     enabled: bool = Field(False, description="Run this block (for the sources whose profile includes it).")
-    years: bool = Field(True, description="Also delete the years 2000-2099 that stand alone ('2023', '2023年'), as the practitioners' recipe does; false keeps them.")
+    years: bool = Field(
+        True,
+        description="Also delete the years 2000-2099 that stand alone ('2023', '2023年'), as the practitioners' recipe "
+                    "does; false keeps them.",
+    )
 
 
 class JunkConfig(BlockSection):
     """Delete ad lines and lines that are only a date or time; drop documents that are mostly ads or garbled."""
 
-    ad_lines: bool = Field(True, description="Delete short lines with contact details (微信/QQ/电话/WhatsApp + an id or number) or two promotion phrases (包邮, 限时, free shipping, % off...).")
-    stamp_lines: bool = Field(True, description="Delete lines that are nothing but a date or time, labelled or bracketed ('发布时间：2023-05-01 12:00', '[2021-03-04]', 'date: ...'); dates inside sentences stay.")
-    max_ad_line_share: Ratio | None = Field(0.5, description="Drop a document when more than this share of its lines are ad lines (an advertisement, not a page with an ad).")
-    max_rare_cjk_ratio: Ratio | None = Field(0.3, description="Drop a document when more than this share of its CJK characters is outside GB2312 and Big5's common level (random characters; classical poems reach 0.24).")
-    max_garbled_word_ratio: Ratio | None = Field(0.6, description="Drop a document when more than this share of its Latin words mix letters and digits or have no vowel (random strings; man pages reach 0.48).")
-    min_evidence: int = Field(8, ge=1, description="The garbled-text ratios judge documents with at least this many CJK characters / Latin words.")
+    ad_lines: bool = Field(
+        True,
+        description="Delete short lines with contact details (微信/QQ/电话/WhatsApp + an id or number) or two "
+                    "promotion phrases (包邮, 限时, free shipping, % off...).",
+    )
+    stamp_lines: bool = Field(
+        True,
+        description="Delete lines that are nothing but a date or time, labelled or bracketed "
+                    "('发布时间：2023-05-01 12:00', '[2021-03-04]', 'date: ...'); dates inside sentences stay.",
+    )
+    max_ad_line_share: Ratio | None = Field(
+        0.5,
+        description="Drop a document when more than this share of its lines are ad lines (an advertisement, not a page "
+                    "with an ad).",
+    )
+    max_rare_cjk_ratio: Ratio | None = Field(
+        0.3,
+        description="Drop a document when more than this share of its CJK characters is outside GB2312 and Big5's "
+                    "common level (random characters; classical poems reach 0.24).",
+    )
+    max_garbled_word_ratio: Ratio | None = Field(
+        0.6,
+        description="Drop a document when more than this share of its Latin words mix letters and digits or have no "
+                    "vowel (random strings; man pages reach 0.48).",
+    )
+    min_evidence: int = Field(
+        8,
+        ge=1,
+        description="The garbled-text ratios judge documents with at least this many CJK characters / Latin words.",
+    )
 
 
 class BoilerplateConfig(BlockSection):
     """Delete lines repeated across many documents (counted corpus-wide in a pre-pass) and ad lines."""
 
-    min_documents: int = Field(20, ge=2, description="A line found in at least this many documents is boilerplate. Corpus-wide: set it here, not per source.")
-    min_line_chars: int = Field(20, ge=1, description="Shorter body lines are never boilerplate (speaker names, 'Exeunt.', closing braces); edge lines count at any length. Corpus-wide: set it here.")
-    edge_lines: int = Field(6, ge=0, description="The first and last this many non-blank lines of a document are its edges (headers, breadcrumbs, footers), counted per source at any length. Corpus-wide: set it here.")
-    edge_block_lines: int = Field(2, ge=1, description="An edge line is deleted only inside a run of at least this many consecutive boilerplate edge lines (a header is a block; a lone 'Exeunt.' ending most scenes is content).")
-    min_source_share: Ratio = Field(0.5, description="An edge line is boilerplate when it opens or closes at least this share of its source's documents (and min_documents of them). Corpus-wide: set it here.")
-    body_lines: bool = Field(True, description="Also delete frequent lines of min_line_chars or more anywhere in a document; the docs profile sets false (in manuals a shared line is content).")
-    ad_patterns: list[str] = Field(list(DEFAULT_AD_PATTERNS), description="Case-insensitive regular expressions; a line containing a match is deleted.")
+    min_documents: int = Field(
+        20,
+        ge=2,
+        description="A line found in at least this many documents is boilerplate. Corpus-wide: set it here, not per "
+                    "source.",
+    )
+    min_line_chars: int = Field(
+        20,
+        ge=1,
+        description="Shorter body lines are never boilerplate (speaker names, 'Exeunt.', closing braces); edge lines "
+                    "count at any length. Corpus-wide: set it here.",
+    )
+    edge_lines: int = Field(
+        6,
+        ge=0,
+        description="The first and last this many non-blank lines of a document are its edges (headers, breadcrumbs, "
+                    "footers), counted per source at any length. Corpus-wide: set it here.",
+    )
+    edge_block_lines: int = Field(
+        2,
+        ge=1,
+        description="An edge line is deleted only inside a run of at least this many consecutive boilerplate edge "
+                    "lines (a header is a block; a lone 'Exeunt.' ending most scenes is content).",
+    )
+    min_source_share: Ratio = Field(
+        0.5,
+        description="An edge line is boilerplate when it opens or closes at least this share of its source's documents "
+                    "(and min_documents of them). Corpus-wide: set it here.",
+    )
+    body_lines: bool = Field(
+        True,
+        description="Also delete frequent lines of min_line_chars or more anywhere in a document; the docs profile "
+                    "sets false (in manuals a shared line is content).",
+    )
+    ad_patterns: list[str] = Field(
+        list(DEFAULT_AD_PATTERNS),
+        description="Case-insensitive regular expressions; a line containing a match is deleted.",
+    )
 
     @field_validator("ad_patterns")
     @classmethod
@@ -104,8 +184,12 @@ class BoilerplateConfig(BlockSection):
 class SymbolRunsConfig(BlockSection):
     """Delete runs of repeated symbols ("=====", "!!!!!!!", "★★★★★☆☆☆☆☆"); drop documents they dominate."""
 
-    min_run: int = Field(5, ge=2, description="Shortest run that counts: one symbol repeated, or a repeated pair of symbols (-=-=-=).")
-    max_fraction: Ratio | None = Field(0.5, description="Drop a document when runs cover more than this share of its non-space characters.")
+    min_run: int = Field(
+        5, ge=2, description="Shortest run that counts: one symbol repeated, or a repeated pair of symbols (-=-=-=)."
+    )
+    max_fraction: Ratio | None = Field(
+        0.5, description="Drop a document when runs cover more than this share of its non-space characters."
+    )
 
 
 class LengthConfig(BlockSection):
@@ -116,10 +200,15 @@ class LengthConfig(BlockSection):
 
 
 class ScriptConfig(BlockSection):
-    """Keep documents whose share of CJK / Latin letters (among all letters) is within bounds; all off by default, set per source."""
+    """Keep documents whose share of CJK / Latin letters (among all letters) is within bounds; all off by default, set
+    per source."""
 
-    min_cjk_ratio: Ratio | None = Field(None, description="Least share of CJK characters among letters (e.g. 0.5 for a Chinese source).")
-    max_cjk_ratio: Ratio | None = Field(None, description="Largest share of CJK characters among letters (e.g. 0.1 for an English source).")
+    min_cjk_ratio: Ratio | None = Field(
+        None, description="Least share of CJK characters among letters (e.g. 0.5 for a Chinese source)."
+    )
+    max_cjk_ratio: Ratio | None = Field(
+        None, description="Largest share of CJK characters among letters (e.g. 0.1 for an English source)."
+    )
     min_latin_ratio: Ratio | None = Field(None, description="Least share of Latin letters among letters.")
     max_latin_ratio: Ratio | None = Field(None, description="Largest share of Latin letters among letters.")
 
@@ -127,30 +216,79 @@ class ScriptConfig(BlockSection):
 class RepetitionConfig(BlockSection):
     """Gopher repetition rules, measured in units (a CJK character or a word), with char n-grams for Chinese."""
 
-    max_duplicate_line_fraction: Ratio | None = Field(0.4, description="Share of lines repeating an earlier line (Gopher: 0.3; plays repeat speaker names up to 0.38).")
+    max_duplicate_line_fraction: Ratio | None = Field(
+        0.4,
+        description="Share of lines repeating an earlier line (Gopher: 0.3; plays repeat speaker names up to 0.38).",
+    )
     max_duplicate_line_char_fraction: Ratio | None = Field(0.2, description="Share of characters in repeated lines.")
-    max_duplicate_paragraph_fraction: Ratio | None = Field(0.3, description="Share of paragraphs repeating an earlier paragraph.")
-    max_duplicate_paragraph_char_fraction: Ratio | None = Field(0.2, description="Share of characters in repeated paragraphs.")
-    top_ngrams: NgramLimits | None = Field(dict(GOPHER_TOP_NGRAMS), description="n -> largest share of characters covered by the most frequent repeated n-gram (Gopher).")
-    duplicate_ngrams: NgramLimits | None = Field(dict(GOPHER_DUPLICATE_NGRAMS), description="n -> largest share of characters inside repeated n-grams (Gopher).")
-    top_ngram_min_units: int = Field(50, ge=1, description="The top n-gram rule applies to documents of at least this many units (one phrase said twice dominates a shorter text).")
-    ngram_min_units: int = Field(100, ge=1, description="Below this many units (a quote, a stanza) a duplicate n-gram rule drops a document only when more than half of it repeats.")
-    cjk_chars_per_word: int = Field(3, ge=1, description="For Chinese-dominant documents, n-gram sizes, top_ngram_min_units, ngram_min_units and window_units are multiplied by this and counted in characters.")
-    window_units: int | None = Field(1000, ge=50, description="N-gram shares are measured in windows of this many units and averaged (Gopher's limits fit a web page; over a book every phrase repeats); null = the whole document.")
-    min_rest_share: Ratio = Field(0.5, description="A document that breaks a rule loses its repeated lines and paragraphs and is kept when the rest passes and holds at least this share of its characters; else it is dropped.")
+    max_duplicate_paragraph_fraction: Ratio | None = Field(
+        0.3, description="Share of paragraphs repeating an earlier paragraph."
+    )
+    max_duplicate_paragraph_char_fraction: Ratio | None = Field(
+        0.2, description="Share of characters in repeated paragraphs."
+    )
+    top_ngrams: NgramLimits | None = Field(
+        dict(GOPHER_TOP_NGRAMS),
+        description="n -> largest share of characters covered by the most frequent repeated n-gram (Gopher).",
+    )
+    duplicate_ngrams: NgramLimits | None = Field(
+        dict(GOPHER_DUPLICATE_NGRAMS), description="n -> largest share of characters inside repeated n-grams (Gopher)."
+    )
+    top_ngram_min_units: int = Field(
+        50,
+        ge=1,
+        description="The top n-gram rule applies to documents of at least this many units (one phrase said twice "
+                    "dominates a shorter text).",
+    )
+    ngram_min_units: int = Field(
+        100,
+        ge=1,
+        description="Below this many units (a quote, a stanza) a duplicate n-gram rule drops a document only when more "
+                    "than half of it repeats.",
+    )
+    cjk_chars_per_word: int = Field(
+        3,
+        ge=1,
+        description="For Chinese-dominant documents, n-gram sizes, top_ngram_min_units, ngram_min_units and "
+                    "window_units are multiplied by this and counted in characters.",
+    )
+    window_units: int | None = Field(
+        1000,
+        ge=50,
+        description="N-gram shares are measured in windows of this many units and averaged (Gopher's limits fit a web "
+                    "page; over a book every phrase repeats); null = the whole document.",
+    )
+    min_rest_share: Ratio = Field(
+        0.5,
+        description="A document that breaks a rule loses its repeated lines and paragraphs and is kept when the rest "
+                    "passes and holds at least this share of its characters; else it is dropped.",
+    )
 
 
 class QualityConfig(BlockSection):
     """Gopher quality rules, measured in units so that they apply to Chinese."""
 
-    min_alpha_unit_ratio: Ratio | None = Field(0.5, description="Least share of units containing a letter (Gopher: 0.8; news tables are number-heavy).")
-    min_mean_word_length: float | None = Field(3.0, ge=0, description="Shortest mean word length, Latin-script documents only.")
-    max_mean_word_length: float | None = Field(10.0, ge=0, description="Longest mean word length, Latin-script documents only.")
+    min_alpha_unit_ratio: Ratio | None = Field(
+        0.5, description="Least share of units containing a letter (Gopher: 0.8; news tables are number-heavy)."
+    )
+    min_mean_word_length: float | None = Field(
+        3.0, ge=0, description="Shortest mean word length, Latin-script documents only."
+    )
+    max_mean_word_length: float | None = Field(
+        10.0, ge=0, description="Longest mean word length, Latin-script documents only."
+    )
     max_symbol_ratio: float | None = Field(0.1, ge=0, description="Most '#' and ellipses per unit.")
-    symbol_ratio_min_units: int = Field(20, ge=1, description="The symbol rule applies to documents of at least this many units (one '……' in a short review is not spam).")
+    symbol_ratio_min_units: int = Field(
+        20,
+        ge=1,
+        description="The symbol rule applies to documents of at least this many units (one '……' in a short review is "
+                    "not spam).",
+    )
     max_bullet_line_ratio: Ratio | None = Field(0.9, description="Largest share of lines starting with a bullet.")
     max_ellipsis_line_ratio: Ratio | None = Field(0.3, description="Largest share of lines ending with an ellipsis.")
-    line_ratio_min_lines: int = Field(3, ge=1, description="The bullet and ellipsis rules apply to documents with at least this many lines.")
+    line_ratio_min_lines: int = Field(
+        3, ge=1, description="The bullet and ellipsis rules apply to documents with at least this many lines."
+    )
 
 
 class CleanConfig(Section):
@@ -179,11 +317,24 @@ SourceCleanConfig = create_model(
     "SourceCleanConfig",
     __base__=Section,
     __doc__="How one source is cleaned: a profile picking the blocks, and per-block overrides of data.clean.",
-    profile=(Literal["auto", "prose", "docs", "code", "none"], Field(
-        "auto", description="Which blocks apply: prose (all), docs (all; boilerplate only at a document's edges), code (mojibake, control_chars, length), none; auto = per document, the profile of what it is (code, docs or prose), read from its content.")),
+    profile=(
+        Literal["auto", "prose", "docs", "code", "none"],
+        Field(
+            "auto",
+            description="Which blocks apply: prose (all), docs (all; boilerplate only at a document's edges), code "
+                        "(mojibake, control_chars, length), none; auto = per document, the profile of what it is "
+                        "(code, docs or prose), read from its content.",
+        ),
+    ),
     **{
-        name: (CleanConfig.model_fields[name].annotation | None, Field(
-            None, description=f"Overrides data.clean.{name} for this source: fields given here win, the others come from data.clean.{name}."))
+        name: (
+            CleanConfig.model_fields[name].annotation | None,
+            Field(
+                None,
+                description=f"Overrides data.clean.{name} for this source: fields given here win, the others come from "
+                            f"data.clean.{name}.",
+            ),
+        )
         for name in CLEAN_BLOCKS
     },
 )

@@ -8,7 +8,6 @@ before this succeeds.
 from __future__ import annotations
 
 import copy
-
 import difflib
 import hashlib
 import json
@@ -25,7 +24,6 @@ from mindfoundry.config.parallel_config import RENAMED_KEYS
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.config.yaml12 import load_yaml
 from mindfoundry.errors import MindFoundryError
-
 
 #: A rule over a whole validated config: one message per violation (see config.checks).
 Rule = Callable[[RunConfig], list[str]]
@@ -65,7 +63,9 @@ def _describe(error: dict[str, Any]) -> str:
     """Turn one pydantic error into 'key=value: problem; fix'."""
     loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
     # Literal/union branches append the branch name (e.g. 'float', 'literal['auto']'); drop them.
-    loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in {"float", "int", "str", "bool", "none"})))
+    loc = tuple(
+        p for p in loc if not (isinstance(p, str) and ("[" in p or p in {"float", "int", "str", "bool", "none"}))
+    )
     key = _format_loc(loc)
     if len(key) > MAX_QUOTED:  # an echoed key must stay readable however long the input's was
         key = f"{key[:MAX_QUOTED]}... ({len(key):,} characters)"
@@ -76,7 +76,9 @@ def _describe(error: dict[str, Any]) -> str:
         parent, name = loc[:-1], loc[-1]
         known = _known_keys(RunConfig, parent)
         close = difflib.get_close_matches(str(name)[:MAX_QUOTED], known, n=1)
-        hint = f"did you mean '{_format_loc(parent + (close[0],))}'?" if close else f"valid keys here: {', '.join(known)}"
+        hint = (
+            f"did you mean '{_format_loc(parent + (close[0],))}'?" if close else f"valid keys here: {', '.join(known)}"
+        )
         return f"unknown key '{key}': {hint}"
     if kind == "missing":
         return f"missing required key '{key}': add it to the config"
@@ -154,8 +156,10 @@ def _check_extent(tree: Any, where: str) -> None:
         node, depth = stack.pop()
         seen += 1
         if seen > MAX_CONFIG_VALUES:
-            raise ConfigError(f"{where} expands to more than {MAX_CONFIG_VALUES:,} values (YAML aliases repeating "
-                              f"nested lists?): a run config is a few hundred; write the values out or shorten the lists")
+            raise ConfigError(
+                f"{where} expands to more than {MAX_CONFIG_VALUES:,} values (YAML aliases repeating "
+                f"nested lists?): a run config is a few hundred; write the values out or shorten the lists"
+            )
         if depth > MAX_CONFIG_DEPTH:
             raise ConfigError(f"{where} nests deeper than {MAX_CONFIG_DEPTH} levels: a run config has about 5")
         if isinstance(node, dict):
@@ -173,8 +177,10 @@ def _check_nesting(text: str, path: Path) -> None:
             depth += 1
             if depth > MAX_CONFIG_DEPTH:
                 mark = event.start_mark
-                raise ConfigError(f"config file '{path}' nests deeper than {MAX_CONFIG_DEPTH} levels (at line {mark.line + 1}, "
-                                  f"column {mark.column + 1}): a run config has about 5")
+                raise ConfigError(
+                    f"config file '{path}' nests deeper than {MAX_CONFIG_DEPTH} levels (at line {mark.line + 1}, "
+                    f"column {mark.column + 1}): a run config has about 5"
+                )
         elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
             depth -= 1
 
@@ -200,7 +206,9 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if tree is None:
         raise ConfigError(f"config file '{p}' is empty: start from configs/demo.yaml")
     if not isinstance(tree, dict):
-        raise ConfigError(f"config file '{p}' must hold a mapping of sections (model, data, train, ...), not a {type(tree).__name__}")
+        raise ConfigError(
+            f"config file '{p}' must hold a mapping of sections (model, data, train, ...), not a {type(tree).__name__}"
+        )
     _check_extent(tree, f"config file '{p}'")
     return tree
 
@@ -217,7 +225,13 @@ def _holder(tree: dict[str, Any], dotted: str, *, create: bool = False) -> tuple
     *parents, key = dotted.split(".")
     node: Any = tree
     for part in parents:
-        node = node.setdefault(part, {}) if create and isinstance(node, dict) else node.get(part) if isinstance(node, dict) else None
+        node = (
+            node.setdefault(part, {})
+            if create and isinstance(node, dict)
+            else node.get(part)
+            if isinstance(node, dict)
+            else None
+        )
     return (node if isinstance(node, dict) else None), key
 
 
@@ -319,8 +333,11 @@ ADDED_KEYS: dict[str, Any] = {
 #: today's default as 0.1.0's, so a run or data folder made by 0.1.0 with the default keeps its identity and resumes on
 #: the data it was prepared with. (A config that sets 0.1.0's value explicitly shares that identity.)
 CHANGED_DEFAULTS: dict[str, tuple[Any, Any]] = {
-    # near-duplicate recall on 4% character edits (issue #34): 0.60 at Jaccard 0.7 with 20x5 bands, 1.0 at 0.55 with 32x4
-    "data.dedup.threshold": (0.7, 0.55), "data.dedup.bands": (20, 32), "data.dedup.rows": (5, 4),
+    # near-duplicate recall on 4% character edits (issue #34): 0.60 at Jaccard 0.7 with 20x5 bands, 1.0 at 0.55 with
+    # 32x4
+    "data.dedup.threshold": (0.7, 0.55),
+    "data.dedup.bands": (20, 32),
+    "data.dedup.rows": (5, 4),
 }
 
 #: Keys that moved (:data:`MOVED_KEYS`) after release 0.1.0 and count in identities, dotted new name -> old last part.
@@ -337,7 +354,8 @@ def _node(tree: dict[str, Any], path: list[str]) -> Any:
 
 
 def identity_view(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A dumped config (or the section at ``prefix``, e.g. ``"data."``) without the :data:`ADDED_KEYS` at their defaults,
+    """A dumped config (or the section at ``prefix``, e.g. ``"data."``) without the :data:`ADDED_KEYS` at their
+    defaults,
     the :data:`CHANGED_DEFAULTS` at today's default written as 0.1.0's, the :data:`IDENTITY_OLD_NAMES` under their old
     names."""
     def strip(node: Any, path: list[str], default: Any) -> None:

@@ -25,20 +25,28 @@ class MemoryConfig(Section):
     """Activation memory: recompute, offload to host memory, the loss over the vocabulary in chunks."""
 
     recompute: Recompute = Field(
-        "none", description="none: keep every activation for the backward; full: keep only each recomputed block's input and "
-        "run its forward again in the backward (~1/3 more compute); selective: recompute " + SELECTIVE_RECOMPUTES +
-        ", keep the projections' outputs and the norms (a few % more compute)."
+        "none",
+        description="none: keep every activation for the backward; full: keep only each recomputed block's input and "
+        "run its forward again in the backward (~1/3 more compute); selective: recompute "
+        + SELECTIVE_RECOMPUTES
+        + ", keep the projections' outputs and the norms (a few % more compute).",
     )
     recompute_layers: Literal["all"] | int | list[int] = Field(
         "all", description="Blocks that recompute: all; N = the first N blocks; or a list of block indices (0-based)."
     )
     offload_activations: bool = Field(
-        False, description="Move the activations saved for the backward to host memory and back (torch engine: "
-        "save_on_cpu with pinned buffers; MindSpore: Cell.offload). Accelerators only: on device cpu they already are in host memory."
+        False,
+        description="Move the activations saved for the backward to host memory and back (torch engine: "
+        "save_on_cpu with pinned buffers; MindSpore: Cell.offload). Accelerators only: on device cpu they already are "
+        "in host memory.",
     )
     loss_chunk: int = Field(
-        0, ge=0, le=2**20, description="Sequence positions per chunk of the output head and loss: the (micro_batch x chunk x "
-        "vocab) logits of one chunk exist at a time, recomputed in the backward, instead of the whole micro-batch's; 0 = off."
+        0,
+        ge=0,
+        le=2**20,
+        description="Sequence positions per chunk of the output head and loss: the (micro_batch x chunk x "
+        "vocab) logits of one chunk exist at a time, recomputed in the backward, instead of the whole micro-batch's; 0 "
+        "= off.",
     )
 
     @field_validator("recompute_layers")
@@ -54,7 +62,9 @@ class MemoryConfig(Section):
             if any(i < 0 for i in v):
                 raise ValueError(f"block indices are 0-based and not negative: {[i for i in v if i < 0]}")
             if len(set(v)) != len(v):
-                raise ValueError(f"block {sorted(i for i in set(v) if v.count(i) > 1)} listed twice: list each block once")
+                raise ValueError(
+                    f"block {sorted(i for i in set(v) if v.count(i) > 1)} listed twice: list each block once"
+                )
         return v
 
     def recomputed_layers(self, n_layers: int) -> tuple[int, ...]:
@@ -72,12 +82,15 @@ class MemoryConfig(Section):
             return tuple(range(chosen))
         missing = sorted(i for i in chosen if i >= n_layers)
         if missing:
-            raise ValueError(f"memory.recompute_layers lists block {', '.join(map(str, missing))}, which does not exist: "
-                             f"the model has {n_layers} blocks (0-{n_layers - 1})")
+            raise ValueError(
+                f"memory.recompute_layers lists block {', '.join(map(str, missing))}, which does not exist: "
+                f"the model has {n_layers} blocks (0-{n_layers - 1})"
+            )
         return tuple(sorted(chosen))
 
     def describe(self, n_layers: int) -> str:
-        """One line for the console, `smoke` and the report: e.g. 'full recompute (blocks 0-3 of 8), loss in chunks of 256'."""
+        """One line for the console, `smoke` and the report: e.g. 'full recompute (blocks 0-3 of 8), loss in chunks of
+        256'."""
         parts = []
         if self.recompute != "none":
             layers = self.recomputed_layers(n_layers)

@@ -9,7 +9,6 @@ from pydantic import Field, field_validator
 
 from mindfoundry.config.section import Section
 
-
 #: Keys that were renamed or split, with what to write instead (load.py shows these for an unknown key).
 RENAMED_KEYS: dict[str, str] = {
     "parallel.dp": "parallel.dp was split into dp_replicate (replicas) and dp_shard (FSDP shards): set one of them "
@@ -25,34 +24,74 @@ class ParallelConfig(Section):
     model, the sequence and the batch are in :mod:`mindfoundry.parallel.layout`.
     """
 
-    dp_replicate: int = Field(1, ge=1, description="Data-parallel replicas: whole copies of the (tp/pp-split) model whose gradients "
-                                                   "are all-reduced each step (DDP; MindSpore DATA_PARALLEL).")
-    dp_shard: int = Field(1, ge=-1, description="FSDP degree: parameters, gradients and optimizer state sharded over this many "
-                                                "data-parallel ranks (ZeRO-3); -1 = whatever is left of the world size.")
-    tp: int = Field(1, ge=1, description="Tensor parallel: attention heads and the MLP split column/row-wise (Megatron) over this "
-                                         "many ranks; must divide n_heads, n_kv_heads, ffn_dim and vocab_size.")
-    sequence_parallel: bool = Field(True, description="With tp > 1: norms and the residual stream are split along the sequence "
-                                                      "(activations / tp); train.seq_len must be divisible by cp*tp.")
-    pp: int = Field(1, ge=1, description="Pipeline stages: the layers are cut into pp * pp_virtual_stages contiguous chunks. "
-                                         "The pipeline's micro-batches are train.grad_accum micro-batches of "
-                                         "train.micro_batch_size sequences (1F1B/Interleaved1F1B need grad_accum >= pp).")
+    dp_replicate: int = Field(
+        1,
+        ge=1,
+        description="Data-parallel replicas: whole copies of the (tp/pp-split) model whose gradients "
+        "are all-reduced each step (DDP; MindSpore DATA_PARALLEL).",
+    )
+    dp_shard: int = Field(
+        1,
+        ge=-1,
+        description="FSDP degree: parameters, gradients and optimizer state sharded over this many "
+        "data-parallel ranks (ZeRO-3); -1 = whatever is left of the world size.",
+    )
+    tp: int = Field(
+        1,
+        ge=1,
+        description="Tensor parallel: attention heads and the MLP split column/row-wise (Megatron) over this "
+        "many ranks; must divide n_heads, n_kv_heads, ffn_dim and vocab_size.",
+    )
+    sequence_parallel: bool = Field(
+        True,
+        description="With tp > 1: norms and the residual stream are split along the sequence "
+        "(activations / tp); train.seq_len must be divisible by cp*tp.",
+    )
+    pp: int = Field(
+        1,
+        ge=1,
+        description="Pipeline stages: the layers are cut into pp * pp_virtual_stages contiguous chunks. "
+        "The pipeline's micro-batches are train.grad_accum micro-batches of "
+        "train.micro_batch_size sequences (1F1B/Interleaved1F1B need grad_accum >= pp).",
+    )
     pp_schedule: Literal["1F1B", "GPipe", "Interleaved1F1B"] = Field(
-        "1F1B", description="Pipeline schedule: 1F1B (holds at most pp micro-batches of activations), GPipe (all micro-batches "
-                            "forward, then all backward), Interleaved1F1B (pp_virtual_stages chunks per rank, smaller bubble).")
-    pp_virtual_stages: int = Field(1, ge=1, description="Pipeline chunks per rank; > 1 only with pp_schedule Interleaved1F1B.")
-    cp: int = Field(1, ge=1, description="Context parallel: each sequence split over this many ranks (attention all-gathers K/V); "
-                                         "train.seq_len must be divisible by 2*cp (load-balanced causal chunks).")
+        "1F1B",
+        description="Pipeline schedule: 1F1B (holds at most pp micro-batches of activations), GPipe (all micro-batches "
+        "forward, then all backward), Interleaved1F1B (pp_virtual_stages chunks per rank, smaller bubble).",
+    )
+    pp_virtual_stages: int = Field(
+        1, ge=1, description="Pipeline chunks per rank; > 1 only with pp_schedule Interleaved1F1B."
+    )
+    cp: int = Field(
+        1,
+        ge=1,
+        description="Context parallel: each sequence split over this many ranks (attention all-gathers K/V); "
+        "train.seq_len must be divisible by 2*cp (load-balanced causal chunks).",
+    )
     ep: int = Field(1, ge=1, description="Expert parallel for a mixture-of-experts FFN: experts spread over ep of the "
                                          "dp_shard*cp ranks; ep must divide dp_shard*cp and the number of experts.")
-    optimizer_shard: bool = Field(False, description="Shard optimizer state over all data-parallel ranks (ZeRO-1 / MindSpore "
-                                                     "parallel optimizer); implied over the dp_shard ranks when dp_shard > 1.")
+    optimizer_shard: bool = Field(
+        False,
+        description="Shard optimizer state over all data-parallel ranks (ZeRO-1 / MindSpore "
+        "parallel optimizer); implied over the dp_shard ranks when dp_shard > 1.",
+    )
     grad_fusion_groups: int | None = Field(
-        None, ge=1, le=4096, description="Gradients all-reduced in this many fused groups of consecutive parameters (MindFormers' "
-        "gradient_aggregation_group): more groups start communicating earlier in the backward, fewer send larger messages. "
-        "MindSpore data parallel (all_reduce_fusion_config); torch's FSDP2 groups per block and refuses it. null = the engine's default.")
-    world_size: int | None = Field(None, ge=1, description="Expected number of processes; null = the product "
-                                                           "dp_replicate*dp_shard*cp*tp*pp. Checked against the launcher's "
-                                                           "WORLD_SIZE at start.")
+        None,
+        ge=1,
+        le=4096,
+        description="Gradients all-reduced in this many fused groups of consecutive parameters (MindFormers' "
+        "gradient_aggregation_group): more groups start communicating earlier in the backward, fewer send larger "
+        "messages. "
+        "MindSpore data parallel (all_reduce_fusion_config); torch's FSDP2 groups per block and refuses it. null = the "
+        "engine's default.",
+    )
+    world_size: int | None = Field(
+        None,
+        ge=1,
+        description="Expected number of processes; null = the product "
+        "dp_replicate*dp_shard*cp*tp*pp. Checked against the launcher's "
+        "WORLD_SIZE at start.",
+    )
 
     @field_validator("dp_shard")
     @classmethod

@@ -25,9 +25,11 @@ class SlowPatternError(MindFoundryError, ValueError):
 
 
 def _slow(pattern: str, key: str) -> SlowPatternError:
-    return SlowPatternError(f"{key} pattern {pattern!r} takes over {SEARCH_SECONDS:g} s on a single line: it backtracks "
-                            "catastrophically (nested repeats such as (a+)+ or (.*)*); rewrite it without a repeat inside "
-                            "a repeat, e.g. a+ instead of (a+)+")
+    return SlowPatternError(
+        f"{key} pattern {pattern!r} takes over {SEARCH_SECONDS:g} s on a single line: it backtracks "
+        "catastrophically (nested repeats such as (a+)+ or (.*)*); rewrite it without a repeat inside "
+        "a repeat, e.g. a+ instead of (a+)+"
+    )
 
 
 class UserPatterns:

@@ -55,8 +55,8 @@ class Thresholds:
     rel_error: float = 0.05          # ... or RMSE / RMS(B) > this
     cosine_warning: float = 0.9999   # warning if cosine < this ...
     rel_warning: float = 1e-4        # ... or RMSE / RMS(B) > this
-    zero_rms: float = 1e-12          # a tensor whose RMS is at most this on both sides is zero: it passes
-    stats_rel_error: float = 0.05    # statistics mode: error if the norm differs by more, or the mean by more of the RMS
+    zero_rms: float = 1e-12  # a tensor whose RMS is at most this on both sides is zero: it passes
+    stats_rel_error: float = 0.05  # statistics mode: error if the norm differs by more, or the mean by more of the RMS
     stats_rel_warning: float = 0.005  # statistics mode: warning if mean, norm, min or max differ by more (of the scale)
 
 
@@ -197,7 +197,8 @@ _SOURCE = {"forward_output": (".output.0", ".input.0"), "backward_grad_input": (
 
 
 def relative_error(row: TensorComparison | None) -> float:
-    """Size of the difference relative to the reference: RMSE / RMS(B) with arrays, else the norm's relative difference."""
+    """Size of the difference relative to the reference: RMSE / RMS(B) with arrays, else the norm's relative difference.
+    """
     if row is None:
         return 0.0
     if row.rel_rmse is not None:
@@ -283,7 +284,11 @@ def _row(ra: dict[str, Any], rb: dict[str, Any]) -> TensorComparison:
         x, y = ra.get(stat), rb.get(stat)
         setattr(row, f"{stat}_a", x)
         setattr(row, f"{stat}_b", y)
-        setattr(row, f"{stat}_rel_diff", None if x is None or y is None else abs(x - y) / max(abs(scales[stat] or 0.0), TINY))
+        setattr(
+            row,
+            f"{stat}_rel_diff",
+            None if x is None or y is None else abs(x - y) / max(abs(scales[stat] or 0.0), TINY),
+        )
     return row
 
 
@@ -301,7 +306,11 @@ def _judge_tensor(row: TensorComparison, m: dict[str, Any], integral: bool, t: T
             ("error", f"integer values differ (max abs {m['max_abs']:.6g}, {m['rel_over_1e3']:.1%} of elements)")
     same_nonfinite = f"; {row.nonfinite_a} NaN/Inf in the same places on both sides" if row.nonfinite_a else ""
     if m["rms_a"] <= t.zero_rms and m["rms_b"] <= t.zero_rms:
-        return "pass", f"numerically zero on both sides (RMS {m['rms_a']:.3g} and {m['rms_b']:.3g} <= {t.zero_rms:g}){same_nonfinite}"
+        return (
+            "pass",
+            f"numerically zero on both sides (RMS {m['rms_a']:.3g} and {m['rms_b']:.3g} <= "
+            f"{t.zero_rms:g}){same_nonfinite}",
+        )
     if cos < t.cosine_error:
         return "error", f"cosine {cos:.4g} < {t.cosine_error:g} (relative RMS error {rel:.3g})"
     if rel > t.rel_error:
@@ -332,17 +341,27 @@ def _judge_stats(row: TensorComparison, integral: bool, t: Thresholds) -> tuple[
         diffs.append((stat, x, y, getattr(row, f"{stat}_rel_diff")))
     for stat, x, y, rel in diffs:
         if stat in ("mean", "norm") and rel > t.stats_rel_error:
-            return "error", f"{stat} differs by {rel:.2%} of the reference's {_SCALE[stat]} ({x:.6g} vs {y:.6g}) > {t.stats_rel_error:.1%}"
+            return (
+                "error",
+                f"{stat} differs by {rel:.2%} of the reference's {_SCALE[stat]} ({x:.6g} vs {y:.6g}) > "
+                f"{t.stats_rel_error:.1%}",
+            )
     for stat, x, y, rel in diffs:
         if rel > t.stats_rel_warning:
-            return "warning", f"{stat} differs by {rel:.2%} of the reference's {_SCALE[stat]} ({x:.6g} vs {y:.6g}) > {t.stats_rel_warning:.1%}"
+            return (
+                "warning",
+                f"{stat} differs by {rel:.2%} of the reference's {_SCALE[stat]} ({x:.6g} vs {y:.6g}) > "
+                f"{t.stats_rel_warning:.1%}",
+            )
     return "pass", f"mean, norm, min and max agree within {t.stats_rel_warning:.1%} of the reference's scale"
 
 
 _SCALE = {"norm": "norm", "mean": "RMS", "min": "largest magnitude", "max": "largest magnitude"}
 
 
-def _compare_pair(da: Dump, ra: dict[str, Any], db: Dump, rb: dict[str, Any], mode: str, t: Thresholds) -> TensorComparison:
+def _compare_pair(
+    da: Dump, ra: dict[str, Any], db: Dump, rb: dict[str, Any], mode: str, t: Thresholds
+) -> TensorComparison:
     row = _row(ra, rb)
     if row.shape_a != row.shape_b:
         row.verdict, row.reason = "error", f"shape {list(row.shape_a)} in A vs {list(row.shape_b)} in B"
@@ -409,7 +428,9 @@ def compare_trees(a: Path, b: Path, thresholds: Thresholds = Thresholds()) -> li
     a, b = Path(a), Path(b)
     rel_a = {p.relative_to(a): p for p in dump_leaves(a)}
     rel_b = {p.relative_to(b): p for p in dump_leaves(b)}
-    if len(rel_a) == len(rel_b) == 1:  # one dump each: paired whatever their folders (msprobe's step0/proc123 vs step1/rank0)
+    if (
+        len(rel_a) == len(rel_b) == 1
+    ):  # one dump each: paired whatever their folders (msprobe's step0/proc123 vs step1/rank0)
         return [_compare(read_dump(*rel_a.values()), read_dump(*rel_b.values()), thresholds)]
     missing = [f"{rel} (only in {a})" for rel in rel_a if rel not in rel_b] + \
               [f"{rel} (only in {b})" for rel in rel_b if rel not in rel_a]

@@ -105,7 +105,8 @@ class Dump:
         return {r["name"]: r for r in self.records}
 
     def array(self, record: dict[str, Any]) -> np.ndarray | None:
-        """The stored tensor (.npy memory-mapped; .pt, msprobe's PyTorch files, read without torch), or None in statistics mode."""
+        """The stored tensor (.npy memory-mapped; .pt, msprobe's PyTorch files, read without torch), or None in
+        statistics mode."""
         if "file" not in record:
             return None
         path = self.path / record["file"]
@@ -136,6 +137,8 @@ def read_native_dump(path: Path) -> Dump:
             except json.JSONDecodeError:
                 raise DumpError(f"{index}:{lineno} is not valid JSON: the dump is damaged; dump again") from None
     if len(records) != meta.get("tensors", len(records)):
-        raise DumpError(f"{index} lists {len(records)} tensors but {META_FILE} says {meta['tensors']}: the dump is damaged")
+        raise DumpError(
+            f"{index} lists {len(records)} tensors but {META_FILE} says {meta['tensors']}: the dump is damaged"
+        )
     return Dump(path, meta, records)
 

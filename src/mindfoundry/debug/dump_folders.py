@@ -32,10 +32,14 @@ def dump_leaves(root: Path) -> list[Path]:
     """Every (step, rank) folder under `root` (or `root` itself when it is one), sorted; all of one format."""
     root = Path(root)
     if not root.exists():
-        raise DumpError(f"{root} does not exist: give a dump folder written by `mindfoundry dump`, debug.dump or msprobe")
+        raise DumpError(
+            f"{root} does not exist: give a dump folder written by `mindfoundry dump`, debug.dump or msprobe"
+        )
     if leaf_format(root):
         return [root]
-    leaves = sorted({p.parent for marker in _MARKERS for p in root.rglob(marker)}, key=lambda p: p.relative_to(root).parts)
+    leaves = sorted(
+        {p.parent for marker in _MARKERS for p in root.rglob(marker)}, key=lambda p: p.relative_to(root).parts
+    )
     if not leaves:
         raise DumpError(f"{root} holds no dump (neither {INDEX_FILE} nor {DUMP_JSON} below it)")
     kinds: dict[str, list[Path]] = {}
@@ -43,7 +47,9 @@ def dump_leaves(root: Path) -> list[Path]:
         kinds.setdefault(leaf_format(leaf), []).append(leaf)
     if len(kinds) > 1:
         example = "; ".join(f"{fmt}: {paths[0].relative_to(root)}" for fmt, paths in kinds.items())
-        raise DumpError(f"{root} mixes MindFoundry and msprobe dumps ({example}); compare one format's folder at a time")
+        raise DumpError(
+            f"{root} mixes MindFoundry and msprobe dumps ({example}); compare one format's folder at a time"
+        )
     return leaves
 
 
@@ -52,7 +58,9 @@ def read_dump(path: Path) -> Dump:
     path = Path(path)
     fmt = leaf_format(path)
     if fmt is None:
-        raise DumpError(f"{path}: neither {INDEX_FILE} nor {DUMP_JSON}; point at a dump's step{{N}}/rank{{R}} folder or its root")
+        raise DumpError(
+            f"{path}: neither {INDEX_FILE} nor {DUMP_JSON}; point at a dump's step{{N}}/rank{{R}} folder or its root"
+        )
     return read_native_dump(path) if fmt == "mindfoundry" else read_msprobe_dump(path)
 
 

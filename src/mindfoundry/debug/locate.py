@@ -46,15 +46,19 @@ class Overflow:
         if r["kind"] == "param":
             return f"{what}: the weights were already non-finite before this step (restore an earlier checkpoint)"
         if r["kind"] == "forward_input":
-            return f"{what}: the input of {self.module} is non-finite, produced outside the dumped modules (widen debug.dump.modules)"
+            return (f"{what}: the input of {self.module} is non-finite, produced outside the dumped modules "
+                    "(widen debug.dump.modules)")
         if r["kind"] == "loss":
-            return f"{what}: every module output was finite; the loss itself is not (labels, loss scale, or an injected fault)"
+            return (f"{what}: every module output was finite; the loss itself is not "
+                    "(labels, loss scale, or an injected fault)")
         if self.given is None:
             return f"{what}: first non-finite tensor of the step"
         side = "input" if self.direction == "forward" else "gradient at its output"
         state = "finite" if nonfinite(self.given) == 0 else f"already non-finite ({_counts(self.given)})"
-        return (f"{what}: first non-finite tensor of the step; its {side} was {state} "
-                f"(min {_g(self.given.get('min'))}, max {_g(self.given.get('max'))}, norm {_g(self.given.get('norm'))})")
+        return (
+            f"{what}: first non-finite tensor of the step; its {side} was {state} "
+            f"(min {_g(self.given.get('min'))}, max {_g(self.given.get('max'))}, norm {_g(self.given.get('norm'))})"
+        )
 
 
 def _counts(record: dict[str, Any]) -> str:

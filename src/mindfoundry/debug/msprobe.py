@@ -5,7 +5,8 @@ Layout, as msprobe's own PrecisionDebugger writes it::
     DUMP/step{N}/rank{R}/dump.json         {"task", "level": "L0", "framework", "dump_data_dir", "data": {ENTRY: ...}}
     DUMP/step{N}/rank{R}/stack.json        call stacks, grouped: {"0": [[ENTRY, ...], [frame, ...]], ...}
     DUMP/step{N}/rank{R}/construct.json    ENTRY -> the entry of the module that called it (null at the top)
-    DUMP/step{N}/rank{R}/dump_tensor_data/ tensor mode: one file per tensor, ENTRY.input.0.pt (PyTorch) / .npy (MindSpore)
+    DUMP/step{N}/rank{R}/dump_tensor_data/ tensor mode: one file per tensor, ENTRY.input.0.pt (PyTorch) / .npy
+    (MindSpore)
 
 An entry is ``Module.<name>.<Class>.forward.<call>`` (PyTorch; ``Cell.`` for MindSpore) holding
 ``input_args``/``input_kwargs``/``output``/``parameters``; ``...backward.<call>`` holds ``input``
@@ -50,11 +51,14 @@ META_KEY = "mindfoundry"
 ROOT = "model"  # our name for the whole model, which msprobe's L0 does not dump
 _MS_DTYPES = {"float16": "Float16", "float32": "Float32", "float64": "Float64", "bfloat16": "BFloat16", "int8": "Int8",
               "int16": "Int16", "int32": "Int32", "int64": "Int64", "uint8": "UInt8", "bool": "Bool"}
-_ENTRY = re.compile(r"^(Module|Cell)\.(?P<path>.+)\.(?P<cls>[^.]+)\.(?P<dir>forward|backward|parameters_grad)\.(?P<call>\d+)$")
+_ENTRY = re.compile(
+    r"^(Module|Cell)\.(?P<path>.+)\.(?P<cls>[^.]+)\.(?P<dir>forward|backward|parameters_grad)\.(?P<call>\d+)$"
+)
 
 
 def representable(module: str, kind: str) -> bool:
-    """Whether msprobe's L0 layout has a place for a tensor: not the whole model's output, the loss or AdamW's moments."""
+    """Whether msprobe's L0 layout has a place for a tensor: not the whole model's output, the loss or AdamW's moments.
+    """
     return module not in (ROOT, "loss") and kind not in ("loss", "exp_avg", "exp_avg_sq")
 
 
@@ -79,15 +83,26 @@ FLAVORS = {
 
 
 def msprobe_stats(a: np.ndarray) -> dict[str, Any]:
-    """Max/Min/Mean/Norm as msprobe records them: over every element (a NaN makes them NaN); integer tensors have no Mean/Norm."""
+    """Max/Min/Mean/Norm as msprobe records them: over every element (a NaN makes them NaN); integer tensors have no
+    Mean/Norm."""
     if a.size == 0:
         return {"Max": None, "Min": None, "Mean": None, "Norm": None}
     s = tensor_stats(a)
     if s["nan"] or s["inf"]:
         f = np.asarray(a, dtype=np.float64)
-        s = {"max": float(f.max()), "min": float(f.min()), "mean": float(f.mean()), "norm": float(np.sqrt(np.sum(f * f)))}
+        s = {
+            "max": float(f.max()),
+            "min": float(f.min()),
+            "mean": float(f.mean()),
+            "norm": float(np.sqrt(np.sum(f * f))),
+        }
     integral = a.dtype.kind in "iub"
-    return {"Max": s["max"], "Min": s["min"], "Mean": None if integral else s["mean"], "Norm": None if integral else s["norm"]}
+    return {
+        "Max": s["max"],
+        "Min": s["min"],
+        "Mean": None if integral else s["mean"],
+        "Norm": None if integral else s["norm"],
+    }
 
 
 class MsprobeWriter:
@@ -115,9 +130,18 @@ class MsprobeWriter:
         if not representable(module, kind):
             return []
         if kind == "param":
-            return [(self._entry(module, "forward", call), "parameters", name.rsplit(".", 1)[1]) for call in range(self.micro_batches)]
+            return [
+                (self._entry(module, "forward", call), "parameters", name.rsplit(".", 1)[1])
+                for call in range(self.micro_batches)
+            ]
         if kind == "grad":
-            return [(self._entry(module, "parameters_grad", self.micro_batches - 1), "parameters_grad", name.rsplit(".", 1)[1])]
+            return [
+                (
+                    self._entry(module, "parameters_grad", self.micro_batches - 1),
+                    "parameters_grad",
+                    name.rsplit(".", 1)[1],
+                )
+            ]
         direction, call = name[len(module) + 1:].split(".")[:2]
         slot = {"forward_input": "input_args", "forward_output": "output",
                 "backward_grad_output": "input", "backward_grad_input": "output"}[kind]
@@ -130,7 +154,12 @@ class MsprobeWriter:
             return {}
         a = np.asarray(array)
         f = self.flavor
-        stats: dict[str, Any] = {"type": f.tensor_type, "dtype": f.dtype(dtype or str(a.dtype)), "shape": list(a.shape), **msprobe_stats(a)}
+        stats: dict[str, Any] = {
+            "type": f.tensor_type,
+            "dtype": f.dtype(dtype or str(a.dtype)),
+            "shape": list(a.shape),
+            **msprobe_stats(a),
+        }
         # activations and weights of a training step carry autograd, gradients do not. msprobe's own MindSpore
         # dumps leave the field out, and its compare then calls every MindSpore-vs-PyTorch row "Required_Grad
         # inconsistent"; the value is as true of a MindSpore step, so both flavors write it
@@ -160,8 +189,18 @@ class MsprobeWriter:
         """Write construct.json, stack.json, then dump.json (its presence marks a complete dump)."""
         parents = {e: self._parent(e) for e in self.data if ".parameters_grad." not in e}
         _write_json(self.dir / CONSTRUCT_JSON, parents)
-        _write_json(self.dir / STACK_JSON, {"0": [list(self.data), [f"recorded by MindFoundry's {self.meta.get('backend', '')} "
-                                                                      "module hooks (no Python stack is kept)"]]})
+        _write_json(
+            self.dir / STACK_JSON,
+            {
+                "0": [
+                    list(self.data),
+                    [
+                        f"recorded by MindFoundry's {self.meta.get('backend', '')} "
+                        "module hooks (no Python stack is kept)"
+                    ],
+                ]
+            },
+        )
         meta = {**self.meta, **extra, "tensors": self.count, "not_in_msprobe_format": self.skipped}
         _write_json(self.dir / DUMP_JSON, {
             "task": self.mode, "level": "L0", "framework": self.flavor.framework,
@@ -245,7 +284,8 @@ def _tensors(entry: str, body: dict[str, Any]) -> Iterator[tuple[str, str, str, 
 
 
 def _earlier_gradient_sums(data: dict[str, Any]) -> set[str]:
-    """parameters_grad entries before a module's last one: running sums after earlier micro-batches, not the step's gradient."""
+    """parameters_grad entries before a module's last one: running sums after earlier micro-batches, not the step's
+    gradient."""
     last: dict[str, tuple[int, str]] = {}
     for entry in data:
         m = _ENTRY.match(entry)
@@ -300,7 +340,9 @@ def read_msprobe_dump(path: Path) -> Dump:
         raise DumpError(f"{file} has no 'data' object: not an msprobe dump.json")
     task = raw.get("task")
     if task not in ("statistics", "tensor"):
-        raise DumpError(f"{file}: msprobe task '{task}' holds no tensor values to compare; dump with task statistics or tensor")
+        raise DumpError(
+            f"{file}: msprobe task '{task}' holds no tensor values to compare; dump with task statistics or tensor"
+        )
     records: list[dict[str, Any]] = []
     earlier = _earlier_gradient_sums(raw["data"])
     for entry, body in raw["data"].items():

@@ -25,7 +25,9 @@ ROOT = "model"  # the whole model's module name (its output is the logits)
 class TensorSink(Protocol):
     """Where a probe streams tensors: a dump writer of either format (debug/dump.py, debug/msprobe.py)."""
 
-    def record(self, name: str, module: str, kind: str, array: np.ndarray, dtype: str | None = None) -> dict[str, Any]: ...
+    def record(
+        self, name: str, module: str, kind: str, array: np.ndarray, dtype: str | None = None
+    ) -> dict[str, Any]: ...
 
     def close(self, **extra: Any) -> Any: ...
 
@@ -108,15 +110,29 @@ class Probe:
             call = self._calls[(module, "forward")] - 1
             self._record(f"{module}.forward.{call}.output.0", module, "forward_output", array, dtype)
 
-    def backward(self, module: str, grad_output: np.ndarray | None, grad_input: np.ndarray | None, dtype: str | None = None) -> None:
+    def backward(
+        self, module: str, grad_output: np.ndarray | None, grad_input: np.ndarray | None, dtype: str | None = None
+    ) -> None:
         call = self._calls[(module, "backward")]
         self._calls[(module, "backward")] += 1
         if not (self.wants("backward") and self._selected(module)):
             return
         if grad_output is not None:
-            self._record(f"{module}.backward.{call}.grad_output.0", module, "backward_grad_output", self._unscaled(grad_output), dtype)
+            self._record(
+                f"{module}.backward.{call}.grad_output.0",
+                module,
+                "backward_grad_output",
+                self._unscaled(grad_output),
+                dtype,
+            )
         if grad_input is not None:
-            self._record(f"{module}.backward.{call}.grad_input.0", module, "backward_grad_input", self._unscaled(grad_input), dtype)
+            self._record(
+                f"{module}.backward.{call}.grad_input.0",
+                module,
+                "backward_grad_input",
+                self._unscaled(grad_input),
+                dtype,
+            )
 
     def _unscaled(self, array: np.ndarray) -> np.ndarray:
         """Gradients (and the loss) as they would be without the fp16 loss scale (widened: fp16 * 1/S may underflow)."""
@@ -143,7 +159,9 @@ class Probe:
     # -- step-level tensors ------------------------------------------------------------------
     def loss(self, call: int, value: np.ndarray) -> None:
         if self.wants("forward"):
-            self._record(f"loss.forward.{call}.output.0", "loss", "loss", self._unscaled(np.asarray(value, np.float32)), None)
+            self._record(
+                f"loss.forward.{call}.output.0", "loss", "loss", self._unscaled(np.asarray(value, np.float32)), None
+            )
 
     def tensor(self, direction: str, name: str, array: np.ndarray, dtype: str | None = None) -> None:
         """Parameters ('params': param.NAME), gradients ('grads': grad.NAME), moments ('optimizer': exp_avg*.NAME)."""
@@ -153,9 +171,17 @@ class Probe:
         if self._selected_param(param):
             kind = {"params": "param", "grads": "grad"}.get(direction) or name.split(".", 1)[0]
             prefix = {"params": "param.", "grads": "grad."}.get(direction, "")
-            self._record(prefix + name, param.rsplit(".", 1)[0], kind, self._unscaled(array) if direction == "grads" else array, dtype)
+            self._record(
+                prefix + name,
+                param.rsplit(".", 1)[0],
+                kind,
+                self._unscaled(array) if direction == "grads" else array,
+                dtype,
+            )
 
-    def state(self, direction: str, named: Iterable[tuple[str, Any]], convert: Callable[[Any], tuple[np.ndarray, str | None]]) -> None:
+    def state(
+        self, direction: str, named: Iterable[tuple[str, Any]], convert: Callable[[Any], tuple[np.ndarray, str | None]]
+    ) -> None:
         """Stream engine tensors one at a time (converted only when this direction is dumped)."""
         if self.wants(direction):
             for name, value in named:

@@ -108,7 +108,17 @@ def _tensor_pickle(storage: str, shape: tuple[int, ...], numel: int) -> bytes:
     for dim in reversed(shape):
         stride.insert(0, acc)
         acc *= dim
-    pid = b"(" + _string("storage") + b"ctorch\n" + storage.encode() + b"\n" + _string("0") + _string("cpu") + _int(numel) + b"tQ"
+    pid = (
+        b"("
+        + _string("storage")
+        + b"ctorch\n"
+        + storage.encode()
+        + b"\n"
+        + _string("0")
+        + _string("cpu")
+        + _int(numel)
+        + b"tQ"
+    )
     return (b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\n(" + pid + _int(0) + _ints(shape) + _ints(stride)
             + b"\x89ccollections\nOrderedDict\n)Rt" + b"R.")
 

@@ -19,8 +19,11 @@ from mindfoundry.data.dataset.packing import IGNORE_INDEX
 from mindfoundry.model.spec import PAD_ID
 
 
-def fill_masks(backend: Backend, tokenizer: Tokenizer, texts: list[str], rule: MaskingRule, seq_len: int) -> list[dict[str, str]]:
-    """[{"prompt": the text as the model saw it (masked), "completion": the model's fill, "correct": "k/n"}] per text."""
+def fill_masks(
+    backend: Backend, tokenizer: Tokenizer, texts: list[str], rule: MaskingRule, seq_len: int
+) -> list[dict[str, str]]:
+    """[{"prompt": the text as the model saw it (masked), "completion": the model's fill, "correct": "k/n"}] per text.
+    """
     shown = replace(rule.for_stream(TEXTS), mask_token_rate=1.0, random_token_rate=0.0)
     out = []
     for i, text in enumerate(texts):

@@ -9,12 +9,10 @@ then the masked-token loss, the perplexity its exponential and the accuracy the 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 import numpy as np
-
-from collections.abc import Iterable
-
 from tokenizers import Tokenizer
 
 from mindfoundry.backends.base import Backend
@@ -29,9 +27,14 @@ from mindfoundry.model.spec import PAD_ID
 class EvalResult:
     loss: float  # mean nats per scored token
     perplexity: float
-    bits_per_byte: float  # nats -> bits, per UTF-8 byte of text (tokenizer-independent; for mlm only comparable between mlm runs)
+    bits_per_byte: (
+        float  # nats -> bits, per UTF-8 byte of text (tokenizer-independent; for mlm only comparable between mlm runs)
+    )
     tokens: int
-    accuracy: float | None = None  # share of the scored tokens that are the model's top-1 prediction (None: a record from before it was measured)
+    accuracy: float | None = (
+        # share of the scored tokens that are the model's top-1 prediction (None: a record from before it was measured)
+        None
+    )
 
     def to_dict(self, prefix: str = "val_") -> dict[str, float | int]:
         return {prefix + k: v for k, v in asdict(self).items()}
@@ -39,7 +42,8 @@ class EvalResult:
 
 def evaluate(backend: Backend, samples: PackedSamples, batch_size: int, max_batches: int, bytes_per_token: float,
              masking: MaskingRule | None = None) -> EvalResult:
-    """Score up to `max_batches` batches of validation samples (deterministic), masked by sample index with `masking` (mlm).
+    """Score up to `max_batches` batches of validation samples (deterministic), masked by sample index with `masking`
+    (mlm).
 
     When the cap is below the split's size, samples are taken evenly spaced across the whole
     split, so every source (stored one after another) is represented, not just the first.
@@ -56,12 +60,16 @@ def evaluate(backend: Backend, samples: PackedSamples, batch_size: int, max_batc
     return _result(*_score(backend, batches, batch_size), bytes_per_token)
 
 
-def _masked(batch: tuple[np.ndarray, np.ndarray], positions: np.ndarray, masking: MaskingRule | None) -> tuple[np.ndarray, np.ndarray]:
+def _masked(
+    batch: tuple[np.ndarray, np.ndarray], positions: np.ndarray, masking: MaskingRule | None
+) -> tuple[np.ndarray, np.ndarray]:
     """A clm batch as it is, or its input windows masked at `positions` (mlm)."""
     return batch if masking is None else masking.apply(batch[0], positions)
 
 
-def _score(backend: Backend, batches: Iterable[tuple[np.ndarray, np.ndarray]], batch_size: int) -> tuple[float, int, int]:
+def _score(
+    backend: Backend, batches: Iterable[tuple[np.ndarray, np.ndarray]], batch_size: int
+) -> tuple[float, int, int]:
     """Summed loss, scored tokens and correct top-1 predictions over batches; a short last batch is padded with fully
     ignored rows so that one compiled shape serves every batch."""
     total_nll, total_tokens, total_correct = 0.0, 0, 0
@@ -77,16 +85,29 @@ def _score(backend: Backend, batches: Iterable[tuple[np.ndarray, np.ndarray]], b
 
 def _result(nll: float, tokens: int, correct: int, bytes_per_token: float) -> EvalResult:
     loss = nll / tokens
-    return EvalResult(loss=loss, perplexity=math.exp(min(loss, 50.0)), bits_per_byte=loss / math.log(2) / bytes_per_token,
-                      tokens=tokens, accuracy=correct / tokens)
+    return EvalResult(
+        loss=loss,
+        perplexity=math.exp(min(loss, 50.0)),
+        bits_per_byte=loss / math.log(2) / bytes_per_token,
+        tokens=tokens,
+        accuracy=correct / tokens,
+    )
 
 
 def evaluate_categories(backend: Backend, data: PreparedData, seq_len: int, batch_size: int,
                         max_batches: int, masking: MaskingRule | None = None) -> dict[str, EvalResult]:
     """:func:`evaluate` on the whole validation split ("all") and on each category's sources alone (a category's
     samples are masked by their index among that category's samples)."""
-    out = {"all": evaluate(backend, data.packed("validation", seq_len), batch_size, max_batches, data.bytes_per_token("validation"),
-                           masking)}
+    out = {
+        "all": evaluate(
+            backend,
+            data.packed("validation", seq_len),
+            batch_size,
+            max_batches,
+            data.bytes_per_token("validation"),
+            masking,
+        )
+    }
     by_category: dict[str, list[int]] = {}
     for i, source in enumerate(data.manifest["sources"]):  # the validation shards are stored in source order
         by_category.setdefault(source["category"], []).append(i)

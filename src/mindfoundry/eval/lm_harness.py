@@ -40,7 +40,9 @@ class MindFoundryLM(TemplateLM):
         return self.tok.encode(string).ids  # no special tokens are ever added: the model has no BOS
 
     def _loglikelihood_tokens(self, requests, **kwargs: Any) -> list[tuple[float, bool]]:
-        return [continuation_logprob(self.backend, list(ctx), list(cont), self.max_seq_len) for _, ctx, cont in requests]
+        return [
+            continuation_logprob(self.backend, list(ctx), list(cont), self.max_seq_len) for _, ctx, cont in requests
+        ]
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         out = []
@@ -55,9 +57,16 @@ class MindFoundryLM(TemplateLM):
         for context, kwargs in (r.args for r in requests):
             until = kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
-            new = generate(self.backend, self.tok_encode(context), max_seq_len=self.max_seq_len,
-                           max_new_tokens=min(int(kwargs.get("max_gen_toks", 256)), self.max_seq_len - 1), temperature=0,
-                           top_k=0, eos_id=self.eot_token_id, seed=0)
+            new = generate(
+                self.backend,
+                self.tok_encode(context),
+                max_seq_len=self.max_seq_len,
+                max_new_tokens=min(int(kwargs.get("max_gen_toks", 256)), self.max_seq_len - 1),
+                temperature=0,
+                top_k=0,
+                eos_id=self.eot_token_id,
+                seed=0,
+            )
             text = self.tok.decode(new)
             for stop in until:
                 text = text.split(stop)[0]
@@ -70,14 +79,24 @@ def task_names(paths: Sequence[str | Path]) -> tuple[list[str], list[str]]:
     names, include = [], []
     for path in map(Path, paths):
         if not path.is_file():
-            raise TaskError(f"lm-eval task file {path} does not exist: give a task YAML (e.g. examples/lm_eval/mindfoundry_mc.yaml)")
+            raise TaskError(
+                f"lm-eval task file {path} does not exist: give a task YAML (e.g. examples/lm_eval/mindfoundry_mc.yaml)"
+            )
         names.append(yaml.safe_load(path.read_text(encoding="utf-8"))["task"])
         include.append(str(path.parent.resolve()))
     return names, sorted(set(include))
 
 
-def run_lm_eval(model: MindFoundryLM | str, tasks: Sequence[str | Path], model_args: str | None = None, **kwargs: Any) -> dict:
+def run_lm_eval(
+    model: MindFoundryLM | str, tasks: Sequence[str | Path], model_args: str | None = None, **kwargs: Any
+) -> dict:
     """lm-eval's `simple_evaluate` on task YAML files, for our LM or a named lm-eval model ("hf" + model_args)."""
     names, include = task_names(tasks)
-    return simple_evaluate(model=model, model_args=model_args, tasks=names, task_manager=TaskManager(include_path=include),
-                           batch_size=1, **kwargs)
+    return simple_evaluate(
+        model=model,
+        model_args=model_args,
+        tasks=names,
+        task_manager=TaskManager(include_path=include),
+        batch_size=1,
+        **kwargs,
+    )

@@ -19,7 +19,9 @@ class GenerationError(MindFoundryError, ValueError):
     """Generation settings that cannot work."""
 
 
-def sample_next(logits: np.ndarray, temperature: float, top_k: int, rng: np.random.Generator, top_p: float = 1.0) -> int:
+def sample_next(
+    logits: np.ndarray, temperature: float, top_k: int, rng: np.random.Generator, top_p: float = 1.0
+) -> int:
     """Pick a token id from a logits vector: greedy when temperature is 0, else from the top-k / nucleus (top-p) set."""
     if temperature <= 0:
         return int(np.argmax(logits))
@@ -40,7 +42,9 @@ def sample_next(logits: np.ndarray, temperature: float, top_k: int, rng: np.rand
 def fit_prompt(prompt_ids: list[int], max_new_tokens: int, max_seq_len: int) -> list[int]:
     """The prompt as generation sees it: its last max_seq_len - max_new_tokens tokens (all of a shorter one)."""
     if not 1 <= max_new_tokens < max_seq_len:
-        raise GenerationError(f"max_new_tokens={max_new_tokens} must be between 1 and model.max_seq_len-1 = {max_seq_len - 1}")
+        raise GenerationError(
+            f"max_new_tokens={max_new_tokens} must be between 1 and model.max_seq_len-1 = {max_seq_len - 1}"
+        )
     return list(prompt_ids)[-(max_seq_len - max_new_tokens):]
 
 
@@ -59,8 +63,10 @@ def generate(
     """Continue `prompt_ids` (an empty prompt starts from EOS, the document boundary); stop at EOS or after
     max_new_tokens. Returns the new token ids."""
     if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
-        raise GenerationError(f"temperature={temperature}, top_k={top_k}, top_p={top_p}: use temperature >= 0 (0 = greedy), "
-                              "top_k >= 0 (0 = all tokens) and 0 < top_p <= 1")
+        raise GenerationError(
+            f"temperature={temperature}, top_k={top_k}, top_p={top_p}: use temperature >= 0 (0 = greedy), "
+            "top_k >= 0 (0 = all tokens) and 0 < top_p <= 1"
+        )
     tokens = fit_prompt(prompt_ids, max_new_tokens, max_seq_len) or [eos_id]
     rng = np.random.default_rng(seed)
     cache = backend.new_cache(max_seq_len)

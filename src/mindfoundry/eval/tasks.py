@@ -54,7 +54,11 @@ def read_tasks(path: str | Path) -> list[Question]:
             row = json.loads(line)
         except ValueError as exc:
             raise TaskError(f"{where}: not a JSON object ({exc.args[0]})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not isinstance(row.get("choices"), list):
+        if (
+            not isinstance(row, dict)
+            or not isinstance(row.get("question"), str)
+            or not isinstance(row.get("choices"), list)
+        ):
             raise TaskError(f"{where}: needs \"question\" (text) and \"choices\" (a list of texts)")
         choices = row["choices"]
         if len(choices) < 2 or not all(isinstance(c, str) and c for c in choices):
@@ -63,7 +67,10 @@ def read_tasks(path: str | Path) -> list[Question]:
         if isinstance(answer, str) and len(answer) == 1 and answer.isalpha():
             answer = ord(answer.upper()) - ord("A")
         if isinstance(answer, bool) or not isinstance(answer, int) or not 0 <= answer < len(choices):
-            raise TaskError(f"{where}: \"answer\"={row.get('answer')!r} is not the index (0..{len(choices) - 1}) or letter of a choice")
+            raise TaskError(
+                f'{where}: "answer"={row.get("answer")!r} is not the index (0..{len(choices) - 1}) or letter of a '
+                'choice'
+            )
         out.append(Question(row["question"], tuple(choices), answer, str(row.get("subject", "all"))))
     if not out:
         raise TaskError(f"{path} holds no questions")
@@ -77,7 +84,9 @@ def padded_length(length: int, max_seq_len: int) -> int:
     return min(max(16, 1 << (length - 1).bit_length()), max_seq_len)
 
 
-def continuation_logprob(backend: Backend, context: list[int], continuation: list[int], max_seq_len: int) -> tuple[float, bool]:
+def continuation_logprob(
+    backend: Backend, context: list[int], continuation: list[int], max_seq_len: int
+) -> tuple[float, bool]:
     """(summed log-probability of `continuation` after `context`, whether every token of it is the argmax);
     the context is cut from the left to fit max_seq_len, as lm-evaluation-harness does."""
     ids = (context + continuation)[-max_seq_len - 1:]
@@ -108,7 +117,11 @@ def score_tasks(backend: Backend, tokenizer: Tokenizer, questions: list[Question
         everything.append(row)
 
     def summary(part: list[tuple[bool, bool, float]]) -> dict:
-        return {"questions": len(part), "acc": sum(r[0] for r in part) / len(part), "acc_norm": sum(r[1] for r in part) / len(part),
-                "random": sum(r[2] for r in part) / len(part)}
+        return {
+            "questions": len(part),
+            "acc": sum(r[0] for r in part) / len(part),
+            "acc_norm": sum(r[1] for r in part) / len(part),
+            "random": sum(r[2] for r in part) / len(part),
+        }
 
     return {"overall": summary(everything), "subjects": {s: summary(part) for s, part in sorted(per_subject.items())}}

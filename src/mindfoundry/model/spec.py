@@ -111,7 +111,9 @@ class ModelSpec:
     @classmethod
     def from_config(cls, m: ModelConfig) -> "ModelSpec":
         if m.n_kv_heads is None or m.ffn_dim is None:
-            raise ValueError("ModelSpec needs a resolved config (n_kv_heads and ffn_dim filled): use config.load_config")
+            raise ValueError(
+                "ModelSpec needs a resolved config (n_kv_heads and ffn_dim filled): use config.load_config"
+            )
         return cls(
             vocab_size=m.vocab_size, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
             n_kv_heads=m.n_kv_heads, ffn_dim=m.ffn_dim, max_seq_len=m.max_seq_len,

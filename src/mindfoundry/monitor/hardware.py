@@ -55,7 +55,9 @@ def _run(cmd: list[str]) -> str | None:
 
 
 def nvidia_query(index: int) -> dict[str, float]:
-    out = _run(["nvidia-smi", f"--query-gpu={','.join(NVIDIA_FIELDS)}", "--format=csv,noheader,nounits", "-i", str(index)])
+    out = _run(
+        ["nvidia-smi", f"--query-gpu={','.join(NVIDIA_FIELDS)}", "--format=csv,noheader,nounits", "-i", str(index)]
+    )
     return parse_nvidia_smi(out.splitlines()[0]) if out and out.strip() else {}
 
 

@@ -103,8 +103,13 @@ class HealthMonitor:
     def _nonfinite(self, step: int, detail: str) -> HealthEvent | None:
         if not self.cfg.nonfinite:
             return None
-        return HealthEvent(step, "nonfinite", f"non-finite loss or grad norm at step {step} ({detail}): the update was dropped; "
-                           "likely LR too high, a bad data window or an overflow in reduced precision", math.nan)
+        return HealthEvent(
+            step,
+            "nonfinite",
+            f"non-finite loss or grad norm at step {step} ({detail}): the update was dropped; "
+            "likely LR too high, a bad data window or an overflow in reduced precision",
+            math.nan,
+        )
 
     def _spike(self, step: int, loss: float) -> HealthEvent | None:
         cfg = self.cfg
@@ -115,19 +120,32 @@ class HealthMonitor:
         jump = loss - mean
         if jump <= limit:
             return None
-        return HealthEvent(step, "loss_spike", f"loss spike at step {step}: {loss:.3f} is {jump:.2f} nats above the running mean "
-                           f"{mean:.3f} of the last {cfg.spike_window} steps (limit {limit:.2f}): a bad data window, or LR too high?", jump)
+        return HealthEvent(
+            step,
+            "loss_spike",
+            f"loss spike at step {step}: {loss:.3f} is {jump:.2f} nats above the running mean "
+            f"{mean:.3f} of the last {cfg.spike_window} steps (limit {limit:.2f}): a bad data window, or LR too high?",
+            jump,
+        )
 
     def _oscillation(self, step: int) -> HealthEvent | None:
         cfg = self.cfg
-        if not self._armed("loss_oscillation", cfg.loss_oscillation) or len(self.settled_losses) < cfg.oscillation_window:
+        if (
+            not self._armed("loss_oscillation", cfg.loss_oscillation)
+            or len(self.settled_losses) < cfg.oscillation_window
+        ):
             return None
         swing = _trend_swing(list(self.settled_losses), cfg.oscillation_smooth)
         if swing <= cfg.loss_oscillation:
             return None
-        return HealthEvent(step, "loss_oscillation", f"loss oscillates: std {swing:.3f} nats around its trend over steps "
-                           f"{step - cfg.oscillation_window + 1}-{step} (limit {cfg.loss_oscillation}): LR too high or batch too small? "
-                           "(lower optim.lr, or raise train.grad_accum)", swing)
+        return HealthEvent(
+            step,
+            "loss_oscillation",
+            f"loss oscillates: std {swing:.3f} nats around its trend over steps "
+            f"{step - cfg.oscillation_window + 1}-{step} (limit {cfg.loss_oscillation}): LR too high or batch too "
+            "small? (lower optim.lr, or raise train.grad_accum)",
+            swing,
+        )
 
     def _grad_norm(self, step: int) -> list[HealthEvent | None]:
         cfg = self.cfg
@@ -137,11 +155,25 @@ class HealthMonitor:
         span = f"over steps {step - cfg.grad_window + 1}-{step}"
         found: list[HealthEvent | None] = []
         if self._armed("grad_norm_low", cfg.grad_norm_low) and median < cfg.grad_norm_low:
-            found.append(HealthEvent(step, "grad_norm_low", f"grad norm median {median:.3f} {span} is below {cfg.grad_norm_low}: "
-                                     "LR too low? (raise optim.lr; check weight decay and clipping are not shrinking updates)", median))
+            found.append(
+                HealthEvent(
+                    step,
+                    "grad_norm_low",
+                    f"grad norm median {median:.3f} {span} is below {cfg.grad_norm_low}: "
+                    "LR too low? (raise optim.lr; check weight decay and clipping are not shrinking updates)",
+                    median,
+                )
+            )
         if self._armed("grad_norm_high", cfg.grad_norm_high) and median > cfg.grad_norm_high:
-            found.append(HealthEvent(step, "grad_norm_high", f"grad norm median {median:.3f} {span} is above {cfg.grad_norm_high}: "
-                                     "clip harder / lower LR? (optim.clip_norm, optim.lr)", median))
+            found.append(
+                HealthEvent(
+                    step,
+                    "grad_norm_high",
+                    f"grad norm median {median:.3f} {span} is above {cfg.grad_norm_high}: "
+                    "clip harder / lower LR? (optim.clip_norm, optim.lr)",
+                    median,
+                )
+            )
         return found
 
     def _throughput(self, step: int, record: Mapping[str, Any]) -> HealthEvent | None:
@@ -160,9 +192,14 @@ class HealthMonitor:
         drop = 1.0 - recent / reference if reference > 0 else 0.0
         if drop <= cfg.throughput_drop:
             return None
-        return HealthEvent(step, "throughput_drop", f"throughput fell {drop:.0%} at step {step}: {recent:,.0f} tokens/s over the last "
-                           f"{cfg.throughput_recent} steps vs a running median of {reference:,.0f} (limit {cfg.throughput_drop:.0%}): "
-                           f"data stall? {self._data_hint()}", drop)
+        return HealthEvent(
+            step,
+            "throughput_drop",
+            f"throughput fell {drop:.0%} at step {step}: {recent:,.0f} tokens/s over the last "
+            f"{cfg.throughput_recent} steps vs a running median of {reference:,.0f} (limit {cfg.throughput_drop:.0%}): "
+            f"data stall? {self._data_hint()}",
+            drop,
+        )
 
     def _data_hint(self) -> str:
         if not self.data_shares:
@@ -170,7 +207,8 @@ class HealthMonitor:
         share = statistics.median(self.data_shares)
         if share >= 0.2:
             return f"(data loading took {share:.0%} of those steps: the input pipeline is the bottleneck)"
-        return f"(data loading took only {share:.1%} of those steps: more likely another process competing for the device or CPU)"
+        return (f"(data loading took only {share:.1%} of those steps: more likely another process competing for the "
+                "device or CPU)")
 
     # -- checkpointing -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -184,7 +222,9 @@ class HealthMonitor:
             setattr(self, name, deque(state.get(name, []), maxlen=window.maxlen))
 
 
-def evaluate(records: Iterable[Mapping[str, Any]], cfg: HealthConfig | None = None, warmup_steps: int = 0) -> list[HealthEvent]:
+def evaluate(
+    records: Iterable[Mapping[str, Any]], cfg: HealthConfig | None = None, warmup_steps: int = 0
+) -> list[HealthEvent]:
     """The findings of a finished (or running) run from its metrics records (the last record per
     step, in step order), as the live monitor would have recorded them."""
     monitor = HealthMonitor(cfg or HealthConfig(), warmup_steps)

@@ -110,8 +110,12 @@ def _machine_key() -> str:
 
 
 def peak_cache() -> Path:
-    """Where measured CPU peaks are kept per machine ($MF_CACHE_DIR, else $XDG_CACHE_HOME/mindfoundry, else ~/.cache)."""
-    root = os.environ.get("MF_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mindfoundry"
+    """Where measured CPU peaks are kept per machine ($MF_CACHE_DIR, else $XDG_CACHE_HOME/mindfoundry, else ~/.cache).
+    """
+    root = (
+        os.environ.get("MF_CACHE_DIR")
+        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mindfoundry"
+    )
     return Path(root) / "cpu_peak.json"
 
 
@@ -163,7 +167,9 @@ def peak_flops(device: str, dtype: str = "fp32") -> float:
         raise UnknownPeakError(f"no peak FLOP/s known for device '{device}' (known: cpu, {', '.join(PEAK_TFLOPS)}); "
                                "pass the peak explicitly")
     if kind not in PEAK_TFLOPS[key]:
-        raise UnknownPeakError(f"no {kind} peak for {key} (known: {', '.join(PEAK_TFLOPS[key])}); pass the peak explicitly")
+        raise UnknownPeakError(
+            f"no {kind} peak for {key} (known: {', '.join(PEAK_TFLOPS[key])}); pass the peak explicitly"
+        )
     return PEAK_TFLOPS[key][kind] * TERA
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any, Iterable, Mapping
+
 from mindfoundry.errors import MindFoundryError
 
 #: Per-module dicts of the detail records (one value per module group: embed, layers.i, norm, ...).

@@ -53,7 +53,8 @@ def _number(value: Any) -> bool:
 def scalars(record: Mapping[str, Any]) -> dict[str, float]:
     """The (tag, value) pairs of one metrics record; None (a non-finite value) and text are skipped.
 
-    Per-layer dicts become `layer_grad_norm/layers.0` etc., zero-shot task scores `task_acc/<task>`; health findings `health/<rule>` (their
+    Per-layer dicts become `layer_grad_norm/layers.0` etc., zero-shot task scores `task_acc/<task>`; health findings
+    `health/<rule>` (their
     measured value); anomalies `anomaly/<kind>` = 1; a realized data mixture `mixture/<category>`.
     """
     out = {tag: float(record[key]) for key, tag in SCALAR_TAGS.items() if _number(record.get(key))}
@@ -85,7 +86,9 @@ class TensorBoardSink:
         step = int(record["step"])
         wall_time = float(record.get("time") or time.time())
         if record.get("event") == "resume":
-            self._writer.add_event(Event(wall_time=wall_time, step=step + 1, session_log=SessionLog(status=SessionLog.START)))
+            self._writer.add_event(
+                Event(wall_time=wall_time, step=step + 1, session_log=SessionLog(status=SessionLog.START))
+            )
         values = [Summary.Value(tag=tag, simple_value=value) for tag, value in scalars(record).items()]
         if values:
             self._writer.add_event(Event(wall_time=wall_time, step=step, summary=Summary(value=values)))

@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
+
 from mindfoundry.errors import MindFoundryError
 
 
@@ -55,8 +56,10 @@ def check_port(plan: LaunchPlan) -> None:
         try:
             s.bind((host or "127.0.0.1", plan.master_port))
         except OSError:
-            raise LaunchError(f"port {plan.master_port} on {plan.master_addr} is already in use (another job, or a crashed one): "
-                              f"pass --master-port with a free port, e.g. {free_port()}") from None
+            raise LaunchError(
+                f"port {plan.master_port} on {plan.master_addr} is already in use (another job, or a crashed one): "
+                f"pass --master-port with a free port, e.g. {free_port()}"
+            ) from None
 
 
 def _entry_point() -> str:
@@ -74,16 +77,40 @@ def command(plan: LaunchPlan, args: Sequence[str]) -> list[str]:
         raise LaunchError(f"nproc_per_node={plan.nproc_per_node}, nnodes={plan.nnodes}, node_rank={plan.node_rank}: "
                           "need nproc_per_node >= 1, nnodes >= 1 and 0 <= node_rank < nnodes")
     if plan.engine == "torch":
-        return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={plan.nnodes}", f"--nproc-per-node={plan.nproc_per_node}",
-                f"--node-rank={plan.node_rank}", f"--master-addr={plan.master_addr}", f"--master-port={plan.master_port}",
-                f"--log-dir={plan.log_dir}", "--redirects=3", "--tee=3", _entry_point(), *args]
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={plan.nnodes}",
+            f"--nproc-per-node={plan.nproc_per_node}",
+            f"--node-rank={plan.node_rank}",
+            f"--master-addr={plan.master_addr}",
+            f"--master-port={plan.master_port}",
+            f"--log-dir={plan.log_dir}",
+            "--redirects=3",
+            "--tee=3",
+            _entry_point(),
+            *args,
+        ]
     if plan.engine == "mindspore":
         msrun = Path(sys.executable).with_name("msrun")
         if not msrun.is_file():
-            raise LaunchError("msrun (MindSpore's launcher) is not installed next to this Python: pip install 'mindfoundry[mindspore]'")
-        return [str(msrun), f"--worker_num={plan.world_size}", f"--local_worker_num={plan.nproc_per_node}",
-                f"--master_addr={plan.master_addr}", f"--master_port={plan.master_port}", f"--node_rank={plan.node_rank}",
-                f"--log_dir={plan.log_dir}", "--join=True", _entry_point(), *args]
+            raise LaunchError(
+                "msrun (MindSpore's launcher) is not installed next to this Python: pip install "
+                "'mindfoundry[mindspore]'"
+            )
+        return [
+            str(msrun),
+            f"--worker_num={plan.world_size}",
+            f"--local_worker_num={plan.nproc_per_node}",
+            f"--master_addr={plan.master_addr}",
+            f"--master_port={plan.master_port}",
+            f"--node_rank={plan.node_rank}",
+            f"--log_dir={plan.log_dir}",
+            "--join=True",
+            _entry_point(),
+            *args,
+        ]
     raise LaunchError(f"backend '{plan.engine}' has no launcher: use torch (torchrun) or mindspore (msrun)")
 
 

@@ -172,20 +172,26 @@ def _tp_rules(lay: Layout, d: _Dims, seq_len: int) -> list[str]:
         also = f" (and n_kv_heads={d.n_kv_heads})" if d.n_kv_heads != d.n_heads and d.n_kv_heads % t else ""
         out.append(f"parallel.tp={t} does not divide model.n_heads={d.n_heads}{also}: use tp in {good}")
     elif d.n_kv_heads % t:
-        out.append(f"parallel.tp={t} does not divide model.n_kv_heads={d.n_kv_heads} (each rank needs whole key/value heads): "
-                   f"use tp in {good}")
+        out.append(
+            f"parallel.tp={t} does not divide model.n_kv_heads={d.n_kv_heads} (each rank needs whole key/value heads): "
+            f"use tp in {good}"
+        )
     if d.ffn_dim % t:
         out.append(f"parallel.tp={t} does not divide model.ffn_dim={d.ffn_dim} (the MLP is split column/row-wise): "
                    f"use tp in {good} or set model.ffn_dim to a multiple of {t} (e.g. {_round_up(d.ffn_dim, t)})")
     if d.vocab_size % t:
-        out.append(f"parallel.tp={t} does not divide model.vocab_size={d.vocab_size} (the embedding and output head are split "
-                   f"along the vocabulary): raise model.vocab_size to {_round_up(d.vocab_size, t)} (unused rows are harmless) "
-                   f"or use tp in {_set(divisors(math.gcd(d.vocab_size, d.n_heads, d.n_kv_heads, d.ffn_dim)))}")
+        out.append(
+            f"parallel.tp={t} does not divide model.vocab_size={d.vocab_size} (the embedding and output head are split "
+            f"along the vocabulary): raise model.vocab_size to {_round_up(d.vocab_size, t)} (unused rows are harmless) "
+            f"or use tp in {_set(divisors(math.gcd(d.vocab_size, d.n_heads, d.n_kv_heads, d.ffn_dim)))}"
+        )
     if lay.sequence_parallel and seq_len % (lay.cp * t):
         over = f"cp*tp = {lay.cp}*{t} = {lay.cp * t}" if lay.cp > 1 else f"tp={t}"
-        out.append(f"parallel.sequence_parallel=true splits train.seq_len={seq_len} over {over} ranks, which does not divide it: "
-                   f"use seq_len={_round_up(seq_len, lay.cp * t)} (a multiple of {lay.cp * t}) "
-                   "or set parallel.sequence_parallel: false")
+        out.append(
+            f"parallel.sequence_parallel=true splits train.seq_len={seq_len} over {over} ranks, which does not divide "
+            f"it: use seq_len={_round_up(seq_len, lay.cp * t)} (a multiple of {lay.cp * t}) "
+            "or set parallel.sequence_parallel: false"
+        )
     return out
 
 
@@ -194,9 +200,12 @@ def _cp_rules(lay: Layout, seq_len: int) -> list[str]:
     if c == 1 or seq_len % (2 * c) == 0:
         return []
     good = [k for k in range(1, seq_len // 2 + 1) if k == 1 or seq_len % (2 * k) == 0]
-    return [f"parallel.cp={c} needs train.seq_len={seq_len} divisible by 2*cp = {2 * c} (each sequence is cut into 2*cp chunks, "
-            f"rank i holding chunks i and 2*cp-1-i so that causal attention work is balanced): use cp in {_set(good)} "
-            f"or seq_len={_round_up(seq_len, 2 * c)}"]
+    return [
+        f"parallel.cp={c} needs train.seq_len={seq_len} divisible by 2*cp = {2 * c} (each sequence is cut into 2*cp "
+        "chunks, "
+        f"rank i holding chunks i and 2*cp-1-i so that causal attention work is balanced): use cp in {_set(good)} "
+        f"or seq_len={_round_up(seq_len, 2 * c)}"
+    ]
 
 
 def _pp_rules(lay: Layout, d: _Dims, grad_accum: int) -> list[str]:
@@ -204,11 +213,16 @@ def _pp_rules(lay: Layout, d: _Dims, grad_accum: int) -> list[str]:
     out = []
     if p == 1:
         if v > 1:
-            out.append(f"parallel.pp_virtual_stages={v} needs parallel.pp > 1 (there is no pipeline): set pp_virtual_stages: 1")
+            out.append(
+                f"parallel.pp_virtual_stages={v} needs parallel.pp > 1 (there is no pipeline): set pp_virtual_stages: 1"
+            )
         return out
     fits_v = [k for k in range(1, L + 1) if L % (k * v) == 0]
     if p > L:
-        out.append(f"parallel.pp={p} exceeds model.n_layers={L}: every stage needs at least one layer; use pp in {_set(fits_v)}")
+        out.append(
+            f"parallel.pp={p} exceeds model.n_layers={L}: every stage needs at least one layer; use pp in "
+            f"{_set(fits_v)}"
+        )
     elif L % (p * v):
         text = (f"parallel.pp * pp_virtual_stages = {p}*{v} = {p * v} does not divide model.n_layers={L} "
                 f"(the layers are cut into that many equal chunks): use pp in {_set(fits_v)}")
@@ -216,19 +230,28 @@ def _pp_rules(lay: Layout, d: _Dims, grad_accum: int) -> list[str]:
             text += f" or pp_virtual_stages in {_set([k for k in range(1, L + 1) if L % (k * p) == 0])}"
         out.append(text)
     if v > 1 and sched != "Interleaved1F1B":
-        out.append(f"parallel.pp_virtual_stages={v} needs parallel.pp_schedule: Interleaved1F1B ({sched} runs one chunk per rank): "
-                   "set pp_schedule: Interleaved1F1B or pp_virtual_stages: 1")
+        out.append(
+            f"parallel.pp_virtual_stages={v} needs parallel.pp_schedule: Interleaved1F1B ({sched} runs one chunk per "
+            "rank): set pp_schedule: Interleaved1F1B or pp_virtual_stages: 1"
+        )
     if sched == "Interleaved1F1B" and v == 1:
-        out.append("parallel.pp_schedule=Interleaved1F1B needs parallel.pp_virtual_stages >= 2 (with one chunk per rank it is "
-                   "plain 1F1B): set pp_virtual_stages: 2 or pp_schedule: 1F1B")
+        out.append(
+            "parallel.pp_schedule=Interleaved1F1B needs parallel.pp_virtual_stages >= 2 (with one chunk per rank it is "
+            "plain 1F1B): set pp_virtual_stages: 2 or pp_schedule: 1F1B"
+        )
     if sched in ONE_F_ONE_B and grad_accum < p:
-        out.append(f"train.grad_accum={grad_accum} is below parallel.pp={p}: the {sched} schedule needs at least pp micro-batches "
-                   "per step (train.grad_accum is the pipeline's number of micro-batches): raise train.grad_accum to "
-                   f"{p} or more (the idle bubble is (pp-1)/(grad_accum+pp-1) of each step, e.g. {4 * p} gives "
-                   f"{(p - 1) / (5 * p - 1):.0%})")
+        out.append(
+            f"train.grad_accum={grad_accum} is below parallel.pp={p}: the {sched} schedule needs at least pp "
+            "micro-batches "
+            "per step (train.grad_accum is the pipeline's number of micro-batches): raise train.grad_accum to "
+            f"{p} or more (the idle bubble is (pp-1)/(grad_accum+pp-1) of each step, e.g. {4 * p} gives "
+            f"{(p - 1) / (5 * p - 1):.0%})"
+        )
     elif sched == "Interleaved1F1B" and grad_accum % p:
-        out.append(f"train.grad_accum={grad_accum} is not a multiple of parallel.pp={p}: Interleaved1F1B runs micro-batches "
-                   f"in rounds of pp; use grad_accum={_round_up(grad_accum, p)}")
+        out.append(
+            f"train.grad_accum={grad_accum} is not a multiple of parallel.pp={p}: Interleaved1F1B runs micro-batches "
+            f"in rounds of pp; use grad_accum={_round_up(grad_accum, p)}"
+        )
     return out
 
 
@@ -245,8 +268,10 @@ def _ep_rules(lay: Layout, num_experts: int) -> list[str]:
     if num_experts % e:
         out.append(f"parallel.ep={e} does not divide model.moe.num_experts={num_experts}: use ep in {_set(good)}")
     if spread is not None and spread % e:
-        out.append(f"parallel.ep={e} does not divide parallel.dp_shard*cp = {lay.dp_shard}*{lay.cp} = {spread} "
-                   f"(experts are spread over the FSDP and context-parallel ranks): use ep in {_set(good)} or raise dp_shard")
+        out.append(
+            f"parallel.ep={e} does not divide parallel.dp_shard*cp = {lay.dp_shard}*{lay.cp} = {spread} "
+            f"(experts are spread over the FSDP and context-parallel ranks): use ep in {_set(good)} or raise dp_shard"
+        )
     return out
 
 
@@ -264,7 +289,9 @@ def _factorizations(n: int, parts: int) -> list[tuple[int, ...]]:
 
 
 def _suggest(lay: Layout, d: _Dims, train: BatchShape, world: int) -> str:
-    """The valid layout for `world` processes closest to `lay`: fewest doublings/halvings, model-parallel degrees kept first."""
+    """The valid layout for `world` processes closest to `lay`: fewest doublings/halvings, model-parallel degrees kept
+    first."""
+
     def distance(c: Layout) -> tuple[float, float]:
         moved = {n: abs(math.log2(getattr(c, n) / max(getattr(lay, n), 1))) for n in DEGREES}
         return sum(moved.values()), moved["tp"] + moved["pp"] + moved["cp"]
@@ -309,10 +336,16 @@ def layout_problems(parallel: ParallelConfig | Layout, model: ModelSpec | ModelC
     else:
         rest = parallel.non_dp_product
         known = parallel.dp_shard != -1 or (world is not None and world % rest == 0)
-        lay = Layout.from_config(parallel, world) if known else Layout.from_config(parallel.model_copy(update={"dp_shard": 1}))
+        lay = (
+            Layout.from_config(parallel, world)
+            if known
+            else Layout.from_config(parallel.model_copy(update={"dp_shard": 1}))
+        )
         if not known and world is not None:
-            out.append(f"parallel.dp_shard=-1 takes what is left of the world size, but dp_replicate*cp*tp*pp = {rest} does not "
-                       f"divide {count}: e.g. {_suggest(lay, d, train, world)}")
+            out.append(
+                f"parallel.dp_shard=-1 takes what is left of the world size, but dp_replicate*cp*tp*pp = {rest} does "
+                f"not divide {count}: e.g. {_suggest(lay, d, train, world)}"
+            )
         if not known:  # dp_shard unknown until launch: leave out the rules that involve it
             lay = _with(lay, dp_shard=0)
     if world is not None and lay.dp_shard > 0 and lay.world_size != world:
@@ -328,7 +361,8 @@ def config_problems(cfg: RunConfig) -> list[str]:
 
 
 def validate_run_config(tree: dict) -> RunConfig:
-    """:func:`mindfoundry.config.load.validate` with the layout rules: every problem of a config tree, one ConfigError."""
+    """:func:`mindfoundry.config.load.validate` with the layout rules: every problem of a config tree, one ConfigError.
+    """
     return validate(tree, rules=(config_problems,))
 
 
@@ -337,9 +371,17 @@ def load_run_config(path: str | Path, overrides: Iterable[str] = ()) -> RunConfi
     return load_config(path, overrides, rules=(config_problems,))
 
 
-def feasible_layouts(model: ModelSpec | ModelConfig, train: BatchShape, world_size: int, *, global_batch: int | None = None,
-                     sequence_parallel: bool = True, pp_schedule: Schedule = "1F1B",
-                     pp_virtual_stages: int = 1, optimizer_shard_variants: bool = True) -> list[Layout]:
+def feasible_layouts(
+    model: ModelSpec | ModelConfig,
+    train: BatchShape,
+    world_size: int,
+    *,
+    global_batch: int | None = None,
+    sequence_parallel: bool = True,
+    pp_schedule: Schedule = "1F1B",
+    pp_virtual_stages: int = 1,
+    optimizer_shard_variants: bool = True,
+) -> list[Layout]:
     """Every layout of `world_size` processes that passes :func:`layout_problems`, in grid order.
 
     With ``global_batch`` (sequences per optimizer step), the batch must split evenly:

@@ -33,7 +33,6 @@ import numpy as np
 
 from mindfoundry.errors import MindFoundryError
 
-
 #: The strategy file beside a folder of rank slices, and each rank's slice file (mindfoundry.checkpoint.rank_slices).
 STRATEGY_FILE = "strategy.json"
 
@@ -91,8 +90,10 @@ class TensorLayout:
         replicas = self.stage_devices // math.prod(self.splits())
         size = replicas if self.opt_shard_size == -1 else self.opt_shard_size
         if size < 1 or replicas % size:
-            raise TensorLayoutError(f"opt_weight_shard_size {self.opt_shard_size} does not divide the {replicas} "
-                                    f"replicas of a slice (dev_matrix {list(self.dev_matrix)}, tensor_map {list(self.tensor_map)})")
+            raise TensorLayoutError(
+                f"opt_weight_shard_size {self.opt_shard_size} does not divide the {replicas} "
+                f"replicas of a slice (dev_matrix {list(self.dev_matrix)}, tensor_map {list(self.tensor_map)})"
+            )
         return size
 
     def _opt_piece(self, local: int) -> int:
@@ -113,17 +114,22 @@ class TensorLayout:
     def check(self, shape: tuple[int, ...], name: str) -> None:
         """Refuse a layout that does not split `shape` evenly (MindSpore's strategy files only hold even splits)."""
         if len(self.tensor_map) != len(shape):
-            raise TensorLayoutError(f"'{name}': tensor_map {list(self.tensor_map)} has {len(self.tensor_map)} entries, the "
-                                    f"tensor has {len(shape)} dimensions {list(shape)}: the strategy file is for another model")
+            raise TensorLayoutError(
+                f"'{name}': tensor_map {list(self.tensor_map)} has {len(self.tensor_map)} entries, the "
+                f"tensor has {len(shape)} dimensions {list(shape)}: the strategy file is for another model"
+            )
         if any(d < -1 or d >= len(self.dev_matrix) for d in self.tensor_map):
-            raise TensorLayoutError(f"'{name}': tensor_map {list(self.tensor_map)} points outside dev_matrix {list(self.dev_matrix)}")
+            raise TensorLayoutError(
+                f"'{name}': tensor_map {list(self.tensor_map)} points outside dev_matrix {list(self.dev_matrix)}"
+            )
         if any(n % k for n, k in zip(shape, self.splits())):
             raise TensorLayoutError(f"'{name}': shape {list(shape)} does not split evenly {list(self.splits())} ways")
         pieces = self.opt_pieces
         first = shape[0] // self.splits()[0] if shape else 1
         if first % pieces:
-            raise TensorLayoutError(f"'{name}': the parallel optimizer's {pieces} pieces do not divide the slice's first "
-                                    f"dimension {first}")
+            raise TensorLayoutError(
+                f"'{name}': the parallel optimizer's {pieces} pieces do not divide the slice's first dimension {first}"
+            )
 
     def full_shape(self, local_shape: tuple[int, ...]) -> tuple[int, ...]:
         """The full tensor's shape from the shape of one rank's slice."""
@@ -153,13 +159,17 @@ def rank_slice(full: np.ndarray, layout: TensorLayout, rank: int) -> np.ndarray:
     return np.ascontiguousarray(full[layout.region(full.shape, rank)])
 
 
-def merge_slices(slices: Mapping[int, np.ndarray], layout: TensorLayout, shape: tuple[int, ...], name: str) -> np.ndarray:
+def merge_slices(
+    slices: Mapping[int, np.ndarray], layout: TensorLayout, shape: tuple[int, ...], name: str
+) -> np.ndarray:
     """The full tensor from the slices of every rank of its stage; replicas must agree bit for bit."""
     layout.check(shape, name)
     missing = [r for r in layout.ranks() if r not in slices]
     if missing:
-        raise TensorLayoutError(f"'{name}': no slice from rank(s) {missing[:8]} (stage {layout.stage} has ranks "
-                                f"{layout.ranks().start}-{layout.ranks().stop - 1}): copy every rank's file into the folder")
+        raise TensorLayoutError(
+            f"'{name}': no slice from rank(s) {missing[:8]} (stage {layout.stage} has ranks "
+            f"{layout.ranks().start}-{layout.ranks().stop - 1}): copy every rank's file into the folder"
+        )
     first = slices[layout.ranks().start]
     full = np.empty(shape, dtype=first.dtype)
     seen: dict[tuple, int] = {}
@@ -168,12 +178,16 @@ def merge_slices(slices: Mapping[int, np.ndarray], layout: TensorLayout, shape: 
         part = slices[rank]
         expect = tuple(s.stop - s.start for s in region)
         if tuple(part.shape) != expect:
-            raise TensorLayoutError(f"'{name}': rank {rank}'s slice has shape {list(part.shape)}, the strategy says {list(expect)}")
+            raise TensorLayoutError(
+                f"'{name}': rank {rank}'s slice has shape {list(part.shape)}, the strategy says {list(expect)}"
+            )
         key = tuple((s.start, s.stop) for s in region)
         if key in seen:
             if not np.array_equal(full[region], part, equal_nan=True):
-                raise TensorLayoutError(f"'{name}': ranks {seen[key]} and {rank} hold different copies of the same slice "
-                                        "(replicas must be identical): the files come from different steps or one is damaged")
+                raise TensorLayoutError(
+                    f"'{name}': ranks {seen[key]} and {rank} hold different copies of the same slice "
+                    "(replicas must be identical): the files come from different steps or one is damaged"
+                )
             continue
         seen[key] = rank
         full[region] = part
@@ -217,10 +231,18 @@ def strategy_json(layouts: Mapping[str, TensorLayout]) -> dict[str, Any]:
     items = {}
     for name, lay in layouts.items():
         splits = lay.splits()
-        step = math.prod(splits) if lay.opt_shard_size else 0  # the model-parallel size: ranks between opt group members
+        step = (
+            math.prod(splits) if lay.opt_shard_size else 0
+        )  # the model-parallel size: ranks between opt group members
         items[f"{lay.stage}-{name}" if staged else name] = {
-            "dev_matrix": list(lay.dev_matrix), "tensor_map": list(lay.tensor_map), "param_split_shape": [],
-            "indices_offset": [], "field": 0, "opt_weight_shard_step": step, "opt_weight_shard_size": lay.opt_shard_size}
+            "dev_matrix": list(lay.dev_matrix),
+            "tensor_map": list(lay.tensor_map),
+            "param_split_shape": [],
+            "indices_offset": [],
+            "field": 0,
+            "opt_weight_shard_step": step,
+            "opt_weight_shard_size": lay.opt_shard_size,
+        }
     return {"current_stage": 1 if staged else 0, "parallel_strategy_item": {}, "parallel_layout_item": items}
 
 
@@ -229,8 +251,11 @@ def read_strategy(path: str | Path) -> dict[str, TensorLayout]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise TensorLayoutError(f"{path}: missing (a semi-auto checkpoint folder holds its strategy file beside the rank "
-                                "slices)") from None
+        raise TensorLayoutError(
+            f"{path}: missing (a semi-auto checkpoint folder holds its strategy file beside the rank slices)"
+        ) from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TensorLayoutError(f"{path}: not JSON ({exc}); MindSpore writes JSON strategy files when save_file ends in .json") from None
+        raise TensorLayoutError(
+            f"{path}: not JSON ({exc}); MindSpore writes JSON strategy files when save_file ends in .json"
+        ) from None
     return layouts_from_strategy(data, str(path))

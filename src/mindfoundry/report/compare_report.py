@@ -70,8 +70,10 @@ def describe(row: TensorComparison) -> str:
 def _module_line(m: dict[str, Any]) -> str:
     numbers = (f"min cosine {_num(m['min_cosine'], '.6g')}, max abs {_num(m['max_abs'], '.4g')}"
                if m["min_cosine"] is not None else f"norm differs up to {_num(m['max_norm_rel_diff'], '.2%')}")
-    return (f"{m['module']}: introduces {m['introduced']:.3g} relative error; {m['errors']} error, {m['warnings']} warning "
-            f"of {m['tensors']}; {numbers}; worst {m['worst']}")
+    return (
+        f"{m['module']}: introduces {m['introduced']:.3g} relative error; {m['errors']} error, {m['warnings']} warning "
+        f"of {m['tensors']}; {numbers}; worst {m['worst']}"
+    )
 
 
 def summary_lines(cmp: Comparison) -> list[str]:
@@ -93,7 +95,9 @@ def summary_lines(cmp: Comparison) -> list[str]:
     lines += [f"  {_module_line(m)}" for m in cmp.worst_modules(5)]
     unmatched = cmp.unmatched_activations()
     if unmatched:
-        lines.append(f"unmatched forward/backward tensors: {', '.join(unmatched[:5])}" + (" ..." if len(unmatched) > 5 else ""))
+        lines.append(
+            f"unmatched forward/backward tensors: {', '.join(unmatched[:5])}" + (" ..." if len(unmatched) > 5 else "")
+        )
     lines.append("PASSED" if cmp.passed() else "FAILED")
     return lines
 
@@ -107,9 +111,11 @@ _TENSOR: list[Column] = [("cosine", lambda r: r.cosine, ".6g"), ("rel RMS err", 
                          ("max abs", lambda r: r.max_abs, ".4g"),
                          ("max rel", lambda r: r.max_rel, ".4g"), ("rmse", lambda r: r.rmse, ".4g"),
                          ("rel>0.1%", lambda r: r.rel_over_1e3, ".2%"), ("rel>0.5%", lambda r: r.rel_over_5e3, ".2%")]
-_STATS: list[Column] = [(f"{s} {side}", (lambda r, k=f"{s}_{side.lower()}": getattr(r, k)), ".6g")
-                        for s in ("mean", "norm") for side in ("A", "B")] + \
-                       [(f"{s} rel diff", (lambda r, k=f"{s}_rel_diff": getattr(r, k)), ".2%") for s in ("mean", "norm", "min", "max")]
+_STATS: list[Column] = [
+    (f"{s} {side}", (lambda r, k=f"{s}_{side.lower()}": getattr(r, k)), ".6g")
+    for s in ("mean", "norm")
+    for side in ("A", "B")
+] + [(f"{s} rel diff", (lambda r, k=f"{s}_rel_diff": getattr(r, k)), ".2%") for s in ("mean", "norm", "min", "max")]
 _TAIL: list[Column] = [("NaN/Inf A / B", lambda r: f"{r.nonfinite_a} / {r.nonfinite_b}", ""),
                        ("verdict", lambda r: r.verdict, ""), ("reason", lambda r: r.reason, "")]
 
@@ -121,20 +127,48 @@ def _rows_table(cmp: Comparison) -> str:
     def cell(value: Any, fmt: str) -> str:
         return f"<td class=\"num\">{_e(_num(value, fmt))}</td>" if fmt else f"<td>{_e(value)}</td>"
 
-    body = "".join(f"<tr class=\"{r.verdict}\" id=\"t{r.seq}\">" + "".join(cell(get(r), fmt) for _, get, fmt in columns) + "</tr>"
-                   for r in cmp.rows)
+    body = "".join(
+        f'<tr class="{r.verdict}" id="t{r.seq}">' + "".join(cell(get(r), fmt) for _, get, fmt in columns) + "</tr>"
+        for r in cmp.rows
+    )
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
 def _modules_table(cmp: Comparison) -> str:
-    head = "".join(f"<th>{h}</th>" for h in ("module", "introduced error", "tensors", "errors", "warnings", "min cosine", "max abs",
-                                             "max rel", "max norm rel diff", "worst tensor"))
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in (
+            "module",
+            "introduced error",
+            "tensors",
+            "errors",
+            "warnings",
+            "min cosine",
+            "max abs",
+            "max rel",
+            "max norm rel diff",
+            "worst tensor",
+        )
+    )
     body = "".join(
-        "<tr>" + f"<td>{_e(m['module'])}</td>"
-        + "".join(f"<td class=\"num\">{_e(_num(m[k], fmt))}</td>" for k, fmt in
-                  (("introduced", ".4g"), ("tensors", "d"), ("errors", "d"), ("warnings", "d"), ("min_cosine", ".6g"), ("max_abs", ".4g"),
-                   ("max_rel", ".4g"), ("max_norm_rel_diff", ".2%")))
-        + f"<td>{_e(m['worst'])}</td></tr>" for m in cmp.worst_modules(5))
+        "<tr>"
+        + f"<td>{_e(m['module'])}</td>"
+        + "".join(
+            f'<td class="num">{_e(_num(m[k], fmt))}</td>'
+            for k, fmt in (
+                ("introduced", ".4g"),
+                ("tensors", "d"),
+                ("errors", "d"),
+                ("warnings", "d"),
+                ("min_cosine", ".6g"),
+                ("max_abs", ".4g"),
+                ("max_rel", ".4g"),
+                ("max_norm_rel_diff", ".2%"),
+            )
+        )
+        + f"<td>{_e(m['worst'])}</td></tr>"
+        for m in cmp.worst_modules(5)
+    )
     return f"<table id=\"worst-modules\"><tr>{head}</tr>{body}</table>"
 
 
@@ -149,8 +183,20 @@ def _plot(cmp: Comparison) -> str | None:
         panels = [("cosine similarity", [r.cosine for r in rows], False, (t.cosine_error, t.cosine_warning)),
                   ("relative RMS error", [r.rel_rmse for r in rows], True, (t.rel_warning, t.rel_error))]
     else:
-        panels = [("norm relative difference", [r.norm_rel_diff for r in rows], True, (t.stats_rel_warning, t.stats_rel_error)),
-                  ("mean difference / RMS(B)", [r.mean_rel_diff for r in rows], True, (t.stats_rel_warning, t.stats_rel_error))]
+        panels = [
+            (
+                "norm relative difference",
+                [r.norm_rel_diff for r in rows],
+                True,
+                (t.stats_rel_warning, t.stats_rel_error),
+            ),
+            (
+                "mean difference / RMS(B)",
+                [r.mean_rel_diff for r in rows],
+                True,
+                (t.stats_rel_warning, t.stats_rel_error),
+            ),
+        ]
     x = np.array([r.seq for r in rows])
     colors = [VERDICT_COLORS[r.verdict] for r in rows]
     first = cmp.first_divergence()
@@ -184,7 +230,7 @@ def _leaf(path: Path) -> str:
 def _section(cmp: Comparison, index: int) -> str:
     c = cmp.counts()
     first, low = cmp.first_divergence(), cmp.lowest_cosine()
-    status = "<span class=\"verdict-pass\">PASSED</span>" if cmp.passed() else "<span class=\"verdict-fail\">FAILED</span>"
+    status = '<span class="verdict-pass">PASSED</span>' if cmp.passed() else '<span class="verdict-fail">FAILED</span>'
     items = [f"A: <code>{_e(cmp.a)}</code>{_e(_side(cmp.meta_a))}",
              f"B (reference): <code>{_e(cmp.b)}</code>{_e(_side(cmp.meta_b))}",
              f"{_e(cmp.mode)} mode, {len(cmp.rows)} tensors compared: {c['pass']} pass, {c['warning']} warning, "
@@ -192,11 +238,17 @@ def _section(cmp: Comparison, index: int) -> str:
     if first is None:
         items.append("First divergence: none.")
     else:
-        items.append(f"First divergence: <a href=\"#t{first.seq}\"><b>{_e(first.name)}</b></a> (#{first.seq}, {_e(first.kind)}): "
-                     f"{_e(first.reason)}; {_e(describe(first))}")
+        items.append(
+            f'First divergence: <a href="#t{first.seq}"><b>{_e(first.name)}</b></a> (#{first.seq}, {_e(first.kind)}): '
+            f"{_e(first.reason)}; {_e(describe(first))}"
+        )
     if low is not None:
         items.append(f"Lowest cosine: {_e(low.name)} (#{low.seq}): {_e(describe(low))}")
-    out = f"<h2 id=\"leaf-{index}\">{_e(_leaf(cmp.a))} vs {_e(_leaf(cmp.b))}</h2><ul>" + "".join(f"<li>{i}</li>" for i in items) + "</ul>"
+    out = (
+        f'<h2 id="leaf-{index}">{_e(_leaf(cmp.a))} vs {_e(_leaf(cmp.b))}</h2><ul>'
+        + "".join(f"<li>{i}</li>" for i in items)
+        + "</ul>"
+    )
     out += "<h3>Worst modules (top 5)</h3>" + _modules_table(cmp)
     png = _plot(cmp)
     out += f"<img alt=\"comparison against execution order\" src=\"data:image/png;base64,{png}\">" if png else \

@@ -21,7 +21,18 @@ from mindfoundry.monitor.records import LAYER_KEYS, realized_shares
 from mindfoundry.report.run_data import RunData
 
 RUN_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
-CATEGORY_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd")
+CATEGORY_COLORS = (
+    "#4c72b0",
+    "#dd8452",
+    "#55a868",
+    "#c44e52",
+    "#8172b3",
+    "#937860",
+    "#da8bc3",
+    "#8c8c8c",
+    "#ccb974",
+    "#64b5cd",
+)
 LAYER_TITLES = {
     "layer_grad_norm": "gradient norm per module",
     "layer_weight_norm": "weight norm per module",
@@ -64,7 +75,13 @@ def _line(i: int) -> dict:
 
 
 def _marker(i: int) -> dict:
-    return {"color": _color(i), "marker": "os^D"[i % 4], "markersize": 8 if i == 0 else 5, "linestyle": ":", "linewidth": 1.2}
+    return {
+        "color": _color(i),
+        "marker": "os^D"[i % 4],
+        "markersize": 8 if i == 0 else 5,
+        "linestyle": ":",
+        "linewidth": 1.2,
+    }
 
 
 def _category_color(j: int) -> str:
@@ -122,7 +139,14 @@ def loss_plot(runs: Sequence[RunData]) -> str:
         ax.plot(steps, np.minimum(loss, top), color=_color(i), alpha=0.25, linewidth=0.8)
         for step, value in zip(steps[loss > top], loss[loss > top]):
             ax.plot([step], [top], marker="^", color=_color(i), markersize=8)
-            ax.annotate(f"{value:.1f}", (step, top), xytext=(5, -4), textcoords="offset points", fontsize="small", color=_color(i))
+            ax.annotate(
+                f"{value:.1f}",
+                (step, top),
+                xytext=(5, -4),
+                textcoords="offset points",
+                fontsize="small",
+                color=_color(i),
+            )
     _mark_events(ax, runs)
     ax.set_ylabel("loss (nats/token)")
     _legend(fig)
@@ -226,10 +250,16 @@ def throughput_plot(runs: Sequence[RunData]) -> str:
 
 
 #: (step-record key, axis label) of the hardware plot's rows; a row is drawn when some run recorded its key.
-HARDWARE_ROWS = (("device_mem_allocated_mb", "device memory allocated (MiB)"), ("device_mem_reserved_mb", "device memory reserved (MiB)"),
-                 ("device_mem_peak_mb", "device memory peak (MiB)"), ("cpu_util", "machine CPU (%)"),
-                 ("process_cpu", "this process (% of a core)"), ("device_util", "device utilisation (%)"),
-                 ("device_temp_c", "device temperature (°C)"), ("device_power_w", "device power (W)"))
+HARDWARE_ROWS = (
+    ("device_mem_allocated_mb", "device memory allocated (MiB)"),
+    ("device_mem_reserved_mb", "device memory reserved (MiB)"),
+    ("device_mem_peak_mb", "device memory peak (MiB)"),
+    ("cpu_util", "machine CPU (%)"),
+    ("process_cpu", "this process (% of a core)"),
+    ("device_util", "device utilisation (%)"),
+    ("device_temp_c", "device temperature (°C)"),
+    ("device_power_w", "device power (W)"),
+)
 
 
 def memory_plot(runs: Sequence[RunData]) -> str | None:
@@ -273,7 +303,10 @@ def timeline_lanes(run: RunData) -> list[tuple[str, int]]:
 
 def timeline_plot(runs: Sequence[RunData]) -> str:
     per_run = [timeline_lanes(run) for run in runs]
-    names = sorted({lane for lanes in per_run for lane, _ in lanes}, key=lambda n: (n.startswith("health"), n.startswith("anomaly"), n))
+    names = sorted(
+        {lane for lanes in per_run for lane, _ in lanes},
+        key=lambda n: (n.startswith("health"), n.startswith("anomaly"), n),
+    )
     fig = Figure(figsize=(WIDTH, 0.9 + 0.42 * max(len(names), 1)), layout="constrained")
     ax = fig.subplots()
     last_step = max(int(run.steps[-1]["step"]) for run in runs)
@@ -316,7 +349,11 @@ def mixture_rows(run: RunData) -> list[tuple[str, dict[str, float]]]:
 
 def mixture_plot(runs: Sequence[RunData]) -> str | None:
     """Horizontal stacked bars of category shares, one bar per (run, kind), one colour per category."""
-    bars = [(f"{run.label}: {name}" if len(runs) > 1 else name, shares) for run in runs for name, shares in mixture_rows(run)]
+    bars = [
+        (f"{run.label}: {name}" if len(runs) > 1 else name, shares)
+        for run in runs
+        for name, shares in mixture_rows(run)
+    ]
     if not bars:
         return None
     categories = list(dict.fromkeys(c for _, shares in bars for c in shares))
@@ -328,7 +365,15 @@ def mixture_plot(runs: Sequence[RunData]) -> str | None:
             share = shares.get(category, 0.0)
             ax.barh(y, share, left=left, color=_category_color(j), edgecolor="white")
             if share >= 0.05:
-                ax.text(left + share / 2, y, f"{category}\n{share:.0%}", ha="center", va="center", fontsize="small", color="white")
+                ax.text(
+                    left + share / 2,
+                    y,
+                    f"{category}\n{share:.0%}",
+                    ha="center",
+                    va="center",
+                    fontsize="small",
+                    color="white",
+                )
             left += share
     ax.set_yticks(range(len(bars)), [name for name, _ in bars])
     ax.invert_yaxis()

@@ -66,7 +66,11 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[Any]], numeric_from: i
     text_open = f"<td class=\"{css}\">" if css else "<td>"
 
     def cell(j: int, value: Any) -> str:
-        return f"<td class=\"num\">{_e(value)}</td>" if numeric_from is not None and j >= numeric_from else f"{text_open}{_e(value)}</td>"
+        return (
+            f'<td class="num">{_e(value)}</td>'
+            if numeric_from is not None and j >= numeric_from
+            else f"{text_open}{_e(value)}</td>"
+        )
 
     head = "".join(f"<th>{_e(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(cell(j, c) for j, c in enumerate(row)) + "</tr>" for row in rows)
@@ -121,10 +125,24 @@ def _task_trend(first: dict, last: dict) -> str:
                      for t in tasks) or "–"
 
 
-OVERVIEW_ROWS = ("backend", "parameters", "FLOPs/token", "steps", "tokens trained", "wall clock, first to last step", "median tokens/s",
-                 "held-out loss (first → last eval)", "held-out perplexity", "held-out bits/byte",
-                 "held-out top-1 accuracy (mlm: of the masked tokens)", "zero-shot accuracy (eval.tasks)",
-                 "health findings", "anomalies", "memory mode (memory section)", "peak host memory (MiB)")
+OVERVIEW_ROWS = (
+    "backend",
+    "parameters",
+    "FLOPs/token",
+    "steps",
+    "tokens trained",
+    "wall clock, first to last step",
+    "median tokens/s",
+    "held-out loss (first → last eval)",
+    "held-out perplexity",
+    "held-out bits/byte",
+    "held-out top-1 accuracy (mlm: of the masked tokens)",
+    "zero-shot accuracy (eval.tasks)",
+    "health findings",
+    "anomalies",
+    "memory mode (memory section)",
+    "peak host memory (MiB)",
+)
 
 
 def _overview(runs: Sequence[RunData]) -> str:
@@ -145,16 +163,32 @@ def _layers(runs: Sequence[RunData]) -> str:
     scales = plots.layer_scales(runs)
     for run in runs:
         png = plots.layer_heatmaps(run, scales)
-        parts.append(_img(png, f"per-layer heat maps of {run.label}",
-                          f"{run.label}: no per-layer records (set monitor.detail_every to record them every N steps)."))
-    return "<p class=\"subtitle\">Rows are module groups, columns the steps with a detail record; each quantity has one colour scale for all runs, logarithmic where its values span more than a decade.</p>" + "".join(parts)
+        parts.append(
+            _img(
+                png,
+                f"per-layer heat maps of {run.label}",
+                f"{run.label}: no per-layer records (set monitor.detail_every to record them every N steps).",
+            )
+        )
+    return (
+        '<p class="subtitle">Rows are module groups, columns the steps with a detail record; each quantity has one '
+        'colour scale for all runs, logarithmic where its values span more than a decade.</p>'
+        + "".join(parts)
+    )
 
 
 def _event_rows(run: RunData) -> list[list[str]]:
     rows = [[run.label, str(e["step"]), f"health: {e['rule']}", e["message"]] for e in run.health]
     for e in run.events:
         if e["event"] == "anomaly":
-            rows.append([run.label, str(e["step"]), f"anomaly: {e.get('kind')}", f"{e.get('reason', '')}; update {e.get('action', '?')}"])
+            rows.append(
+                [
+                    run.label,
+                    str(e["step"]),
+                    f"anomaly: {e.get('kind')}",
+                    f"{e.get('reason', '')}; update {e.get('action', '?')}",
+                ]
+            )
     return sorted(rows, key=lambda r: int(r[1]))
 
 
@@ -162,9 +196,12 @@ def _events(runs: Sequence[RunData]) -> str:
     rows = [row for run in runs for row in _event_rows(run)]
     table = _table(["run", "step", "what", "message"], rows) if rows else \
         "<p class=\"note\">No health findings and no anomalies.</p>"
-    return (_img(plots.timeline_plot(runs), "timeline of evaluations, checkpoints, anomalies and health findings", "")
-            + "<p class=\"subtitle\">Dotted lines in the loss, grad-norm and throughput plots mark health findings; dashed lines anomalies.</p>"
-            + table)
+    return (
+        _img(plots.timeline_plot(runs), "timeline of evaluations, checkpoints, anomalies and health findings", "")
+        + '<p class="subtitle">Dotted lines in the loss, grad-norm and throughput plots mark health findings; dashed '
+          'lines anomalies.</p>'
+        + table
+    )
 
 
 def _data_table(run: RunData) -> str:
@@ -175,19 +212,45 @@ def _data_table(run: RunData) -> str:
         splits, chars = source.get("splits") or {}, source.get("chars") or {}
         read = chars.get("read")
         kept_share = f"{chars['kept'] / read:.1%}" if read and chars.get("kept") is not None else "–"
-        rows.append([source.get("name", "?"), source.get("category", "?"), _num((splits.get("train") or {}).get("tokens"), ","),
-                     _num((splits.get("validation") or {}).get("tokens"), ","), _num(source.get("kept"), ","),
-                     _num(read, ","), _num(chars.get("removed_by_rules"), ","), _num(chars.get("removed_by_dedup"), ","),
-                     kept_share])
-    caption = f"<p><b>{_e(run.label)}</b>: data identity <code>{_e(str(run.manifest.get('identity', '?'))[:16])}</code>, " \
-              f"prepared {_e(run.manifest.get('created', '?'))}</p>"
-    return caption + _table(["source", "category", "train tokens", "validation tokens", "documents kept", "characters read",
-                             "removed by rules", "removed by dedup", "characters kept"], rows, numeric_from=2)
+        rows.append(
+            [
+                source.get("name", "?"),
+                source.get("category", "?"),
+                _num((splits.get("train") or {}).get("tokens"), ","),
+                _num((splits.get("validation") or {}).get("tokens"), ","),
+                _num(source.get("kept"), ","),
+                _num(read, ","),
+                _num(chars.get("removed_by_rules"), ","),
+                _num(chars.get("removed_by_dedup"), ","),
+                kept_share,
+            ]
+        )
+    caption = (
+        f"<p><b>{_e(run.label)}</b>: data identity <code>{_e(str(run.manifest.get('identity', '?'))[:16])}</code>, "
+        f"prepared {_e(run.manifest.get('created', '?'))}</p>"
+    )
+    return caption + _table(
+        [
+            "source",
+            "category",
+            "train tokens",
+            "validation tokens",
+            "documents kept",
+            "characters read",
+            "removed by rules",
+            "removed by dedup",
+            "characters kept",
+        ],
+        rows,
+        numeric_from=2,
+    )
 
 
 def _data(runs: Sequence[RunData]) -> str:
     png = plots.mixture_plot(runs)
-    return _img(png, "data mixture by category", "No data manifest and no mixture records.") + "".join(_data_table(r) for r in runs)
+    return _img(png, "data mixture by category", "No data manifest and no mixture records.") + "".join(
+        _data_table(r) for r in runs
+    )
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -220,15 +283,20 @@ def _config(runs: Sequence[RunData]) -> str:
                                                      if differ else "<p class=\"note\">The configs are identical.</p>")
     for run in runs:
         text = run.config_text or "(no config.yaml in the run directory)"
-        out += f"<details{' open' if len(runs) == 1 else ''}><summary>{_e(run.label)}: config.yaml</summary><pre>{_e(text)}</pre></details>"
+        out += (f"<details{' open' if len(runs) == 1 else ''}><summary>{_e(run.label)}: config.yaml</summary>"
+                f"<pre>{_e(text)}</pre></details>")
     return out
 
 
 def _environment_rows(run: RunData) -> dict[str, str]:
     state = run.trainer_state or {}
     start = run.start or {}
-    rows = {"run directory": str(run.path.resolve()), "backend": run.backend or "?", "device": str(run.config.get("device", "?")),
-            "checkpoint step": _num(state.get("step"), ",")}
+    rows = {
+        "run directory": str(run.path.resolve()),
+        "backend": run.backend or "?",
+        "device": str(run.config.get("device", "?")),
+        "checkpoint step": _num(state.get("step"), ","),
+    }
     rows.update({f"version: {k}": str(v) for k, v in (state.get("versions") or {}).items()})
     rows.update({f"start: {k}": str(v) for k, v in start.items() if k.startswith("version")})
     rows["data manifest sha256"] = str(state.get("data_manifest_sha256", "–"))[:16]
@@ -262,9 +330,12 @@ def render(runs: Sequence[RunData]) -> str:
         "layers": _layers(runs),
         "throughput": _img(plots.throughput_plot(runs), "throughput and MFU", ""),
         "memory": _img(plots.memory_plot(runs), "host memory", "No memory records (rss_mb) in this run."),
-        "hardware": _img(plots.hardware_plot(runs), "device memory, utilisation, temperature and power",
-                         "No hardware records in this run (they need a release that records cpu_util; the device's rows "
-                         "need an accelerator and its vendor tool, nvidia-smi or npu-smi)."),
+        "hardware": _img(
+            plots.hardware_plot(runs),
+            "device memory, utilisation, temperature and power",
+            "No hardware records in this run (they need a release that records cpu_util; the device's rows "
+            "need an accelerator and its vendor tool, nvidia-smi or npu-smi).",
+        ),
         "events": _events(runs),
         "data": _data(runs),
         "config": _config(runs),
@@ -274,9 +345,11 @@ def render(runs: Sequence[RunData]) -> str:
     nav = "".join(f"<a href=\"#{sid}\">{_e(name)}</a>" for sid, name in SECTIONS)
     sections = "".join(f"<section id=\"{sid}\"><h2>{_e(name)}</h2>{body[sid]}</section>" for sid, name in SECTIONS)
     kind = "comparison" if len(runs) > 1 else "run report"
-    return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>mindfoundry {kind}: {_e(title)}</title>"
-            f"<style>{CSS}</style></head><body><h1>{_e(title)}</h1><p class=\"subtitle\">mindfoundry {kind}</p>"
-            f"<nav>{nav}</nav>{sections}</body></html>\n")
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>mindfoundry {kind}: {_e(title)}</title>'
+        f'<style>{CSS}</style></head><body><h1>{_e(title)}</h1><p class="subtitle">mindfoundry {kind}</p>'
+        f"<nav>{nav}</nav>{sections}</body></html>\n"
+    )
 
 
 def default_output(run_dir: Path, compare: Path | None) -> Path:

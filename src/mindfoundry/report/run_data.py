@@ -11,7 +11,13 @@ import yaml
 
 from mindfoundry.monitor.health import HealthConfig, evaluate
 from mindfoundry.monitor.records import (
-    MetricsError, Record, detail_records, eval_records, event_records, read_records, step_records,
+    MetricsError,
+    Record,
+    detail_records,
+    eval_records,
+    event_records,
+    read_records,
+    step_records,
 )
 
 METRICS_FILE = "metrics.jsonl"  # as train/rundir.py (not imported: it pulls in the config schema)

@@ -74,14 +74,21 @@ class AnomalyMonitor:
     def check_consecutive(self, step: int, verdict: Verdict, lr: float) -> None:
         if self.consecutive >= self.cfg.max_consecutive:
             raise AnomalyStop(
-                f"stopped at step {step} after {self.consecutive} anomalous steps in a row (last: {verdict.kind}, {verdict.reason}). "
-                f"Likely causes: learning rate too high (lr at this step {lr:.3g}: lower optim.lr or lengthen optim.warmup_steps), "
+                f"stopped at step {step} after {self.consecutive} anomalous steps in a row (last: {verdict.kind}, "
+                f"{verdict.reason}). "
+                f"Likely causes: learning rate too high (lr at this step {lr:.3g}: lower optim.lr or lengthen "
+                "optim.warmup_steps), "
                 "a bad data window (inspect the samples around this position with `mindfoundry data inspect`), "
                 "or numerical overflow (use fp32). Resume from the last checkpoint with --resume auto after the fix."
             )
 
     def state_dict(self) -> dict[str, Any]:
-        return {"losses": list(self.losses), "norms": list(self.norms), "consecutive": self.consecutive, "counts": dict(self.counts)}
+        return {
+            "losses": list(self.losses),
+            "norms": list(self.norms),
+            "consecutive": self.consecutive,
+            "counts": dict(self.counts),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.losses = deque(state.get("losses", []), maxlen=self.cfg.window)

@@ -17,11 +17,11 @@ import numpy as np
 from mindfoundry.backends.base import Backend, StepOutput, StepScalars
 from mindfoundry.config.load import config_hash
 from mindfoundry.config.schema import RunConfig
+from mindfoundry.config.selection import parse_selection
 from mindfoundry.debug.dump import INDEX_FILE, DumpWriter, leaf_dir, read_native_dump
 from mindfoundry.debug.dump_folders import holds_dump, open_writer
 from mindfoundry.debug.locate import Overflow, locate_overflow
 from mindfoundry.debug.probe import Injection, Probe, ProbeError, check_injection, select_modules
-from mindfoundry.config.selection import parse_selection
 from mindfoundry.model.spec import ModelSpec, module_classes, module_names
 
 OVERFLOW_DIR = "overflow"
@@ -30,15 +30,20 @@ OVERFLOW_DIR = "overflow"
 class StepDebugger:
     """Decides which steps are dumped or injected, and locates the first non-finite tensor of a failed step."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, rank: int = 0, log: Callable[[str], None] = print, world_size: int = 1):
+    def __init__(
+        self, cfg: RunConfig, run_dir: Path, rank: int = 0, log: Callable[[str], None] = print, world_size: int = 1
+    ):
         d = cfg.debug
         self.cfg, self.rank, self.log = cfg, rank, log
         # hooked debug steps run in one process; a multi-process run is replayed by `mindfoundry dump`
         self.single_process = world_size == 1
         if not self.single_process and (d.dump.steps or d.inject_inf is not None):
-            raise ProbeError(f"debug.dump.steps / debug.inject_inf run in a single process, not under a {world_size}-process launch: "
-                             "train without them and replay the steps with `mindfoundry dump CONFIG --steps ... --resume auto` "
-                             "(one process, from this run's checkpoint, whatever its layout)")
+            raise ProbeError(
+                f"debug.dump.steps / debug.inject_inf run in a single process, not under a {world_size}-process "
+                "launch: "
+                "train without them and replay the steps with `mindfoundry dump CONFIG --steps ... --resume auto` "
+                "(one process, from this run's checkpoint, whatever its layout)"
+            )
         self.steps = parse_selection(d.dump.steps)
         ranks = parse_selection(d.dump.ranks, "ranks")
         self.dump_rank = not ranks or rank in ranks
@@ -69,17 +74,30 @@ class StepDebugger:
         self._injected.add(step)
         return Injection(inj.module, inj.direction, math.inf if inj.value == "inf" else math.nan)
 
-    def probe(self, step: int, backend: Backend, injection: Injection | None, grad_unscale: float = 1.0) -> Probe | None:
+    def probe(
+        self, step: int, backend: Backend, injection: Injection | None, grad_unscale: float = 1.0
+    ) -> Probe | None:
         """A probe for this step: dumping when selected (and not already dumped), and/or injecting."""
         writer = None
         if step in self.steps and self.dump_rank:
             d = self.cfg.debug.dump
             if holds_dump(self.root, step, self.rank):
-                self.log(f"step {step}: {leaf_dir(self.root, step, self.rank)} exists (a resumed run repeats this step); not dumped again")
+                self.log(
+                    f"step {step}: {leaf_dir(self.root, step, self.rank)} exists (a resumed run repeats this step); "
+                    "not dumped again"
+                )
             else:
-                writer = open_writer(d.format, self.root, step, self.rank, d.mode,
-                                     {**self._meta(backend, "dump"), "loss_scale": 1.0 / grad_unscale}, backend.name, self.classes,
-                                     self.cfg.train.grad_accum)  # a debug step runs in one process: its micro-batches
+                writer = open_writer(
+                    d.format,
+                    self.root,
+                    step,
+                    self.rank,
+                    d.mode,
+                    {**self._meta(backend, "dump"), "loss_scale": 1.0 / grad_unscale},
+                    backend.name,
+                    self.classes,
+                    self.cfg.train.grad_accum,
+                )  # a debug step runs in one process: its micro-batches
         if writer is None and injection is None:
             return None
         d = self.cfg.debug.dump

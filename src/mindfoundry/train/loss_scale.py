@@ -26,7 +26,9 @@ class DynamicLossScaler:
     def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
                  growth_interval: int = 1000, min_scale: float = 1.0, enabled: bool = True):
         if not (growth_factor > 1.0 and 0.0 < backoff_factor < 1.0):
-            raise ValueError(f"growth_factor must be > 1 and backoff_factor in (0, 1), got {growth_factor}, {backoff_factor}")
+            raise ValueError(
+                f"growth_factor must be > 1 and backoff_factor in (0, 1), got {growth_factor}, {backoff_factor}"
+            )
         if growth_interval < 1 or not (0.0 < min_scale <= init_scale < math.inf):
             raise ValueError(f"need growth_interval >= 1 and 0 < min_scale <= init_scale < inf, "
                              f"got {growth_interval}, {min_scale}, {init_scale}")

@@ -59,7 +59,8 @@ class ProgressSink:
         if record.get("loss") is None or record.get("grad_norm") is None:
             return
         step = record["step"]
-        info = f"loss {record['loss']:.4f}  lr {record['lr']:.2e}  gnorm {record['grad_norm']:.3f}  {record['tokens_per_s']:,.0f} tok/s"
+        info = (f"loss {record['loss']:.4f}  lr {record['lr']:.2e}  gnorm {record['grad_norm']:.3f}  "
+                f"{record['tokens_per_s']:,.0f} tok/s")
         if self.plain_every and step % self.plain_every == 0:
             self.console.print(f"step {step}  {info}", highlight=False)
         self._progress.update(self._task, completed=step, info=info if step % self.every == 0 else None)

@@ -44,6 +44,8 @@ class StepProfiler:
             return None
         self.active = False
         self.backend.stop_profile()
-        self.log(f"profiler trace of steps {self.first}-{self.last}: {self.folder} (a Chrome trace: chrome://tracing or "
-                 f"ui.perfetto.dev; torch's also `tensorboard --logdir {self.folder}` with torch-tb-profiler)")
+        self.log(
+            f"profiler trace of steps {self.first}-{self.last}: {self.folder} (a Chrome trace: chrome://tracing or "
+            f"ui.perfetto.dev; torch's also `tensorboard --logdir {self.folder}` with torch-tb-profiler)"
+        )
         return self.folder

@@ -81,7 +81,12 @@ def acquire(run_dir: Path, log: Callable[[str], None] = print) -> None:
         elsewhere = previous.get("host") != socket.gethostname()
         log(f"run directory '{run_dir}': taking over the lock of {_describe(previous)}, "
             + ("a process on another host: make sure it is gone" if elsewhere else "which is gone"))
-    holder = {"pid": os.getpid(), "host": socket.gethostname(), "start": time.time(), "command": " ".join(sys.argv)[:300]}
+    holder = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "start": time.time(),
+        "command": " ".join(sys.argv)[:300],
+    }
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(holder) + "\n").encode("utf-8"), 0)
     _held[key] = fd

@@ -11,8 +11,8 @@ from mindfoundry.checkpoint.store import list_checkpoints
 from mindfoundry.config.load import config_hash, to_yaml
 from mindfoundry.config.parallel_config import ParallelConfig
 from mindfoundry.config.schema import RunConfig
-from mindfoundry.parallel.layout import launched_world_size
 from mindfoundry.errors import MindFoundryError
+from mindfoundry.parallel.layout import launched_world_size
 from mindfoundry.train.run_lock import LOCK_FILE, acquire, release
 
 CONFIG_FILE = "config.yaml"
@@ -37,8 +37,12 @@ def run_identity(cfg: RunConfig) -> str:
     process — as long as the global batch stays the same."""
     t = cfg.train
     global_batch = cfg.global_batch(launched_world_size() or 1)
-    canonical = cfg.model_copy(update={"train": t.model_copy(update={"micro_batch_size": global_batch, "grad_accum": 1}),
-                                       "parallel": ParallelConfig()})
+    canonical = cfg.model_copy(
+        update={
+            "train": t.model_copy(update={"micro_batch_size": global_batch, "grad_accum": 1}),
+            "parallel": ParallelConfig(),
+        }
+    )
     return config_hash(canonical, exclude=RESUME_MUTABLE)
 
 

@@ -111,7 +111,9 @@ class Evaluations:
     def restore(self, state: Mapping[str, Any]) -> None:
         self.initial = state.get("initial_eval")
         self.val_loss = state.get("val_loss")
-        self.val_step = state.get("val_step")  # None in older checkpoints (release 0.1.0): their loss is of an unknown step
+        self.val_step = state.get(
+            "val_step"
+        )  # None in older checkpoints (release 0.1.0): their loss is of an unknown step
 
 
 def save_state(components: list[Component]) -> dict[str, Any]:

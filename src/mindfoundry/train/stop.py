@@ -126,7 +126,9 @@ class StopSignals:
         is the same stop."""
         if self.received is None or self.phase is not Phase.START_UP:
             return None
-        return f"stopped by {self.name} before the first step; nothing half written is kept: continue with --resume auto"
+        return (
+            f"stopped by {self.name} before the first step; nothing half written is kept: continue with --resume auto"
+        )
 
     def _on_signal(self, signum: int, _frame) -> None:
         name = signal.Signals(signum).name

@@ -41,8 +41,10 @@ class Side:
     def parse(cls, text: str) -> "Side":
         backend, _, precision = text.partition(":")
         if backend not in ("mindspore", "torch") or (precision and precision not in PRECISIONS):
-            raise ValueError(f"side '{text}': write ENGINE[:PRECISION] with ENGINE mindspore or torch and PRECISION one of "
-                             f"{', '.join(PRECISIONS)} (e.g. 'torch:bf16')")
+            raise ValueError(
+                f"side '{text}': write ENGINE[:PRECISION] with ENGINE mindspore or torch and PRECISION one of "
+                f"{', '.join(PRECISIONS)} (e.g. 'torch:bf16')"
+            )
         return cls(backend, precision or "fp32")
 
     @property
@@ -50,7 +52,9 @@ class Side:
         return f"{self.backend}-{self.precision}"
 
     def config(self, cfg: RunConfig) -> RunConfig:
-        return cfg.model_copy(update={"backend": self.backend, "train": cfg.train.model_copy(update={"precision": self.precision})})
+        return cfg.model_copy(
+            update={"backend": self.backend, "train": cfg.train.model_copy(update={"precision": self.precision})}
+        )
 
 
 @dataclass(frozen=True)
@@ -97,9 +101,18 @@ class StepResult:
         return self.grad_norm_rel_err <= self.thresholds.grad_norm_rel
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "loss_a": self.loss_a, "loss_b": self.loss_b, "loss_abs_err": self.loss_abs_err,
-                "loss_rel_err": self.loss_rel_err, "loss_ok": self.loss_ok, "grad_norm_a": self.grad_norm_a,
-                "grad_norm_b": self.grad_norm_b, "grad_norm_rel_err": self.grad_norm_rel_err, "grad_norm_ok": self.grad_norm_ok}
+        return {
+            "step": self.step,
+            "loss_a": self.loss_a,
+            "loss_b": self.loss_b,
+            "loss_abs_err": self.loss_abs_err,
+            "loss_rel_err": self.loss_rel_err,
+            "loss_ok": self.loss_ok,
+            "grad_norm_a": self.grad_norm_a,
+            "grad_norm_b": self.grad_norm_b,
+            "grad_norm_rel_err": self.grad_norm_rel_err,
+            "grad_norm_ok": self.grad_norm_ok,
+        }
 
 
 @dataclass
@@ -125,11 +138,19 @@ class AlignResult:
 
     def to_dict(self) -> dict[str, Any]:
         low, first = self.lowest_cosine(), self.first_divergence()
-        return {"a": asdict(self.a), "b": asdict(self.b), "passed": self.passed, "steps": [s.to_dict() for s in self.steps],
-                "lowest_cosine": None if low is None else {"name": low.name, "cosine": low.cosine},
-                "first_divergence": None if first is None else {"name": first.name, "module": first.module, "reason": first.reason},
-                "top_modules": self.comparisons[0].worst_modules(5) if self.comparisons else [],
-                "counts": [c.counts() for c in self.comparisons], "files": self.files}
+        return {
+            "a": asdict(self.a),
+            "b": asdict(self.b),
+            "passed": self.passed,
+            "steps": [s.to_dict() for s in self.steps],
+            "lowest_cosine": None if low is None else {"name": low.name, "cosine": low.cosine},
+            "first_divergence": None
+            if first is None
+            else {"name": first.name, "module": first.module, "reason": first.reason},
+            "top_modules": self.comparisons[0].worst_modules(5) if self.comparisons else [],
+            "counts": [c.counts() for c in self.comparisons],
+            "files": self.files,
+        }
 
 
 def first_batches(cfg: RunConfig, data, steps: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -137,8 +158,12 @@ def first_batches(cfg: RunConfig, data, steps: int) -> list[tuple[np.ndarray, np
     from mindfoundry.data.dataset.loader import TrainLoader, training_source
     from mindfoundry.data.dataset.masking import TRAIN, masking_for
 
-    loader = TrainLoader(training_source(cfg, data), micro_batch_size=cfg.train.micro_batch_size, grad_accum=cfg.train.grad_accum,
-                         masking=masking_for(cfg, data.tokenizer, TRAIN))
+    loader = TrainLoader(
+        training_source(cfg, data),
+        micro_batch_size=cfg.train.micro_batch_size,
+        grad_accum=cfg.train.grad_accum,
+        masking=masking_for(cfg, data.tokenizer, TRAIN),
+    )
     return [(b.input_ids, b.labels) for b in (loader.batch(i * loader.global_batch) for i in range(steps))]
 
 
@@ -152,8 +177,12 @@ def run_side(backend: Backend, cfg: RunConfig, batches: Sequence[tuple[np.ndarra
     for step, (ids, labels) in enumerate(batches, 1):
         scale = cfg.train.loss_scale_init if cfg.train.precision == "fp16" else 1.0  # as training would start
         scalars = step_scalars(step, cfg.train.steps, cfg.optim, int((labels != IGNORE_INDEX).sum()), loss_scale=scale)
-        writer = DumpWriter(out, step, 0, mode, {"backend": backend.name, "precision": cfg.train.precision, "loss_scale": scale})
-        result = backend.train_step(ids, labels, scalars, Probe(writer, modules, directions, grad_unscale=scalars.grad_unscale))
+        writer = DumpWriter(
+            out, step, 0, mode, {"backend": backend.name, "precision": cfg.train.precision, "loss_scale": scale}
+        )
+        result = backend.train_step(
+            ids, labels, scalars, Probe(writer, modules, directions, grad_unscale=scalars.grad_unscale)
+        )
         writer.close(loss=result.loss, grad_norm=result.grad_norm, applied=result.applied)
         outs.append(result)
     return outs
@@ -171,7 +200,9 @@ def align(cfg: RunConfig, data, a: Side, b: Side, out: Path, *, steps: int = 1, 
     if data is None:
         data = prepare(cfg, log=log)
     if out.exists() and any(out.iterdir()):
-        raise OutputExistsError(f"{out} is not empty: choose another --out (earlier alignments are kept, never overwritten)")
+        raise OutputExistsError(
+            f"{out} is not empty: choose another --out (earlier alignments are kept, never overwritten)"
+        )
     spec = ModelSpec.from_config(cfg.model)
     batches = first_batches(cfg, data, steps)
     weights = init_weights(spec, cfg.seed)
@@ -187,11 +218,16 @@ def align(cfg: RunConfig, data, a: Side, b: Side, out: Path, *, steps: int = 1, 
                     for i, (ra, rb) in enumerate(zip(results[a.label], results[b.label]))]
     comparisons = compare_trees(out / a.label, out / b.label, compare_thresholds)
     result = AlignResult(a, b, step_results, comparisons, out)
-    result.files = {"csv": str(write_csv(comparisons[0], out / "compare_step1.csv")), "html": str(write_html(comparisons, out / "compare.html"))}
+    result.files = {
+        "csv": str(write_csv(comparisons[0], out / "compare_step1.csv")),
+        "html": str(write_html(comparisons, out / "compare.html")),
+    }
     for extra in comparisons[1:]:
         step = extra.meta_a.get("step")
         result.files[f"csv_step{step}"] = str(write_csv(extra, out / f"compare_step{step}.csv"))
-    (out / "align.json").write_text(json.dumps(result.to_dict(), indent=2, default=_json_default) + "\n", encoding="utf-8")
+    (out / "align.json").write_text(
+        json.dumps(result.to_dict(), indent=2, default=_json_default) + "\n", encoding="utf-8"
+    )
     return result
 
 

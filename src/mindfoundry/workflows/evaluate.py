@@ -35,12 +35,27 @@ def evaluate_model(model: TrainedModel, *, data: Sequence[str] = (), tasks: Sequ
     if not data and not tasks and not lm_eval:
         prepared = load_prepared(run_tokenizer(model.checkpoint, cfg).parent, cfg.model.vocab_size)
         batches = -(-len(prepared.packed("validation", t.seq_len)) // t.micro_batch_size)  # every validation sample
-        out["validation"] = {name: r.to_dict("") for name, r in evaluate_categories(
-            model.backend, prepared, t.seq_len, t.micro_batch_size, batches, masking_for(cfg, prepared.tokenizer, VALIDATION)).items()}
+        out["validation"] = {
+            name: r.to_dict("")
+            for name, r in evaluate_categories(
+                model.backend,
+                prepared,
+                t.seq_len,
+                t.micro_batch_size,
+                batches,
+                masking_for(cfg, prepared.tokenizer, VALIDATION),
+            ).items()
+        }
     for pattern in data:
         docs = read_files([pattern], name="eval", category="eval", txt_mode="file", stats=SourceStats())
-        out.setdefault("data", {})[pattern] = evaluate_texts(model.backend, model.tokenizer, (d.text for d in docs), t.seq_len,
-                                                             t.micro_batch_size, masking_for(cfg, model.tokenizer, TEXTS)).to_dict("")
+        out.setdefault("data", {})[pattern] = evaluate_texts(
+            model.backend,
+            model.tokenizer,
+            (d.text for d in docs),
+            t.seq_len,
+            t.micro_batch_size,
+            masking_for(cfg, model.tokenizer, TEXTS),
+        ).to_dict("")
     for path in tasks:
         out.setdefault("tasks", {})[Path(path).name] = score_tasks(model.backend, model.tokenizer, read_tasks(path),
                                                                    cfg.model.max_seq_len)
@@ -50,5 +65,7 @@ def evaluate_model(model: TrainedModel, *, data: Sequence[str] = (), tasks: Sequ
         except ModuleNotFoundError as exc:
             raise BackendUnavailable(f"--lm-eval needs {exc.name!r}: pip install 'mindfoundry[eval]'") from None
         results = run_lm_eval(MindFoundryLM(model.backend, model.tokenizer, cfg.model.max_seq_len), lm_eval)["results"]
-        out["lm_eval"] = {task: {k: v for k, v in metrics.items() if isinstance(v, (int, float))} for task, metrics in results.items()}
+        out["lm_eval"] = {
+            task: {k: v for k, v in metrics.items() if isinstance(v, (int, float))} for task, metrics in results.items()
+        }
     return out

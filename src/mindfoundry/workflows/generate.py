@@ -13,8 +13,8 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from mindfoundry.backends.base import Backend, create_backend
-from mindfoundry.checkpoint.run_files import checkpoint_of, run_config, run_tokenizer
 from mindfoundry.checkpoint.reader import load_checkpoint
+from mindfoundry.checkpoint.run_files import checkpoint_of, run_config, run_tokenizer
 from mindfoundry.checkpoint.store import CheckpointError
 from mindfoundry.config.parallel_config import ParallelConfig
 from mindfoundry.config.schema import RunConfig

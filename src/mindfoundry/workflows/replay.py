@@ -58,7 +58,8 @@ def replay_config(cfg: RunConfig, choice: DumpChoice, out: Path) -> RunConfig:
 
 
 def replay_dump(cfg: RunConfig, choice: DumpChoice, out: Path, *, resume: bool, console: Console) -> tuple[str, int]:
-    """Replay up to the last chosen step, dumping the chosen ones into `out`; returns (the steps dumped, the step reached)."""
+    """Replay up to the last chosen step, dumping the chosen ones into `out`; returns (the steps dumped, the step
+    reached)."""
     dcfg = replay_config(cfg, choice, out)
     if (out / "replay").exists():
         raise OutputExistsError(f"{out} holds an earlier dump: choose another --out (dumps are never overwritten)")

@@ -25,8 +25,14 @@ from mindfoundry.eval.fill_mask import fill_masks
 from mindfoundry.eval.sampling import generate
 from mindfoundry.model.spec import ModelSpec, flops_per_token, num_parameters
 from mindfoundry.parallel.layout import Layout, launch_layout, launched_rank, launched_scheduler
-from mindfoundry.parallel.planner import (CPU_FIXED_OVERHEAD, DEFAULT_FIXED_OVERHEAD, check_host_fit, estimate, format_bytes,
-                                          memory_options)
+from mindfoundry.parallel.planner import (
+    CPU_FIXED_OVERHEAD,
+    DEFAULT_FIXED_OVERHEAD,
+    check_host_fit,
+    estimate,
+    format_bytes,
+    memory_options,
+)
 from mindfoundry.train.rundir import HASH_FILE, prepare_run_dir
 from mindfoundry.train.trainer import Trainer, TrainResult
 
@@ -53,14 +59,25 @@ def dry_start(cfg: RunConfig) -> list[str]:
     state = "holds a run" if (run_dir / HASH_FILE).is_file() else "is new" if not run_dir.exists() else "exists"
     t = cfg.train
     overhead = CPU_FIXED_OVERHEAD if cfg.device == "cpu" else DEFAULT_FIXED_OVERHEAD
-    est = estimate(spec, layout, t.micro_batch_size, t.seq_len, t.precision, **memory_options(cfg.memory, spec.n_layers),
-                   num_micro_batches=t.grad_accum, fixed_overhead_bytes=overhead)
-    return [f"model: {num_parameters(spec):,} parameters, {flops_per_token(spec, cfg.train.seq_len):,} FLOPs/token; backend {cfg.backend}",
-            f"layout: {layout}; global batch {cfg.global_batch(layout.world_size)} sequences of {cfg.train.seq_len}",
-            f"memory: {cfg.memory.describe(spec.n_layers)}; planned peak {format_bytes(est.total)} per process "
-            f"(activations {format_bytes(est.activations)})",
-            f"run dir {run_dir} {state}; data {cfg.data.output_dir}",
-            "dry run: the config, the launch and the memory check pass; nothing was written"]
+    est = estimate(
+        spec,
+        layout,
+        t.micro_batch_size,
+        t.seq_len,
+        t.precision,
+        **memory_options(cfg.memory, spec.n_layers),
+        num_micro_batches=t.grad_accum,
+        fixed_overhead_bytes=overhead,
+    )
+    return [
+        f"model: {num_parameters(spec):,} parameters, {flops_per_token(spec, cfg.train.seq_len):,} FLOPs/token; "
+        f"backend {cfg.backend}",
+        f"layout: {layout}; global batch {cfg.global_batch(layout.world_size)} sequences of {cfg.train.seq_len}",
+        f"memory: {cfg.memory.describe(spec.n_layers)}; planned peak {format_bytes(est.total)} per process "
+        f"(activations {format_bytes(est.activations)})",
+        f"run dir {run_dir} {state}; data {cfg.data.output_dir}",
+        "dry run: the config, the launch and the memory check pass; nothing was written",
+    ]
 
 
 def prepare(cfg: RunConfig, *, overwrite: bool = False, log: Callable[[str], None] = print) -> PreparedData:
@@ -79,8 +96,12 @@ class TrainedRun:
 def train(cfg: RunConfig, *, resume: bool, overwrite: bool, stop_at_step: int | None, console: Console) -> TrainedRun:
     """Check the launch, claim the run dir and prepare the data (rank 0), then train to the end or `stop_at_step`."""
     layout = check_launch(cfg)
-    if launched_scheduler():  # msrun's scheduler: it joins the cluster as its meta server (in the engine) and never trains;
-        create_backend(cfg, ModelSpec.from_config(cfg.model), layout)  # it must not claim the run dir that rank 0 claims
+    if (
+        launched_scheduler()
+    ):  # msrun's scheduler: it joins the cluster as its meta server (in the engine) and never trains;
+        create_backend(
+            cfg, ModelSpec.from_config(cfg.model), layout
+        )  # it must not claim the run dir that rank 0 claims
         raise SystemExit(0)  # not reached: MindSpore ends the scheduler process when the job ends
     if launched_rank() == 0:  # under torchrun/msrun one process claims the run dir and prepares the data
         run_dir = prepare_run_dir(cfg, resume=resume, overwrite=overwrite, log=console.print)
@@ -88,8 +109,10 @@ def train(cfg: RunConfig, *, resume: bool, overwrite: bool, stop_at_step: int | 
     else:  # the others wait for its atomic prepare and then only read
         run_dir, data = Path(cfg.run_dir), wait_for_prepared(cfg)
     spec = ModelSpec.from_config(cfg.model)
-    console.print(f"model: {num_parameters(spec):,} parameters, {flops_per_token(spec, cfg.train.seq_len):,} FLOPs/token; "
-                  f"backend {cfg.backend}; run dir {run_dir}")
+    console.print(
+        f"model: {num_parameters(spec):,} parameters, {flops_per_token(spec, cfg.train.seq_len):,} FLOPs/token; "
+        f"backend {cfg.backend}; run dir {run_dir}"
+    )
     trainer = Trainer(cfg, data, run_dir, layout, console)
     return TrainedRun(trainer, data, trainer.run(resume=resume, stop_at_step=stop_at_step))
 
@@ -103,9 +126,16 @@ def samples(cfg: RunConfig, trained: TrainedRun) -> list[dict[str, str]]:
         return fill_masks(trained.result.backend, tokenizer, list(g.prompts), masking, cfg.train.seq_len)
     out = []
     for i, prompt in enumerate(g.prompts):
-        ids = generate(trained.result.backend, tokenizer.encode(prompt).ids, max_seq_len=cfg.model.max_seq_len,
-                       max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_k=g.top_k, eos_id=eos_id(tokenizer),
-                       seed=cfg.seed + i)
+        ids = generate(
+            trained.result.backend,
+            tokenizer.encode(prompt).ids,
+            max_seq_len=cfg.model.max_seq_len,
+            max_new_tokens=g.max_new_tokens,
+            temperature=g.temperature,
+            top_k=g.top_k,
+            eos_id=eos_id(tokenizer),
+            seed=cfg.seed + i,
+        )
         out.append({"prompt": prompt, "completion": tokenizer.decode(ids)})
     return out
 
@@ -134,7 +164,9 @@ def run(cfg: RunConfig, *, resume: bool, overwrite: bool, stop_at_step: int | No
         "initial": result.initial_eval.to_dict() if result.initial_eval else None,
         "final": final.to_dict(), "samples": samples(cfg, trained),
     }
-    Path(cfg.run_dir, "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    Path(cfg.run_dir, "summary.json").write_text(
+        json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
     from mindfoundry.report.render import write_report  # matplotlib loads only when a report is written
 
     return RunSummary(trained, summary, write_report(cfg.run_dir, None, None))

@@ -33,13 +33,18 @@ class Check:
 
 def smoke_config(cfg: RunConfig, steps: int, run_dir: Path) -> RunConfig:
     """The same run, shortened: `steps` steps, warmup at most a fifth of them, no intermediate checkpoints."""
-    return cfg.model_copy(deep=True, update={
-        "run_dir": str(run_dir),
-        "train": cfg.train.model_copy(update={"steps": steps, "eval_every": 0, "eval_batches": min(cfg.train.eval_batches, 4)}),
-        "optim": cfg.optim.model_copy(update={"warmup_steps": min(cfg.optim.warmup_steps, steps // 5)}),
-        "checkpoint": cfg.checkpoint.model_copy(update={"every": 0, "keep_last": 1}),
-        "monitor": cfg.monitor.model_copy(update={"detail_every": 0}),
-    })
+    return cfg.model_copy(
+        deep=True,
+        update={
+            "run_dir": str(run_dir),
+            "train": cfg.train.model_copy(
+                update={"steps": steps, "eval_every": 0, "eval_batches": min(cfg.train.eval_batches, 4)}
+            ),
+            "optim": cfg.optim.model_copy(update={"warmup_steps": min(cfg.optim.warmup_steps, steps // 5)}),
+            "checkpoint": cfg.checkpoint.model_copy(update={"every": 0, "keep_last": 1}),
+            "monitor": cfg.monitor.model_copy(update={"detail_every": 0}),
+        },
+    )
 
 
 def evaluate_smoke(records: list[dict[str, Any]], cfg: RunConfig, stop: str | None, peak_rss_mb: float,
@@ -57,22 +62,44 @@ def evaluate_smoke(records: list[dict[str, Any]], cfg: RunConfig, stop: str | No
         checks.append(Check("run completes", False, stop.split(". Likely")[0],
                             f"the loss or gradients blew up: learning rate too high? (optim.lr={lr:g})"))
     first = losses[0] if losses else float("nan")
-    checks.append(Check("initial loss near ln(vocab)", first is not None and abs(first - uniform) < 0.5 * max(1.0, uniform / 10),
-                        f"{first:.3f} vs ln({cfg.model.vocab_size}) = {uniform:.3f}",
-                        "initial weights too large (model.init_std), logits scaled wrong, or labels leaking the inputs"))
-    nonfinite = len(losses) - len(finite) + sum(1 for r in records if r.get("event") == "anomaly" and r.get("kind") == "nonfinite")
+    checks.append(
+        Check(
+            "initial loss near ln(vocab)",
+            first is not None and abs(first - uniform) < 0.5 * max(1.0, uniform / 10),
+            f"{first:.3f} vs ln({cfg.model.vocab_size}) = {uniform:.3f}",
+            "initial weights too large (model.init_std), logits scaled wrong, or labels leaking the inputs",
+        )
+    )
+    nonfinite = (
+        len(losses)
+        - len(finite)
+        + sum(1 for r in records if r.get("event") == "anomaly" and r.get("kind") == "nonfinite")
+    )
     checks.append(Check("no NaN/Inf", nonfinite == 0, f"{nonfinite} non-finite steps",
                         f"learning rate too high (optim.lr={lr:g}) or numerical overflow"))
     if len(finite) >= 10:
         head, tail, peak = finite[0], statistics.mean(finite[-5:]), max(finite)
-        checks.append(Check("loss never rises far above its start", peak < head + 1.0, f"peak {peak:.3f} vs start {head:.3f}",
-                            f"the run diverges: learning rate too high (optim.lr={lr:g}); lower it or lengthen warmup"))
+        checks.append(
+            Check(
+                "loss never rises far above its start",
+                peak < head + 1.0,
+                f"peak {peak:.3f} vs start {head:.3f}",
+                f"the run diverges: learning rate too high (optim.lr={lr:g}); lower it or lengthen warmup",
+            )
+        )
         checks.append(Check("loss falls", tail < head - 0.05 * head, f"{head:.3f} -> {tail:.3f}",
                             f"learning rate too low or too high (optim.lr={lr:g}), or broken data"))
-        checks.append(Check("loss not suspiciously low", tail > 0.1 * uniform, f"{tail:.3f} after {len(finite)} steps",
-                            "the model sees the tokens it predicts: masked inputs are not masked (model.mlm.mask_token_rate?)"
-                            if mlm else "the model predicts its own input: labels are probably not shifted (or validation leaks "
-                            "into training)"))
+        checks.append(
+            Check(
+                "loss not suspiciously low",
+                tail > 0.1 * uniform,
+                f"{tail:.3f} after {len(finite)} steps",
+                "the model sees the tokens it predicts: masked inputs are not masked (model.mlm.mask_token_rate?)"
+                if mlm
+                else "the model predicts its own input: labels are probably not shifted (or validation leaks "
+                "into training)",
+            )
+        )
     copy = [steps[s]["copy_fraction"] for s in sorted(steps) if "copy_fraction" in steps[s]]
     if copy and not mlm:  # mlm labels are the input tokens at the masked positions by design
         checks.append(Check("labels are the next tokens", statistics.median(copy) < 0.5,
@@ -81,7 +108,9 @@ def evaluate_smoke(records: list[dict[str, Any]], cfg: RunConfig, stop: str | No
     evals = [r for r in records if "val_accuracy" in r]
     if mlm and evals:  # information: a few dozen steps first learn the frequent tokens, which can lower it at first
         shares = " -> ".join(f"{r['val_accuracy']:.1%}" for r in (evals[0], evals[-1])[:len(evals)])
-        checks.append(Check("masked-token accuracy (held-out)", None, f"{shares} of {evals[-1]['val_tokens']} masked tokens"))
+        checks.append(
+            Check("masked-token accuracy (held-out)", None, f"{shares} of {evals[-1]['val_tokens']} masked tokens")
+        )
     ok_norms = [n for n in norms if n is not None and math.isfinite(n)]
     in_range = bool(ok_norms) and len(ok_norms) == len(norms) and 1e-4 < statistics.median(ok_norms) < 100
     checks.append(Check("gradient norms finite and in range", in_range,
@@ -93,9 +122,15 @@ def evaluate_smoke(records: list[dict[str, Any]], cfg: RunConfig, stop: str | No
         wall_h = cfg.train.steps * statistics.median(times) / 3600
         checks.append(Check("throughput", None, f"{tps:,.0f} tokens/s", ""))
         checks.append(Check("projected wall time", None, f"{wall_h:.2f} h for {cfg.train.steps} steps", ""))
-    checks.append(Check("projected memory vs available", peak_rss_mb < 0.8 * memory_mb,
-                        f"peak {peak_rss_mb:,.0f} MiB of {memory_mb:,.0f} MiB with {cfg.memory.describe(cfg.model.n_layers)}",
-                        "set memory.recompute: full (or selective), memory.loss_chunk, or reduce train.micro_batch_size or the model"))
+    checks.append(
+        Check(
+            "projected memory vs available",
+            peak_rss_mb < 0.8 * memory_mb,
+            f"peak {peak_rss_mb:,.0f} MiB of {memory_mb:,.0f} MiB with {cfg.memory.describe(cfg.model.n_layers)}",
+            "set memory.recompute: full (or selective), memory.loss_chunk, or reduce train.micro_batch_size or the "
+            "model",
+        )
+    )
     return checks
 
 

@@ -90,12 +90,19 @@ def _outcome(rc: int, exits: dict[int, int], processes: int, at_start: frozenset
     if processes == 1:
         why = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
     else:
-        why = ", ".join([f"rank {r} exit code {c}" for r, c in sorted(crashed.items())] + [f"{killed} rank(s) killed"] * bool(killed))
+        why = ", ".join(
+            [f"rank {r} exit code {c}" for r, c in sorted(crashed.items())]
+            + [f"{killed} rank(s) killed"] * bool(killed)
+        )
     stops = {r: c for r, c in exits.items() if c != EXIT_OK}  # user error, anomaly stop or pre-emption (no crash)
     if rc == 0 or not (killed or crashed):  # every process ended finally: the lowest rank's word is the job's
         return False, exits[min(stops or exits)] if exits else rc, why
     if stops and not crashed and not (killed and set(stops) <= at_start):  # a rank stopped for good and the launcher
-        return False, stops[min(stops)], why  # reaped the others (msrun kills them on any non-zero exit): the stop is the
+        return (
+            False,
+            stops[min(stops)],
+            why,
+        )  # reaped the others (msrun kills them on any non-zero exit): the stop is the
         # job's; an agreed stop was checkpointed first
     return True, (rc if rc >= 0 else 128 - rc) if processes == 1 else EXIT_CRASHED, why
 
@@ -109,7 +116,9 @@ def supervise(command: Callable[[int], list[str]], max_restarts: int, log: Calla
     stopped: list[int] = []
     while True:
         with tempfile.TemporaryDirectory(prefix="mindfoundry-exits-") as folder:
-            proc = subprocess.Popen(command(attempt), env={**(os.environ if env is None else env), EXIT_DIR_ENV: folder})
+            proc = subprocess.Popen(
+                command(attempt), env={**(os.environ if env is None else env), EXIT_DIR_ENV: folder}
+            )
 
             def forward(signum: int, _frame) -> None:
                 stopped.append(signum)

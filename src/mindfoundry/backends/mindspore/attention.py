@@ -44,7 +44,9 @@ class AttentionCore(nn.Cell):
         length = k.shape[2]
         scores = cast_matmul(self.scores_matmul, q, k, self.compute)  # (B, K, G*S, L)
         scores = scores.reshape(b, kv, self.group, rows // self.group, length)
-        if mask.shape != scores.shape:  # the training forward broadcasts its mask once for all layers (Transformer.tables)
+        if (
+            mask.shape != scores.shape
+        ):  # the training forward broadcasts its mask once for all layers (Transformer.tables)
             mask = expand(mask, scores.shape)
         scores = self.mask_add(scores, mask)
         return self.softmax(scores).reshape(b, kv, rows, length)

@@ -21,7 +21,13 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn
 
-from mindfoundry.backends.base import BackendUnavailable, StepOutput, StepScalars, check_state_names, device_memory_record
+from mindfoundry.backends.base import (
+    BackendUnavailable,
+    StepOutput,
+    StepScalars,
+    check_state_names,
+    device_memory_record,
+)
 from mindfoundry.backends.mindspore import distributed, memory, probe_hooks, semi_auto
 from mindfoundry.backends.mindspore.model import CachedDecode, LossCell, Transformer, eval_sums
 from mindfoundry.backends.mindspore.train_step import AccumulatingStep, AdamW, TrainStep, scalar
@@ -58,21 +64,27 @@ class MindSporeBackend:
 
     def __init__(self, cfg: RunConfig, spec: ModelSpec, layout: Layout):
         configure_context(cfg.device)
-        # first, before any Tensor: refuses what it cannot run and, under msrun, joins the cluster (msrun's scheduler exits there)
+        # first, before any Tensor: refuses what it cannot run and, under msrun, joins the cluster (msrun's scheduler
+        # exits there)
         self.placement = distributed.setup(cfg, layout, ms.get_context("device_target"))
         p = self.placement
         self.rank, self.world_size, self.dp_rank, self.dp_size = p.rank, p.world_size, p.dp_rank, p.dp_size
         # MindSpore reports only the target kind; Ascend training hardware is the 910B family
-        self.device_name = {"CPU": "cpu", "Ascend": "Ascend910B"}.get(ms.get_context("device_target"), ms.get_context("device_target"))
+        self.device_name = {"CPU": "cpu", "Ascend": "Ascend910B"}.get(
+            ms.get_context("device_target"), ms.get_context("device_target")
+        )
         self.device_kind = {"CPU": "cpu", "Ascend": "npu", "GPU": "cuda"}[ms.get_context("device_target")]
         self.spec = spec
         self.precision = cfg.train.precision
-        # fp16/bf16: matmuls in that dtype inside the Cells, fp32 parameters; FlashAttentionScore where train.flash_attention says
+        # fp16/bf16: matmuls in that dtype inside the Cells, fp32 parameters; FlashAttentionScore where
+        # train.flash_attention says
         self.model = Transformer(spec, cfg.train.precision, cfg.train.uses_flash_attention(cfg.backend, cfg.device))
         self.params = {p.name: p for p in self.model.get_parameters()}
         expected = parameter_shapes(spec)
         if {n: tuple(p.shape) for n, p in self.params.items()} != expected:
-            raise RuntimeError(f"MindSpore model parameters {sorted(self.params)} do not match the spec {sorted(expected)}")
+            raise RuntimeError(
+                f"MindSpore model parameters {sorted(self.params)} do not match the spec {sorted(expected)}"
+            )
         self.order = list(expected)  # the canonical parameter order (the optimizer's and the gradients')
         ordered = [self.params[n] for n in self.order]
         o = cfg.optim
@@ -96,7 +108,8 @@ class MindSporeBackend:
 
     # -- state -------------------------------------------------------------------------------
     def global_sum(self, value: float) -> float:
-        """`value` summed over the data-parallel ranks (collective; exact for counts); the value itself in one process."""
+        """`value` summed over the data-parallel ranks (collective; exact for counts); the value itself in one process.
+        """
         if self.dp_size == 1:
             return value
         return distributed.all_reduce_sum([value])[0]
@@ -134,7 +147,9 @@ class MindSporeBackend:
         distributed.all_reduce_sum([0.0])  # a barrier: every rank's files are written when rank 0 commits
 
     # -- compute -----------------------------------------------------------------------------
-    def train_step(self, input_ids: np.ndarray, labels: np.ndarray, scalars: StepScalars, probe: Probe | None = None) -> StepOutput:
+    def train_step(
+        self, input_ids: np.ndarray, labels: np.ndarray, scalars: StepScalars, probe: Probe | None = None
+    ) -> StepOutput:
         if self.placement.plan is not None:  # a pipeline takes every micro-batch at once
             input_ids, labels = (semi_auto.step_batch(self.placement.plan, a) for a in (input_ids, labels))
         args = (Tensor(input_ids.astype(np.int32)), Tensor(labels.astype(np.int32)), scalar(scalars.loss_scale))
@@ -165,7 +180,9 @@ class MindSporeBackend:
                 loss, grads = step.accumulate(*args)
             probe.state("grads", zip(self.order, grads), probe_hooks.to_numpy)
             out = step.update(loss, grads, *limits)
-            moments = zip(self.optimizer.exp_avg, self.optimizer.exp_avg_sq)  # interleaved per parameter, as torch's state
+            moments = zip(
+                self.optimizer.exp_avg, self.optimizer.exp_avg_sq
+            )  # interleaved per parameter, as torch's state
             probe.state("optimizer", ((m.name, m) for pair in moments for m in pair), probe_hooks.to_numpy)
         finally:
             ms.set_context(mode=ms.GRAPH_MODE)
@@ -177,7 +194,10 @@ class MindSporeBackend:
         if split:
             share = len(input_ids) // self.dp_size
             input_ids, labels = (a[self.dp_rank * share:(self.dp_rank + 1) * share] for a in (input_ids, labels))
-        sums = [float(t.asnumpy()) for t in self.forward(Tensor(input_ids.astype(np.int32)), Tensor(labels.astype(np.int32)))]
+        sums = [
+            float(t.asnumpy())
+            for t in self.forward(Tensor(input_ids.astype(np.int32)), Tensor(labels.astype(np.int32)))
+        ]
         if split:
             sums = distributed.all_reduce_sum(sums)
         nll, count, correct = sums
@@ -202,26 +222,37 @@ class MindSporeBackend:
         write = (slots[None] == positions[:, None]).astype(np.float32)  # (T, L) one-hot: where each new token goes
         mask = np.where(slots[None] <= positions[:, None], 0.0, -1e9).astype(np.float32)  # causal over the cache
         # the caches as mutable inputs: a tuple of Tensors would otherwise be a constant, recompiled at every step
-        logits, cache["k"], cache["v"] = self._decode(Tensor(np.asarray(ids, np.int32)[None]), Tensor(positions.astype(np.int32)),
-                                                      Tensor(write), Tensor(mask), ms.mutable(cache["k"]), ms.mutable(cache["v"]))
+        logits, cache["k"], cache["v"] = self._decode(
+            Tensor(np.asarray(ids, np.int32)[None]),
+            Tensor(positions.astype(np.int32)),
+            Tensor(write),
+            Tensor(mask),
+            ms.mutable(cache["k"]),
+            ms.mutable(cache["v"]),
+        )
         return logits.asnumpy()[0]
 
     def start_profile(self, folder: Path) -> None:
         from mindspore.profiler import ProfilerActivity, profile, tensorboard_trace_handler
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.NPU] if self.device_kind == "npu" else [])
-        self._profiler = profile(activities=activities, start_profile=False, on_trace_ready=tensorboard_trace_handler(dir_name=str(folder)))
+        self._profiler = profile(
+            activities=activities, start_profile=False, on_trace_ready=tensorboard_trace_handler(dir_name=str(folder))
+        )
         self._profiler.start()
 
     def stop_profile(self) -> None:
-        self._profiler.stop()  # parses into FOLDER/*_ascend_ms/ (ASCEND_PROFILER_OUTPUT/trace_view.json, FRAMEWORK/*.csv)
+        # parses into FOLDER/*_ascend_ms/ (ASCEND_PROFILER_OUTPUT/trace_view.json, FRAMEWORK/*.csv)
+        self._profiler.stop()
         self._profiler = None
 
     def device_memory(self) -> dict[str, float] | None:
         if self.device_kind == "cpu":  # ms.runtime's counters report 0 on CPU
             return None
         runtime = ms.runtime
-        return device_memory_record(runtime.memory_allocated(), runtime.memory_reserved(), runtime.max_memory_allocated())
+        return device_memory_record(
+            runtime.memory_allocated(), runtime.memory_reserved(), runtime.max_memory_allocated()
+        )
 
     def module_outputs(self, input_ids: np.ndarray) -> dict[str, np.ndarray]:
         """Outputs of the module boundaries via Cell forward hooks, in a PYNATIVE debug pass.

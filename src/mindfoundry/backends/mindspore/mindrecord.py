@@ -32,8 +32,7 @@ import numpy as np
 from mindspore.mindrecord import FileWriter
 
 from mindfoundry import atomic
-from mindfoundry.data.dataset.prepared import SPLITS
-from mindfoundry.data.dataset.prepared import read_manifest
+from mindfoundry.data.dataset.prepared import SPLITS, read_manifest
 from mindfoundry.data.dataset.validate import open_shard
 from mindfoundry.errors import OutputExistsError
 

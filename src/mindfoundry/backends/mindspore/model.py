@@ -50,7 +50,6 @@ from mindfoundry.backends.mindspore.norm import RMSNorm
 from mindfoundry.data.dataset.packing import IGNORE_INDEX
 from mindfoundry.model.spec import PAD_ID, ModelSpec, chunk_bounds, is_moe_layer, rope_tables
 
-
 #: train.precision -> the matmuls' compute dtype (None: float32 throughout)
 COMPUTE_DTYPES = {"fp32": None, "fp16": F16, "bf16": ms.bfloat16}
 #: Side of FlashAttentionScore's compressed causal mask (sparse_mode 2), whatever the sequence length.
@@ -85,7 +84,9 @@ class Attention(nn.Cell):
     def __init__(self, spec: ModelSpec, compute=None, flash: bool = False):
         super().__init__()
         self.flash = flash
-        self.sparse_mode = 2 if spec.causal else 0  # left-up causal on the compressed mask, or the full (B, 1, S, S) mask
+        self.sparse_mode = (
+            2 if spec.causal else 0
+        )  # left-up causal on the compressed mask, or the full (B, 1, S, S) mask
         self.n_heads, self.n_kv_heads, self.head_dim = spec.n_heads, spec.n_kv_heads, spec.head_dim
         self.q_proj = Linear(spec.d_model, spec.n_heads * spec.head_dim, compute)
         self.k_proj = Linear(spec.d_model, spec.n_kv_heads * spec.head_dim, compute)
@@ -107,9 +108,16 @@ class Attention(nn.Cell):
         v = self._heads(self.v_proj(x), self.n_kv_heads)
         q, k = rope(q, cos, sin), rope(k, cos, sin)
         if self.flash:
-            out = ops.flash_attention_score(q.astype(self.compute), k.astype(self.compute), v.astype(self.compute), self.n_heads,
-                                            attn_mask=mask, scalar_value=self.scale, input_layout="BNSD",
-                                            sparse_mode=self.sparse_mode).astype(F32)  # (B, H, S, D)
+            out = ops.flash_attention_score(
+                q.astype(self.compute),
+                k.astype(self.compute),
+                v.astype(self.compute),
+                self.n_heads,
+                attn_mask=mask,
+                scalar_value=self.scale,
+                input_layout="BNSD",
+                sparse_mode=self.sparse_mode,
+            ).astype(F32)  # (B, H, S, D)
             return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, s, self.n_heads * self.head_dim))
         return self._attend(q, k, v, mask)
 
@@ -126,7 +134,11 @@ class Attention(nn.Cell):
         # also keeps q.k far from float16's 65504. Softmax statistics stay float32.
         q = q.reshape(b, kv, (self.n_heads // kv) * s, self.head_dim) * self.scale
         out = self.core(q, k, v, mask)  # (B, K, G*S, D): .attention's core, whose backward recomputes the probabilities
-        out = out.reshape(b, self.n_heads, s, self.head_dim).transpose(0, 2, 1, 3).reshape(b, s, self.n_heads * self.head_dim)
+        out = (
+            out.reshape(b, self.n_heads, s, self.head_dim)
+            .transpose(0, 2, 1, 3)
+            .reshape(b, s, self.n_heads * self.head_dim)
+        )
         return self.o_proj(out)
 
     def decode(self, x, cos, sin, mask, write, k_cache, v_cache):
@@ -193,7 +205,10 @@ class Transformer(nn.Cell):
     def __init__(self, spec: ModelSpec, precision: str = "fp32", flash: bool = False):
         super().__init__()
         if precision not in COMPUTE_DTYPES:
-            raise ValueError(f"train.precision={precision!r} is not available in the MindSpore model: use one of {sorted(COMPUTE_DTYPES)}")
+            raise ValueError(
+                f"train.precision={precision!r} is not available in the MindSpore model: use one of "
+                f"{sorted(COMPUTE_DTYPES)}"
+            )
         compute = COMPUTE_DTYPES[precision]
         if flash and compute is None:
             raise ValueError("FlashAttentionScore computes in float16 or bfloat16: set train.precision to fp16 or bf16")
@@ -209,11 +224,14 @@ class Transformer(nn.Cell):
         self.causal = spec.causal
         if self.causal:
             self.mask_table = Tensor(np.triu(np.full((spec.max_seq_len, spec.max_seq_len), -1e9, dtype=np.float32), 1))
-        else:  # -1e9 on the padding keys, except on the diagonal (each position sees itself): model/spec.py visible_keys
+        # -1e9 on the padding keys, except on the diagonal (each position sees itself): model/spec.py visible_keys
+        else:
             self.mask_table = Tensor(1.0 - np.eye(spec.max_seq_len, dtype=np.float32))
         if flash:  # FlashAttentionScore's uint8 masks (1 = hidden): the compressed causal triangle, or the off-diagonal
             size = FLASH_CAUSAL_MASK if self.causal else spec.max_seq_len
-            self.flash_table = Tensor(np.triu(np.ones((size, size), np.uint8), 1) if self.causal else 1 - np.eye(size, dtype=np.uint8))
+            self.flash_table = Tensor(
+                np.triu(np.ones((size, size), np.uint8), 1) if self.causal else 1 - np.eye(size, dtype=np.uint8)
+            )
         self.head_matmul = ops.MatMul(transpose_b=True)
 
     def tables(self, ids):
@@ -224,7 +242,11 @@ class Transformer(nn.Cell):
         if self.flash:
             if self.causal:
                 return self.cos[:s], self.sin[:s], self.flash_table
-            return self.cos[:s], self.sin[:s], (ids == PAD_ID).astype(ms.uint8).reshape(b, 1, 1, s) * self.flash_table[:s, :s]
+            return (
+                self.cos[:s],
+                self.sin[:s],
+                (ids == PAD_ID).astype(ms.uint8).reshape(b, 1, 1, s) * self.flash_table[:s, :s],
+            )
         if self.causal:
             mask = self.mask_table[:s, :s]
         else:

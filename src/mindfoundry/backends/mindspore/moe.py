@@ -8,8 +8,8 @@ weights, E/top_k times the FFN work of a routed dispatch: the only static shape 
 token) and each token then gathers its top_k expert outputs. Either way the outputs are summed with
 the router weights in top-k order, as the torch engine does, and the experts a pair does not reach
 get no gradient from it, so the function and its gradients are those of the routed model. The router
-matmul stays float32 under fp16. The load-balancing term travels functionally in the compiled step (a Cell cannot hand a value out of a
-compiled graph on the side): :meth:`.model.Transformer.forward_aux` returns (logits, aux term) and
+matmul stays float32 under fp16. The load-balancing term travels functionally in the compiled step (a Cell cannot hand a
+value out of a compiled graph on the side): :meth:`.model.Transformer.forward_aux` returns (logits, aux term) and
 :class:`~.model.LossCell` adds it. In PYNATIVE (the hooked debug step) the model is called as a Cell, so
 every hook fires, and each MoE Cell records its term as an attribute for the LossCell to collect.
 """
@@ -93,7 +93,9 @@ class MoE(nn.Cell):
         else:
             picked = self.routed(x, top_e.reshape(b, s, k), capacity).reshape(n, k, c)
         out = (expand(gates.reshape(n, k, 1), picked.shape) * picked).sum(1)
-        routed = ops.stop_gradient(ops.one_hot(top_e.reshape(-1), self.num_experts, Tensor(1.0, F32), Tensor(0.0, F32)).sum(0))
+        routed = ops.stop_gradient(
+            ops.one_hot(top_e.reshape(-1), self.num_experts, Tensor(1.0, F32), Tensor(0.0, F32)).sum(0)
+        )
         aux = self.num_experts * ((routed / n) * probs.sum(0)).sum()
         return out.reshape(b, s, c), aux
 
@@ -104,8 +106,8 @@ class MoE(nn.Cell):
         Slots are ordered by priority (all first choices, then all second choices; positions in order); a pair's place
         in its expert's buffer is the number of earlier pairs routed there, and pairs past the capacity go to a dump
         row. The buffers are filled by a gather (each cell's source position, scattered as integers; empty cells read
-        an appended zero row) and read back by a gather, so the gradient flows to exactly the kept pairs. The experts run
-        on (E, B * capacity, C) rows instead of (E, B * S, C): under expert parallelism the semi-auto compiler turns
+        an appended zero row) and read back by a gather, so the gradient flows to exactly the kept pairs. The experts
+        run on (E, B * capacity, C) rows instead of (E, B * S, C): under expert parallelism the semi-auto compiler turns
         the change from token-split to expert-split rows into an AlltoAll.
         """
         b, s, c = x.shape
@@ -113,7 +115,9 @@ class MoE(nn.Cell):
         slots = top_e.transpose(0, 2, 1).reshape(b, k * s)  # priority order: slot j of position t is j*S + t
         hot = ops.one_hot(slots, e, Tensor(1.0, F32), Tensor(0.0, F32))  # (B, kS, E); counts stay exact below 2**24
         place = ((ops.cumsum(hot, 1) - hot) * hot).sum(-1).astype(ms.int32)  # earlier pairs to the same expert
-        dest = ops.stop_gradient(ops.where(place < capacity, slots * capacity + place, e * capacity))  # (B, kS); e*cap = dropped
+        dest = ops.stop_gradient(
+            ops.where(place < capacity, slots * capacity + place, e * capacity)
+        )  # (B, kS); e*cap = dropped
         position = ops.broadcast_to((ops.arange(k * s, dtype=ms.int32) % s).reshape(1, k * s), (b, k * s))
         source = ops.tensor_scatter_elements(ops.full((b, e * capacity + 1), s, dtype=ms.int32), dest, position, 1)
         source = ops.stop_gradient(source[:, :e * capacity])  # (B, E*cap): the position each cell holds (s: empty)

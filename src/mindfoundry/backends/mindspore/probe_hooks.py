@@ -28,7 +28,9 @@ OPS = TensorOps(is_tensor=lambda v: isinstance(v, Tensor), to_numpy=to_numpy, fi
 
 def hookable_modules(model: nn.Cell) -> dict[str, nn.Cell]:
     """Cells that run a construct (CellList never does), the root named ROOT."""
-    return {(name or ROOT): c for name, c in model.cells_and_names() if not isinstance(c, (nn.CellList, nn.SequentialCell))}
+    return {
+        (name or ROOT): c for name, c in model.cells_and_names() if not isinstance(c, (nn.CellList, nn.SequentialCell))
+    }
 
 
 @contextlib.contextmanager

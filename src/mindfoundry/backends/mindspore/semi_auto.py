@@ -12,7 +12,8 @@ The step (:class:`.train_step.TrainStep`) is the single-device one: the compiler
 strategies imply (gradient all-reduce over the data-parallel ranks, the tensor-parallel reductions, the parallel
 optimizer's all-gathers), so nothing here reduces by hand. ``dataset_strategy: full_batch``: every rank is fed the
 whole global batch and the strategies slice it, so the data loader runs as one feed (dp_rank 0 of 1) on every rank, in
-micro-batches of ``micro_batch_size * dp`` rows (the run's global batch, as on the torch engine and in the run's identity).
+micro-batches of ``micro_batch_size * dp`` rows (the run's global batch, as on the torch engine and in the run's
+identity).
 
 - pipeline (``pp > 1``): the loss Cell is wrapped in ``mindspore.parallel.nn.Pipeline(loss, micro_size)``, which cuts
   its inputs along the first axis into ``train.grad_accum`` micro-batches and sums their losses; the step then takes

@@ -94,7 +94,9 @@ class StrategyPlan:
     segments: dict[str, int]  # Cell path -> pipeline_segment (virtual chunk), only with pp_virtual_stages > 1
     micro_batches: int  # the pipeline's micro-batches (train.grad_accum)
     pending: dict[str, Strategy] = field(default_factory=dict)  # wanted for functional ops that take no shard()
-    experts: dict[str, Strategy] = field(default_factory=dict)  # the expert primitives' in_strategy (also in shards); MoE only
+    experts: dict[str, Strategy] = field(
+        default_factory=dict
+    )  # the expert primitives' in_strategy (also in shards); MoE only
 
     def strategy(self, path: str) -> Strategy:
         """The in_strategy of one primitive, e.g. plan.strategy('layers.0.attn.q_proj.matmul')."""
@@ -191,11 +193,17 @@ def parameter_layouts(plan: StrategyPlan, spec: ModelSpec) -> dict[str, TensorLa
     for path, (strategy, _) in plan.shards.items():
         weight = "embed.weight" if path == "head_matmul" else path.rpartition(".")[0] + ".weight"
         w = strategy[1]
-        if len(w) == 3:  # stacked experts [E, out, in] on the (ep, dp*cp/ep, tp) grid: ep is grid index 2 (from the right)
+        if (
+            len(w) == 3
+        ):  # stacked experts [E, out, in] on the (ep, dp*cp/ep, tp) grid: ep is grid index 2 (from the right)
             maps[weight] = (2 if w[0] > 1 else -1,) + tuple(0 if k > 1 else -1 for k in w[1:])
         else:  # [out, in] on the (dp*cp, tp) grid: tp is grid index 0
             maps[weight] = tuple(0 if k > 1 else -1 for k in w)
-    opt = plan.context["parallel_optimizer_config"]["optimizer_weight_shard_size"] if plan.context["enable_parallel_optimizer"] else 0
+    opt = (
+        plan.context["parallel_optimizer_config"]["optimizer_weight_shard_size"]
+        if plan.context["enable_parallel_optimizer"]
+        else 0
+    )
     out = {}
     for name, shape in parameter_shapes(spec).items():
         tensor_map = maps.get(name, (-1,) * len(shape))
@@ -213,7 +221,8 @@ def parameter_layouts(plan: StrategyPlan, spec: ModelSpec) -> dict[str, TensorLa
 
 
 def apply_strategies(plan: StrategyPlan, model) -> list[str]:
-    """Set the plan's ``shard()`` strategies and pipeline stages on a :class:`~.model.Transformer`; returns the paths set.
+    """Set the plan's ``shard()`` strategies and pipeline stages on a :class:`~.model.Transformer`; returns the paths
+    set.
 
     Raises KeyError naming a path the model does not have (a renamed Cell or primitive).
     """

@@ -42,7 +42,8 @@ class AdamW(nn.Optimizer):
         self.kernel = ops.AdamWeightDecay()
 
     def construct(self, grads, grad_scale, lr, step_size, bc2_sqrt, apply):
-        """Update every parameter from ``grad * grad_scale``, or (apply=False) leave it, its moments and all bit for bit.
+        """Update every parameter from ``grad * grad_scale``, or (apply=False) leave it, its moments and all bit for
+        bit.
 
         The scale (loss-scale unscale times clip coefficient) is applied here, one multiply per gradient
         feeding the kernel, instead of separate passes over every gradient before the update. A dropped
@@ -96,8 +97,15 @@ class TrainStep(nn.Cell):
     takes the same update decision on the global numbers and the replicas stay identical.
     """
 
-    def __init__(self, loss_cell: nn.Cell, optimizer: AdamW, accum: int, clip_norm: float | None, data_parallel: bool = False,
-                 pipeline_reducer: nn.Cell | None = None):
+    def __init__(
+        self,
+        loss_cell: nn.Cell,
+        optimizer: AdamW,
+        accum: int,
+        clip_norm: float | None,
+        data_parallel: bool = False,
+        pipeline_reducer: nn.Cell | None = None,
+    ):
         super().__init__(auto_prefix=False)
         self.loss_cell = loss_cell
         self.optimizer = optimizer
@@ -188,15 +196,19 @@ class _SummedUpdate(nn.Cell):
         self.sums = sums
 
     def construct(self, loss, lr, step_size, bc2_sqrt, loss_limit, grad_limit, grad_unscale):
-        return self.step.reduce_and_update(loss, tuple(self.sums), lr, step_size, bc2_sqrt, loss_limit, grad_limit, grad_unscale)
+        return self.step.reduce_and_update(
+            loss, tuple(self.sums), lr, step_size, bc2_sqrt, loss_limit, grad_limit, grad_unscale
+        )
 
 
 class AccumulatingStep:
-    """:class:`TrainStep`'s call with the micro-batches looped on the host: for ``train.grad_accum`` > 1 outside semi-auto.
+    """:class:`TrainStep`'s call with the micro-batches looped on the host: for ``train.grad_accum`` > 1 outside
+    semi-auto.
 
     TrainStep's Python loop over micro-batches unrolls inside the compiled graph, so its compile time and the
     memory the compiled graph holds grow with grad_accum (demo size, `bench/grad_accum.py`: first step 8.8 s and peak
-    RSS 1,556 MiB at 1 micro-batch, 32.2 s and 5,717 MiB at 8; docs/benchmarks.md). Here one graph runs a micro-batch and adds its
+    RSS 1,556 MiB at 1 micro-batch, 32.2 s and 5,717 MiB at 8; docs/benchmarks.md). Here one graph runs a micro-batch
+    and adds its
     gradients into buffers (one set of float32 gradients, which the unrolled graph also holds), a second graph reduces
     and applies the sums; both compile once whatever grad_accum is. The arithmetic is TrainStep's: losses and
     gradients summed in micro-batch order from zero (0 + g is g), so the two give the same floats.

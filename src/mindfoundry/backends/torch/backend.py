@@ -33,10 +33,21 @@ import numpy as np
 import torch
 from torch.distributed.tensor import DTensor, Shard
 
-from mindfoundry.backends.base import BackendUnavailable, StepOutput, StepScalars, check_state_names, device_memory_record
+from mindfoundry.backends.base import (
+    BackendUnavailable,
+    StepOutput,
+    StepScalars,
+    check_state_names,
+    device_memory_record,
+)
 from mindfoundry.backends.torch import memory, probe_hooks
 from mindfoundry.backends.torch.distributed import (
-    all_reduce_sum, build_mesh, full_value, init_process_group, shard_like, wants_processes,
+    all_reduce_sum,
+    build_mesh,
+    full_value,
+    init_process_group,
+    shard_like,
+    wants_processes,
 )
 from mindfoundry.backends.torch.memory import apply_memory
 from mindfoundry.backends.torch.model import Transformer, eval_sums
@@ -54,11 +65,15 @@ def select_device(requested: str) -> torch.device:
         try:
             importlib.import_module("torch_npu")
         except ImportError:
-            raise BackendUnavailable(f"device={requested!r} needs torch_npu: install torch_npu for your CANN version") from None
+            raise BackendUnavailable(
+                f"device={requested!r} needs torch_npu: install torch_npu for your CANN version"
+            ) from None
         return torch.device("npu")
     if requested in ("gpu", "cuda") or (requested == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
-            raise BackendUnavailable(f"device={requested!r} but torch sees no CUDA device: use device: cpu or install a CUDA build of torch")
+            raise BackendUnavailable(
+                f"device={requested!r} but torch sees no CUDA device: use device: cpu or install a CUDA build of torch"
+            )
         return torch.device("cuda")
     return torch.device("cpu")
 
@@ -88,13 +103,17 @@ class TorchBackend:
             from mindfoundry.backends.torch.parallelize import parallelize, refuse_unsupported
 
             if cfg.train.compile and (self.layout.pp > 1 or self.layout.cp > 1):
-                raise NotImplementedError("train.compile with parallel.pp > 1 or cp > 1 is not supported in this version: "
-                                          "set train.compile: false")
+                raise NotImplementedError(
+                    "train.compile with parallel.pp > 1 or cp > 1 is not supported in this version: "
+                    "set train.compile: false"
+                )
             if self.layout.pp > 1:
                 from mindfoundry.backends.torch.pipeline_parallel import Pipeline
 
                 refuse_unsupported(self.model, self.layout)
-                self.pipeline = Pipeline(self.model, self.mesh, self.layout, self.device, self.autocast, cfg.train.grad_accum)
+                self.pipeline = Pipeline(
+                    self.model, self.mesh, self.layout, self.device, self.autocast, cfg.train.grad_accum
+                )
                 self.model = self.pipeline.module  # this rank's stages, under the full model's names
             else:
                 parallelize(self.model, self.mesh, self.layout)
@@ -107,8 +126,12 @@ class TorchBackend:
         got = {n: tuple(p.shape) for n, p in self.params.items()}
         partial = self.pipeline is not None  # a pipeline rank holds its stages' parameters only
         if any(self.shapes.get(n) != s for n, s in got.items()) if partial else got != self.shapes:
-            raise RuntimeError(f"torch model parameters {sorted(self.params)} do not match the spec {sorted(self.shapes)}")
-        self.params = {n: self.params[n] for n in self.shapes if n in self.params}  # the canonical order, as in MindSpore
+            raise RuntimeError(
+                f"torch model parameters {sorted(self.params)} do not match the spec {sorted(self.shapes)}"
+            )
+        self.params = {
+            n: self.params[n] for n in self.shapes if n in self.params
+        }  # the canonical order, as in MindSpore
         self.optimizer = build_adamw(self.model, cfg.optim)
         self._steps_before = 0.0  # AdamW's update count when the current train_step began
         step_model = torch.compile(self.model) if cfg.train.compile else self.model
@@ -218,16 +241,22 @@ class TorchBackend:
         sharded_checkpoint.load(self.model, self.params, self.optimizer, folders, adam_step, self.shapes)
 
     # -- compute -----------------------------------------------------------------------------
-    def train_step(self, input_ids: np.ndarray, labels: np.ndarray, scalars: StepScalars, probe: Probe | None = None) -> StepOutput:
+    def train_step(
+        self, input_ids: np.ndarray, labels: np.ndarray, scalars: StepScalars, probe: Probe | None = None
+    ) -> StepOutput:
         self._steps_before = self._adam_steps()  # for update_began, should this step raise
         self.model.train()
         ids, labels_t = self._tensor(input_ids.astype(np.int64)), self._tensor(labels.astype(np.int64))
         if self.mesh is not None:
             if probe is not None:
-                raise NotImplementedError("debug dumps (probe steps) run in a single process: rerun the step without torchrun")
+                raise NotImplementedError(
+                    "debug dumps (probe steps) run in a single process: rerun the step without torchrun"
+                )
             if self.cp is not None:  # this rank's chunks of every sequence; the loss summed over the cp ranks
                 with self.cp.active(ids.shape[-1], self.device):
-                    total = self.step_fn.accumulate(self.cp.split(ids), self.cp.split(labels_t), scalars, self.step_fn.step_model)
+                    total = self.step_fn.accumulate(
+                        self.cp.split(ids), self.cp.split(labels_t), scalars, self.step_fn.step_model
+                    )
                 all_reduce_sum(total, self.mesh["cp"])
             else:
                 total = self.step_fn.accumulate(ids, labels_t, scalars, self.step_fn.step_model)
@@ -250,7 +279,9 @@ class TorchBackend:
         self.model.eval()
         split = self.dp_size > 1 and len(input_ids) % self.dp_size == 0
         if split:  # this dp rank's rows; the sums are added up below
-            rows = slice(self.dp_rank * len(input_ids) // self.dp_size, (self.dp_rank + 1) * len(input_ids) // self.dp_size)
+            rows = slice(
+                self.dp_rank * len(input_ids) // self.dp_size, (self.dp_rank + 1) * len(input_ids) // self.dp_size
+            )
             input_ids, labels = input_ids[rows], labels[rows]
         ids_t, labels_t = self._tensor(input_ids.astype(np.int64)), self._tensor(labels.astype(np.int64))
         cp = self.cp is not None and self.cp.fits(ids_t.shape[-1])  # else whole sequences on every cp rank
@@ -284,7 +315,12 @@ class TorchBackend:
         self.model.eval()
         positions = torch.arange(start, start + len(ids), device=self.device)
         with self.autocast():
-            return self.model.decode(self._tensor(np.asarray(ids, np.int64)[None]), positions, cache)[0].float().cpu().numpy()
+            return (
+                self.model.decode(self._tensor(np.asarray(ids, np.int64)[None]), positions, cache)[0]
+                .float()
+                .cpu()
+                .numpy()
+            )
 
     @property
     def device_kind(self) -> str:
@@ -294,7 +330,9 @@ class TorchBackend:
         from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
-        self._profiler = profile(activities=activities, on_trace_ready=tensorboard_trace_handler(str(folder), worker_name=f"rank{self.rank}"))
+        self._profiler = profile(
+            activities=activities, on_trace_ready=tensorboard_trace_handler(str(folder), worker_name=f"rank{self.rank}")
+        )
         self._profiler.start()
 
     def stop_profile(self) -> None:
@@ -316,7 +354,9 @@ class TorchBackend:
         captured: dict[str, np.ndarray] = {}
         modules = dict(self.model.named_modules())
         handles = [
-            modules[name].register_forward_hook(lambda _m, _i, out, name=name: captured.__setitem__(name, self._whole(out)))
+            modules[name].register_forward_hook(
+                lambda _m, _i, out, name=name: captured.__setitem__(name, self._whole(out))
+            )
             for name in module_boundaries(self.spec)
         ]
         try:
@@ -328,7 +368,12 @@ class TorchBackend:
 
     def _whole(self, out: torch.Tensor) -> np.ndarray:
         """A module output as a full array; under sequence parallelism plain outputs are this rank's sequence slice."""
-        if self.mesh is not None and self.layout.tp > 1 and self.layout.sequence_parallel and not isinstance(out, DTensor):
+        if (
+            self.mesh is not None
+            and self.layout.tp > 1
+            and self.layout.sequence_parallel
+            and not isinstance(out, DTensor)
+        ):
             out = DTensor.from_local(out, self.mesh["tp"], [Shard(1)], run_check=False)
         return full_value(out).float().cpu().numpy()
 

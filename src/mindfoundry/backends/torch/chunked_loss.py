@@ -64,7 +64,9 @@ class _ChunkedLoss(torch.autograd.Function):
                 logits = F.linear(x[:, start:end], weight).float()
             target = labels[:, start:end]
             valid = target != IGNORE_INDEX
-            probs = torch.exp(logits.sub_(lse[:, start:end, None]))  # d loss / d logits = softmax - one-hot, 0 if ignored
+            probs = torch.exp(
+                logits.sub_(lse[:, start:end, None])
+            )  # d loss / d logits = softmax - one-hot, 0 if ignored
             probs.scatter_add_(-1, torch.where(valid, target, 0)[..., None], torch.full_like(probs[..., :1], -1.0))
             probs.mul_((valid * grad_total)[..., None])
             grad_x[:, start:end] = probs @ w
@@ -81,5 +83,7 @@ def chunked_nll(x: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chu
     weight is a DTensor (tensor parallelism)."""
     if not isinstance(weight, DTensor):
         return _ChunkedLoss.apply(x, weight, labels, chunk)
-    parts = [checkpoint(head_nll, x[:, a:b], labels[:, a:b], use_reentrant=False) for a, b in chunk_bounds(x.shape[1], chunk)]
+    parts = [
+        checkpoint(head_nll, x[:, a:b], labels[:, a:b], use_reentrant=False) for a, b in chunk_bounds(x.shape[1], chunk)
+    ]
     return torch.stack([p[0] for p in parts]).sum(), torch.stack([p[1] for p in parts]).sum()

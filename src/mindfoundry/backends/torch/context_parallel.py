@@ -15,8 +15,8 @@ there the backward all-reduces and keeps this rank's slice). Not the library's v
 gradient is non-contiguous, which CPU SDPA's backward produces, and the asynchronous functional
 collectives (``all_gather_single``) corrupted the heap on gloo about once in ten 2-process test
 launches ("malloc(): unaligned tcache chunk detected", SIGSEGV). The gathered keys are in rank order
-(rank 0's two chunks, then rank 1's, ...); the causal mask compares global positions, ``q_pos >= k_pos``, so the order does
-not matter.
+(rank 0's two chunks, then rank 1's, ...); the causal mask compares global positions, ``q_pos >= k_pos``, so the order
+does not matter.
 
 **Loss and gradients.** Each rank scores only its own tokens: the summed NLL of its local labels
 times 1/(valid tokens of the global batch). (Computing the full loss on every rank from gathered

@@ -4,8 +4,8 @@ A run launched by ``torchrun --nproc_per_node=N`` gets its rank and rendezvous f
 environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). :func:`init_process_group`
 joins it with the collective library of the device (gloo on CPU, nccl on CUDA, hccl on Ascend
 through torch_npu) and :func:`build_mesh` lays the ranks out as one :class:`DeviceMesh` whose named
-dims follow :class:`mindfoundry.parallel.layout.Layout`, outermost first: ``pp, dp_replicate, dp_shard, cp, tp`` (pp and cp
-only when > 1; the three others always, size 1 allowed, so slicing never needs a special case),
+dims follow :class:`mindfoundry.parallel.layout.Layout`, outermost first: ``pp, dp_replicate, dp_shard, cp, tp`` (pp and
+cp only when > 1; the three others always, size 1 allowed, so slicing never needs a special case),
 plus a flattened 1D ``dp`` = ``dp_replicate x dp_shard`` mesh over which the batch is split (with
 cp > 1, FSDP shards over a flattened ``dp_shard_cp`` = ``dp_shard x cp``, as in torchtitan).
 
@@ -51,8 +51,10 @@ def init_process_group(device: torch.device) -> None:
     if device.type not in _COMM_BACKENDS:
         raise RuntimeError(f"no collective library known for device '{device.type}' (known: {sorted(_COMM_BACKENDS)})")
     if "RANK" not in os.environ or "MASTER_ADDR" not in os.environ:
-        raise RuntimeError("this parallel layout needs several processes: launch with "
-                           "`torchrun --nproc_per_node=N -m mindfoundry.cli ...` (N = the product of the parallel sizes)")
+        raise RuntimeError(
+            "this parallel layout needs several processes: launch with "
+            "`torchrun --nproc_per_node=N -m mindfoundry.cli ...` (N = the product of the parallel sizes)"
+        )
     if device.type != "cpu":
         getattr(torch, device.type).set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
@@ -65,9 +67,11 @@ def build_mesh(layout: Layout, device_type: str) -> tuple[DeviceMesh, DeviceMesh
     if layout.world_size != world:
         names, sizes = mesh_dims(layout)
         shape = " x ".join(f"{n}={s}" for n, s in zip(names, sizes))
-        raise ValueError(f"the parallel layout ({shape}) needs {layout.world_size} processes, but {world} were launched: "
-                         f"launch with --nproc_per_node={layout.world_size} or change the parallel sizes "
-                         "(dp_shard: -1 takes the remaining ranks)")
+        raise ValueError(
+            f"the parallel layout ({shape}) needs {layout.world_size} processes, but {world} were launched: "
+            f"launch with --nproc_per_node={layout.world_size} or change the parallel sizes "
+            "(dp_shard: -1 takes the remaining ranks)"
+        )
     names, sizes = mesh_dims(layout)
     mesh = init_device_mesh(device_type, sizes, mesh_dim_names=names)
     return mesh, mesh["dp_replicate", "dp_shard"]._flatten("dp")

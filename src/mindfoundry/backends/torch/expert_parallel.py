@@ -58,9 +58,11 @@ def check_moe_layout(model: nn.Module, layout: Layout) -> None:
         return
     other = [f"{n}={getattr(layout, n)}" for n in ("tp", "pp", "cp") if getattr(layout, n) > 1]
     if other:
-        raise NotImplementedError(f"parallel {', '.join(other)} with a mixture-of-experts model: the torch engine runs MoE "
-                                  "blocks with data parallelism (dp_replicate, dp_shard) and expert parallelism only "
-                                  "in this version; set these to 1")
+        raise NotImplementedError(
+            f"parallel {', '.join(other)} with a mixture-of-experts model: the torch engine runs MoE "
+            "blocks with data parallelism (dp_replicate, dp_shard) and expert parallelism only "
+            "in this version; set these to 1"
+        )
     if layout.ep == 1:
         return
     experts = moe[0].num_experts
@@ -131,8 +133,12 @@ class AllToAllDispatch:
             for c in row:
                 starts[-1].append(offset)
                 offset += c
-        by_expert = [torch.arange(starts[s][e], starts[s][e] + recv[s][e]) for e in range(self.local) for s in range(self.ep)]
-        perm = torch.cat(by_expert).to(rows.device) if by_expert else torch.zeros(0, dtype=torch.long, device=rows.device)
+        by_expert = [
+            torch.arange(starts[s][e], starts[s][e] + recv[s][e]) for e in range(self.local) for s in range(self.ep)
+        ]
+        perm = (
+            torch.cat(by_expert).to(rows.device) if by_expert else torch.zeros(0, dtype=torch.long, device=rows.device)
+        )
         out = self.moe.experts(rows[perm], [sum(recv[s][e] for s in range(self.ep)) for e in range(self.local)])
         out = out[perm.argsort()]  # back to (source, expert) order
         back = funcol.all_to_all_single_autograd(out, send_split, recv_split, self.group)  # rows in the order sent

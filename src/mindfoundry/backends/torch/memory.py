@@ -55,6 +55,8 @@ def saved_tensors(memory: MemoryConfig, device: torch.device) -> Callable[[], Co
     if not memory.offload_activations:
         return contextlib.nullcontext
     if device.type == "cpu":
-        raise BackendUnavailable("memory.offload_activations needs an accelerator: on device cpu the activations already are "
-                                 "in host memory; use memory.recompute: full (or selective) to save memory on CPU")
+        raise BackendUnavailable(
+            "memory.offload_activations needs an accelerator: on device cpu the activations already are "
+            "in host memory; use memory.recompute: full (or selective) to save memory on CPU"
+        )
     return lambda: torch.autograd.graph.save_on_cpu(pin_memory=True)

@@ -92,7 +92,9 @@ class Attention(nn.Module):
         rep = self.n_heads // self.n_kv_heads
         return x[:, :, None].expand(b, k, rep, s, d).reshape(b, k * rep, s, d)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, visible: torch.Tensor | None = None
+    ) -> torch.Tensor:
         b, s, _ = x.shape
         q = self._heads(self.q_proj(x), self.n_heads)  # (B, H, S, D)
         k = self._heads(self.k_proj(x), self.n_kv_heads)  # (B, K, S, D)
@@ -102,8 +104,12 @@ class Attention(nn.Module):
         out = _run(self._core, self.recompute_core, q, k, v, visible)  # (B, H, S, D)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim))
 
-    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
-        gqa = self.n_kv_heads != self.n_heads  # SDPA reads each kv head for its H/K query heads itself: no expanded copies
+    def _core(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        gqa = (
+            self.n_kv_heads != self.n_heads
+        )  # SDPA reads each kv head for its H/K query heads itself: no expanded copies
         if visible is not None:  # (B, 1, S, S) bool, mlm
             return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=gqa)
         if self.core is None:
@@ -189,7 +195,9 @@ class Experts(nn.Module):
         self.recompute_act = False  # selective recompute: silu(gate) * up
 
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        return self.down_proj(_run(_swiglu, self.recompute_act, self.gate_proj(x, counts), self.up_proj(x, counts)), counts)
+        return self.down_proj(
+            _run(_swiglu, self.recompute_act, self.gate_proj(x, counts), self.up_proj(x, counts)), counts
+        )
 
 
 def kept_pairs(top_e: torch.Tensor, num_experts: int, capacity: int) -> torch.Tensor:
@@ -234,7 +242,9 @@ class MoE(nn.Module):
         self.aux = self._balance(probs, top_e) if self.training and torch.is_grad_enabled() else None
         y = self.dispatch(tokens, top_e)  # (N, k, C): each token's j-th expert output
         capacity = moe_capacity(self.spec, s)
-        if capacity is not None:  # the pairs past an expert's capacity: their term left out (and no gradient through it)
+        if (
+            capacity is not None
+        ):  # the pairs past an expert's capacity: their term left out (and no gradient through it)
             y = y * kept_pairs(top_e.view(b, s, -1), self.num_experts, capacity).reshape(b * s, -1, 1).to(y.dtype)
         out = (gates.unsqueeze(-1) * y).sum(1)
         return out.to(x.dtype).reshape(b, s, c)
@@ -274,10 +284,14 @@ class Block(nn.Module):
         self.mlp = MoE(spec) if moe else MLP(spec)
         self.recompute_all = False  # full recompute: only the block's input is kept
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, visible: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return _run(self._forward, self.recompute_all, x, cos, sin, visible)
 
-    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
+    def _forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, visible: torch.Tensor | None = None
+    ) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), cos, sin, visible)
         return x + self.mlp(self.mlp_norm(x))
 
@@ -305,7 +319,9 @@ class Transformer(nn.Module):
         self.positions: torch.Tensor | None = None
         self.loss_chunk = 0  # memory.loss_chunk: positions per chunk of the head and loss when labels are given
 
-    def forward(self, ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, ids: torch.Tensor, labels: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Logits (B, S, V); given labels, the summed token loss and its token count (token_nll) without
         materialising more than one chunk of logits (``loss_chunk``), inside the forward so that the
         FSDP root and TP hooks see the head's use of the weights."""
@@ -342,12 +358,15 @@ class Transformer(nn.Module):
         return F.linear(x, self.head_weight())
 
     def new_cache(self, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """An empty key/value cache of `length` positions for one sequence: (keys, values) per layer, (1, K, L, D) each."""
+        """An empty key/value cache of `length` positions for one sequence: (keys, values) per layer, (1, K, L, D) each.
+        """
         shape = (1, self.spec.n_kv_heads, length, self.spec.head_dim)
         w = self.embed.weight
         return [(w.new_zeros(shape), w.new_zeros(shape)) for _ in self.layers]
 
-    def decode(self, ids: torch.Tensor, positions: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    def decode(
+        self, ids: torch.Tensor, positions: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> torch.Tensor:
         """Logits (1, T, V) of tokens ids (1, T) at `positions` (T,), attending what `cache` holds before them."""
         cos, sin = self.cos[positions], self.sin[positions]
         x = self.embed(ids)

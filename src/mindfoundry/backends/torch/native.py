@@ -26,9 +26,20 @@ def _group_order(shapes: Mapping[str, tuple[int, ...]]) -> list[str]:
 
 
 def _groups(optim: OptimConfig, n_decay: int, n_total: int) -> list[dict]:
-    """torch.optim.AdamW's param_groups as state_dict() writes them (load_state_dict takes hyper-parameters from here)."""
-    common = {"lr": optim.lr, "betas": (optim.beta1, optim.beta2), "eps": optim.eps, "amsgrad": False, "foreach": True,
-              "maximize": False, "capturable": False, "differentiable": False, "fused": None, "decoupled_weight_decay": True}
+    """torch.optim.AdamW's param_groups as state_dict() writes them (load_state_dict takes hyper-parameters from here).
+    """
+    common = {
+        "lr": optim.lr,
+        "betas": (optim.beta1, optim.beta2),
+        "eps": optim.eps,
+        "amsgrad": False,
+        "foreach": True,
+        "maximize": False,
+        "capturable": False,
+        "differentiable": False,
+        "fused": None,
+        "decoupled_weight_decay": True,
+    }
     return [dict(common, weight_decay=optim.weight_decay, params=list(range(n_decay))),
             dict(common, weight_decay=0.0, params=list(range(n_decay, n_total)))]
 

@@ -62,22 +62,31 @@ def refuse_unsupported(model: Transformer, layout: Layout) -> None:
     Whether a layout divides the model and the sequence is the layout rules' question
     (:mod:`mindfoundry.parallel.layout`), answered when the config was loaded and at launch."""
     check_moe_layout(model, layout)  # MoE runs with dp and ep only in this version (expert_parallel.py)
-    mixed = [f"{a}={getattr(layout, a)} with {b}={getattr(layout, b)}" for a, b in (("pp", "tp"), ("pp", "cp"), ("cp", "tp"))
-             if getattr(layout, a) > 1 and getattr(layout, b) > 1]
+    mixed = [
+        f"{a}={getattr(layout, a)} with {b}={getattr(layout, b)}"
+        for a, b in (("pp", "tp"), ("pp", "cp"), ("cp", "tp"))
+        if getattr(layout, a) > 1 and getattr(layout, b) > 1
+    ]
     if layout.pp > 1 and model.loss_chunk:
-        raise NotImplementedError(f"memory.loss_chunk={model.loss_chunk} with parallel.pp={layout.pp}: the pipeline's last "
-                                  "stage computes the loss over the whole logits in this version; set memory.loss_chunk: 0 "
-                                  "(or recompute the blocks: memory.recompute)")
+        raise NotImplementedError(
+            f"memory.loss_chunk={model.loss_chunk} with parallel.pp={layout.pp}: the pipeline's last "
+            "stage computes the loss over the whole logits in this version; set memory.loss_chunk: 0 "
+            "(or recompute the blocks: memory.recompute)"
+        )
     if mixed:
-        raise NotImplementedError(f"parallel {'; '.join(mixed)}: the torch engine combines pp and cp with data parallelism "
-                                  "(dp_replicate, dp_shard) only in this version; set one of them to 1")
+        raise NotImplementedError(
+            f"parallel {'; '.join(mixed)}: the torch engine combines pp and cp with data parallelism "
+            "(dp_replicate, dp_shard) only in this version; set one of them to 1"
+        )
 
 
 def parallelize(model: Transformer, mesh: DeviceMesh, layout: Layout) -> Transformer:
     """Apply TP then FSDP2 in place, as `layout` asks; returns `model` (same parameter names)."""
     refuse_unsupported(model, layout)
     names = [n for n, _ in model.named_parameters()]
-    apply_moe(model, mesh, layout)  # MoE blocks: routing counts over the token ranks; ep > 1: experts sharded, kept from FSDP
+    apply_moe(
+        model, mesh, layout
+    )  # MoE blocks: routing counts over the token ranks; ep > 1: experts sharded, kept from FSDP
     if layout.tp > 1:
         apply_tp(model, mesh["tp"], layout.sequence_parallel)
     if layout.dp * layout.cp > 1:  # with cp: FSDP over dp_shard x cp sums the cp ranks' partial gradients

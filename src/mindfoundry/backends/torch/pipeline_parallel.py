@@ -63,8 +63,9 @@ SCHEDULES = {"1F1B": Schedule1F1B, "GPipe": ScheduleGPipe, "Interleaved1F1B": Sc
 def stage_layers(n_layers: int, n_stages: int, index: int) -> range:
     """The global block indices of stage `index` of `n_stages` equal contiguous chunks."""
     if n_layers % n_stages:
-        raise ValueError(f"model.n_layers={n_layers} is not divisible into parallel.pp * pp_virtual_stages = {n_stages} "
-                         "equal stages")
+        raise ValueError(
+            f"model.n_layers={n_layers} is not divisible into parallel.pp * pp_virtual_stages = {n_stages} equal stages"
+        )
     per = n_layers // n_stages
     return range(index * per, (index + 1) * per)
 
@@ -142,8 +143,10 @@ class Pipeline:
         if layout.pp_schedule not in SCHEDULES:
             raise ValueError(f"parallel.pp_schedule={layout.pp_schedule!r}: use one of {sorted(SCHEDULES)}")
         if (v > 1) != (layout.pp_schedule == "Interleaved1F1B"):
-            raise ValueError(f"parallel.pp_virtual_stages={v} with pp_schedule {layout.pp_schedule}: Interleaved1F1B runs "
-                             "pp_virtual_stages >= 2 chunks per rank, 1F1B and GPipe one")
+            raise ValueError(
+                f"parallel.pp_virtual_stages={v} with pp_schedule {layout.pp_schedule}: Interleaved1F1B runs "
+                "pp_virtual_stages >= 2 chunks per rank, 1F1B and GPipe one"
+            )
         self.pp_mesh = mesh["pp"]
         self.pp_group = self.pp_mesh.get_group()
         self.pp_rank = self.pp_mesh.get_local_rank()
@@ -264,7 +267,9 @@ class Pipeline:
 
     def share(self, value: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor:
         """A float32 tensor that one pipeline rank has (None elsewhere) on every pipeline rank."""
-        out = torch.zeros(shape, dtype=torch.float32, device=self.device) if value is None else value.float().contiguous()
+        out = (
+            torch.zeros(shape, dtype=torch.float32, device=self.device) if value is None else value.float().contiguous()
+        )
         return all_reduce_sum(out, self.pp_mesh)
 
     def logits(self, ids: torch.Tensor) -> torch.Tensor:
@@ -311,7 +316,9 @@ class PipelineTrainStep:
                  saved_tensors: Callable[[], ContextManager]):
         self.pipeline, self.optimizer, self.clip_norm = pipeline, optimizer, clip_norm
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
-        self.saved_tensors = saved_tensors  # activation offload around the schedule's forwards (memory.offload_activations)
+        self.saved_tensors = (
+            saved_tensors  # activation offload around the schedule's forwards (memory.offload_activations)
+        )
 
     def accumulate(self, ids: torch.Tensor, labels: torch.Tensor, scalars: StepScalars, _model: object = None,
                    probe: object = None) -> torch.Tensor:
@@ -334,7 +341,9 @@ class PipelineTrainStep:
         if math.isfinite(norm):  # clip_grad_norm_'s rule: scale by min(1, limit / (norm + 1e-6))
             torch._foreach_mul_(grads, min(1.0, limit / (norm + 1e-6)))
         loss = float(total)
-        apply = math.isfinite(loss) and math.isfinite(norm) and loss <= scalars.loss_limit and norm <= scalars.grad_limit
+        apply = (
+            math.isfinite(loss) and math.isfinite(norm) and loss <= scalars.loss_limit and norm <= scalars.grad_limit
+        )
         if apply:
             self.optimizer.step()
         return loss, norm, apply, grad_sq

@@ -49,7 +49,10 @@ def installed(model: nn.Module, probe: Probe) -> Iterator[None]:
             handles.append(modules[name].register_full_backward_hook(backward))
     try:
         with warnings.catch_warnings():  # the root and embedding take token ids, which never require grad: expected
-            warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with respect to module outputs")
+            warnings.filterwarnings(
+                "ignore",
+                message="Full backward hook is firing when gradients are computed with respect to module outputs",
+            )
             yield
     finally:
         for h in handles:

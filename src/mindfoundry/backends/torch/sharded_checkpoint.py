@@ -102,7 +102,10 @@ def save(model: torch.nn.Module, params: Mapping[str, torch.Tensor], optimizer: 
     weights_dir, moments_dir = _folders(folders)
     weights = {n: t for n, t in get_model_state_dict(model).items() if n in params}  # this rank's layout (DTensors)
     moment_names = [f"{k}.{n}" for n in full_shapes for k in MOMENTS]
-    for folder, state, names in ((weights_dir, weights, list(full_shapes)), (moments_dir, _moments(params, optimizer), moment_names)):
+    for folder, state, names in (
+        (weights_dir, weights, list(full_shapes)),
+        (moments_dir, _moments(params, optimizer), moment_names),
+    ):
         writer = HuggingFaceStorageWriter(str(folder), fqn_to_index_mapping=file_index(names), save_distributed=True)
         _dcp(dcp.save, state, storage_writer=writer)
     if _distributed():
@@ -143,7 +146,11 @@ def load(model: torch.nn.Module, params: Mapping[str, torch.Tensor], optimizer: 
     moment_shapes = {f"{k}.{n}": s for n, s in full_shapes.items() for k in MOMENTS}
     _check(moments_dir, moment_shapes, "optimizer state")
     state = get_model_state_dict(model)  # targets in this rank's layout; DCP reads the overlapping pieces
-    _dcp(dcp.load, {n: t for n, t in state.items() if n in params}, storage_reader=HuggingFaceStorageReader(str(weights_dir)))
+    _dcp(
+        dcp.load,
+        {n: t for n, t in state.items() if n in params},
+        storage_reader=HuggingFaceStorageReader(str(weights_dir)),
+    )
     set_model_state_dict(model, state)
     moments = {f"{key}.{name}": torch.zeros_like(p) for name, p in params.items() for key in MOMENTS}
     _dcp(dcp.load, moments, storage_reader=HuggingFaceStorageReader(str(moments_dir)))

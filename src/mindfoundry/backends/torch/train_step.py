@@ -53,8 +53,10 @@ def autocast_for(device: torch.device, precision: str) -> Callable[[], ContextMa
         ok = probe.dtype == dtype
     if not ok:
         other = "bf16" if precision == "fp16" else "fp16"
-        raise BackendUnavailable(f"train.precision={precision}: torch {torch.__version__} has no {dtype} autocast on device "
-                                 f"'{device.type}': use train.precision: fp32 (or {other} where the device supports it)")
+        raise BackendUnavailable(
+            f"train.precision={precision}: torch {torch.__version__} has no {dtype} autocast on device "
+            f"'{device.type}': use train.precision: fp32 (or {other} where the device supports it)"
+        )
     return lambda: torch.autocast(device_type=device.type, dtype=dtype)
 
 
@@ -78,7 +80,9 @@ class TrainStep:
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.model_order = list(model.parameters())  # parameter_shapes order, for per-parameter statistics
 
-    def __call__(self, ids: torch.Tensor, labels: torch.Tensor, scalars: StepScalars) -> tuple[float, float, bool, torch.Tensor]:
+    def __call__(
+        self, ids: torch.Tensor, labels: torch.Tensor, scalars: StepScalars
+    ) -> tuple[float, float, bool, torch.Tensor]:
         total = self.accumulate(ids, labels, scalars, self.step_model)
         return self.update(total, scalars)
 
@@ -106,14 +110,21 @@ class TrainStep:
         """Unscale, measure, clip and apply the summed gradients (or drop the update)."""
         for group in self.optimizer.param_groups:
             group["lr"] = scalars.lr
-        if scalars.grad_unscale != 1.0:  # the same fp32 products as the MindSpore step (which multiplies by 1.0 otherwise)
+        if (
+            scalars.grad_unscale != 1.0
+        ):  # the same fp32 products as the MindSpore step (which multiplies by 1.0 otherwise)
             total = total * scalars.grad_unscale
             torch._foreach_mul_([p.grad for p in self.params], scalars.grad_unscale)
         grad_sq = torch.stack([torch.linalg.vector_norm(p.grad) for p in self.model_order]) ** 2  # before clipping
         limit = float("inf") if self.clip_norm is None else self.clip_norm
         norm = torch.nn.utils.clip_grad_norm_(self.params, limit, foreach=True)
         loss, grad_norm = float(total), float(norm)
-        apply = math.isfinite(loss) and math.isfinite(grad_norm) and loss <= scalars.loss_limit and grad_norm <= scalars.grad_limit
+        apply = (
+            math.isfinite(loss)
+            and math.isfinite(grad_norm)
+            and loss <= scalars.loss_limit
+            and grad_norm <= scalars.grad_limit
+        )
         if apply:  # a dropped update leaves weights, moments and AdamW's step count untouched
             self.optimizer.step()
         return loss, grad_norm, apply, grad_sq

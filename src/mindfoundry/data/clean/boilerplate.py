@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 
 from mindfoundry.config.clean import BoilerplateConfig
+from mindfoundry.config.patterns import UserPatterns
 from mindfoundry.data.clean.block import Transform
 from mindfoundry.data.clean.kind import is_content_line
-from mindfoundry.config.patterns import UserPatterns
 from mindfoundry.data.clean.text import canonical
 from mindfoundry.data.document import Document
 
@@ -73,7 +73,9 @@ def frequent_body(documents: np.ndarray, min_documents: int) -> np.ndarray:
     return documents >= min_documents
 
 
-def frequent_edge(documents: np.ndarray, source_documents: np.ndarray, min_documents: int, min_source_share: float) -> np.ndarray:
+def frequent_edge(
+    documents: np.ndarray, source_documents: np.ndarray, min_documents: int, min_source_share: float
+) -> np.ndarray:
     """Which of the document counts of edge lines (with their sources' counted documents) make them boilerplate."""
     return (documents >= min_documents) & (documents >= min_source_share * source_documents)
 
@@ -158,7 +160,9 @@ class LineCounter:
         body_counts = np.fromiter(self.body.values(), np.int64, len(self.body))
         edges = np.fromiter(self.edges.keys(), np.uint64, len(self.edges))
         edge_counts = np.fromiter(self.edges.values(), np.int64, len(self.edges))
-        sources = np.fromiter((self.source_documents[self.edge_source[key]] for key in self.edges), np.int64, len(self.edges))
+        sources = np.fromiter(
+            (self.source_documents[self.edge_source[key]] for key in self.edges), np.int64, len(self.edges)
+        )
         return FrequentLines(np.sort(body[frequent_body(body_counts, min_documents)]),
                              np.sort(edges[frequent_edge(edge_counts, sources, min_documents, min_source_share)]))
 
@@ -208,7 +212,13 @@ class BoilerplateRemover(Transform):
         found = {}
         for edge in (head, tail):
             frequent = [self.frequent_lines.edge_line(edge_key(doc.source, norm)) for _, norm in edge]
-            found.update({raw: "edge_line" for (raw, _), keep in zip(edge, _runs(frequent, self.edge_block_lines), strict=True) if keep})
+            found.update(
+                {
+                    raw: "edge_line"
+                    for (raw, _), keep in zip(edge, _runs(frequent, self.edge_block_lines), strict=True)
+                    if keep
+                }
+            )
         if self.body_lines:
             found.update({raw: "repeated_line" for raw, norm in body
                           if raw not in found and self.frequent_lines.body_line(line_key(norm))})

@@ -56,7 +56,9 @@ def clean_settings(data: DataConfig, src: SourceConfig) -> dict[str, dict[str, A
     settings = {}
     for name in CLEAN_BLOCKS:
         own = getattr(src.clean, name)
-        settings[name] = own.model_dump() if own is not None else with_profile(getattr(data.clean, name).model_dump(), name, profile)
+        settings[name] = (
+            own.model_dump() if own is not None else with_profile(getattr(data.clean, name).model_dump(), name, profile)
+        )
     return settings
 
 
@@ -107,7 +109,9 @@ def clean_chunk(pipeline: CleaningPipeline, chunk: list[Numbered]) -> tuple[list
     return kept, lines
 
 
-def dedup_event(doc: Document, kind: str, kept: dict[str, Any], jaccard: float | None, threshold: float) -> dict[str, Any]:
+def dedup_event(
+    doc: Document, kind: str, kept: dict[str, Any], jaccard: float | None, threshold: float
+) -> dict[str, Any]:
     """The drop-log line of a document dedup dropped: the twin that stays and their Jaccard similarity."""
     return event(doc, "dedup", "drop", kind, jaccard, 1.0 if kind == "exact" else threshold, doc.text,
                  kept=kept, jaccard=None if jaccard is None else round(jaccard, 4), chars=len(doc.text))

@@ -297,7 +297,9 @@ class Deduplicator:
             raise ValueError(f"verify must be 'none', 'signature' or 'exact', got {verify!r}")
         self.exact, self.near, self.threshold, self.verify = exact, near, threshold, verify
         self.seed, self.max_examples = seed, max_examples
-        self.signer = Signer(shingle=shingle, char_ngram=char_ngram, word_ngram=word_ngram, num_perm=num_perm, seed=seed)
+        self.signer = Signer(
+            shingle=shingle, char_ngram=char_ngram, word_ngram=word_ngram, num_perm=num_perm, seed=seed
+        )
         self.bands, self.rows = bands, rows
         self._buckets: list[dict[int, list[int]]] = [{} for _ in range(bands)]  # per band: key -> indices
         self._ids: list[str] = []
@@ -340,7 +342,9 @@ class Deduplicator:
         dropped.update({self._ids[i]: "near" for i in near_of})
         twins = {self._ids[i]: Twin("exact", self._origin(kept), 1.0) for i, kept in self._exact_of.items()}
         twins.update({self._ids[i]: Twin("near", self._origin(kept), score) for i, (kept, score) in near_of.items()})
-        return DedupResult(dropped, self._report({i: kept for i, (kept, _) in near_of.items()}, verified_pairs=len(pairs)), twins)
+        return DedupResult(
+            dropped, self._report({i: kept for i, (kept, _) in near_of.items()}, verified_pairs=len(pairs)), twins
+        )
 
     def _origin(self, index: int) -> dict[str, str | int]:
         return {"source": self._sources[index], "path": self._paths[index], "record": self._records[index]}
@@ -351,7 +355,9 @@ class Deduplicator:
     def _match_and_insert(self, index: int, hashes: np.ndarray) -> None:
         """Record the pairs a signature forms with earlier documents, then index it."""
         candidates: set[int] = set()
-        for bucket, key in zip(self._buckets, band_keys(hashes[None, :], self.bands, self.rows)[:, 0].tolist(), strict=True):
+        for bucket, key in zip(
+            self._buckets, band_keys(hashes[None, :], self.bands, self.rows)[:, 0].tolist(), strict=True
+        ):
             members = bucket.setdefault(key, [])
             candidates.update(members)
             members.append(index)

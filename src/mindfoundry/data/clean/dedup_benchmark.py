@@ -24,7 +24,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from mindfoundry.data.clean.dedup import DedupResult, Deduplicator
+from mindfoundry.data.clean.dedup import Deduplicator, DedupResult
 from mindfoundry.data.document import Document
 from mindfoundry.data.ingest.builtin import read_builtin
 from mindfoundry.data.ingest.files import SourceStats
@@ -42,9 +42,16 @@ _ADS = {
            "Follow us for more stories like this one"],
 }
 _STAMPS = {
-    "zh": ["发布时间：{y}-{m:02d}-{d:02d} {H:02d}:{M:02d}:{S:02d}", "{y}年{m}月{d}日 {H:02d}:{M:02d}", "更新日期：{y}/{m}/{d}"],
-    "en": ["Posted on {y}-{m:02d}-{d:02d} {H:02d}:{M:02d}", "Last updated: {y}-{m:02d}-{d:02d}T{H:02d}:{M:02d}:{S:02d}Z",
-           "{H:02d}:{M:02d} PM, {d} March {y}"],
+    "zh": [
+        "发布时间：{y}-{m:02d}-{d:02d} {H:02d}:{M:02d}:{S:02d}",
+        "{y}年{m}月{d}日 {H:02d}:{M:02d}",
+        "更新日期：{y}/{m}/{d}",
+    ],
+    "en": [
+        "Posted on {y}-{m:02d}-{d:02d} {H:02d}:{M:02d}",
+        "Last updated: {y}-{m:02d}-{d:02d}T{H:02d}:{M:02d}:{S:02d}Z",
+        "{H:02d}:{M:02d} PM, {d} March {y}",
+    ],
 }
 
 
@@ -135,8 +142,14 @@ def _insert_lines(text: str, new: list[str], rng: random.Random) -> str:
 
 
 def _stamp(language: str, rng: random.Random) -> str:
-    return rng.choice(_STAMPS[language]).format(y=rng.randrange(2000, 2026), m=rng.randrange(1, 13), d=rng.randrange(1, 29),
-                                                H=rng.randrange(24), M=rng.randrange(60), S=rng.randrange(60))
+    return rng.choice(_STAMPS[language]).format(
+        y=rng.randrange(2000, 2026),
+        m=rng.randrange(1, 13),
+        d=rng.randrange(1, 29),
+        H=rng.randrange(24),
+        M=rng.randrange(60),
+        S=rng.randrange(60),
+    )
 
 
 def make_twin(text: str, kind: str, language: str, rng: random.Random) -> str:

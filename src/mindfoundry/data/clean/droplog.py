@@ -115,7 +115,11 @@ def summarise(lines: Iterator[dict[str, Any]], *, block: str | None = None, reas
     """What the drop log says, restricted to one block, reason and/or source."""
     summary = DropSummary()
     for line in lines:
-        if (block and line["block"] != block) or (reason and line["reason"] != reason) or (source and line["source"] != source):
+        if (
+            (block and line["block"] != block)
+            or (reason and line["reason"] != reason)
+            or (source and line["source"] != source)
+        ):
             continue
         key = (line["block"], line["reason"], line["action"])
         summary.counts[key] += 1

@@ -149,7 +149,8 @@ class SymbolRunFilter(Filter):
 
 
 class SymbolRunRemover(Transform):
-    """Delete symbol runs (a line left blank goes too), except in table rule lines. Edit: ``symbol_run`` (runs deleted)."""
+    """Delete symbol runs (a line left blank goes too), except in table rule lines. Edit: ``symbol_run`` (runs deleted).
+    """
 
     name = "symbol_runs"
     section = SymbolRunsConfig

@@ -43,14 +43,18 @@ _PROMOTION = re.compile(
 )
 #: Ads are short: a longer line that names a discount is more likely news about one.
 AD_LINE_MAX_CHARS = 120
-_STAMP_LABEL = re.compile(r"(?:date|time|posted(?: on)?|updated|last updated|发布|发表|更新|时间|日期)\s*[:：]?", re.IGNORECASE)
+_STAMP_LABEL = re.compile(
+    r"(?:date|time|posted(?: on)?|updated|last updated|发布|发表|更新|时间|日期)\s*[:：]?", re.IGNORECASE
+)
 _STAMP_LEFT = re.compile(r"[\s\[\]()（）【】|:：,，.\-–—/]*")
 _CJK = re.compile("[\u3400-\u4dbf\u4e00-\u9fff]")
 # How a line that is only a stamp starts (a bracket, a label, a month, or digits and a date separator): the cheap test
 # that picks the lines the timestamp patterns then judge.
 _STAMP_START = re.compile(
     r"(?im)^[ \t]*[\[(（【]?[ \t]*(?:date|time|posted|updated|last updated|发布|发表|更新|编辑|时间|日期|"
-    r"(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?[ \t]+\d|\d{1,4}[ \t]*[-/.:：年月]|\d{1,2}[ \t]+[a-z]{3})")
+    r"(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?[ \t]+\d|\d{1,4}[ \t]*[-/.:：年月]|\d{1,2}[ "
+    r"\t]+[a-z]{3})"
+)
 _TOKEN = re.compile(r"[A-Za-z0-9]{3,}")  # words of three characters or more (shorter ones say little)
 #: Latin words the garbled-word ratio is measured on at most.
 MAX_JUDGED = 2000
@@ -152,7 +156,9 @@ class JunkRemover(Transform):
                 if evidence >= self.min_evidence and ratio > limit:
                     return Drop(reason, ratio, limit)
         text = doc.text
-        may_ad = self.ad_lines and (_CONTACT.search(text) is not None or len(set(_PROMOTION.findall(text.lower()))) >= 2)
+        may_ad = self.ad_lines and (
+            _CONTACT.search(text) is not None or len(set(_PROMOTION.findall(text.lower()))) >= 2
+        )
         may_stamp = self.stamp_lines and _STAMP_START.search(text) is not None
         if not may_ad and not may_stamp:  # the common case, decided on the whole text at once
             return doc

@@ -55,7 +55,8 @@ _STRUCTURE = re.compile(
     r"|(?:名称|名字|概述|大纲|描述|选项|参数|示例|范例|返回值|另见|参见|注意|文件|环境|作者|错误|总览|语法|用法)\s*$"
     r"|第\s*\d+\s*[章节]"  # 第 8 章
     r"|(?:图|表|Figure|Table|Example|例)\s*\d+(?:\.\d+)*"  # a caption: 图 14.53. / Table 3.1
-    r"|(?:[A-Za-z][\w()/-]*(?: [\w()/-]+){0,3}|[\u4e00-\u9fff]{1,12})\s*[:：]\s+\S"  # a definition: Pressure: ... / 参数：...
+    # a definition: Pressure: ... / 参数：...
+    r"|(?:[A-Za-z][\w()/-]*(?: [\w()/-]+){0,3}|[\u4e00-\u9fff]{1,12})\s*[:：]\s+\S"
     r"|[A-Za-z_][\w.]*\([\w ,.*=\[\]'\"-]*\)\s*$"  # a signature line: os.path.join(path, *paths)
     r")"
 )
@@ -77,7 +78,9 @@ _TRACEBACK = re.compile(r"^\s*(?:Traceback \(most recent call last\):|File \".*\
 
 _TRAILING_COMMENT = re.compile(r"\s+(?:#|//)(?:\s.*)?$")
 # A line of data in code: literals (a quoted string, a number), optionally a key and a value, a trailing comma.
-_LITERAL = r"(?:[rbuf]?'(?:[^'\\]|\\.)*'|[rbuf]?\"(?:[^\"\\]|\\.)*\"|-?(?:0[xob])?[\da-fA-F_.]+[jJlL]?|None|True|False|null)"
+_LITERAL = (
+    r"(?:[rbuf]?'(?:[^'\\]|\\.)*'|[rbuf]?\"(?:[^\"\\]|\\.)*\"|-?(?:0[xob])?[\da-fA-F_.]+[jJlL]?|None|True|False|null)"
+)
 _DATA_LINE = re.compile(rf"^\s*{_LITERAL}(?:\s*:\s*{_LITERAL})?\s*,?\s*$")
 
 
@@ -112,7 +115,8 @@ def _code_lines(lines: list[str]) -> int:
 
 def is_content_line(line: str) -> bool:
     """Whether a line is content wherever it repeats: code (an import, a statement, a traceback line), markup, a
-    heading, an option or a table rule (not merely a line with symbols: a breadcrumb "文档 > 指南" is not). Boilerplate removal never deletes such a line, however many documents share it."""
+    heading, an option or a table rule (not merely a line with symbols: a breadcrumb "文档 > 指南" is not). Boilerplate
+    removal never deletes such a line, however many documents share it."""
     return (_STRUCTURE.match(line) is not None or _TRACEBACK.match(line) is not None or is_table_rule(line)
             or is_code_line(line))  # the cheap anchored patterns first
 

@@ -17,13 +17,7 @@ from typing import Any
 
 from mindfoundry.config.data_config import DataConfig
 from mindfoundry.data.clean.boilerplate import LineCounter
-from mindfoundry.data.clean.curate import (
-    CUT,
-    clean_chunk,
-    clean_profile,
-    runs_block,
-    source_pipeline,
-)
+from mindfoundry.data.clean.curate import CUT, clean_chunk, clean_profile, runs_block, source_pipeline
 from mindfoundry.data.document import Document
 from mindfoundry.data.ingest.files import SourceStats
 from mindfoundry.data.ingest.inputs import read_source
@@ -67,6 +61,14 @@ def preview_cleaning(data: DataConfig, n: int) -> tuple[list[SourcePreview], int
         (kept_before, lines_before), pipeline = first[i], source_pipeline(data, src, "from", lines)
         kept, lines_after = clean_chunk(pipeline, kept_before)
         events = [line for _, line in heapq.merge(lines_before, lines_after, key=lambda item: item[0])]
-        previews.append(SourcePreview(src.name, clean_profile(data, src), read=len(docs[i]), kept=len(kept), events=events,
-                                      documents=[doc for _, doc in kept]))
+        previews.append(
+            SourcePreview(
+                src.name,
+                clean_profile(data, src),
+                read=len(docs[i]),
+                kept=len(kept),
+                events=events,
+                documents=[doc for _, doc in kept],
+            )
+        )
     return previews, min_documents

@@ -1,6 +1,7 @@
 """Cleaning profiles and the pipeline that chains blocks for one source.
 
-The blocks always run in the order of the data.clean sections (:data:`~mindfoundry.config.clean.CLEAN_BLOCKS`); a *profile* picks which of them apply
+The blocks always run in the order of the data.clean sections (:data:`~mindfoundry.config.clean.CLEAN_BLOCKS`); a
+*profile* picks which of them apply
 to a source, and each block's settings section can switch it off (``enabled: false``):
 
 - ``prose``: every block (Chinese and English text);
@@ -60,10 +61,15 @@ PROFILES: dict[str, tuple[str, ...]] = {
 #: their subject over and over and repeat phrasings across options ("this option may be specified multiple
 #: times"): for them the top n-gram rule is off and the duplicate n-gram limits doubled (measured on 300 real
 #: man pages: docs/data-format.md). Shared lines are content there, so boilerplate goes only at the edges.
-PROFILE_SETTINGS: dict[str, dict[str, dict[str, Any]]] = {"docs": {
-    "boilerplate": {"body_lines": False},
-    "repetition": {"top_ngrams": None, "duplicate_ngrams": {n: 2 * limit for n, limit in GOPHER_DUPLICATE_NGRAMS.items()}},
-}}
+PROFILE_SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
+    "docs": {
+        "boilerplate": {"body_lines": False},
+        "repetition": {
+            "top_ngrams": None,
+            "duplicate_ngrams": {n: 2 * limit for n, limit in GOPHER_DUPLICATE_NGRAMS.items()},
+        },
+    }
+}
 
 
 def with_profile(settings: Mapping[str, Any], block: str, profile: str) -> dict[str, Any]:

@@ -221,8 +221,8 @@ class _UnitSequence:
 
 def is_syntax_line(line: str) -> bool:
     """Whether a line is code, markup or a table rule rather than prose: a prompt or comment leader
-    (``>>>``, ``$``, ``#``, ``//``...), a table rule (``+-----+``) or at least :data:`CODE_SYMBOL_SHARE` of its characters in
-    code symbols (brackets, ``=``, ``;``, ``_``, ``|``, box drawing...). Full-width Chinese
+    (``>>>``, ``$``, ``#``, ``//``...), a table rule (``+-----+``) or at least :data:`CODE_SYMBOL_SHARE` of its
+    characters in code symbols (brackets, ``=``, ``;``, ``_``, ``|``, box drawing...). Full-width Chinese
     punctuation is not a code symbol."""
     stripped = line.strip()
     if not stripped:
@@ -300,7 +300,10 @@ class RepetitionFilter(Transform):
         lines = [line.strip() for line in text.split("\n") if line.strip()]
         paragraphs = [p.strip() for p in _PARAGRAPH_BREAK.split(text) if p.strip()]
         window = self._window_chars(text)
-        for kind, parts, limits in (("line", lines, self.line_limits), ("paragraph", paragraphs, self.paragraph_limits)):
+        for kind, parts, limits in (
+            ("line", lines, self.line_limits),
+            ("paragraph", paragraphs, self.paragraph_limits),
+        ):
             fraction, char_fraction = _windowed_fractions(parts, window)
             if limits[0] is not None and fraction > limits[0]:
                 return Drop(f"duplicate_{kind}s", fraction, limits[0])
@@ -339,7 +342,10 @@ class RepetitionFilter(Transform):
         windows = self._windows(tokens, scale)
         chars = sum(w.chars for w in windows)
         for n, limit, rule in sorted(checks):
-            share = sum((w.top_coverage(n) if rule == "top" else w.duplicate_coverage(n)) * w.chars for w in windows) / chars
+            share = (
+                sum((w.top_coverage(n) if rule == "top" else w.duplicate_coverage(n)) * w.chars for w in windows)
+                / chars
+            )
             if share > limit:
                 return Drop(f"{rule}_{n}gram_{kind}", share, limit)
             if share == 0.0:
@@ -409,7 +415,10 @@ class QualityFilter(Filter):
         if len(lines) < self.line_ratio_min_lines:
             return True
         max_bullets, max_ellipses = self.line_limits
-        if max_bullets is not None and (share := sum(l.startswith(_BULLET) for l in lines) / len(lines)) > max_bullets:
+        if (
+            max_bullets is not None
+            and (share := sum(line.startswith(_BULLET) for line in lines) / len(lines)) > max_bullets
+        ):
             return Drop("bullet_lines", share, max_bullets)
         truncated = sum(line.endswith(("...", "…")) and len(units(line)) >= TRUNCATED_MIN_UNITS for line in lines)
         if max_ellipses is not None and (share := truncated / len(lines)) > max_ellipses:

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
 from mindfoundry.errors import MindFoundryError, describe_path
 
 __all__ = [
@@ -266,7 +267,9 @@ class IndexedDataset:
 
     def _validate_pointers(self) -> None:
         offset = 0
-        for (start, lengths), (_, pointers) in zip(self._chunks(self._lengths), self._chunks(self._pointers), strict=True):
+        for (start, lengths), (_, pointers) in zip(
+            self._chunks(self._lengths), self._chunks(self._pointers), strict=True
+        ):
             expected = np.empty(lengths.size, dtype=np.int64)
             expected[:1] = offset
             np.cumsum(lengths[:-1], dtype=np.int64, out=expected[1:])

@@ -25,8 +25,8 @@ from rich.text import Text
 from mindfoundry.config.data_config import MixtureConfig
 from mindfoundry.data.dataset.mixture import build_mixture
 from mindfoundry.data.dataset.prepared import SPLITS, TOKENIZER, PreparedData, read_manifest
-from mindfoundry.data.prepare.tokenizer import load_tokenizer
 from mindfoundry.data.dataset.validate import open_shard
+from mindfoundry.data.prepare.tokenizer import load_tokenizer
 
 __all__ = ["InspectReport", "inspect_prepared", "length_histogram", "mixture_shares", "render_inspect"]
 
@@ -59,7 +59,9 @@ def mixture_shares(data: PreparedData, mixture: MixtureConfig | None, *, seq_len
     raw = {category: n / total for category, n in tokens.items()}
     if mixture is None:
         return {category: {"raw": share, "target": share, "realised": share} for category, share in raw.items()}
-    realised = build_mixture(data, mixture, seq_len=seq_len, seed=seed, shuffle=shuffle).realized(0, planned)["categories"]
+    realised = build_mixture(data, mixture, seq_len=seq_len, seed=seed, shuffle=shuffle).realized(0, planned)[
+        "categories"
+    ]
     return {category: {"raw": raw[category], "target": row["target"], "realised": row["realized"]}
             for category, row in realised.items()}
 
@@ -81,7 +83,9 @@ def inspect_prepared(root: str | Path, *, per_category: int = 3, max_chars: int 
         ds = open_shard(root / "train" / source["name"])
         train_lengths.append(np.asarray(ds.sequence_lengths))
         picks = rng.choice(len(ds), size=min(per_category, len(ds)), replace=False) if len(ds) else []
-        samples.setdefault(category, []).extend(_preview(tok.decode(ds[int(i)].tolist()), max_chars) for i in sorted(picks))
+        samples.setdefault(category, []).extend(
+            _preview(tok.decode(ds[int(i)].tolist()), max_chars) for i in sorted(picks)
+        )
     lengths = np.concatenate(train_lengths) if train_lengths else np.empty(0, dtype=np.int64)
     removals = {s["name"]: _removal_counters(s) for s in manifest["sources"]}
     return InspectReport(root, samples, tokens, length_histogram(lengths), removals)

@@ -150,7 +150,9 @@ class BatchIterator:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if loader.prefetch:
-            self._thread = threading.Thread(target=self._fill, args=(position,), name="mindfoundry-prefetch", daemon=True)
+            self._thread = threading.Thread(
+                target=self._fill, args=(position,), name="mindfoundry-prefetch", daemon=True
+            )
             self._thread.start()
 
     def _fill(self, position: int) -> None:

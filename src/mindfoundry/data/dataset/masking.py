@@ -76,8 +76,10 @@ class MaskingRule:
 def masking_rule(mlm: MLMConfig, tokenizer: Tokenizer, seed: int, stream: int = TRAIN) -> MaskingRule:
     """The rule for a tokenizer made for the mlm objective; TokenizerError naming what it lacks."""
     if pad_id(tokenizer) != PAD_ID:
-        raise TokenizerError(f"the tokenizer has {PAD!r} at id {pad_id(tokenizer)}: model.objective=mlm hides padding by id "
-                             f"{PAD_ID}; use a tokenizer trained by `mindfoundry prepare` (data.tokenizer.path: null)")
+        raise TokenizerError(
+            f"the tokenizer has {PAD!r} at id {pad_id(tokenizer)}: model.objective=mlm hides padding by id "
+            f"{PAD_ID}; use a tokenizer trained by `mindfoundry prepare` (data.tokenizer.path: null)"
+        )
     special = np.array(special_ids(tokenizer), np.int64)
     ordinary = np.setdiff1d(np.arange(tokenizer.get_vocab_size(), dtype=np.int64), special)
     return MaskingRule(mask_id(tokenizer), special, ordinary, mlm.mask_rate, mlm.mask_token_rate, mlm.random_token_rate,
@@ -85,7 +87,8 @@ def masking_rule(mlm: MLMConfig, tokenizer: Tokenizer, seed: int, stream: int = 
 
 
 def masking_for(cfg: RunConfig, tokenizer: Tokenizer, stream: int) -> MaskingRule | None:
-    """The masking a run applies to the samples of ``stream`` (None for model.objective: clm): the one place that decides."""
+    """The masking a run applies to the samples of ``stream`` (None for model.objective: clm): the one place that
+    decides."""
     if cfg.model.objective != "mlm":
         return None
     return masking_rule(cfg.model.mlm, tokenizer, cfg.seed, stream)

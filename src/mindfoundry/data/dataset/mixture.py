@@ -168,7 +168,9 @@ class MixtureSampler:
         for c, members in enumerate(self._members):
             shares = temperature_weights([len(self.sources[i].samples) for i in members], temperature)
             self._source_share[members] = self._target[c] * shares
-            self._source_layouts.append(_QuotaSchedule(largest_remainder(shares, block_size), (seed, _SOURCE_LAYOUT, c)))
+            self._source_layouts.append(
+                _QuotaSchedule(largest_remainder(shares, block_size), (seed, _SOURCE_LAYOUT, c))
+            )
         self._orders = {
             i: SampleOrder(len(self.sources[i].samples), int(_rng(seed, _SOURCE_ORDER, i).randint(2**31)), shuffle)
             for members in self._members for i in members
@@ -221,7 +223,10 @@ class MixtureSampler:
         target = self.target()
 
         def rows(names: Sequence[str], counts: np.ndarray, shares: dict[str, float]) -> dict[str, dict[str, float]]:
-            return {n: {"target": shares[n], "realized": int(k) / max(count, 1), "samples": int(k)} for n, k in zip(names, counts)}
+            return {
+                n: {"target": shares[n], "realized": int(k) / max(count, 1), "samples": int(k)}
+                for n, k in zip(names, counts)
+            }
 
         return {
             "categories": rows(self.categories, per_category, target["categories"]),
@@ -248,12 +253,16 @@ def _categories(sources: Sequence[MixtureSource], weights: Mapping[str, float]) 
     for c in categories:
         mine = [s for s in sources if s.category == c]
         if sum(len(s.samples) for s in mine) == 0:
-            raise DataError(f"category '{c}' has no training sample of {mine[0].samples.seq_len} tokens (sources: "
-                            f"{', '.join(s.name for s in mine)}): add data, lower train.seq_len, or remove those sources")
+            raise DataError(
+                f"category '{c}' has no training sample of {mine[0].samples.seq_len} tokens (sources: "
+                f"{', '.join(s.name for s in mine)}): add data, lower train.seq_len, or remove those sources"
+            )
     return categories
 
 
-def build_mixture(data: PreparedData, mixture: MixtureConfig, *, seq_len: int, seed: int, shuffle: bool = True) -> MixtureSampler:
+def build_mixture(
+    data: PreparedData, mixture: MixtureConfig, *, seq_len: int, seed: int, shuffle: bool = True
+) -> MixtureSampler:
     """The mixture over a prepared folder's train shards (one per source), as the config asks.
 
     A source whose train shard is too small for a single sample is never drawn (there is nothing

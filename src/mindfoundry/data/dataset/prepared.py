@@ -63,8 +63,12 @@ def file_sha256(path: Path) -> str:
 def shard_hash_problems(ds: IndexedDataset, info: dict[str, Any]) -> list[str]:
     """sha256 of a shard's two files against the manifest: catches bytes changed since `prepare` (bit rot,
     edits: a flipped token bit, a removed EOS), which every other check can miss."""
-    return [f"{path.name} changed since it was prepared (sha256 differs from the manifest): re-run `mindfoundry prepare --overwrite`"
-            for path, key in ((ds.bin_path, "bin_sha256"), (ds.idx_path, "idx_sha256")) if file_sha256(path) != info.get(key)]
+    return [
+        f"{path.name} changed since it was prepared (sha256 differs from the manifest): re-run `mindfoundry prepare "
+        "--overwrite`"
+        for path, key in ((ds.bin_path, "bin_sha256"), (ds.idx_path, "idx_sha256"))
+        if file_sha256(path) != info.get(key)
+    ]
 
 
 def read_manifest(root: Path) -> tuple[dict[str, Any], bytes]:
@@ -79,15 +83,23 @@ def read_manifest(root: Path) -> tuple[dict[str, Any], bytes]:
     except (ValueError, UnicodeDecodeError) as exc:
         raise DataError(f"{path} is not valid JSON ({exc}): it is damaged; {redo}") from None
     splits = manifest.get("splits") if isinstance(manifest, dict) else None
-    if not isinstance(splits, dict) or any(not isinstance(splits.get(s), dict) or not isinstance(splits[s].get("shards"), list)
-                                           for s in SPLITS):
-        raise DataError(f"{path} has no 'splits' with train and validation shard lists: not a complete manifest; {redo}")
+    if not isinstance(splits, dict) or any(
+        not isinstance(splits.get(s), dict) or not isinstance(splits[s].get("shards"), list) for s in SPLITS
+    ):
+        raise DataError(
+            f"{path} has no 'splits' with train and validation shard lists: not a complete manifest; {redo}"
+        )
     if not isinstance(manifest.get("tokenizer"), dict) or "sha256" not in manifest["tokenizer"]:
         raise DataError(f"{path} has no tokenizer hash: not a complete manifest; {redo}")
     for split in SPLITS:
         for info in splits[split]["shards"]:
             rel = info.get("path") if isinstance(info, dict) else None
-            if not isinstance(rel, str) or Path(rel).is_absolute() or ".." in Path(rel).parts or not rel.startswith(f"{split}/"):
+            if (
+                not isinstance(rel, str)
+                or Path(rel).is_absolute()
+                or ".." in Path(rel).parts
+                or not rel.startswith(f"{split}/")
+            ):
                 raise DataError(f"{path} lists a {split} shard at {rel!r}: shards live inside the data folder, "
                                 f"under {split}/; the manifest is damaged or was edited; {redo}")
     return manifest, raw
@@ -103,7 +115,9 @@ def load_prepared(root: str | Path, vocab_size: int) -> PreparedData:
     manifest, raw = read_manifest(root)
     tokenizer = load_tokenizer(root / TOKENIZER)
     if tokenizer_hash(tokenizer) != manifest["tokenizer"]["sha256"]:
-        raise DataError(f"{root / TOKENIZER} does not match the manifest's tokenizer hash: re-run `mindfoundry prepare --overwrite`")
+        raise DataError(
+            f"{root / TOKENIZER} does not match the manifest's tokenizer hash: re-run `mindfoundry prepare --overwrite`"
+        )
     if tokenizer.get_vocab_size() > vocab_size:
         raise DataError(
             f"the tokenizer in '{root}' has {tokenizer.get_vocab_size()} tokens but model.vocab_size={vocab_size}: "
@@ -118,8 +132,11 @@ def load_prepared(root: str | Path, vocab_size: int) -> PreparedData:
             except ShardError as exc:
                 raise DataError(str(exc)) from None
             if ds.num_tokens != info.get("num_tokens") or len(ds) != info.get("num_documents"):
-                raise DataError(f"shard '{root / info['path']}' has {ds.num_tokens} tokens / {len(ds)} documents, "
-                                f"the manifest says {info.get('num_tokens')} / {info.get('num_documents')}: re-run `mindfoundry prepare --overwrite`")
+                raise DataError(
+                    f"shard '{root / info['path']}' has {ds.num_tokens} tokens / {len(ds)} documents, "
+                    f"the manifest says {info.get('num_tokens')} / {info.get('num_documents')}: re-run `mindfoundry "
+                    "prepare --overwrite`"
+                )
             problems = shard_hash_problems(ds, info)
             if problems:
                 raise DataError(f"shard '{root / info['path']}': {problems[0]}")

@@ -18,13 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mindfoundry import atomic
-from mindfoundry.data.dataset.indexed import (
-    DType,
-    IndexedDataset,
-    ShardInfo,
-    index_sections,
-    shard_paths,
-)
+from mindfoundry.data.dataset.indexed import DType, IndexedDataset, ShardInfo, index_sections, shard_paths
 from mindfoundry.errors import OutputExistsError
 
 #: The index stores sequence lengths as int32.
@@ -133,7 +127,9 @@ class IndexedDatasetWriter:
 
     def _write_index(self) -> str:
         """Write ``.idx.tmp`` and return its sha256."""
-        return _write_durably(self._idx_tmp, index_sections(self._dtype, [np.frombuffer(self._lengths, dtype=np.int64)]))
+        return _write_durably(
+            self._idx_tmp, index_sections(self._dtype, [np.frombuffer(self._lengths, dtype=np.int64)])
+        )
 
     def abort(self) -> None:
         """Discard everything written so far; no shard files are left behind."""

@@ -80,7 +80,9 @@ def open_shard(prefix: Path) -> IndexedDataset:
         raise DataError(f"{exc} (`mindfoundry data validate CONFIG` reports every problem of every shard)") from None
 
 
-def validate_prepared(root: str | Path, *, vocab_size: int | None = None, seq_len: int | None = None) -> ValidationReport:
+def validate_prepared(
+    root: str | Path, *, vocab_size: int | None = None, seq_len: int | None = None
+) -> ValidationReport:
     """Check a prepared folder; ``vocab_size`` is the model's, ``seq_len`` the training sample length."""
     root = Path(root)
     manifest, _ = read_manifest(root)
@@ -94,7 +96,9 @@ def validate_prepared(root: str | Path, *, vocab_size: int | None = None, seq_le
         report.problems.append(f"{TOKENIZER} differs from the one the shards were made with (manifest sha256)")
     vocab = tok.get_vocab_size()
     if vocab_size is not None and vocab > vocab_size:
-        report.problems.append(f"the tokenizer has {vocab} tokens but model.vocab_size={vocab_size}: raise model.vocab_size")
+        report.problems.append(
+            f"the tokenizer has {vocab} tokens but model.vocab_size={vocab_size}: raise model.vocab_size"
+        )
     folder = _Folder(root, manifest, vocab, eos_id(tok), seq_len)
     sources = {s["name"]: s for s in manifest["sources"]}
     hashes: dict[str, Counter[bytes]] = {split: Counter() for split in SPLITS}
@@ -145,7 +149,9 @@ def _count_problems(ds: IndexedDataset, info: dict[str, Any], source_counts: dic
     for where, docs, toks in (("shard list", info["num_documents"], info["num_tokens"]),
                               ("source entry", source_counts["documents"], source_counts["tokens"])):
         if (len(ds), ds.num_tokens) != (docs, toks):
-            out.append(f"holds {len(ds)} documents / {ds.num_tokens} tokens but the manifest's {where} says {docs} / {toks}")
+            out.append(
+                f"holds {len(ds)} documents / {ds.num_tokens} tokens but the manifest's {where} says {docs} / {toks}"
+            )
     return out
 
 
@@ -201,7 +207,9 @@ def _length_stats(ds: IndexedDataset, shard: ShardReport, seq_len: int | None) -
         return
     shard.samples = _num_samples(ds.num_tokens, seq_len)
     if shard.samples == 0 and ds.num_tokens:
-        shard.warnings.append(f"too small for one sample of seq_len={seq_len} ({ds.num_tokens} tokens): a mixture never draws from it")
+        shard.warnings.append(
+            f"too small for one sample of seq_len={seq_len} ({ds.num_tokens} tokens): a mixture never draws from it"
+        )
 
 
 def _num_samples(tokens: int, seq_len: int) -> int:
@@ -236,7 +244,9 @@ def _split_problems(manifest: dict[str, Any], shards: list[ShardReport], hashes:
         out.append(f"the train split is too small for one sample of seq_len={seq_len}: add data or lower train.seq_len")
     leaked = sum(n for h, n in hashes["validation"].items() if h in hashes["train"])
     if leaked:
-        out.append(f"{leaked} validation documents also appear in the train split: held-out metrics would be optimistic")
+        out.append(
+            f"{leaked} validation documents also appear in the train split: held-out metrics would be optimistic"
+        )
     return out
 
 

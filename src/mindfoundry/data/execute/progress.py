@@ -13,13 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 #: Without a terminal, a long stage still reports at least this often.
 PLAIN_EVERY_S = 30.0
@@ -71,10 +65,18 @@ class StagesProgress:
 
     def __init__(self, log: Callable[[str], None]) -> None:
         self._log = log
-        self._bars = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("tasks{task.fields[documents]}"),
-            TimeElapsedColumn(), console=Console(stderr=True),
-        ) if sys.stderr.isatty() else None
+        self._bars = (
+            Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("tasks{task.fields[documents]}"),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+            )
+            if sys.stderr.isatty()
+            else None
+        )
 
     def __enter__(self) -> StagesProgress:
         if self._bars is not None:

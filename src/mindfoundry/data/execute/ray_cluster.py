@@ -75,8 +75,11 @@ class RayExecutor:
         """``(task, result)`` of each of ``tasks``, in the order they finish; at most a few per CPU in flight."""
         ray = self._ray
         # SPREAD: tasks go round the nodes (each reads and writes shared storage) rather than filling the driver's first
-        options: dict[str, Any] = {"num_cpus": self.settings.num_cpus_per_task, "max_retries": self.settings.max_retries,
-                                   "scheduling_strategy": "SPREAD"}
+        options: dict[str, Any] = {
+            "num_cpus": self.settings.num_cpus_per_task,
+            "max_retries": self.settings.max_retries,
+            "scheduling_strategy": "SPREAD",
+        }
         if self.settings.memory_per_task_mb is not None:
             options["memory"] = self.settings.memory_per_task_mb * 2**20
         remote = ray.remote(_run_on_node).options(**options)

@@ -94,8 +94,13 @@ def run_task(stage: Stage, task: int, own_process: bool = True) -> dict[str, Any
     attempt = stage.work.attempt(stage.name, task)
     try:
         result = stage.run(task, attempt)
-        result[TIMING] = {"seconds": round(time.perf_counter() - start, 3), "cpu_s": round(time.process_time() - cpu, 3),
-                          "peak_rss_mib": round(_peak_rss_mib(), 1), "host": socket.gethostname(), "pid": os.getpid()}
+        result[TIMING] = {
+            "seconds": round(time.perf_counter() - start, 3),
+            "cpu_s": round(time.process_time() - cpu, 3),
+            "peak_rss_mib": round(_peak_rss_mib(), 1),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+        }
         stage.work.commit(stage.name, task, attempt, result)
     except OSError as exc:
         shutil.rmtree(attempt, ignore_errors=True)

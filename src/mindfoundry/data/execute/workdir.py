@@ -65,8 +65,10 @@ def link_or_copy(source: Path, target: Path) -> None:
 def space_problem(exc: OSError, where: Path) -> WorkDirError | None:
     """A full disk (or quota) as the one-line error a user can act on; None for any other error."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return WorkDirError(f"no space left writing under '{where}': free space or set data.work_dir (and data.output_dir) "
-                            "to a larger disk, then run prepare again; finished tasks are kept and skipped")
+        return WorkDirError(
+            f"no space left writing under '{where}': free space or set data.work_dir (and data.output_dir) "
+            "to a larger disk, then run prepare again; finished tasks are kept and skipped"
+        )
     return None
 
 
@@ -105,8 +107,10 @@ class WorkDir:
         claim_files = (LOCK, MARKER, MARKER + atomic.PARTIAL)
         others = [p for p in self.root.iterdir() if p.name not in claim_files and not p.name.startswith(".probe-")]
         if held is None and others:
-            raise WorkDirError(f"the prepare work folder '{self.root}' holds files that are not a MindFoundry prepare's "
-                               f"(e.g. '{others[0].name}'): choose an empty or new folder for data.work_dir")
+            raise WorkDirError(
+                f"the prepare work folder '{self.root}' holds files that are not a MindFoundry prepare's "
+                f"(e.g. '{others[0].name}'): choose an empty or new folder for data.work_dir"
+            )
         self._lock = open(self.root / LOCK, "a+", encoding="utf-8")
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

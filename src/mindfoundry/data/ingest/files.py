@@ -362,7 +362,9 @@ def _parquet_records(path: Path, text_field: str, stats: SourceStats) -> Iterato
         binary = _parquet_text_as_binary(pa, parquet.schema_arrow, text_field)
         if isinstance(binary, str):
             rows = parquet.metadata.num_rows
-            stats.notes.append(f"{path}: skipped all {rows} rows: {binary}; set the source's text_field to the text column")
+            stats.notes.append(
+                f"{path}: skipped all {rows} rows: {binary}; set the source's text_field to the text column"
+            )
             stats.skipped_missing_text += rows
             return
         number = 0

@@ -60,7 +60,8 @@ def plan_inputs(data: DataConfig) -> list[InputTask]:
 
 
 def auto_task_bytes(total: int) -> int:
-    """The read-task size ``data.task_bytes: null`` gives a corpus of ``total`` input bytes (outputs do not depend on it)."""
+    """The read-task size ``data.task_bytes: null`` gives a corpus of ``total`` input bytes (outputs do not depend on
+    it)."""
     return min(max(total // AUTO_TASKS, MIN_TASK_BYTES), MAX_TASK_BYTES)
 
 
@@ -72,8 +73,11 @@ def _listed_files(src: SourceConfig) -> tuple[list[tuple[str, int, int]], str]:
     return [_listed(path) for path in files], str(files_root(files))
 
 
-def _grouped(data: DataConfig, index: int, listed: list[tuple[str, int, int]], root: str, task_bytes: int) -> list[InputTask]:
-    """Source ``index``'s read tasks: runs of its files of at least ``task_bytes`` (one for a built-in or capped source)."""
+def _grouped(
+    data: DataConfig, index: int, listed: list[tuple[str, int, int]], root: str, task_bytes: int
+) -> list[InputTask]:
+    """Source ``index``'s read tasks: runs of its files of at least ``task_bytes`` (one for a built-in or capped
+    source)."""
     src = data.sources[index]
     if src.builtin is not None or src.max_documents is not None or src.max_bytes is not None:
         return [InputTask(index, tuple(listed), root)]
@@ -116,9 +120,19 @@ def read_input(task: InputTask, src: SourceConfig, stats: SourceStats) -> Iterat
         for path, size, mtime_ns in task.files:
             ledger.expect(Path(path), size, mtime_ns)
         stats.ledger = ledger
-        docs = _capped(read_listed([Path(p) for p, _, _ in task.files], Path(task.root), name=src.name, category=category,
-                                   text_field=src.text_field, txt_mode=src.txt_mode, stats=stats),
-                       src.max_documents, src.max_bytes)
+        docs = _capped(
+            read_listed(
+                [Path(p) for p, _, _ in task.files],
+                Path(task.root),
+                name=src.name,
+                category=category,
+                text_field=src.text_field,
+                txt_mode=src.txt_mode,
+                stats=stats,
+            ),
+            src.max_documents,
+            src.max_bytes,
+        )
     for doc in docs:
         doc.category = category
         yield doc

@@ -53,7 +53,9 @@ class DocWriter:
         for name, offsets in self._offsets.items():
             np.save(self.folder / f"{name}.offsets.npy", np.frombuffer(offsets, dtype=np.int64))
         for name, values in self._columns.items():
-            np.save(self.folder / f"{name}.npy", np.frombuffer(values, dtype=np.int64) if values else np.zeros(0, np.int64))
+            np.save(
+                self.folder / f"{name}.npy", np.frombuffer(values, dtype=np.int64) if values else np.zeros(0, np.int64)
+            )
         (self.folder / "paths.json").write_text(json.dumps({"source": self.source, "category": self.category,
                                                            "paths": list(self._paths)}, ensure_ascii=False),
                                                 encoding="utf-8")

@@ -58,14 +58,20 @@ class SourceSummary:
 
     def removed(self) -> dict[str, int]:
         """``{"block.reason": documents}`` for every non-zero drop, cleaning then dedup."""
-        out = {f"{name}.{reason}": n for name, stats in self.blocks.items() for reason, n in sorted(stats.dropped.items())}
+        out = {
+            f"{name}.{reason}": n for name, stats in self.blocks.items() for reason, n in sorted(stats.dropped.items())
+        }
         out.update({f"dedup.{kind}": n for kind, n in sorted(self.dedup.items())})
         return {key: n for key, n in out.items() if n}
 
     def removed_chars(self) -> dict[str, int]:
         """``{"block.reason": characters}``: the characters of the documents each rule dropped, what each block's
         edits deleted (``"block.edits"``), then dedup's drops."""
-        out = {f"{name}.{reason}": n for name, stats in self.blocks.items() for reason, n in sorted(stats.dropped_chars.items())}
+        out = {
+            f"{name}.{reason}": n
+            for name, stats in self.blocks.items()
+            for reason, n in sorted(stats.dropped_chars.items())
+        }
         out.update({f"{name}.edits": stats.chars_removed for name, stats in self.blocks.items()})
         out.update({f"dedup.{kind}": n for kind, n in sorted(self.dedup_chars.items())})
         return {key: n for key, n in out.items() if n}
@@ -84,10 +90,19 @@ class SourceSummary:
         src = self.src
         counters = {key: self.stats[key] for key in self.stats}
         return {
-            "name": src.name, "category": src.category, "builtin": src.builtin, "paths": src.paths,
-            "stats": counters, "removed": self.removed(), "kept": self.kept, "files": self.files,
-            "splits": {split: {k: self.splits[split][k] for k in ("documents", "tokens", "bytes", "chars")} for split in SPLITS},
-            "chars": self.chars(), "removed_chars": self.removed_chars(),
+            "name": src.name,
+            "category": src.category,
+            "builtin": src.builtin,
+            "paths": src.paths,
+            "stats": counters,
+            "removed": self.removed(),
+            "kept": self.kept,
+            "files": self.files,
+            "splits": {
+                split: {k: self.splits[split][k] for k in ("documents", "tokens", "bytes", "chars")} for split in SPLITS
+            },
+            "chars": self.chars(),
+            "removed_chars": self.removed_chars(),
         }
 
     def rule_warning(self, share: float = RULE_WARNING_SHARE) -> str | None:
@@ -101,30 +116,41 @@ class SourceSummary:
             if not key.startswith("dedup."):
                 by_block[key.split(".", 1)[0]] += n
         block, most = by_block.most_common(1)[0]
-        reasons = ", ".join(f"{key.split('.', 1)[1]} {n:,}" for key, n in sorted(self.removed_chars().items(), key=lambda kv: -kv[1])
-                            if key.startswith(f"{block}."))
+        reasons = ", ".join(
+            f"{key.split('.', 1)[1]} {n:,}"
+            for key, n in sorted(self.removed_chars().items(), key=lambda kv: -kv[1])
+            if key.startswith(f"{block}.")
+        )
         section = BLOCK_SECTION.get(block, block)
-        return (f"warning: cleaning removed {chars['removed_by_rules'] / chars['read']:.1%} of source '{self.src.name}''s "
-                f"characters, {most / chars['read']:.1%} by the {block} block ({reasons}): if that is good text, relax "
-                f"data.clean.{section}, or set it for this source only (clean: {{{section}: {{enabled: false}}}} or another "
-                f"clean.profile); `mindfoundry data drops CONFIG --block {block}` shows what went")
+        return (
+            f"warning: cleaning removed {chars['removed_by_rules'] / chars['read']:.1%} of source '{self.src.name}''s "
+            f"characters, {most / chars['read']:.1%} by the {block} block ({reasons}): if that is good text, relax "
+            f"data.clean.{section}, or set it for this source only (clean: {{{section}: {{enabled: false}}}} or "
+            f"another clean.profile); `mindfoundry data drops CONFIG --block {block}` shows what went"
+        )
 
     def check_read(self) -> None:
         """A source that yields nothing is a mistake: say what reading skipped."""
         if self.stats["documents"] == 0:
             notes = "; ".join(self.notes)
             s = self.stats
-            raise DataError(f"source '{self.src.name}' produced no documents (read {len(self.files)} files, skipped "
-                            f"{s['skipped_empty']} empty, {s['skipped_too_long']} too long, {s['skipped_non_utf8']} non-UTF-8, "
-                            f"{s['skipped_missing_text']} without the text field{'; ' + notes if notes else ''}): "
-                            "check its paths and format")
+            raise DataError(
+                f"source '{self.src.name}' produced no documents (read {len(self.files)} files, skipped "
+                f"{s['skipped_empty']} empty, {s['skipped_too_long']} too long, {s['skipped_non_utf8']} non-UTF-8, "
+                f"{s['skipped_missing_text']} without the text field{'; ' + notes if notes else ''}): "
+                "check its paths and format"
+            )
 
     def check_kept(self, kept: int) -> None:
         """A source that curation emptied is a mistake: say which rules removed it."""
         if kept == 0:
-            reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(self.removed().items(), key=lambda kv: -kv[1])[:3])
-            raise DataError(f"source '{self.src.name}': all {self.stats['documents']} documents it read were removed ({reasons}): "
-                            "relax those limits in data.clean, or set this source's clean.profile (e.g. 'code' or 'none')")
+            reasons = ", ".join(
+                f"{reason} {n}" for reason, n in sorted(self.removed().items(), key=lambda kv: -kv[1])[:3]
+            )
+            raise DataError(
+                f"source '{self.src.name}': all {self.stats['documents']} documents it read were removed ({reasons}): "
+                "relax those limits in data.clean, or set this source's clean.profile (e.g. 'code' or 'none')"
+            )
 
 
 def cleaning(summaries: list[SourceSummary]) -> dict[str, Any]:
@@ -150,7 +176,10 @@ def source_line(entry: dict[str, Any]) -> str:
     if removed or gone:
         top = ", ".join(f"{n} {reason}" for reason, n in removed[:4])
         share = f"{gone / chars['read']:.1%}" if chars["read"] else "-"
-        parts.append(f"removed {sum(n for _, n in removed)} ({top}{', ...' if len(removed) > 4 else ''}) and "
-                     f"{gone:,} characters ({share}: {chars['removed_by_rules']:,} by rules, {chars['removed_by_dedup']:,} by dedup)")
+        parts.append(
+            f"removed {sum(n for _, n in removed)} ({top}{', ...' if len(removed) > 4 else ''}) and "
+            f"{gone:,} characters ({share}: {chars['removed_by_rules']:,} by rules, {chars['removed_by_dedup']:,} by "
+            "dedup)"
+        )
     parts.append(f"kept {entry['kept']} ({chars['kept']:,} characters)")
     return "; ".join(parts)

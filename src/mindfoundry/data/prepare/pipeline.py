@@ -52,13 +52,7 @@ from mindfoundry.data.prepare.corpus import TOKENIZER as TOKENIZER_STAGE
 from mindfoundry.data.prepare.keyruns import MAX_PARTITIONS, partitions
 from mindfoundry.data.prepare.manifest import SourceSummary, cleaning, source_line
 from mindfoundry.data.prepare.stage_clean import BoilerplateStage, CleanStage, ReadStage
-from mindfoundry.data.prepare.stage_dedup import (
-    BandStage,
-    DecideStage,
-    Dedup,
-    ExactStage,
-    PairStage,
-)
+from mindfoundry.data.prepare.stage_dedup import BandStage, DecideStage, Dedup, ExactStage, PairStage
 from mindfoundry.data.prepare.stage_tokens import MergeStage, ShardStage, TokenizerStage
 from mindfoundry.data.prepare.tokenizer import load_tokenizer, tokenizer_hash
 
@@ -131,7 +125,10 @@ def prepare_data(cfg: RunConfig, *, overwrite: bool = False, log: Callable[[str]
         work.release()
     work.remove()
     t, v = manifest["splits"]["train"], manifest["splits"]["validation"]
-    log(f"prepared {out}: train {t['documents']} docs / {t['tokens']:,} tokens, validation {v['documents']} docs / {v['tokens']:,} tokens")
+    log(
+        f"prepared {out}: train {t['documents']} docs / {t['tokens']:,} tokens, validation {v['documents']} docs / "
+        f"{v['tokens']:,} tokens"
+    )
     return load_prepared(out, cfg.model.vocab_size)
 
 
@@ -212,7 +209,11 @@ class _Prepare:
     def _tokens(self, summaries: list[SourceSummary], dedup: Dedup) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """The tokenizer, shards and merge stages; the tokenizer's result and the merged shards."""
         work, corpus = self.work, self.corpus
-        options = {"seed": self.cfg.seed, "vocab_size": self.cfg.model.vocab_size, "mlm": self.cfg.model.objective == "mlm"}
+        options = {
+            "seed": self.cfg.seed,
+            "vocab_size": self.cfg.model.vocab_size,
+            "mlm": self.cfg.model.objective == "mlm",
+        }
         tokenizer = self._run(TokenizerStage(work, corpus, dedup, **options))[0]
         self._log_tokenizer(tokenizer)
         for t, result in enumerate(self._run(ShardStage(work, corpus, dedup, **options))):
@@ -279,8 +280,10 @@ class _Prepare:
         seconds = sum(self.timings[name]["task_seconds"] for name in DEDUP_STAGES if name in self.timings)
         seconds += sum(r["sign_seconds"] for r in self.results["clean"])
         report.update(seconds=round(seconds, 3), documents_per_second=round(cleaned / seconds) if seconds else None)
-        self.log(f"dedup: {report['documents']} documents, removed {report['exact']['removed']} exact and "
-                 f"{report['near']['removed']} near duplicates ({report['near']['clusters']} clusters) in {seconds:.1f}s")
+        self.log(
+            f"dedup: {report['documents']} documents, removed {report['exact']['removed']} exact and "
+            f"{report['near']['removed']} near duplicates ({report['near']['clusters']} clusters) in {seconds:.1f}s"
+        )
         return Dedup(work, exact, decided=True)
 
     def _log_boilerplate(self, found: list[dict[str, Any]]) -> None:
@@ -318,13 +321,24 @@ class _Prepare:
         data_section = _data_section(cfg)
         dedup_report = self.results["decide"][0]["report"] if dedup.decided else {"enabled": False}
         return {
-            "format": "mindfoundry.data/1", "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "mindfoundry": mindfoundry.__version__, "seed": cfg.seed, "validation_fraction": cfg.data.validation_fraction,
-            "dtype": str(dtype_for_vocab(cfg.model.vocab_size)), "vocab_size": cfg.model.vocab_size,
-            "tokenizer": dict(tokenizer["info"], file=TOKENIZER, sha256=tokenizer_hash(tok), vocab_size=tok.get_vocab_size()),
-            "data_config": data_section, "data_config_sha256": _sha256_json(data_section),
-            "sources": entries, "splits": totals, "cleaning": cleaning(summaries), "dedup": dedup_report,
-            "notes": [note for summary in summaries for note in summary.notes], "timings": timings,
+            "format": "mindfoundry.data/1",
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "mindfoundry": mindfoundry.__version__,
+            "seed": cfg.seed,
+            "validation_fraction": cfg.data.validation_fraction,
+            "dtype": str(dtype_for_vocab(cfg.model.vocab_size)),
+            "vocab_size": cfg.model.vocab_size,
+            "tokenizer": dict(
+                tokenizer["info"], file=TOKENIZER, sha256=tokenizer_hash(tok), vocab_size=tok.get_vocab_size()
+            ),
+            "data_config": data_section,
+            "data_config_sha256": _sha256_json(data_section),
+            "sources": entries,
+            "splits": totals,
+            "cleaning": cleaning(summaries),
+            "dedup": dedup_report,
+            "notes": [note for summary in summaries for note in summary.notes],
+            "timings": timings,
         }
 
 
@@ -332,8 +346,10 @@ def _check_splits(totals: dict[str, Any], cfg: RunConfig) -> None:
     if totals["train"]["documents"] == 0:
         raise DataError("the corpus is empty after reading: no training documents; check data.sources")
     if cfg.data.validation_fraction > 0 and totals["validation"]["documents"] == 0:
-        raise DataError(f"no document fell into the validation split (data.validation_fraction={cfg.data.validation_fraction}): "
-                        "raise the fraction or add documents")
+        raise DataError(
+            f"no document fell into the validation split (data.validation_fraction={cfg.data.validation_fraction}): "
+            "raise the fraction or add documents"
+        )
 
 
 def wait_for_prepared(cfg: RunConfig, *, timeout_s: float = 24 * 3600, poll_s: float = 2.0) -> PreparedData:

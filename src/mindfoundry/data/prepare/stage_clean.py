@@ -25,19 +25,8 @@ from typing import Any
 import numpy as np
 
 from mindfoundry.config.data_config import DedupConfig
-from mindfoundry.data.clean.boilerplate import (
-    FrequentLines,
-    document_keys,
-    frequent_body,
-    frequent_edge,
-)
-from mindfoundry.data.clean.curate import (
-    CUT,
-    chunked,
-    clean_chunk,
-    runs_block,
-    source_pipeline,
-)
+from mindfoundry.data.clean.boilerplate import FrequentLines, document_keys, frequent_body, frequent_edge
+from mindfoundry.data.clean.curate import CUT, chunked, clean_chunk, runs_block, source_pipeline
 from mindfoundry.data.clean.dedup import Signer, band_keys, exact_key
 from mindfoundry.data.clean.droplog import read_numbered, write_numbered
 from mindfoundry.data.execute.stage import Stage
@@ -75,13 +64,18 @@ class ReadStage(Stage):
         store = DocWriter(out / DOCS, src.name, src.resolved_category())
 
         def cleaned() -> Iterator[tuple[int, dict[str, Any]]]:
-            """Store what the blocks keep, take its line keys; the drop-log lines, chunk by chunk (written as they come)."""
+            """Store what the blocks keep, take its line keys; the drop-log lines, chunk by chunk (written as they
+            come)."""
             nonlocal counted
             for chunk in chunked(enumerate(read_input(self.corpus.inputs[task], src, stats))):
                 kept, lines = clean_chunk(pipeline, chunk)
                 for ordinal, doc in kept:
                     store.add(doc, ordinal)
-                    found = document_keys(doc.text, doc.source, settings.min_line_chars, settings.edge_lines) if counting else None
+                    found = (
+                        document_keys(doc.text, doc.source, settings.min_line_chars, settings.edge_lines)
+                        if counting
+                        else None
+                    )
                     if found is not None:
                         counted += 1
                         keys["body"].extend(found[0])
@@ -93,8 +87,10 @@ class ReadStage(Stage):
                   "notes": stats.notes, "blocks": pipeline.report(), "lines": lines}
         if counting:  # document frequency of each line key in this task (map-side counts), as key runs
             result["line_documents"] = counted
-            result["line_entries"] = sum(write_run(out, name, *np.unique(np.frombuffer(found, np.uint64), return_counts=True))
-                                         for name, found in keys.items())
+            result["line_entries"] = sum(
+                write_run(out, name, *np.unique(np.frombuffer(found, np.uint64), return_counts=True))
+                for name, found in keys.items()
+            )
         return result
 
 
@@ -103,7 +99,9 @@ class BoilerplateStage(Stage):
 
     name = BOILERPLATE
 
-    def __init__(self, work: WorkDir, corpus: Corpus, partitions: int, counted: list[int], source_documents: dict[int, int]) -> None:
+    def __init__(
+        self, work: WorkDir, corpus: Corpus, partitions: int, counted: list[int], source_documents: dict[int, int]
+    ) -> None:
         super().__init__(work)
         self.corpus, self.partitions = corpus, partitions
         self.counted = counted  # the read tasks that counted lines
@@ -159,7 +157,9 @@ class CleanStage(Stage):
 
     def run(self, task: int, out: Path) -> dict[str, Any]:
         data, src = self.corpus.data, self.corpus.source(task)
-        lines = frequent_lines(self.work, self.boilerplate_partitions) if runs_block(data, src, CUT) else FrequentLines()
+        lines = (
+            frequent_lines(self.work, self.boilerplate_partitions) if runs_block(data, src, CUT) else FrequentLines()
+        )
         pipeline = source_pipeline(data, src, "from", lines)
         read = self.work.task(READ, task)
         store = DocWriter(out / DOCS, src.name, src.resolved_category())

@@ -33,14 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from mindfoundry.data.clean.dedup import (
-    Clusters,
-    Pair,
-    Signer,
-    first_kept_wins,
-    jaccard,
-    signature_similarity,
-)
+from mindfoundry.data.clean.dedup import Clusters, Pair, Signer, first_kept_wins, jaccard, signature_similarity
 from mindfoundry.data.document import origin_name
 from mindfoundry.data.execute.stage import Stage
 from mindfoundry.data.execute.workdir import WorkDir
@@ -58,13 +51,7 @@ from mindfoundry.data.prepare.corpus import (
     task_refs,
 )
 from mindfoundry.data.prepare.docstore import DocReader
-from mindfoundry.data.prepare.keyruns import (
-    gather,
-    groups,
-    key_range,
-    read_range,
-    write_run,
-)
+from mindfoundry.data.prepare.keyruns import gather, groups, key_range, read_range, write_run
 from mindfoundry.data.prepare.stage_clean import DOCS, SIGNATURES
 
 
@@ -169,7 +156,9 @@ class PairStage(_DedupStage):
         return len(self.corpus.inputs)
 
     def run(self, task: int, out: Path) -> dict[str, Any]:
-        later, earlier, _ = gather([self.work.task(BANDS, t) for t in range(self.band_tasks)], "pairs", *task_refs(task))
+        later, earlier, _ = gather(
+            [self.work.task(BANDS, t) for t in range(self.band_tasks)], "pairs", *task_refs(task)
+        )
         pairs = np.unique(np.stack([later, earlier], axis=1), axis=0) if len(later) else np.zeros((0, 2), np.uint64)
         scores = self._scores(pairs)
         keep = np.ones(len(pairs), dtype=bool) if self.settings.verify == "none" else scores >= self.settings.threshold
@@ -184,7 +173,9 @@ class PairStage(_DedupStage):
         if self.settings.verify == "signature":
             return signature_similarity(self._signatures(pairs[:, 1]), self._signatures(pairs[:, 0]))
         s = self.settings
-        signer = Signer(shingle=s.shingle, char_ngram=s.char_ngram, word_ngram=s.word_ngram, num_perm=s.num_perm, seed=s.seed)
+        signer = Signer(
+            shingle=s.shingle, char_ngram=s.char_ngram, word_ngram=s.word_ngram, num_perm=s.num_perm, seed=s.seed
+        )
         hashes: dict[int, np.ndarray] = {}
 
         def shingles(ref: int) -> np.ndarray:
@@ -220,7 +211,9 @@ class DecideStage(_DedupStage):
         near = first_kept_wins(self._verified()) if self.pairs else {}
         dropped = np.array(sorted(near), dtype=np.uint64)
         write_run(out, "near", dropped, np.array([near[d][0] for d in dropped.tolist()], dtype=np.uint64))
-        write_run(out, "near_scores", dropped, np.array([_score(near[d][1]) for d in dropped.tolist()], dtype=np.float64))
+        write_run(
+            out, "near_scores", dropped, np.array([_score(near[d][1]) for d in dropped.tolist()], dtype=np.float64)
+        )
         return {"report": self._report(near)}
 
     def _verified(self) -> Iterator[Pair]:
@@ -232,7 +225,8 @@ class DecideStage(_DedupStage):
                 yield earlier, later, None if math.isnan(score) else score
 
     def _report(self, near: dict[int, tuple[int, float | None]]) -> dict[str, Any]:
-        """The manifest's dedup report, as :class:`~mindfoundry.data.clean.dedup.Deduplicator` writes it (its times aside)."""
+        """The manifest's dedup report, as :class:`~mindfoundry.data.clean.dedup.Deduplicator` writes it (its times
+        aside)."""
         exact = Clusters(self.settings.max_examples)
         by_source: dict[int, Counter[str]] = {}
         for t in range(self.exact_partitions):
@@ -313,7 +307,9 @@ class Dedup:
         drops: dict[int, Drop] = {}
         for t in range(self.exact_partitions):
             dropped, kept = read_range(self.work.task(EXACT, t), "dropped", low, high)
-            drops.update({ref_row(d): Drop("exact", k, 1.0) for d, k in zip(dropped.tolist(), kept.tolist(), strict=True)})
+            drops.update(
+                {ref_row(d): Drop("exact", k, 1.0) for d, k in zip(dropped.tolist(), kept.tolist(), strict=True)}
+            )
         dropped, kept = read_range(self.work.task(DECIDE, 0), "near", low, high)
         _, scores = read_range(self.work.task(DECIDE, 0), "near_scores", low, high)
         for d, k, score in zip(dropped.tolist(), kept.tolist(), scores.tolist(), strict=True):

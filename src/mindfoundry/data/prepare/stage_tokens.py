@@ -26,18 +26,10 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from mindfoundry.data.clean.curate import CHUNK_DOCUMENTS, dedup_event
-from mindfoundry.data.clean.droplog import (
-    DROPS_FILE,
-    assemble,
-    read_numbered,
-    write_part,
-)
+from mindfoundry.data.clean.droplog import DROPS_FILE, assemble, read_numbered, write_part
 from mindfoundry.data.dataset.indexed import dtype_for_vocab
 from mindfoundry.data.dataset.prepared import SPLITS, TOKENIZER, DataError
-from mindfoundry.data.dataset.shard_writer import (
-    IndexedDatasetWriter,
-    concatenate_shards,
-)
+from mindfoundry.data.dataset.shard_writer import IndexedDatasetWriter, concatenate_shards
 from mindfoundry.data.document import Document
 from mindfoundry.data.execute.stage import Stage
 from mindfoundry.data.execute.workdir import WorkDir, link_or_copy
@@ -47,12 +39,7 @@ from mindfoundry.data.prepare.docstore import DocReader
 from mindfoundry.data.prepare.split import split_documents
 from mindfoundry.data.prepare.stage_clean import DOCS, EVENTS
 from mindfoundry.data.prepare.stage_dedup import CleanedDocuments, Dedup
-from mindfoundry.data.prepare.tokenizer import (
-    encode_batch,
-    load_tokenizer,
-    train_tokenizer,
-    with_mask_token,
-)
+from mindfoundry.data.prepare.tokenizer import encode_batch, load_tokenizer, train_tokenizer, with_mask_token
 
 PART = "drops.jsonl"
 
@@ -72,7 +59,8 @@ def _threads() -> Iterator[None]:
 
 
 class _TokenStage(Stage):
-    """What the tokenizer and shard stages share: the corpus, the run's seed and vocabulary, where dedup's decisions are."""
+    """What the tokenizer and shard stages share: the corpus, the run's seed and vocabulary, where dedup's decisions
+    are."""
 
     def __init__(self, work: WorkDir, corpus: Corpus, dedup: Dedup, *, seed: int, vocab_size: int, mlm: bool) -> None:
         super().__init__(work)
@@ -110,7 +98,11 @@ class TokenizerStage(_TokenStage):
             with _threads():
                 tok = train_tokenizer(self._sample(settings.sample_bytes), self.vocab_size,
                                       min_frequency=settings.min_frequency, mask_token=self.mlm)
-            info = {"source": "trained", "min_frequency": settings.min_frequency, "train_max_bytes": settings.sample_bytes}
+            info = {
+                "source": "trained",
+                "min_frequency": settings.min_frequency,
+                "train_max_bytes": settings.sample_bytes,
+            }
         tok.save(str(out / TOKENIZER))
         return {"info": info, "vocab_size": tok.get_vocab_size(), "seconds": round(time.perf_counter() - start, 2)}
 

@@ -85,9 +85,10 @@ def with_mask_token(tokenizer: Tokenizer, vocab_size: int) -> Tokenizer:
         return tokenizer
     if tokenizer.get_vocab_size() >= vocab_size:
         raise TokenizerError(
-            f"the tokenizer has {tokenizer.get_vocab_size()} tokens, all of model.vocab_size={vocab_size}: no room for the "
-            f"mask token {MASK!r} of model.objective=mlm; raise model.vocab_size to {tokenizer.get_vocab_size() + 1} or "
-            "train the tokenizer with the mlm objective (data.tokenizer.path: null)"
+            f"the tokenizer has {tokenizer.get_vocab_size()} tokens, all of model.vocab_size={vocab_size}: no room for "
+            "the "
+            f"mask token {MASK!r} of model.objective=mlm; raise model.vocab_size to {tokenizer.get_vocab_size() + 1} "
+            "or train the tokenizer with the mlm objective (data.tokenizer.path: null)"
         )
     tokenizer.add_special_tokens([AddedToken(MASK, special=True, normalized=False)])
     return tokenizer
