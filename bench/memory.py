@@ -255,16 +255,14 @@ def main(argv: list[str] | None = None) -> int:
         mib = lambda b: f"{b / 2**20:8.0f}M"  # noqa: E731
         print(
             f"{r['engine']:9s} {r['mode']:10s} {mib(r['baseline'])} {mib(r['measured'])} "
-            f"{mib(r['plan']['activations'])} "
-            f"{mib(r['peak'])} {mib(r['planned_peak'])} {r['peak_to_plan']:6.2f} {r['saved_vs_none']:10.0%} "
-            f"{r['step_s']:7.2f} {r['time_vs_none']:7.2f}"
+            f"{mib(r['plan']['activations'])} {mib(r['peak'])} {mib(r['planned_peak'])} {r['peak_to_plan']:6.2f} "
+            f"{r['saved_vs_none']:10.0%} {r['step_s']:7.2f} {r['time_vs_none']:7.2f}"
             + (
                 f"\n    saved {r['logits_removed']:.0%} of the logits term ({none['plan']['logits'] / 2**20:.0f} MiB "
-                "planned); "
-                f"left {r['logits_left'] / 2**20:.0f} MiB: one chunk's logits ({r['plan']['logits'] / 2**20:.0f} MiB "
-                "planned) and "
-                f"the head weight's gradient ({r['plan']['head_gradient'] / 2**20:.0f} MiB), which the plain run "
-                "allocates only after its logits are freed"
+                f"planned); left {r['logits_left'] / 2**20:.0f} MiB: one chunk's logits "
+                f"({r['plan']['logits'] / 2**20:.0f} MiB planned) and the head weight's gradient "
+                f"({r['plan']['head_gradient'] / 2**20:.0f} MiB), which the plain run allocates only after its logits "
+                "are freed"
                 if "logits_removed" in r
                 else ""
             )

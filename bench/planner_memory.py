@@ -140,8 +140,7 @@ def main() -> int:
         return 0
     print(
         f"{'layout':18s} {'procs':>5s} {'runtime MiB':>12s} {'peak RSS MiB':>12s} {'estimate MiB':>12s} "
-        f"{'est/peak':>8s} "
-        f"{'peak incl. load':>15s}"
+        f"{'est/peak':>8s} {'peak incl. load':>15s}"
     )
     for layout in args.layouts:
         runtime = measure(layout, args.steps, tiny=True)["peak"]  # what the layout's runtime takes without a model

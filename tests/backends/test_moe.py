@@ -95,8 +95,7 @@ def test_engines_train_the_same_moe(engines) -> None:
     params = max(float(np.abs(w_ms[k] - w_pt[k]).max()) for k in w_ms)
     print(
         f"\nMoE MindSpore vs torch: first loss rel {abs(ms[0] / pt[0] - 1):.2e}, losses rel "
-        f"{np.abs(ms / pt - 1).max():.2e}, "
-        f"params after {STEPS} steps {params:.2e}"
+        f"{np.abs(ms / pt - 1).max():.2e}, params after {STEPS} steps {params:.2e}"
     )
     assert abs(ms[0] / pt[0] - 1) < 1e-5
     assert np.all(np.abs(ms / pt - 1) < 1e-5)

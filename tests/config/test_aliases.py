@@ -91,8 +91,7 @@ def test_the_same_value_under_both_names_is_accepted() -> None:
         (
             {"parallel": {"gradient_aggregation_group": 4}},
             "parallel.grad_fusion_groups=4 (MindFormers' gradient_aggregation_group) sets MindSpore's gradient "
-            "all-reduce fusion; "
-            "the torch engine's FSDP2",
+            "all-reduce fusion; the torch engine's FSDP2",
         ),
         (
             {"parallel": {"data_parallel": 0}},

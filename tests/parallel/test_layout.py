@@ -153,8 +153,7 @@ def test_ep_must_divide_experts_and_the_fsdp_cp_ranks() -> None:
         "parallel.ep=4 does not divide model.moe.num_experts=6: use ep in {1, 2}"]
     assert problems(world_size=2, dp_shard=2, ep=4, num_experts=8) == [
         "parallel.ep=4 does not divide parallel.dp_shard*cp = 2*1 = 2 (experts are spread over the FSDP and "
-        "context-parallel "
-        "ranks): use ep in {1, 2} or raise dp_shard"
+        "context-parallel ranks): use ep in {1, 2} or raise dp_shard"
     ]
     assert problems(world_size=8, dp_shard=2, cp=2, tp=2, ep=4, num_experts=8) == []
     assert problems(world_size=2, dp_shard=2, ep=2) == [  # the one home of this rule (the engines no longer repeat it)

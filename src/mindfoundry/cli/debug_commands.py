@@ -89,9 +89,8 @@ def cmd_align(args: argparse.Namespace) -> int:
     for s in result.steps:
         console.print(
             f"step {s.step}: loss {s.loss_a:.6f} vs {s.loss_b:.6f} (abs {s.loss_abs_err:.2e}, rel "
-            f"{s.loss_rel_err:.2e}) "
-            f"{'ok' if s.loss_ok else 'FAIL'}; grad norm {s.grad_norm_a:.6f} vs {s.grad_norm_b:.6f} "
-            f"(rel {s.grad_norm_rel_err:.2e}) {'ok' if s.grad_norm_ok else 'FAIL'}",
+            f"{s.loss_rel_err:.2e}) {'ok' if s.loss_ok else 'FAIL'}; grad norm {s.grad_norm_a:.6f} vs "
+            f"{s.grad_norm_b:.6f} (rel {s.grad_norm_rel_err:.2e}) {'ok' if s.grad_norm_ok else 'FAIL'}",
             highlight=False,
         )
     low = result.lowest_cosine()
@@ -101,8 +100,7 @@ def cmd_align(args: argparse.Namespace) -> int:
     verdict = "[green]ALIGN PASS[/]" if result.passed else "[red]ALIGN FAIL[/]"
     console.print(
         f"{verdict} {a.label} vs {b.label} (thresholds: loss abs < {thresholds.loss_abs} or rel < "
-        f"{thresholds.loss_rel:.1%}; "
-        f"grad norm rel <= {thresholds.grad_norm_rel:.0%})"
+        f"{thresholds.loss_rel:.1%}; grad norm rel <= {thresholds.grad_norm_rel:.0%})"
     )
     return 0 if result.passed else 1
 

@@ -141,8 +141,7 @@ def _dedup_problems(cfg: RunConfig) -> list[str]:
     if d.bands * d.rows > d.num_perm:
         return [
             f"data.dedup.bands*rows = {d.bands}*{d.rows} = {d.bands * d.rows} exceeds "
-            f"data.dedup.num_perm={d.num_perm}: "
-            f"lower bands or rows, or raise num_perm to {d.bands * d.rows}"
+            f"data.dedup.num_perm={d.num_perm}: lower bands or rows, or raise num_perm to {d.bands * d.rows}"
         ]
     found = lsh_candidate_probability(d.threshold, d.bands, d.rows)
     if found < 0.5:
@@ -163,9 +162,8 @@ def _train_problems(cfg: RunConfig) -> list[str]:
     if cfg.backend == "mindspore" and cfg.train.precision == "bf16" and cfg.device not in ASCEND_DEVICES:
         out.append(
             "train.precision='bf16' is not available on the mindspore backend yet (MindSpore has no bf16 kernels on "
-            "CPU): "
-            "use train.precision: fp16 (mixed precision with dynamic loss scaling) or fp32, or backend: torch for "
-            f"bf16 (device: {cfg.device}; MindSpore's bf16 runs with device: ascend)"
+            "CPU): use train.precision: fp16 (mixed precision with dynamic loss scaling) or fp32, or backend: torch "
+            f"for bf16 (device: {cfg.device}; MindSpore's bf16 runs with device: ascend)"
         )
     if cfg.train.flash_attention == "on":
         where = (
@@ -192,9 +190,8 @@ def _train_problems(cfg: RunConfig) -> list[str]:
     if cfg.backend != "mindspore" and cfg.monitor.mindinsight:
         out.append(
             "monitor.mindinsight=true writes MindSpore summary files (mindspore.SummaryRecord), which the "
-            f"{cfg.backend} "
-            "engine does not load: use backend: mindspore, or set monitor.mindinsight: false (TensorBoard has the same "
-            "scalars)"
+            f"{cfg.backend} engine does not load: use backend: mindspore, or set monitor.mindinsight: false "
+            "(TensorBoard has the same scalars)"
         )
     if cfg.backend == "mindspore":
         split = split_settings(cfg.parallel)
@@ -284,9 +281,8 @@ def _parallel_problems(cfg: RunConfig) -> list[str]:
     if p.grad_fusion_groups is not None and cfg.backend != "mindspore":
         out.append(
             f"parallel.grad_fusion_groups={p.grad_fusion_groups} (MindFormers' gradient_aggregation_group) sets "
-            "MindSpore's "
-            f"gradient all-reduce fusion; the {cfg.backend} engine's FSDP2 reduces each block's gradients as one "
-            "group: remove it, or use backend: mindspore"
+            f"MindSpore's gradient all-reduce fusion; the {cfg.backend} engine's FSDP2 reduces each block's gradients "
+            "as one group: remove it, or use backend: mindspore"
         )
     if cfg.optim.clip_norm == "auto" and p.dp_shard == -1 and p.world_size is None:
         out.append(

@@ -148,10 +148,9 @@ class ModelConfig(Section):
         if self.objective != "clm":
             raise ObjectiveError(
                 f"{what} needs a causal LM, and this model was trained with model.objective={self.objective} (a "
-                "bidirectional "
-                "encoder that predicts masked tokens, not continuations): evaluate it with `mindfoundry eval` "
-                "(masked-token "
-                "loss and accuracy), export it with --format safetensors, or train with model.objective: clm"
+                "bidirectional encoder that predicts masked tokens, not continuations): evaluate it with `mindfoundry "
+                "eval` (masked-token loss and accuracy), export it with --format safetensors, or train with "
+                "model.objective: clm"
             )
 
     def resolved_ffn_dim(self) -> int:

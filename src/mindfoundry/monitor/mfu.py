@@ -186,3 +186,23 @@ def observed_peak(peak: float, flops_per_token: float, tokens_per_s: float) -> f
     """The peak, raised to the model FLOP rate a run reached when that is higher: the cores did that much, so the
     peak is at least that (a CPU peak measured while something else ran)."""
     return max(peak, flops_per_token * tokens_per_s)
+
+
+def devices_peak(peak_tflops: float | None, device: str, dtype: str, devices: int) -> float:
+    """Peak FLOP/s of `devices` processes, one device each: monitor.peak_tflops, else the table, else measured (a
+    CPU); UnknownPeakError when none applies."""
+    return (peak_tflops * 1e12 if peak_tflops else peak_flops(device, dtype)) * devices
+
+
+class MfuMeter:
+    """A run's MFU from step to step. A step faster than the peak shows the peak was under-read (a CPU peak timed
+    while something else ran): the peak rises to what the step did, and MFU never reads above 100%."""
+
+    def __init__(self, peak: float | None) -> None:
+        self.peak = peak  # FLOP/s of all the run's devices; None: MFU is not reported
+
+    def __call__(self, flops_per_token: float, tokens_per_s: float) -> float | None:
+        if not self.peak:
+            return None
+        self.peak = observed_peak(self.peak, flops_per_token, tokens_per_s)
+        return mfu(flops_per_token, tokens_per_s, self.peak)

@@ -202,9 +202,8 @@ def _cp_rules(lay: Layout, seq_len: int) -> list[str]:
     good = [k for k in range(1, seq_len // 2 + 1) if k == 1 or seq_len % (2 * k) == 0]
     return [
         f"parallel.cp={c} needs train.seq_len={seq_len} divisible by 2*cp = {2 * c} (each sequence is cut into 2*cp "
-        "chunks, "
-        f"rank i holding chunks i and 2*cp-1-i so that causal attention work is balanced): use cp in {_set(good)} "
-        f"or seq_len={_round_up(seq_len, 2 * c)}"
+        "chunks, rank i holding chunks i and 2*cp-1-i so that causal attention work is balanced): use cp in "
+        f"{_set(good)} or seq_len={_round_up(seq_len, 2 * c)}"
     ]
 
 
@@ -242,10 +241,9 @@ def _pp_rules(lay: Layout, d: _Dims, grad_accum: int) -> list[str]:
     if sched in ONE_F_ONE_B and grad_accum < p:
         out.append(
             f"train.grad_accum={grad_accum} is below parallel.pp={p}: the {sched} schedule needs at least pp "
-            "micro-batches "
-            "per step (train.grad_accum is the pipeline's number of micro-batches): raise train.grad_accum to "
-            f"{p} or more (the idle bubble is (pp-1)/(grad_accum+pp-1) of each step, e.g. {4 * p} gives "
-            f"{(p - 1) / (5 * p - 1):.0%})"
+            "micro-batches per step (train.grad_accum is the pipeline's number of micro-batches): raise "
+            f"train.grad_accum to {p} or more (the idle bubble is (pp-1)/(grad_accum+pp-1) of each step, e.g. {4 * p} "
+            f"gives {(p - 1) / (5 * p - 1):.0%})"
         )
     elif sched == "Interleaved1F1B" and grad_accum % p:
         out.append(

@@ -192,23 +192,11 @@ def selective_savings_per_layer(spec: ModelSpec, layout: Layout, micro_batch: in
     return int(seq // c * micro_batch * per_token)
 
 
-def estimate(
-    spec: ModelSpec,
-    layout: Layout,
-    micro_batch: int,
-    seq: int,
-    precision: Precision,
-    recompute: Recompute = "none",
-    *,
-    recomputed_layers: int | None = None,
-    loss_chunk: int = 0,
-    offload: bool = False,
-    num_micro_batches: int | None = None,
-    fixed_overhead_bytes: int = DEFAULT_FIXED_OVERHEAD,
-    flash_attention: bool = True,
-    fused_norm: bool = True,
-    vocab_parallel_loss: bool = True,
-) -> MemoryEstimate:
+def estimate(spec: ModelSpec, layout: Layout, micro_batch: int, seq: int, precision: Precision,
+             recompute: Recompute = "none", *,
+             recomputed_layers: int | None = None, loss_chunk: int = 0, offload: bool = False,
+             num_micro_batches: int | None = None, fixed_overhead_bytes: int = DEFAULT_FIXED_OVERHEAD,
+             flash_attention: bool = True, fused_norm: bool = True, vocab_parallel_loss: bool = True) -> MemoryEstimate:
     """Peak memory per device of `layout` during training steps (the more loaded of the first and the last pipeline
     stage).
 
@@ -236,8 +224,8 @@ def estimate(
                                            flash_attention=flash_attention, fused_norm=fused_norm)
     recomputed_kept = {
         "none": per_layer,
-        "selective": per_layer
-        - selective_savings_per_layer(spec, layout, micro_batch, seq, precision, flash_attention=flash_attention),
+        "selective": per_layer - selective_savings_per_layer(spec, layout, micro_batch, seq, precision,
+                                                             flash_attention=flash_attention),
         "full": s_loc * micro_batch * spec.d_model * e // t_sp,
     }[recompute]
     working = per_layer if recompute == "full" else 0
@@ -263,10 +251,7 @@ def estimate(
             weights=params * e // layout.dp_shard,
             gradients=params * e // layout.dp_shard,
             optimizer=params * optimizer_bytes_per_param(precision) // layout.optimizer_shards,
-            fsdp_buffers=buffers,
-            activations=acts,
-            overhead=fixed_overhead_bytes,
-            stage=stage,
+            fsdp_buffers=buffers, activations=acts, overhead=fixed_overhead_bytes, stage=stage,
             logits=logits if last else 0,
         )
         if best is None or est.total > best.total:
@@ -275,15 +260,9 @@ def estimate(
     return best
 
 
-def communication(
-    spec: ModelSpec,
-    layout: Layout,
-    micro_batch: int,
-    seq: int,
-    num_micro_batches: int,
-    precision: Precision,
-    recompute: Recompute = "none",
-) -> CommEstimate:
+def communication(spec: ModelSpec, layout: Layout, micro_batch: int, seq: int, num_micro_batches: int,
+                  precision: Precision,
+                  recompute: Recompute = "none") -> CommEstimate:
     """Bytes each device sends per optimizer step (ring collectives: an all-reduce of N bytes over n
     ranks sends 2(n-1)/n*N, an all-gather or reduce-scatter of a full N-byte tensor (n-1)/n*N).
 
@@ -373,11 +352,8 @@ class PlanRow:
 
     @property
     def fits(self) -> Fit:
-        for fit, est in (
-            ("yes", self.memory),
-            ("selective", self.memory_selective),
-            ("recompute", self.memory_recompute),
-        ):
+        for fit, est in (("yes", self.memory), ("selective", self.memory_selective),
+                         ("recompute", self.memory_recompute)):
             if est.total <= self.device_memory:
                 return fit
         return "no"
@@ -398,44 +374,25 @@ class PlanRow:
     def sort_key(self) -> tuple:
         """Fits (without, then with selective, then with full recompute), then least communication, then least memory.
         """
-        return (
-            {"yes": 0, "selective": 1, "recompute": 2, "no": 3}[self.fits],
-            self.chosen_comm.total,
-            self.chosen_memory.total,
-        )
+        return ({"yes": 0, "selective": 1, "recompute": 2, "no": 3}[self.fits], self.chosen_comm.total,
+                self.chosen_memory.total)
 
     def to_dict(self) -> dict:
         return {
-            "layout": self.layout.config(),
-            "describe": self.layout.describe(),
-            "micro_batch": self.micro_batch,
-            "grad_accum": self.grad_accum,
-            "fits": self.fits,
-            "recompute": self.recompute,
+            "layout": self.layout.config(), "describe": self.layout.describe(), "micro_batch": self.micro_batch,
+            "grad_accum": self.grad_accum, "fits": self.fits, "recompute": self.recompute,
             "device_memory": self.device_memory,
-            "memory": self.memory.to_dict(),
-            "memory_selective": self.memory_selective.to_dict(),
-            "memory_recompute": self.memory_recompute.to_dict(),
-            "comm": self.comm.to_dict(),
-            "comm_selective": self.comm_selective.to_dict(),
-            "comm_recompute": self.comm_recompute.to_dict(),
+            "memory": self.memory.to_dict(), "memory_selective": self.memory_selective.to_dict(),
+            "memory_recompute": self.memory_recompute.to_dict(), "comm": self.comm.to_dict(),
+            "comm_selective": self.comm_selective.to_dict(), "comm_recompute": self.comm_recompute.to_dict(),
             "bubble": round(self.bubble, 4),
         }
 
 
-def plan(
-    spec: ModelSpec,
-    devices: int,
-    device_memory: int,
-    seq: int,
-    global_batch: int,
-    precision: Precision = "bf16",
-    *,
-    micro_batch: int = 1,
-    fixed_overhead_bytes: int = DEFAULT_FIXED_OVERHEAD,
-    flash_attention: bool = True,
-    fused_norm: bool = True,
-) -> list[PlanRow]:
+def plan(spec: ModelSpec, devices: int, device_memory: int, seq: int, global_batch: int, precision: Precision = "bf16",
+         *,
+         micro_batch: int = 1, fixed_overhead_bytes: int = DEFAULT_FIXED_OVERHEAD, flash_attention: bool = True,
+         fused_norm: bool = True) -> list[PlanRow]:
     """Every feasible layout of `devices` processes for this model and batch, best first (PlanRow.sort_key)."""
     if global_batch % micro_batch:
         raise ValueError(f"global batch {global_batch} is not a multiple of the micro-batch {micro_batch}")
@@ -444,21 +401,9 @@ def plan(
     modes: tuple[Recompute, ...] = ("none", "selective", "full")
     for lay in layouts:
         m = global_batch // (lay.dp * micro_batch)
-        mem = [
-            estimate(
-                spec,
-                lay,
-                micro_batch,
-                seq,
-                precision,
-                rc,
-                num_micro_batches=m,
-                fixed_overhead_bytes=fixed_overhead_bytes,
-                flash_attention=flash_attention,
-                fused_norm=fused_norm,
-            )
-            for rc in modes
-        ]
+        mem = [estimate(spec, lay, micro_batch, seq, precision, rc, num_micro_batches=m,
+                        fixed_overhead_bytes=fixed_overhead_bytes,
+                        flash_attention=flash_attention, fused_norm=fused_norm) for rc in modes]
         comm = [communication(spec, lay, micro_batch, seq, m, precision, rc) for rc in modes]
         rows.append(PlanRow(lay, micro_batch, m, *mem, *comm, device_memory, pipeline_bubble(lay, m)))
     return sorted(rows, key=PlanRow.sort_key)
@@ -497,12 +442,9 @@ def check_host_fit(spec: ModelSpec, layout: Layout, micro_batch: int, seq: int, 
         raise MemoryFitError(
             f"this run needs about {format_bytes(need)} ({processes} process(es) x {format_bytes(est.total)}: weights "
             f"{format_bytes(est.weights)}, gradients {format_bytes(est.gradients)}, AdamW "
-            f"{format_bytes(est.optimizer)}, "
-            f"activations {format_bytes(est.activations)}) and this machine has {format_bytes(available)}: use a "
-            "smaller "
-            "model (model.d_model, model.n_layers) or micro-batch, memory.recompute: full, or see `mindfoundry plan` "
-            "for a layout over more devices"
-        )
+            f"{format_bytes(est.optimizer)}, activations {format_bytes(est.activations)}) and this machine has "
+            f"{format_bytes(available)}: use a smaller model (model.d_model, model.n_layers) or micro-batch, "
+            "memory.recompute: full, or see `mindfoundry plan` for a layout over more devices")
     return est
 
 

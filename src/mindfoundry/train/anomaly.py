@@ -75,11 +75,10 @@ class AnomalyMonitor:
         if self.consecutive >= self.cfg.max_consecutive:
             raise AnomalyStop(
                 f"stopped at step {step} after {self.consecutive} anomalous steps in a row (last: {verdict.kind}, "
-                f"{verdict.reason}). "
-                f"Likely causes: learning rate too high (lr at this step {lr:.3g}: lower optim.lr or lengthen "
-                "optim.warmup_steps), "
-                "a bad data window (inspect the samples around this position with `mindfoundry data inspect`), "
-                "or numerical overflow (use fp32). Resume from the last checkpoint with --resume auto after the fix."
+                f"{verdict.reason}). Likely causes: learning rate too high (lr at this step {lr:.3g}: lower optim.lr "
+                "or lengthen optim.warmup_steps), a bad data window (inspect the samples around this position with "
+                "`mindfoundry data inspect`), or numerical overflow (use fp32). Resume from the last checkpoint with "
+                "--resume auto after the fix."
             )
 
     def state_dict(self) -> dict[str, Any]:

@@ -40,9 +40,8 @@ class StepDebugger:
         if not self.single_process and (d.dump.steps or d.inject_inf is not None):
             raise ProbeError(
                 f"debug.dump.steps / debug.inject_inf run in a single process, not under a {world_size}-process "
-                "launch: "
-                "train without them and replay the steps with `mindfoundry dump CONFIG --steps ... --resume auto` "
-                "(one process, from this run's checkpoint, whatever its layout)"
+                "launch: train without them and replay the steps with `mindfoundry dump CONFIG --steps ... --resume "
+                "auto` (one process, from this run's checkpoint, whatever its layout)"
             )
         self.steps = parse_selection(d.dump.steps)
         ranks = parse_selection(d.dump.ranks, "ranks")

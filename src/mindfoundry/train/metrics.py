@@ -14,6 +14,10 @@ from typing import Any, Mapping
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from mindfoundry.config.schema import MonitorConfig
+from mindfoundry.monitor.tensorboard import TensorBoardSink, scalars
+from mindfoundry.train.rundir import METRICS_FILE
+
 
 class JsonlSink:
     """One JSON object per line; flushed each record so a crash loses at most the current line."""
@@ -82,6 +86,19 @@ class MetricsLogger:
     def close(self) -> None:
         for sink in self.sinks:
             sink.close()
+
+
+def run_sinks(monitor: MonitorConfig, run_dir: Path) -> list:
+    """Where rank 0's records go: RUN/metrics.jsonl, and TensorBoard and MindSpore Insight files when asked for (a
+    config rule refuses the Insight files on other engines than MindSpore)."""
+    sinks: list = [JsonlSink(run_dir / METRICS_FILE)]
+    if monitor.tensorboard:
+        sinks.append(TensorBoardSink(run_dir / "tb"))
+    if monitor.mindinsight:
+        from mindfoundry.backends.mindspore.summary import MindInsightSink
+
+        sinks.append(MindInsightSink(run_dir / "mindinsight", scalars))
+    return sinks
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

@@ -44,16 +44,15 @@ from mindfoundry.eval.tasks import read_tasks, score_tasks
 from mindfoundry.model.spec import ModelSpec, flops_per_token, init_weights, num_parameters, parameter_shapes
 from mindfoundry.monitor.hardware import HardwareSampler
 from mindfoundry.monitor.health import HealthMonitor
-from mindfoundry.monitor.mfu import UnknownPeakError, mfu, observed_peak, peak_flops
-from mindfoundry.monitor.tensorboard import TensorBoardSink, scalars
+from mindfoundry.monitor.mfu import MfuMeter, UnknownPeakError, devices_peak
 from mindfoundry.parallel.layout import Layout, launched_local_rank
 from mindfoundry.train.anomaly import AnomalyMonitor
 from mindfoundry.train.debug_steps import StepDebugger
 from mindfoundry.train.layer_stats import layer_grad_norms, layer_update_ratios, layer_weight_norms
 from mindfoundry.train.loss_scale import DynamicLossScaler
-from mindfoundry.train.metrics import JsonlSink, MetricsLogger, ProgressSink
+from mindfoundry.train.metrics import MetricsLogger, ProgressSink, run_sinks
 from mindfoundry.train.profile_steps import StepProfiler
-from mindfoundry.train.rundir import METRICS_FILE, run_identity
+from mindfoundry.train.rundir import run_identity
 from mindfoundry.train.schedule import step_scalars
 from mindfoundry.train.state import DataPosition, Evaluations, Keyed, Progress, restore_state, save_state
 from mindfoundry.train.stop import Phase, Preempted, signals
@@ -85,9 +84,8 @@ class Trainer:
     The caller has checked the launch and passes its layout (:func:`mindfoundry.workflows.run.check_launch`): the
     layout rules run once per process, before the run directory is touched, and the engine is given the result."""
 
-    def __init__(
-        self, cfg: RunConfig, data: PreparedData, run_dir: Path, layout: Layout, console: Console | None = None
-    ):
+    def __init__(self, cfg: RunConfig, data: PreparedData, run_dir: Path, layout: Layout,
+                 console: Console | None = None):
         self.cfg, self.data, self.run_dir, self.layout = cfg, data, run_dir, layout
         self.console = console or Console(stderr=True)
         self.spec = ModelSpec.from_config(cfg.model)
@@ -95,14 +93,10 @@ class Trainer:
         with signals.held():  # an engine's import cut by a stop signal aborted the process at exit (train.stop)
             import_engine(cfg.backend)
         self.backend = create_backend(cfg, self.spec, layout)  # first: it knows which feed of the batch this rank is
-        self.loader = TrainLoader.for_global_batch(
-            self.source,
-            cfg.global_batch(layout.world_size),
-            grad_accum=cfg.train.grad_accum,
-            dp_rank=self.backend.dp_rank,
-            dp_size=self.backend.dp_size,
-            masking=masking_for(cfg, data.tokenizer, TRAIN),
-        )
+        self.loader = TrainLoader.for_global_batch(self.source, cfg.global_batch(layout.world_size),
+                                                   grad_accum=cfg.train.grad_accum,
+                                                   dp_rank=self.backend.dp_rank, dp_size=self.backend.dp_size,
+                                                   masking=masking_for(cfg, data.tokenizer, TRAIN))
         self.is_main = self.backend.rank == 0  # only rank 0 writes metrics and checkpoints
         self._batches: BatchIterator | None = None
         self.val_samples = data.packed("validation", cfg.train.seq_len)
@@ -110,30 +104,22 @@ class Trainer:
         self.anomaly = AnomalyMonitor(cfg.anomaly)
         self.scaler = DynamicLossScaler(cfg.train.loss_scale_init, growth_interval=cfg.train.loss_scale_growth_interval,
                                         enabled=cfg.train.precision == "fp16")  # disabled: scale 1.0 (fp32, bf16)
-        self.debugger = StepDebugger(
-            cfg, run_dir, rank=self.backend.rank, log=self.console.print, world_size=self.backend.world_size
-        )
+        self.debugger = StepDebugger(cfg, run_dir, rank=self.backend.rank, log=self.console.print,
+                                     world_size=self.backend.world_size)
         self.health = HealthMonitor(cfg.monitor.health, cfg.optim.warmup_steps)
-        self.peak: float | None = None  # device peak FLOP/s for MFU, measured/looked up before the loop
+        self.mfu = MfuMeter(None)  # its peak is measured or looked up before the loop
         self.hardware = HardwareSampler(self.backend.device_kind, launched_local_rank(), cfg.monitor.hardware_every_s)
         self.profiler = StepProfiler(cfg, run_dir, self.backend, self.console.print)
         self.retention = Retention(cfg.checkpoint.keep_last, cfg.checkpoint.keep_every, cfg.checkpoint.keep_best)
         self.progress = Progress()
-        self.position = DataPosition(
-            cfg.seed,
-            cfg.data.shuffle,
-            mixture_state=self.source.state if isinstance(self.source, MixtureSampler) else None,
-        )
+        self.position = DataPosition(cfg.seed, cfg.data.shuffle,
+                                     mixture_state=self.source.state if isinstance(self.source, MixtureSampler)
+                                     else None)
         self.evals = Evaluations()
         #: What trainer_state.json holds: each part saves and restores its own entries (train/state.py).
-        self.state_parts = [
-            self.progress,
-            self.position,
-            Keyed("loss_scale", self.scaler),
-            Keyed("anomaly", self.anomaly),
-            Keyed("health", self.health),
-            self.evals,
-        ]
+        self.state_parts = [self.progress, self.position, Keyed("loss_scale", self.scaler),
+                            Keyed("anomaly", self.anomaly),
+                            Keyed("health", self.health), self.evals]
         #: eval.tasks, read now so that a malformed file stops the run before its first step
         self.tasks = {Path(path).stem: read_tasks(path) for path in cfg.eval.tasks}
         self._injected: set[tuple[str, int]] = set()
@@ -149,45 +135,36 @@ class Trainer:
     def restore_or_init(self, resume: bool) -> None:
         if self.is_main:
             for leftover in clean_interrupted(self.run_dir):
-                self.console.print(
-                    f"removed {leftover.name}: what an interrupted checkpoint write or deletion left behind"
-                )
+                self.console.print(f"removed {leftover.name}: what an interrupted checkpoint write or deletion left "
+                                   "behind")
         path, skipped = find_resumable(self.resume_from or self.run_dir, self.resume_before) if resume else (None, [])
         for note in skipped:
             self.console.print(f"[yellow]skipping checkpoint: {note}[/]")
         if path is None:
             init = self.cfg.model.init_from
-            self.backend.load_weights(
-                initial_weights(init, self.spec) if init else init_weights(self.spec, self.cfg.seed)
-            )
+            weights = initial_weights(init, self.spec) if init else init_weights(self.spec, self.cfg.seed)
+            self.backend.load_weights(weights)
             if init:
                 self.console.print(f"initial weights from {init}")
             return
         self._load(path)
-        self.console.print(
-            f"resumed from {path} (step {self.progress.step}, {self.position.consumed_samples} samples consumed)"
-        )
+        self.console.print(f"resumed from {path} (step {self.progress.step}, {self.position.consumed_samples} samples "
+                           "consumed)")
 
     def _load(self, path: Path) -> None:
         # by what is on disk, not checkpoint.format: an engine that can reshards a sharded checkpoint itself (each rank
         # reads its pieces); any other consolidates it into full arrays (load_checkpoint)
         form = shard_format(path)
         sharded = form is not None and supports_sharded(self.backend, form)
-        ckpt = load_checkpoint(
-            path, verify=False, tensors=not sharded
-        )  # every caller found `path` through find_resumable, which verified it
-        written_by = ckpt.state.get(
-            "run_identity"
-        )  # None: imported by `mindfoundry convert FILE RUN_DIR` (shapes decide)
+        ckpt = load_checkpoint(path, verify=False, tensors=not sharded)  # find_resumable verified `path`
+        written_by = ckpt.state.get("run_identity")  # None: imported by `mindfoundry convert FILE RUN_DIR`
         if written_by != run_identity(self.cfg):
             if written_by is not None and self.resume_from is None:  # in the run's own folder: another run's checkpoint
-                raise CheckpointError(
-                    f"{path} was written by a different run (its run identity differs from this config's): "
-                    f"move it out of {self.run_dir}, or start from its weights with model.init_from"
-                )
-            self.console.print(
-                f"[yellow]warning: {path} was written under a different config; continuing with this one[/]"
-            )
+                raise CheckpointError(f"{path} was written by a different run (its run identity differs from this "
+                                      f"config's): move it out of {self.run_dir}, or start from its weights with "
+                                      "model.init_from")
+            self.console.print(f"[yellow]warning: {path} was written under a different config; continuing with this "
+                               "one[/]")
         st = ckpt.state
         try:
             if sharded:
@@ -216,9 +193,7 @@ class Trainer:
         if self._batches is None:
             self._batches = self.loader.iterate(self.position.consumed_samples)
         batch = next(self._batches)
-        if (
-            batch.position != self.position.consumed_samples
-        ):  # the position jumped (a rollback): restart the prefetcher there
+        if batch.position != self.position.consumed_samples:  # the position jumped (a rollback): restart there
             self._close_batches()
             return self._next_batch()
         return batch
@@ -234,16 +209,9 @@ class Trainer:
             if not self.is_main:
                 self.backend.save_sharded(None)  # collective: the folder comes from rank 0
                 return None
-            return save_checkpoint(
-                self.run_dir,
-                self.progress.step,
-                None,
-                None,
-                self.trainer_state(),
-                self.retention,
-                extra_files={"data_manifest.json": self.data.manifest_bytes},
-                writer=self.backend.save_sharded,
-            )
+            return save_checkpoint(self.run_dir, self.progress.step, None, None, self.trainer_state(), self.retention,
+                                   extra_files={"data_manifest.json": self.data.manifest_bytes},
+                                   writer=self.backend.save_sharded)
         weights, optimizer = self.backend.weights(), self.backend.optimizer_state()  # collective under sharding
         if not self.is_main:
             return None
@@ -281,10 +249,8 @@ class Trainer:
             return {}
         scores = {name: score_tasks(self.backend, self.data.tokenizer, questions, self.cfg.model.max_seq_len)["overall"]
                   for name, questions in self.tasks.items()}
-        return {
-            key: {name: s[metric] for name, s in scores.items()}
-            for key, metric in (("task_acc", "acc"), ("task_acc_norm", "acc_norm"))
-        }
+        metrics = (("task_acc", "acc"), ("task_acc_norm", "acc_norm"))
+        return {key: {name: s[metric] for name, s in scores.items()} for key, metric in metrics}
 
     def _stop_agreed(self) -> bool:
         """Whether to stop after this step: a stop signal here or, with several processes, on any rank
@@ -317,47 +283,25 @@ class Trainer:
     def _run(self, resume: bool, stop_at_step: int | None) -> TrainResult:
         cfg, t = self.cfg, self.cfg.train
         self.restore_or_init(resume)
-        sinks: list = [JsonlSink(self.run_dir / METRICS_FILE)] if self.is_main else []
-        if (
-            cfg.monitor.tensorboard and self.is_main
-        ):  # before the start/resume event: a resume marker trims the replayed steps
-            sinks.append(TensorBoardSink(self.run_dir / "tb"))
-        if (
-            cfg.monitor.mindinsight and self.is_main
-        ):  # the MindSpore engine's summary files (a config rule refuses other engines)
-            from mindfoundry.backends.mindspore.summary import MindInsightSink
-
-            sinks.append(MindInsightSink(self.run_dir / "mindinsight", scalars))
-        logger = MetricsLogger(sinks)
+        # sinks before the start/resume event: a resume marker trims the replayed steps
+        logger = MetricsLogger(run_sinks(cfg.monitor, self.run_dir) if self.is_main else [])
         flops_tok = flops_per_token(self.spec, t.seq_len)
         # MFU is only in rank 0's records; on a CPU the peak is a timed GEMM, which other ranks measuring at the same
-        # moment
-        # would slow (and their own start with it)
-        self.peak = self._device_peak() if self.is_main else None
-        logger.log(
-            {
-                "event": "start" if self.progress.step == 0 else "resume",
-                "step": self.progress.step,
-                "backend": self.backend.name,
-                "parameters": num_parameters(self.spec),
-                "flops_per_token": flops_tok,
-                "validation_samples": len(self.val_samples),
-                "memory": cfg.memory.describe(self.spec.n_layers),
-            }
-        )
+        # moment would slow (and their own start with it)
+        self.mfu = MfuMeter(self._device_peak() if self.is_main else None)
+        logger.log({"event": "start" if self.progress.step == 0 else "resume", "step": self.progress.step,
+                    "backend": self.backend.name, "parameters": num_parameters(self.spec), "flops_per_token": flops_tok,
+                    "validation_samples": len(self.val_samples), "memory": cfg.memory.describe(self.spec.n_layers)})
         if self.progress.step == 0:
-            self.console.print(
-                f"step 0: evaluating the untrained model ({self._eval_scope(explain=True)}); the first training step "
-                "then compiles the model's step (seconds to a minute) before step lines appear",
-                highlight=False,
-            )
+            self.console.print(f"step 0: evaluating the untrained model ({self._eval_scope(explain=True)}); the first "
+                               "training step then compiles the model's step (seconds to a minute) before step lines "
+                               "appear", highlight=False)
             initial = self.evaluate()
             self.evals.initial = initial.to_dict()
             self._print_eval(0, initial)
             logger.log({"step": 0, **self.evals.initial, **self._task_scores()})
-        logger.sinks.append(
-            ProgressSink(t.steps, self.progress.step, self.console, cfg.monitor.progress and self.is_main, t.log_every)
-        )
+        logger.sinks.append(ProgressSink(t.steps, self.progress.step, self.console,
+                                         cfg.monitor.progress and self.is_main, t.log_every))
         losses: list[float] = []
         last_eval: EvalResult | None = None
         end = min(t.steps, stop_at_step) if stop_at_step else t.steps
@@ -368,14 +312,8 @@ class Trainer:
                 self.profiler.before(self.progress.step + 1)
                 losses.append(self._one_step(logger, flops_tok))
                 if (trace := self.profiler.after(self.progress.step, end)) is not None:
-                    logger.log(
-                        {
-                            "step": self.progress.step,
-                            "event": "profile",
-                            "steps": cfg.monitor.profile.steps,
-                            "path": str(trace),
-                        }
-                    )
+                    logger.log({"step": self.progress.step, "event": "profile", "steps": cfg.monitor.profile.steps,
+                                "path": str(trace)})
                 stop = self._stop_agreed()
                 at_end = self.progress.step == t.steps
                 if (t.eval_every and self.progress.step % t.eval_every == 0) or at_end:
@@ -388,15 +326,13 @@ class Trainer:
                     saving = True
                     self._checkpoint(logger)
                     saving, saved_step = False, self.progress.step
-                if (
-                    stop and self.backend.world_size > 1
-                ):  # no rank leaves before rank 0 committed the checkpoint (a launcher
-                    self.backend.any_rank(False)          # such as msrun kills the others when the first one exits)
+                # no rank leaves before rank 0 committed the checkpoint (a launcher such as msrun kills the others when
+                # the first one exits)
+                if stop and self.backend.world_size > 1:
+                    self.backend.any_rank(False)
                 if stop and self.progress.step < end:  # a signal during the last step: the run is complete
-                    raise Preempted(
-                        f"stopped by {signals.name or 'a stop signal on another rank'} at step {self.progress.step}; "
-                        f"checkpoint written; continue with --resume auto"
-                    )
+                    raise Preempted(f"stopped by {signals.name or 'a stop signal on another rank'} at step "
+                                    f"{self.progress.step}; checkpoint written; continue with --resume auto")
             signals.enter(Phase.FINISHING)
         except (Preempted, KeyboardInterrupt):
             raise
@@ -405,10 +341,8 @@ class Trainer:
             # the write that just failed (a full disk) is not tried again
             if (self.is_main and not saving and saved_step != self.progress.step and self.progress.step > 0
                     and self._state_is_last_step() and self._can_save_alone()):
-                self.console.print(
-                    f"[red]{type(exc).__name__} at step {self.progress.step + 1}: writing a last-gasp checkpoint "
-                    f"of step {self.progress.step}[/]"
-                )
+                self.console.print(f"[red]{type(exc).__name__} at step {self.progress.step + 1}: writing a last-gasp "
+                                   f"checkpoint of step {self.progress.step}[/]")
                 self._checkpoint(logger)
             raise
         finally:
@@ -419,38 +353,19 @@ class Trainer:
         return TrainResult(self.backend, self.progress.step, initial, last_eval, losses)
 
     def _device_peak(self) -> float | None:
-        """Peak FLOP/s of the devices in use: configured, from the table, or measured (CPU)."""
-        m = self.cfg.monitor
+        """Peak FLOP/s of the devices in use (every process is one device); None, said once, when unknown."""
         try:
-            per_device = (
-                m.peak_tflops * 1e12
-                if m.peak_tflops
-                else peak_flops(self.backend.device_name, self.cfg.train.precision)
-            )
+            return devices_peak(self.cfg.monitor.peak_tflops, self.backend.device_name, self.cfg.train.precision,
+                                self.layout.world_size)
         except UnknownPeakError as exc:
             self.console.print(f"[yellow]MFU not reported: {exc} (set monitor.peak_tflops)[/]")
             return None
-        return per_device * self.cfg.parallel.degree_product  # every process is one device
-
-    def _mfu(self, flops_tok: float, tokens_per_s: float) -> float | None:
-        """This step's MFU (None without a peak). A step faster than the peak shows the peak was under-read (a CPU
-        peak timed while something else ran): the peak rises to what the step did, and MFU never reads above 100%."""
-        if not self.peak:
-            return None
-        self.peak = observed_peak(self.peak, flops_tok, tokens_per_s)
-        return mfu(flops_tok, tokens_per_s, self.peak)
 
     def _checkpoint(self, logger: MetricsLogger) -> None:
         t0 = time.perf_counter()
         path = self.save()
-        logger.log(
-            {
-                "step": self.progress.step,
-                "event": "checkpoint",
-                "path": str(path),
-                "seconds": round(time.perf_counter() - t0, 4),
-            }
-        )
+        logger.log({"step": self.progress.step, "event": "checkpoint", "path": str(path),
+                    "seconds": round(time.perf_counter() - t0, 4)})
 
     def _loss_multiplier(self, step: int) -> float:
         """Fault drills from the `debug` section: NaN or a spike at chosen steps, once each per process."""
@@ -472,17 +387,10 @@ class Trainer:
         before = self.backend.weights() if detail else None
         loss_limit, grad_limit = self.anomaly.limits()
         loss_scale = self.scaler.scale
-        scalars = step_scalars(
-            self.progress.step + 1,
-            t.steps,
-            self.cfg.optim,
-            valid,
-            adam_step=self.progress.adam_step + 1,
-            loss_limit=loss_limit,
-            grad_limit=grad_limit,
-            loss_multiplier=self._loss_multiplier(self.progress.step + 1),
-            loss_scale=loss_scale,
-        )
+        step = self.progress.step + 1
+        scalars = step_scalars(step, t.steps, self.cfg.optim, valid, adam_step=self.progress.adam_step + 1,
+                               loss_limit=loss_limit, grad_limit=grad_limit, loss_scale=loss_scale,
+                               loss_multiplier=self._loss_multiplier(step))
         injection = self.debugger.injection(self.progress.step + 1)
         probe = self.debugger.probe(self.progress.step + 1, self.backend, injection, scalars.grad_unscale)
         self._in_engine = True
@@ -493,26 +401,17 @@ class Trainer:
             logger.log({"step": self.progress.step + 1, "event": "dump", "path": str(dumped)})
         # fp16: the scaled gradients overflowed while the loss was finite and the step dropped the update;
         # backing off the scale is the normal answer, not an anomaly to locate (unless the scale is at its floor)
-        overflow = (
-            self.scaler.enabled
-            and not out.applied
-            and math.isfinite(out.loss)
-            and not math.isfinite(out.grad_norm)
-            and not self.scaler.at_floor
-            and injection is None
-        )
-        if not overflow and not (math.isfinite(out.loss) and math.isfinite(out.grad_norm)):
-            located = (
-                self._locate_overflow(logger, ids, labels, scalars, injection)
-                if self.cfg.debug.overflow.enable
-                else None
-            )
+        finite = math.isfinite(out.loss) and math.isfinite(out.grad_norm)
+        overflow = (self.scaler.enabled and not out.applied and math.isfinite(out.loss) and not finite
+                    and not self.scaler.at_floor and injection is None)
+        if not overflow and not finite:
+            overflow_on = self.cfg.debug.overflow.enable
+            located = self._locate_overflow(logger, ids, labels, scalars, injection) if overflow_on else None
             if self.cfg.debug.overflow.error_stop:
-                raise OverflowStop(
-                    f"step {self.progress.step + 1}: loss {out.loss}, grad norm {out.grad_norm}"
-                    f"{'; ' + located if located else ''}. debug.overflow.error_stop is on: training stopped "
-                    f"before this step's update; the newest checkpoint is the state to debug or resume from"
-                )
+                raise OverflowStop(f"step {self.progress.step + 1}: loss {out.loss}, grad norm "
+                                   f"{out.grad_norm}{'; ' + located if located else ''}. debug.overflow.error_stop is "
+                                   "on: training stopped before this step's update; the newest checkpoint is the "
+                                   "state to debug or resume from")
         elapsed = time.perf_counter() - t0
         self.progress.step += 1
         self.progress.adam_step += int(out.applied)
@@ -522,38 +421,22 @@ class Trainer:
         self._counters_behind = False
         tokens_per_s = tokens / elapsed
         record = {
-            "step": self.progress.step,
-            "loss": out.loss,
-            "lr": scalars.lr,
-            "grad_norm": out.grad_norm,
-            "applied": out.applied,
-            "tokens": tokens,
-            "valid_tokens": valid,
-            "tokens_per_s": tokens_per_s,
-            "step_time_s": elapsed,
-            "data_time_s": t_data - t0,
+            "step": self.progress.step, "loss": out.loss, "lr": scalars.lr, "grad_norm": out.grad_norm,
+            "applied": out.applied, "tokens": tokens, "valid_tokens": valid, "tokens_per_s": tokens_per_s,
+            "step_time_s": elapsed, "data_time_s": t_data - t0,
             "model_tflops_per_s": flops_tok * tokens_per_s / 1e12,
-            "consumed_samples": self.position.consumed_samples,
-            "rss_mb": self._process.memory_info().rss / 2**20,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-            / 1024,  # the process's high-water mark so far
+            "consumed_samples": self.position.consumed_samples, "rss_mb": self._process.memory_info().rss / 2**20,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # the process's high-water mark
             "copy_fraction": float((labels == ids).mean()),  # ~1 means the labels are the inputs, not shifted
-            "mfu": self._mfu(flops_tok, tokens_per_s),
+            "mfu": self.mfu(flops_tok, tokens_per_s),
             "loss_scale": loss_scale,  # the dynamic fp16 loss scale this step ran with (1.0 without fp16)
-            **(self.backend.device_memory() or {}),
-            **self.hardware.sample(),
+            **(self.backend.device_memory() or {}), **self.hardware.sample(),
         }
         logger.log(record)
         self.scaler.update(found_nonfinite=not math.isfinite(out.grad_norm))
         if overflow:
-            logger.log(
-                {
-                    "step": self.progress.step,
-                    "event": "loss_scale_backoff",
-                    "scale": loss_scale,
-                    "new_scale": self.scaler.scale,
-                }
-            )
+            logger.log({"step": self.progress.step, "event": "loss_scale_backoff", "scale": loss_scale,
+                        "new_scale": self.scaler.scale})
         for event in ([] if overflow else self.health.observe(record)):
             logger.log(event.to_dict())
             self.console.print(f"[yellow]health: {event.message}[/]")

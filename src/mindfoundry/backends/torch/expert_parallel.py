@@ -59,9 +59,8 @@ def check_moe_layout(model: nn.Module, layout: Layout) -> None:
     other = [f"{n}={getattr(layout, n)}" for n in ("tp", "pp", "cp") if getattr(layout, n) > 1]
     if other:
         raise NotImplementedError(
-            f"parallel {', '.join(other)} with a mixture-of-experts model: the torch engine runs MoE "
-            "blocks with data parallelism (dp_replicate, dp_shard) and expert parallelism only "
-            "in this version; set these to 1"
+            f"parallel {', '.join(other)} with a mixture-of-experts model: the torch engine runs MoE blocks with data "
+            "parallelism (dp_replicate, dp_shard) and expert parallelism only in this version; set these to 1"
         )
     if layout.ep == 1:
         return

@@ -300,8 +300,7 @@ class IndexedDataset:
         if last != num_sequences:
             raise _shard_error(
                 self._idx_path,
-                f"corrupted: last document index is {last}, "
-                f"expected the sequence count {num_sequences}",
+                f"corrupted: last document index is {last}, expected the sequence count {num_sequences}",
             )
 
     def _map_tokens(self) -> np.ndarray:

@@ -103,8 +103,7 @@ def _package_file(package: str, relative: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise DataSourceError(
-            f"the built-in demo sources need the {package!r} package, which is not installed; "
-            f"run: {_DEMO_INSTALL_HINT}"
+            f"the built-in demo sources need the {package!r} package, which is not installed; run: {_DEMO_INSTALL_HINT}"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / relative
     if not path.is_file():

@@ -236,8 +236,7 @@ def _expand_pattern(pattern: str) -> list[Path]:
     if path.is_file():
         if not _is_supported(path):
             raise DataSourceError(
-                f"unsupported file type {pattern!r}: "
-                f"expected one of {', '.join(SUPPORTED_SUFFIXES)}"
+                f"unsupported file type {pattern!r}: expected one of {', '.join(SUPPORTED_SUFFIXES)}"
             )
         return [Path(os.path.abspath(path))]
     if path.exists():  # a FIFO, a socket, a device: reading it would block or stream without end

@@ -177,9 +177,8 @@ def source_line(entry: dict[str, Any]) -> str:
         top = ", ".join(f"{n} {reason}" for reason, n in removed[:4])
         share = f"{gone / chars['read']:.1%}" if chars["read"] else "-"
         parts.append(
-            f"removed {sum(n for _, n in removed)} ({top}{', ...' if len(removed) > 4 else ''}) and "
-            f"{gone:,} characters ({share}: {chars['removed_by_rules']:,} by rules, {chars['removed_by_dedup']:,} by "
-            "dedup)"
+            f"removed {sum(n for _, n in removed)} ({top}{', ...' if len(removed) > 4 else ''}) and {gone:,} "
+            f"characters ({share}: {chars['removed_by_rules']:,} by rules, {chars['removed_by_dedup']:,} by dedup)"
         )
     parts.append(f"kept {entry['kept']} ({chars['kept']:,} characters)")
     return "; ".join(parts)

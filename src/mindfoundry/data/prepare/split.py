@@ -60,8 +60,7 @@ def _check_split_args(seed: int, fraction: float) -> None:
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
     if not 0.0 <= fraction < 1.0:
         raise ValueError(
-            f"validation fraction must be in [0, 1), got {fraction!r} "
-            "(use e.g. 0.01 to hold out 1% of documents)"
+            f"validation fraction must be in [0, 1), got {fraction!r} (use e.g. 0.01 to hold out 1% of documents)"
         )
 
 
