@@ -123,10 +123,15 @@ class ParallelConfig(Section):
         """dp_replicate*dp_shard*cp*tp*pp, dp_shard=-1 resolved from world_size: the number of processes."""
         return self.non_dp_product * self.resolved_dp_shard()
 
+    def data_parallel(self, world_size: int | None = None) -> int:
+        """dp_replicate*dp_shard, dp_shard=-1 resolved from ``world_size`` (or parallel.world_size): how many ways the
+        batch is split (global batch = micro_batch_size*grad_accum*dp)."""
+        return self.dp_replicate * self.resolved_dp_shard(world_size)
+
     @property
     def dp(self) -> int:
-        """dp_replicate*dp_shard: how many ways the batch is split (global batch = micro_batch_size*grad_accum*dp)."""
-        return self.dp_replicate * self.resolved_dp_shard()
+        """:meth:`data_parallel` of the configured world size."""
+        return self.data_parallel()
 
     @property
     def shards_optimizer(self) -> bool:

@@ -407,4 +407,4 @@ class RunConfig(Section):
         parallel.dp_shard=-1 is resolved from ``world_size`` (the launcher's process count) or
         parallel.world_size; ValueError when neither is known."""
         t, p = self.train, self.parallel
-        return t.micro_batch_size * t.grad_accum * p.dp_replicate * p.resolved_dp_shard(world_size)
+        return t.micro_batch_size * t.grad_accum * p.data_parallel(world_size)
