@@ -23,6 +23,24 @@ def _private_peak_cache(tmp_path_factory) -> None:
 
 
 @pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3 server (moto_server) on a free port, for the whole session (see tests/s3_server.py)."""
+    from s3_server import S3Server
+
+    server = S3Server(tmp_path_factory.mktemp("s3") / "moto.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):
+    """The S3 server, with this process's AWS variables pointing at it for the test."""
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    return s3_server
+
+
+@pytest.fixture(scope="session")
 def corpus_dir(tmp_path_factory) -> Path:
     """~120 real documents: Python stdlib modules as a .jsonl and a folder of .txt files."""
     root = tmp_path_factory.mktemp("corpus")

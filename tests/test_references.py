@@ -10,7 +10,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 NAME = re.compile(r"mindfoundry(?:\.[A-Za-z_]\w*)+")
 #: Format tags that look like dotted names but are strings written into files.
-FORMAT_TAGS = {"mindfoundry.mindrecord", "mindfoundry.prepare", "mindfoundry.split"}
+FORMAT_TAGS = {"mindfoundry.mindrecord", "mindfoundry.prepare", "mindfoundry.split", "mindfoundry.commit"}
 
 
 def resolves(name: str) -> bool:

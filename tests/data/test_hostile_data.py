@@ -13,7 +13,7 @@ from mf_testing import tiny_run_tree
 from mindfoundry.cli.main import main
 from mindfoundry.config.load import load_config
 from mindfoundry.data.dataset.prepared import MANIFEST, DataError, load_prepared
-from mindfoundry.data.ingest.files import DataSourceError, FileLedger
+from mindfoundry.data.ingest.listing import DataSourceError, FileLedger
 
 
 @pytest.mark.parametrize("change,expect", [

@@ -11,7 +11,7 @@ import pytest
 
 from mindfoundry.config.load import ConfigError, validate
 from mindfoundry.data.dataset.indexed import IndexedDataset, ShardError
-from mindfoundry.data.ingest.files import DataSourceError, resolve_files
+from mindfoundry.data.ingest.listing import DataSourceError, resolve_files
 
 
 def test_a_fifo_given_as_a_source_is_named_as_one(tmp_path: Path) -> None:

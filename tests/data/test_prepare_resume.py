@@ -21,8 +21,9 @@ from mindfoundry.cli.main import main
 from mindfoundry.config.load import load_config
 from mindfoundry.data.execute.workdir import WorkDirError
 from mindfoundry.data.ingest.builtin import read_builtin
-from mindfoundry.data.ingest.files import DataSourceError, SourceStats
+from mindfoundry.data.ingest.files import SourceStats
 from mindfoundry.data.ingest.inputs import plan_inputs
+from mindfoundry.data.ingest.listing import DataSourceError
 from mindfoundry.data.prepare.pipeline import data_identity, prepare_data, work_dir
 from mindfoundry.train.stop import Preempted
 

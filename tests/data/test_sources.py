@@ -17,7 +17,8 @@ from mindfoundry.config.data_config import BUILTIN_SOURCES
 from mindfoundry.data.document import Document
 from mindfoundry.data.ingest import files as sources
 from mindfoundry.data.ingest.builtin import read_builtin
-from mindfoundry.data.ingest.files import DataSourceError, SourceStats, read_files
+from mindfoundry.data.ingest.files import SourceStats, read_files
+from mindfoundry.data.ingest.listing import DataSourceError
 
 BAD_UTF8 = b"caf\xe9 latin-1 bytes\n"
 

@@ -79,7 +79,8 @@ class SourceConfig(Section):
     )
     paths: list[str] = Field(
         default_factory=list,
-        description="Files, folders or globs of .txt/.jsonl (plain, .gz or .zst) and .parquet files.",
+        description="Files, folders or globs of .txt/.jsonl (plain, .gz or .zst) and .parquet files, local or URLs "
+        "(s3://bucket/prefix/*.jsonl.gz).",
     )
     category: str | None = Field(
         None, description="Data category (e.g. news, code). Defaults to the built-in's category or the source name."
@@ -176,7 +177,9 @@ class DataConfig(Section):
         description="Share of documents held out for validation (decided per document by content hash).",
     )
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
-    output_dir: str | None = Field(None, description="Where shards go. null = RUN_DIR/data.")
+    output_dir: str | None = Field(
+        None, description="Where shards go: a folder or a URL (s3://bucket/prefix). null = RUN_DIR/data."
+    )
     shuffle: bool = Field(True, description="Shuffle packed training samples each epoch (deterministic from seed).")
     mixture: MixtureConfig | None = Field(
         None,
@@ -210,7 +213,12 @@ class DataConfig(Section):
         None,
         description="Where `prepare` keeps its stages' files until the output is complete (finished "
         "tasks survive a kill and are skipped by the next run); null = a hidden folder "
-        "next to output_dir. On a cluster: shared storage.",
+        "next to output_dir. On a cluster: shared storage or a URL (s3://bucket/prefix).",
+    )
+    cache_dir: str | None = Field(
+        None,
+        description="This node's local folder for objects fetched from a URL output_dir or work_dir (filled once per "
+        "node, verified, reused across restarts); null = $MF_CACHE_DIR, else ~/.cache/mindfoundry.",
     )
     task_bytes: int | None = Field(
         None,
@@ -220,7 +228,7 @@ class DataConfig(Section):
         "a 64th of the corpus, 1 to 64 MiB. Not in the identity.",
     )
 
-    @field_validator("output_dir", "work_dir")
+    @field_validator("output_dir", "work_dir", "cache_dir")
     @classmethod
     def _output_dir(cls, v: str | None) -> str | None:
         return checked_path(v)

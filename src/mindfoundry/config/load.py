@@ -22,6 +22,7 @@ from mindfoundry.config.checks import cross_field_problems
 from mindfoundry.config.clean import JunkConfig
 from mindfoundry.config.parallel_config import RENAMED_KEYS
 from mindfoundry.config.schema import RunConfig
+from mindfoundry.config.storage_config import redacted
 from mindfoundry.config.yaml12 import load_yaml
 from mindfoundry.errors import MindFoundryError
 
@@ -301,8 +302,11 @@ def load_config(path: str | Path, overrides: Iterable[str] = (), rules: Sequence
 
 
 def to_yaml(cfg: RunConfig) -> str:
-    """The fully resolved config as YAML (what `config show` prints and runs store)."""
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+    """The fully resolved config as YAML (what `config show` prints and runs store), secrets left out
+    (:func:`~mindfoundry.config.storage_config.redacted`)."""
+    tree = cfg.model_dump(mode="json")
+    tree["storage"]["options"] = redacted(tree["storage"]["options"])
+    return yaml.safe_dump(tree, sort_keys=False, allow_unicode=True)
 
 
 #: Keys added after release 0.1.0 (dotted; ``*`` stands for every element of a list) with the default each came

@@ -19,6 +19,7 @@ from mindfoundry.config.model_config import ModelConfig
 from mindfoundry.config.parallel_config import ParallelConfig
 from mindfoundry.config.section import Section, checked_path
 from mindfoundry.config.selection import parse_selection
+from mindfoundry.config.storage_config import StorageConfig
 
 #: `device` values that name an Ascend NPU (MindSpore's bf16 kernels and FlashAttentionScore live there).
 ASCEND_DEVICES = ("ascend", "npu")
@@ -103,8 +104,13 @@ class OptimConfig(Section):
 
 
 class CheckpointConfig(Section):
-    """Step checkpoints (weights, optimizer, data position) under RUN_DIR/checkpoints."""
+    """Step checkpoints (weights, optimizer, data position) under checkpoint.dir (RUN_DIR/checkpoints)."""
 
+    dir: str | None = Field(
+        None,
+        description="Where checkpoints are committed: a folder, or a URL (s3://bucket/prefix: staged on this node, "
+        "then uploaded in the background); null = RUN_DIR/checkpoints.",
+    )
     every: int = Field(100, ge=0, description="Save period in steps (0 = only at the end).")
     keep_last: int = Field(
         3, ge=1, description="How many recent checkpoints to keep (at least 1: the newest is never deleted)."
@@ -120,6 +126,16 @@ class CheckpointConfig(Section):
         "under "
         "any layout; `mindfoundry convert STEP_DIR out.safetensors` consolidates the weights (docs/checkpoints.md).",
     )
+    stop_grace_s: float = Field(
+        120.0, gt=0, le=86400,
+        description="On a stop signal: seconds to wait for a checkpoint still committing in the background before "
+        "the last-gasp one is written (past it, the run exits 75 and resumes from the newest committed checkpoint).",
+    )
+
+    @field_validator("dir")
+    @classmethod
+    def _dir(cls, v: str | None) -> str | None:
+        return checked_path(v)
 
 
 class AnomalyConfig(Section):
@@ -395,6 +411,9 @@ class RunConfig(Section):
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
     generate: GenerateConfig = Field(default_factory=GenerateConfig)
+    storage: StorageConfig = Field(
+        default_factory=StorageConfig, description="How URLs (s3://...) in this config are reached (optional)."
+    )
 
     @field_validator("run_dir")
     @classmethod

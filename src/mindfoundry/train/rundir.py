@@ -22,7 +22,8 @@ HASH_FILE = "config.sha256"
 RESUME_MUTABLE = ("monitor", "generate", "checkpoint", "backend", "device", "debug", "run_dir", "eval", "memory",
                   "model.init_from",  # the initial weights' origin matters only before the first checkpoint
                   # how `prepare` runs, never what it writes (mindfoundry.data.prepare.pipeline.data_identity)
-                  "data.executor", "data.ray", "data.work_dir", "data.task_bytes")
+                  "data.executor", "data.ray", "data.work_dir", "data.cache_dir", "data.task_bytes",
+                  "storage")  # how URLs are reached, never what they hold
 METRICS_FILE = "metrics.jsonl"
 
 

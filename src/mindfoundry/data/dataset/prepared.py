@@ -6,6 +6,11 @@ Layout::
     DATA/tokenizer.json                byte-level BPE (Hugging Face `tokenizers` format)
     DATA/train/SOURCE.{bin,idx}        one Megatron indexed shard per source and split
     DATA/validation/SOURCE.{bin,idx}
+
+DATA may be a URL (``s3://bucket/prefix``): the same objects, committed by ``commit.json`` (their sha256) written
+last. Training reads a node-local copy (:func:`local_copy`): fetched once per node into ``data.cache_dir`` while the
+other processes of the node wait, each object checked against the marker, and reused by every later start while the
+marker is unchanged; the shards' sha256 are checked against the manifest at every start, as for a local folder.
 """
 
 from __future__ import annotations
@@ -18,10 +23,15 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.indexed import IndexedDataset, ShardError, verify_tokens
 from mindfoundry.data.dataset.packing import PackedSamples
 from mindfoundry.data.prepare.tokenizer import load_tokenizer, pad_id, tokenizer_hash
 from mindfoundry.errors import MindFoundryError
+from mindfoundry.storage.cache import cache_folder, filling
+from mindfoundry.storage.commit import fetch, is_committed, sha256_file
+from mindfoundry.storage.location import Location, locate
+from mindfoundry.storage.remote import Remote
 
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"
@@ -49,15 +59,42 @@ class PreparedData:
         return s["bytes"] / max(s["tokens"], 1)
 
 
-_HASH_CHUNK = 1 << 22
+def prepared_location(cfg: RunConfig) -> Location:
+    """Where this config's prepared data lives: ``data.output_dir``, a folder or a URL (the one place that says)."""
+    return locate(cfg.data.output_dir, cfg.storage)
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+def is_prepared(where: Location) -> bool:
+    """Whether ``where`` holds finished prepared data (a manifest; on a store, its commit marker)."""
+    return is_committed(where) if isinstance(where, Remote) else (where / MANIFEST).is_file()
+
+
+def prepared_identity(where: Location) -> str | None:
+    """The data identity the finished prepared data at ``where`` was made for; DataError for a damaged manifest."""
+    if isinstance(where, Path):
+        return read_manifest(where)[0].get("identity")
+    try:
+        manifest = json.loads((where / MANIFEST).read_bytes())
+    except ValueError as exc:
+        raise DataError(f"{where / MANIFEST} is not valid JSON ({exc}): it is damaged; re-run `mindfoundry prepare "
+                        "--overwrite`") from None
+    return manifest.get("identity") if isinstance(manifest, dict) else None
+
+
+def local_copy(cfg: RunConfig) -> Path:
+    """This config's prepared folder on this machine: ``data.output_dir`` itself, or for a URL its node-local copy
+    (see the module docstring)."""
+    where = prepared_location(cfg)
+    if isinstance(where, Path):
+        return where
+    folder = cache_folder("data", where.url, cfg.data.cache_dir)
+    with filling(folder):
+        return fetch(where, folder)
+
+
+def open_prepared(cfg: RunConfig) -> PreparedData:
+    """:func:`load_prepared` of this config's prepared data, wherever it lives."""
+    return load_prepared(local_copy(cfg), cfg.model.vocab_size)
 
 
 def shard_hash_problems(ds: IndexedDataset, info: dict[str, Any]) -> list[str]:
@@ -67,7 +104,7 @@ def shard_hash_problems(ds: IndexedDataset, info: dict[str, Any]) -> list[str]:
         f"{path.name} changed since it was prepared (sha256 differs from the manifest): re-run `mindfoundry prepare "
         "--overwrite`"
         for path, key in ((ds.bin_path, "bin_sha256"), (ds.idx_path, "idx_sha256"))
-        if file_sha256(path) != info.get(key)
+        if sha256_file(path) != info.get(key)
     ]
 
 

@@ -104,7 +104,7 @@ def run_task(stage: Stage, task: int, own_process: bool = True) -> dict[str, Any
         stage.work.commit(stage.name, task, attempt, result)
     except OSError as exc:
         shutil.rmtree(attempt, ignore_errors=True)
-        raise space_problem(exc, stage.work.root) or exc
+        raise space_problem(exc, stage.work.scratch) or exc
     except BaseException:
         shutil.rmtree(attempt, ignore_errors=True)
         raise

@@ -124,7 +124,7 @@ class WorkDir:
         self._lock.truncate()
         self._lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
         self._lock.flush()
-        stale = self._stale(held, identity, plan, fresh)
+        stale = self.stale_reason(held, identity, plan, fresh)
         if stale is not None:
             log(f"discarding the earlier prepare's work in {self.root} ({stale})")
             for path in others:
@@ -137,7 +137,7 @@ class WorkDir:
         write_json(marker, {"format": FORMAT, "identity": identity, "plan": plan})
 
     @staticmethod
-    def _stale(held: dict[str, Any] | None, identity: str, plan: str, fresh: bool) -> str | None:
+    def stale_reason(held: dict[str, Any] | None, identity: str, plan: str, fresh: bool) -> str | None:
         """Why the work the area holds cannot be resumed (None: it can, or there is none)."""
         if held is None:
             return None
@@ -158,6 +158,11 @@ class WorkDir:
         except (OSError, ValueError):
             return {"identity": None}  # ours (the name says so) but damaged: stale
         return held if isinstance(held, dict) and held.get("format") == FORMAT else {"identity": None}
+
+    @property
+    def scratch(self) -> Path:
+        """Where this process writes (what a full disk is reported for)."""
+        return self.root
 
     def release(self) -> None:
         if self._lock is not None:

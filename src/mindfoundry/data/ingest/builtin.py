@@ -19,7 +19,8 @@ from pathlib import Path
 
 from mindfoundry.config.data_config import BUILTIN_SOURCES
 from mindfoundry.data.document import Document
-from mindfoundry.data.ingest.files import DataSourceError, SourceStats, count_emitted, decode, is_blank, line_records
+from mindfoundry.data.ingest.files import SourceStats, count_emitted, decode, is_blank, line_records
+from mindfoundry.data.ingest.listing import DataSourceError
 
 _DEMO_INSTALL_HINT = "pip install 'mindfoundry[demo]'"
 

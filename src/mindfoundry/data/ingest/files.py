@@ -4,10 +4,12 @@ Every reader yields :class:`~mindfoundry.data.document.Document` objects one at 
 a :class:`SourceStats` as it goes, so a data-preparation run can report exactly what it read
 (files with their sha256) and what it dropped (and why) without holding a corpus in memory.
 
-Local files are ``.txt`` and ``.jsonl``, each plain, gzip (``.gz``) or Zstandard (``.zst``)
-compressed, and ``.parquet``. All are streamed: text files line by line through the
-decompressor, Parquet by record batches of one column, so memory does not grow with file size
-(except for ``txt_mode="file"``, where one file is one document).
+Files are ``.txt`` and ``.jsonl``, each plain, gzip (``.gz``) or Zstandard (``.zst``)
+compressed, and ``.parquet``, on a local disk or on object storage (``s3://bucket/prefix``: a path
+given as a URL is listed and read through :class:`~mindfoundry.storage.remote.Remote`). All are
+streamed: text files line by line through the decompressor, Parquet by record batches of one
+column (objects by ranged reads), so memory does not grow with file size and nothing is downloaded
+whole first (except for ``txt_mode="file"``, where one file is one document).
 
 Bad input never crashes a run: a record that is not valid UTF-8, a malformed JSON line, a record
 without the text field (or a Parquet file without that column, noted in
@@ -21,76 +23,31 @@ compressed or Parquet file raises it naming the file.
 from __future__ import annotations
 
 import codecs
-import glob
 import gzip
 import hashlib
 import io
 import json
 import os
-import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 import zstandard
 
+from mindfoundry.config.storage_config import StorageConfig
 from mindfoundry.data.document import Document
+from mindfoundry.data.ingest.listing import DataSourceError, FileLedger, file_version, files_root, resolve_files
 from mindfoundry.data.ingest.zstd import ZstdReader
-from mindfoundry.errors import MindFoundryError, describe_path
+from mindfoundry.storage.location import Location
+from mindfoundry.storage.remote import ObjectMissingError, Remote
 
 TxtMode = Literal["file", "line"]
 
-SUPPORTED_SUFFIXES: tuple[str, ...] = (
-    ".txt", ".jsonl", ".txt.gz", ".jsonl.gz", ".txt.zst", ".jsonl.zst", ".parquet",
-)
 _JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
-
-_GLOB_MAGIC = re.compile(r"[*?\[]")
 _HASH_CHUNK = 1 << 20
 _PARQUET_BATCH_ROWS = 1024
-
-
-class DataSourceError(MindFoundryError, ValueError):
-    """A data source is misconfigured (missing path, empty glob, demo package not installed)."""
-
-
-@dataclass
-class FileLedger:
-    """Each source file's size and modification time as `prepare` listed it (and its sha256 once read).
-
-    `prepare` lists the files when it plans its tasks and reads each once, maybe much later and on
-    another machine: a file rewritten, truncated or appended to in between, or while it is read,
-    must not be taken for the file that was listed. Every opening, and the end of every reading,
-    is checked against the listing: a change is an error naming the file.
-    """
-
-    seen: dict[str, tuple[int, int, str | None]] = field(default_factory=dict)
-
-    def expect(self, path: Path, size: int, mtime_ns: int) -> None:
-        """The file as listed (its content not yet hashed)."""
-        self.seen[str(path)] = (size, mtime_ns, None)
-
-    def check(self, path: Path, size: int, mtime_ns: int, sha256: str) -> None:
-        first = self.seen.setdefault(str(path), (size, mtime_ns, sha256))
-        if first[:2] != (size, mtime_ns) or first[2] not in (None, sha256):
-            raise _changed(path, first, (size, mtime_ns, sha256), "since prepare listed it")
-
-    def check_unchanged(self, path: Path) -> None:
-        """After a file was read to its end: its size and modification time are still those it was opened with."""
-        first = self.seen[str(path)]
-        st = path.stat()
-        if (st.st_size, st.st_mtime_ns) != first[:2]:
-            raise _changed(path, first, (st.st_size, st.st_mtime_ns, "?"), "while prepare was reading it")
-
-
-def _changed(path: Path, first: tuple[int, int, str | None], now: tuple[int, int, str], when: str) -> MindFoundryError:
-    what = (f"{first[0]:,} -> {now[0]:,} bytes" if first[0] != now[0] else "modified" if first[1] != now[1]
-            else "same size and time, different content")
-    return DataSourceError(f"source file '{path}' changed {when} ({what}): prepare again once nothing writes it "
-                           f"(no output was written; the work done on the old file is discarded)")
 
 
 @dataclass
@@ -120,24 +77,35 @@ class SourceStats:
         """The numeric counters (what a report shows per source)."""
         return {k: v for k, v in vars(self).items() if isinstance(v, int)}
 
-    def record_file(self, path: Path) -> None:
-        """Hash ``path`` in chunks (bounded memory) and append it to :attr:`files`."""
+    def record_file(self, path: Location) -> None:
+        """Hash ``path`` in chunks (bounded memory; an object streamed) and append it to :attr:`files`."""
         digest = hashlib.sha256()
         size = 0
         try:
-            with path.open("rb") as fh:
-                mtime_ns = os.fstat(fh.fileno()).st_mtime_ns
+            if isinstance(path, Remote):
+                version = file_version(path)[1]
+                opened = path.open()
+            else:
+                opened = path.open("rb")
+            with opened as fh:
+                if not isinstance(path, Remote):
+                    version = os.fstat(fh.fileno()).st_mtime_ns
                 while chunk := fh.read(_HASH_CHUNK):
                     digest.update(chunk)
                     size += len(chunk)
+        except ObjectMissingError as exc:
+            raise DataSourceError(f"cannot read source file '{path}' ({exc}): fix it or remove it from the source's "
+                                  "paths") from None
         except OSError as exc:  # unreadable: permissions, a dangling link, a folder named like a file, an I/O error
+            if isinstance(path, Remote):  # the store's own one-line message (permission, connection) says it all
+                raise
             raise DataSourceError(f"cannot read source file '{path}' ({exc.strerror or exc}): fix it or remove it "
                                   f"from the source's paths") from None
         if self.ledger is not None:
-            self.ledger.check(path, size, mtime_ns, digest.hexdigest())
+            self.ledger.check(path, size, version, digest.hexdigest())
         self.files.append({"path": str(path), "sha256": digest.hexdigest(), "bytes": size})
 
-    def file_read(self, path: Path) -> None:
+    def file_read(self, path: Location) -> None:
         """``path`` was read to its end (see :meth:`FileLedger.check_unchanged`)."""
         if self.ledger is not None:
             self.ledger.check_unchanged(path)
@@ -156,11 +124,13 @@ def read_files(
     text_field: str = "text",
     txt_mode: TxtMode = "file",
     stats: SourceStats,
+    storage: StorageConfig | None = None,
 ) -> Iterator[Document]:
     """Stream documents from files, folders and globs of ``.txt``, ``.jsonl`` and ``.parquet``.
 
     Each pattern is a file, a folder (searched recursively for supported suffixes) or a glob
-    (``**`` recurses). Files are read in sorted order within each pattern, patterns in the
+    (``**`` recurses), on a local disk or under a URL (``s3://bucket/prefix/*.jsonl``, reached with
+    ``storage``). Files are read in sorted order within each pattern, patterns in the
     given order, and a file matched twice is read once. ``.txt`` files are one document per file
     (``txt_mode="file"``) or one per non-empty line (``txt_mode="line"``); ``.jsonl`` files are
     one JSON object per line with the text under ``text_field`` (blank lines are ignored);
@@ -170,17 +140,17 @@ def read_files(
     Document ids are ``"{name}:{path}:{line}"`` (``"{name}:{path}"`` for whole-file documents,
     ``"{name}:{path}:{row}"`` with 1-based rows for Parquet),
     where ``path`` is relative to the deepest folder that contains every matched file, so ids do
-    not depend on the working directory yet stay unique across patterns.
+    not depend on the working directory (or on the bucket the files are in) yet stay unique across patterns.
 
     Patterns are resolved immediately, so a missing path raises :class:`DataSourceError` at call
     time rather than at the first ``next()``.
     """
-    files = resolve_files(patterns)
+    files = resolve_files(patterns, storage)
     return read_listed(files, files_root(files), name=name, category=category, text_field=text_field, txt_mode=txt_mode,
                        stats=stats)
 
 
-def read_listed(files: Sequence[Path], root: Path, *, name: str, category: str, text_field: str = "text",
+def read_listed(files: Sequence[Location], root: Location, *, name: str, category: str, text_field: str = "text",
                 txt_mode: TxtMode = "file", stats: SourceStats) -> Iterator[Document]:
     """Stream documents from resolved ``files`` (:func:`resolve_files`), their ids relative to ``root``: a part of
     a source's files read with the ids the whole source would give them (see :func:`read_files`)."""
@@ -191,86 +161,9 @@ def read_listed(files: Sequence[Path], root: Path, *, name: str, category: str, 
     return count_emitted(_read_resolved(list(files), root, name, category, text_field, txt_mode, stats), stats)
 
 
-def resolve_files(patterns: Sequence[str]) -> list[Path]:
-    """Every file the patterns name, in reading order (see :func:`read_files`); DataSourceError for a bad pattern."""
-    if isinstance(patterns, str):
-        raise DataSourceError(
-            f"patterns must be a list of paths, not a single string: use [{patterns!r}]"
-        )
-    return _resolve_patterns(patterns)
-
-
-def files_root(files: Sequence[Path]) -> Path:
-    """The deepest folder holding every file: what document ids are relative to."""
-    return Path(os.path.commonpath([path.parent for path in files]))
-
-
-def _resolve_patterns(patterns: Sequence[str]) -> list[Path]:
-    """Expand every pattern to files, keeping pattern order and dropping repeats."""
-    if not patterns:
-        raise DataSourceError("no input paths given: pass at least one file, folder or glob")
-    ordered: dict[Path, None] = {}
-    for pattern in patterns:
-        for path in _expand_pattern(pattern):
-            ordered.setdefault(path, None)
-    return list(ordered)
-
-
-def _expand_pattern(pattern: str) -> list[Path]:
-    """Turn one file/folder/glob pattern into a sorted list of absolute file paths.
-
-    An existing path is taken literally even if its name contains glob characters (``[``).
-    """
-    path = Path(pattern)
-    if not path.exists() and _GLOB_MAGIC.search(pattern):
-        matches = [Path(match) for match in sorted(glob.glob(pattern, recursive=True))]
-        if not matches:
-            raise DataSourceError(
-                f"glob {pattern!r} matched no files; check the pattern "
-                "(relative to the current directory; use '**' to search sub-folders)"
-            )
-        files = [f for match in matches for f in _files_under(match)]
-        return _require_supported(files, pattern)
-    if path.is_dir():
-        return _require_supported(_files_under(path), pattern)
-    if path.is_file():
-        if not _is_supported(path):
-            raise DataSourceError(
-                f"unsupported file type {pattern!r}: expected one of {', '.join(SUPPORTED_SUFFIXES)}"
-            )
-        return [Path(os.path.abspath(path))]
-    if path.exists():  # a FIFO, a socket, a device: reading it would block or stream without end
-        raise DataSourceError(f"input path {pattern!r} is {describe_path(path)}, not a file or folder: give the "
-                              "source regular files (copy a stream to a file first)")
-    raise DataSourceError(
-        f"input path {pattern!r} does not exist (relative paths are resolved against "
-        f"{os.getcwd()}); fix the path or remove it from the data config"
-    )
-
-
-def _files_under(path: Path) -> list[Path]:
-    """A file itself, or every supported file below a folder, as sorted absolute paths."""
-    if path.is_file():
-        return [Path(os.path.abspath(path))] if _is_supported(path) else []
-    found = (Path(os.path.abspath(p)) for p in path.rglob("*") if p.is_file())
-    return sorted(p for p in found if _is_supported(p))
-
-
-def _require_supported(files: list[Path], pattern: str) -> list[Path]:
-    if not files:
-        raise DataSourceError(
-            f"{pattern!r} contains no readable files: expected {', '.join(SUPPORTED_SUFFIXES)}"
-        )
-    return files
-
-
-def _is_supported(path: Path) -> bool:
-    return path.name.endswith(SUPPORTED_SUFFIXES)
-
-
 def _read_resolved(
-    files: list[Path],
-    root: Path,
+    files: list[Location],
+    root: Location,
     name: str,
     category: str,
     text_field: str,
@@ -280,7 +173,7 @@ def _read_resolved(
     """Read resolved files one at a time, dispatching on the suffix."""
     for path in files:
         stats.record_file(path)
-        relative = path.relative_to(root).as_posix()
+        relative = path.relative_to(root) if isinstance(path, Remote) else path.relative_to(root).as_posix()
         prefix = f"{name}:{relative}"
         records: Iterator[tuple[int | None, str]]
         if path.name.endswith(".parquet"):
@@ -300,7 +193,7 @@ def _read_resolved(
         stats.file_read(path)
 
 
-def _whole_file_record(path: Path, stats: SourceStats) -> Iterator[tuple[None, str]]:
+def _whole_file_record(path: Location, stats: SourceStats) -> Iterator[tuple[None, str]]:
     """The whole (decompressed) file as one record; a non-UTF-8 file is skipped and counted."""
     with _decompression_errors(path), _open_binary(path) as fh:
         data = fh.read()
@@ -309,7 +202,7 @@ def _whole_file_record(path: Path, stats: SourceStats) -> Iterator[tuple[None, s
         yield None, text
 
 
-def line_records(path: Path, stats: SourceStats) -> Iterator[tuple[int, str]]:
+def line_records(path: Location, stats: SourceStats) -> Iterator[tuple[int, str]]:
     """``(line number, line)`` for every valid-UTF-8 line, without its line terminator.
 
     A UTF-8 byte-order mark (common in files saved on Windows) is dropped from the first line.
@@ -324,7 +217,7 @@ def line_records(path: Path, stats: SourceStats) -> Iterator[tuple[int, str]]:
                 yield number, text
 
 
-def _jsonl_records(path: Path, text_field: str, stats: SourceStats) -> Iterator[tuple[int, str]]:
+def _jsonl_records(path: Location, text_field: str, stats: SourceStats) -> Iterator[tuple[int, str]]:
     """``(line number, text)`` for every JSON line that holds a string under ``text_field``."""
     for number, line in line_records(path, stats):
         if not line.strip():
@@ -348,7 +241,7 @@ def _jsonl_records(path: Path, text_field: str, stats: SourceStats) -> Iterator[
         yield number, text
 
 
-def _parquet_records(path: Path, text_field: str, stats: SourceStats) -> Iterator[tuple[int, str]]:
+def _parquet_records(path: Location, text_field: str, stats: SourceStats) -> Iterator[tuple[int, str]]:
     """``(row number from 1, text)`` for every row of a Parquet file, one record batch at a time.
 
     Only the text column is read. A file without that column, or whose column holds no text,
@@ -357,7 +250,7 @@ def _parquet_records(path: Path, text_field: str, stats: SourceStats) -> Iterato
     """
     pa, pq = _import_pyarrow()
     try:
-        parquet = pq.ParquetFile(path)
+        parquet = pq.ParquetFile(path.open() if isinstance(path, Remote) else path)
         binary = _parquet_text_as_binary(pa, parquet.schema_arrow, text_field)
         if isinstance(binary, str):
             rows = parquet.metadata.num_rows
@@ -401,16 +294,38 @@ def _import_pyarrow():  # noqa: ANN202 - modules
     return pyarrow, pyarrow.parquet
 
 
-def _open_binary(path: Path) -> io.BufferedIOBase:
+def _open_binary(path: Location) -> io.BufferedIOBase:
+    """The file's bytes, decompressed (``.gz``, ``.zst``), as a stream that closes the file with itself."""
+    raw = path.open() if isinstance(path, Remote) else path.open("rb")
     if path.name.endswith(".gz"):
-        return gzip.open(path, "rb")
+        return io.BufferedReader(_Owning(gzip.GzipFile(fileobj=raw, mode="rb"), raw))
     if path.name.endswith(".zst"):
-        return io.BufferedReader(ZstdReader(path.open("rb")))
-    return path.open("rb")
+        return io.BufferedReader(ZstdReader(raw))
+    return raw
+
+
+class _Owning(io.RawIOBase):
+    """A decompressing stream that also closes the file it reads (GzipFile leaves a file object it was given open)."""
+
+    def __init__(self, stream: io.BufferedIOBase, raw: io.BufferedIOBase) -> None:
+        super().__init__()
+        self._stream, self._raw = stream, raw
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:
+        return self._stream.readinto(buffer)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._stream.close()
+            self._raw.close()
+        super().close()
 
 
 @contextmanager
-def _decompression_errors(path: Path, lines_read: Callable[[], int] | None = None) -> Iterator[None]:
+def _decompression_errors(path: Location, lines_read: Callable[[], int] | None = None) -> Iterator[None]:
     """Report a corrupt or truncated ``.gz``/``.zst`` file as a :class:`DataSourceError` naming it (and, for a file
     read by lines, how many lines were whole: the records before the damage)."""
     try:
@@ -451,7 +366,7 @@ def is_blank(text: str, stats: SourceStats) -> bool:
 MAX_DOCUMENT_CHARS = 16_000_000
 
 
-def is_too_long(text: str, path: Path, number: int | None, stats: SourceStats) -> bool:
+def is_too_long(text: str, path: Location, number: int | None, stats: SourceStats) -> bool:
     if len(text) <= MAX_DOCUMENT_CHARS:
         return False
     stats.skipped_too_long += 1

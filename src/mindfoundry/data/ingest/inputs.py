@@ -7,8 +7,8 @@ source, and a source capped by ``max_documents`` / ``max_bytes`` (the cap counts
 document), is one task. Tasks are numbered in corpus order -- sources in config order, files in
 reading order -- so every later stage can put documents back in that order from (task, row).
 
-The plan also lists every file's size and modification time: the read task refuses a file that
-changed since (:class:`~mindfoundry.data.ingest.files.FileLedger`), and a `prepare` started again
+The plan also lists every file's size and version (modification time; an object's ETag): the read task refuses a
+file that changed since (:class:`~mindfoundry.data.ingest.files.FileLedger`), and a `prepare` started again
 compares its plan with the interrupted one's to know whether the finished tasks still hold.
 """
 
@@ -16,28 +16,23 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from mindfoundry.config.data_config import DataConfig, SourceConfig
+from mindfoundry.config.storage_config import StorageConfig
 from mindfoundry.data.document import Document
 from mindfoundry.data.ingest.builtin import read_builtin
-from mindfoundry.data.ingest.files import (
-    DataSourceError,
-    FileLedger,
-    SourceStats,
-    files_root,
-    read_listed,
-    resolve_files,
-)
+from mindfoundry.data.ingest.files import SourceStats, read_listed
+from mindfoundry.data.ingest.listing import FileLedger, Version, file_version, files_root, resolve_files
+from mindfoundry.storage.location import locate
 
 
 @dataclass(frozen=True)
 class InputTask:
-    """One read task: source number ``source`` and its files ``(path, size, mtime_ns)`` (none for a built-in)."""
+    """One read task: source number ``source`` and its files ``(path or URL, size, version)`` (none for a built-in)."""
 
     source: int
-    files: tuple[tuple[str, int, int], ...]
+    files: tuple[tuple[str, int, Version], ...]
     root: str
 
     def to_json(self) -> dict[str, Any]:
@@ -51,9 +46,10 @@ MIN_TASK_BYTES = 1 << 20
 MAX_TASK_BYTES = 64 << 20
 
 
-def plan_inputs(data: DataConfig) -> list[InputTask]:
-    """The read tasks of every source, in corpus order (a bad path is an error here, before any work)."""
-    listed = [_listed_files(src) for src in data.sources]
+def plan_inputs(data: DataConfig, storage: StorageConfig | None = None) -> list[InputTask]:
+    """The read tasks of every source, in corpus order (a bad path is an error here, before any work); URLs are
+    reached with ``storage``."""
+    listed = [_listed_files(src, storage) for src in data.sources]
     size = data.task_bytes if data.task_bytes is not None else auto_task_bytes(
         sum(entry[1] for files, _ in listed for entry in files))
     return [task for index, (files, root) in enumerate(listed) for task in _grouped(data, index, files, root, size)]
@@ -65,16 +61,16 @@ def auto_task_bytes(total: int) -> int:
     return min(max(total // AUTO_TASKS, MIN_TASK_BYTES), MAX_TASK_BYTES)
 
 
-def _listed_files(src: SourceConfig) -> tuple[list[tuple[str, int, int]], str]:
-    """A file source's files as listed now (path, size, modification time) and their root; none for a built-in."""
+def _listed_files(src: SourceConfig, storage: StorageConfig | None) -> tuple[list[tuple[str, int, Version]], str]:
+    """A file source's files as listed now (path, size, version) and their root; none for a built-in."""
     if src.builtin is not None:
         return [], ""
-    files = resolve_files(src.paths)
-    return [_listed(path) for path in files], str(files_root(files))
+    files = resolve_files(src.paths, storage)
+    return [(str(path), *file_version(path)) for path in files], str(files_root(files))
 
 
 def _grouped(
-    data: DataConfig, index: int, listed: list[tuple[str, int, int]], root: str, task_bytes: int
+    data: DataConfig, index: int, listed: list[tuple[str, int, Version]], root: str, task_bytes: int
 ) -> list[InputTask]:
     """Source ``index``'s read tasks: runs of its files of at least ``task_bytes`` (one for a built-in or capped
     source)."""
@@ -82,7 +78,7 @@ def _grouped(
     if src.builtin is not None or src.max_documents is not None or src.max_bytes is not None:
         return [InputTask(index, tuple(listed), root)]
     tasks: list[InputTask] = []
-    group: list[tuple[str, int, int]] = []
+    group: list[tuple[str, int, Version]] = []
     size = 0
     for entry in listed:
         group.append(entry)
@@ -95,35 +91,28 @@ def _grouped(
     return tasks
 
 
-def read_source(data: DataConfig, index: int, stats: SourceStats) -> Iterator[Document]:
+def read_source(data: DataConfig, index: int, stats: SourceStats,
+                storage: StorageConfig | None = None) -> Iterator[Document]:
     """A whole source as read, in order (``prepare --preview``, benchmarks)."""
-    files, root = _listed_files(data.sources[index])
-    yield from read_input(InputTask(index, tuple(files), root), data.sources[index], stats)
+    files, root = _listed_files(data.sources[index], storage)
+    yield from read_input(InputTask(index, tuple(files), root), data.sources[index], stats, storage)
 
 
-def _listed(path: Path) -> tuple[str, int, int]:
-    try:
-        st = path.stat()
-    except OSError as exc:
-        raise DataSourceError(f"cannot read source file '{path}' ({exc.strerror or exc}): fix it or remove it "
-                              "from the source's paths") from None
-    return str(path), st.st_size, st.st_mtime_ns
-
-
-def read_input(task: InputTask, src: SourceConfig, stats: SourceStats) -> Iterator[Document]:
+def read_input(task: InputTask, src: SourceConfig, stats: SourceStats,
+               storage: StorageConfig | None = None) -> Iterator[Document]:
     """The documents of one read task, as read (before cleaning), tagged with the source's category."""
     category = src.resolved_category()
     if src.builtin is not None:
         docs = read_builtin(src.builtin, stats=stats, max_documents=src.max_documents, max_bytes=src.max_bytes)
     else:
         ledger = FileLedger()
-        for path, size, mtime_ns in task.files:
-            ledger.expect(Path(path), size, mtime_ns)
+        for path, size, version in task.files:
+            ledger.expect(locate(path, storage), size, version)
         stats.ledger = ledger
         docs = _capped(
             read_listed(
-                [Path(p) for p, _, _ in task.files],
-                Path(task.root),
+                [locate(p, storage) for p, _, _ in task.files],
+                locate(task.root, storage),
                 name=src.name,
                 category=category,
                 text_field=src.text_field,

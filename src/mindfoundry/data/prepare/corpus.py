@@ -8,11 +8,12 @@ finds the documents of one task as a range of refs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from mindfoundry.config.data_config import DataConfig, SourceConfig
+from mindfoundry.config.storage_config import StorageConfig
 from mindfoundry.data.ingest.inputs import InputTask
 
 # The stages, in the order they run (each a folder of the work area).
@@ -47,10 +48,12 @@ def task_refs(task: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Corpus:
-    """The data config and its read tasks (:func:`~mindfoundry.data.ingest.inputs.plan_inputs`)."""
+    """The data config and its read tasks (:func:`~mindfoundry.data.ingest.inputs.plan_inputs`), and how their URLs
+    are reached."""
 
     data: DataConfig
     inputs: tuple[InputTask, ...]
+    storage: StorageConfig = field(default_factory=StorageConfig)
 
     def source(self, task: int) -> SourceConfig:
         """The source read task ``task`` reads."""

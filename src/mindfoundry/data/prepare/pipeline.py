@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import mindfoundry
-from mindfoundry import atomic
 from mindfoundry.config.load import identity_view
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.clean.curate import clean_profile
@@ -39,11 +38,14 @@ from mindfoundry.data.dataset.prepared import (
     TOKENIZER,
     DataError,
     PreparedData,
-    load_prepared,
-    read_manifest,
+    is_prepared,
+    open_prepared,
+    prepared_identity,
+    prepared_location,
 )
 from mindfoundry.data.execute import create_executor
 from mindfoundry.data.execute.progress import StagesProgress
+from mindfoundry.data.execute.remote_workdir import RemoteWorkDir
 from mindfoundry.data.execute.stage import TIMING, Stage
 from mindfoundry.data.execute.workdir import WorkDir, alive, link_or_copy, space_problem
 from mindfoundry.data.ingest.inputs import plan_inputs
@@ -55,9 +57,13 @@ from mindfoundry.data.prepare.stage_clean import BoilerplateStage, CleanStage, R
 from mindfoundry.data.prepare.stage_dedup import BandStage, DecideStage, Dedup, ExactStage, PairStage
 from mindfoundry.data.prepare.stage_tokens import MergeStage, ShardStage, TokenizerStage
 from mindfoundry.data.prepare.tokenizer import load_tokenizer, tokenizer_hash
+from mindfoundry.storage.cache import cache_folder
+from mindfoundry.storage.commit import publish, uncommit
+from mindfoundry.storage.location import Location, locate
+from mindfoundry.storage.remote import Remote
 
 #: Keys of the data section that say how `prepare` runs, never what it writes.
-EXECUTION_KEYS = {"output_dir", "mixture", "workers", "executor", "ray", "work_dir", "task_bytes"}
+EXECUTION_KEYS = {"output_dir", "mixture", "workers", "executor", "ray", "work_dir", "cache_dir", "task_bytes"}
 #: Stages whose task time counts as dedup's time in the manifest.
 DEDUP_STAGES = ("exact", "bands", "pairs", "decide")
 
@@ -85,39 +91,49 @@ def _sha256_json(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
 
-def work_dir(cfg: RunConfig) -> Path:
-    """Where this config's `prepare` keeps its stages: ``data.work_dir``, else a hidden folder next to the output."""
+def work_dir(cfg: RunConfig) -> Location:
+    """Where this config's `prepare` keeps its stages: ``data.work_dir`` (a folder or a URL), else a hidden folder next
+    to a local output, or this node's cache for a URL output."""
     if cfg.data.work_dir is not None:
-        return Path(cfg.data.work_dir)
-    out = Path(cfg.data.output_dir)
+        return locate(cfg.data.work_dir, cfg.storage)
+    out = prepared_location(cfg)
+    if isinstance(out, Remote):
+        return cache_folder("work", out.url, cfg.data.cache_dir)
     return out.with_name(f".{out.name}.work")
 
 
+def open_work(cfg: RunConfig) -> WorkDir | RemoteWorkDir:
+    """The work area of this config's `prepare` (not yet claimed)."""
+    where = work_dir(cfg)
+    return RemoteWorkDir(where, cfg.data.cache_dir) if isinstance(where, Remote) else WorkDir(where)
+
+
 def prepare_data(cfg: RunConfig, *, overwrite: bool = False, log: Callable[[str], None] = print) -> PreparedData:
-    """Prepare cfg.data.output_dir, or reuse it when it already holds data for this exact config.
+    """Prepare cfg.data.output_dir (a folder or a URL), or reuse it when it already holds data for this exact config.
 
     An interrupted `prepare` of the same config (and the same source files) resumes: its finished
     tasks are kept. ``overwrite`` rebuilds from scratch (an existing output is moved aside).
     """
-    out = Path(cfg.data.output_dir)
+    out = prepared_location(cfg)
     identity = data_identity(cfg)
-    if (out / MANIFEST).is_file() and not overwrite:
-        existing, _ = read_manifest(out)
-        if existing.get("identity") != identity:
+    if is_prepared(out) and not overwrite:
+        if prepared_identity(out) != identity:
             raise DataError(f"'{out}' holds data prepared from a different data config: "
                             "pass --overwrite to rebuild it (the old folder is moved aside) or set data.output_dir")
         log(f"reusing prepared data in {out}")
-        return load_prepared(out, cfg.model.vocab_size)
-    corpus = Corpus(cfg.data, tuple(plan_inputs(cfg.data)))
-    work = WorkDir(work_dir(cfg))
+        return open_prepared(cfg)
+    if isinstance(out, Remote):
+        out.check_writable()  # before hours of work: the output must be writable
+    corpus = Corpus(cfg.data, tuple(plan_inputs(cfg.data, cfg.storage)), cfg.storage)
+    work = open_work(cfg)
     plan = _sha256_json([task.to_json() for task in corpus.inputs])
     work.claim(identity, plan, fresh=overwrite, log=log)
     try:
         staged = _Prepare(cfg, corpus, work, log)
         manifest = {"identity": identity, **staged.run()}
-        _publish(staged, manifest, out)
+        _publish(staged, manifest, out, cfg.data.cache_dir)
     except OSError as exc:
-        problem = space_problem(exc, work.root)
+        problem = space_problem(exc, work.scratch)
         if problem is None:
             raise
         raise problem from None
@@ -129,29 +145,37 @@ def prepare_data(cfg: RunConfig, *, overwrite: bool = False, log: Callable[[str]
         f"prepared {out}: train {t['documents']} docs / {t['tokens']:,} tokens, validation {v['documents']} docs / "
         f"{v['tokens']:,} tokens"
     )
-    return load_prepared(out, cfg.model.vocab_size)
+    return open_prepared(cfg)
 
 
-def _publish(staged: _Prepare, manifest: dict[str, Any], out: Path) -> None:
-    """The output folder, assembled aside from the work area's files (hard links) and renamed into place."""
-    _remove_stale_assemblies(out)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+def _publish(staged: _Prepare, manifest: dict[str, Any], out: Location, cache_dir: str | None) -> None:
+    """The output folder, assembled aside from the work area's files (hard links) and committed: renamed into place on
+    a local disk, uploaded and then marked committed on a store. Output that was there is moved aside first."""
+    local_tmp = (out.with_name(f".{out.name}.tmp-{os.getpid()}") if isinstance(out, Path)
+                 else cache_folder("publish", out.url, cache_dir) / f"tmp-{os.getpid()}")
+    if isinstance(out, Path):
+        _remove_stale_assemblies(out)
+    shutil.rmtree(local_tmp, ignore_errors=True)
     try:
         for split in SPLITS:
-            (tmp / split).mkdir(parents=True)
-        for shard in staged.work.stage(MERGE).glob("task-*/*/*"):  # task-N/SPLIT/SOURCE.bin|idx
-            link_or_copy(shard, tmp / shard.parent.name / shard.name)
-        link_or_copy(staged.work.task(MERGE, staged.stages[MERGE].tasks() - 1) / DROPS_FILE, tmp / DROPS_FILE)
-        link_or_copy(staged.work.task(TOKENIZER_STAGE, 0) / TOKENIZER, tmp / TOKENIZER)
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if out.exists():
-        out.rename(out.with_name(f"{out.name}.old-{time.strftime('%Y%m%d-%H%M%S')}"))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic.publish_folder(tmp, out)
+            (local_tmp / split).mkdir(parents=True)
+        merge = staged.stages[MERGE]
+        for task in range(merge.tasks() - 1):  # (source, split) in order: task-N/SPLIT/SOURCE.bin|idx
+            for shard in sorted(staged.work.task(MERGE, task).glob("*/*")):
+                link_or_copy(shard, local_tmp / shard.parent.name / shard.name)
+        link_or_copy(staged.work.task(MERGE, merge.tasks() - 1) / DROPS_FILE, local_tmp / DROPS_FILE)
+        link_or_copy(staged.work.task(TOKENIZER_STAGE, 0) / TOKENIZER, local_tmp / TOKENIZER)
+        (local_tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        aside = out.with_name(f"{out.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
+        if isinstance(out, Path):
+            if out.exists():
+                out.rename(aside)
+            out.parent.mkdir(parents=True, exist_ok=True)
+        elif out.exists():
+            _move_aside(out, aside)
+        publish(local_tmp, out)
+    finally:
+        shutil.rmtree(local_tmp, ignore_errors=True)
 
 
 def _remove_stale_assemblies(out: Path) -> None:
@@ -160,6 +184,14 @@ def _remove_stale_assemblies(out: Path) -> None:
         pid = path.name.rsplit("-", 1)[-1]
         if pid.isdigit() and not alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
+
+
+def _move_aside(out: Remote, aside: Remote) -> None:
+    """Objects under ``out`` copied under ``aside`` inside the store, then removed from ``out`` (its marker first):
+    ``--overwrite`` of a URL output keeps the old data, as it does for a folder."""
+    for obj in out.files():
+        obj.copy_to(aside / obj.relative_to(out))
+    uncommit(out)
 
 
 class _Prepare:
@@ -355,17 +387,16 @@ def _check_splits(totals: dict[str, Any], cfg: RunConfig) -> None:
 def wait_for_prepared(cfg: RunConfig, *, timeout_s: float = 24 * 3600, poll_s: float = 2.0) -> PreparedData:
     """Wait for another process (rank 0 of a launch) to finish preparing cfg.data.output_dir, then load it.
 
-    Preparation ends with one atomic rename, so the manifest appears only when everything is in
-    place; this process never writes.
+    Preparation ends with one atomic rename (a folder) or its commit marker (a URL), so the manifest appears only when
+    everything is in place; this process never writes.
     """
-    out = Path(cfg.data.output_dir)
+    out = prepared_location(cfg)
     deadline = time.monotonic() + timeout_s
-    while not (out / MANIFEST).is_file():
+    while not is_prepared(out):
         if time.monotonic() > deadline:
             raise DataError(f"'{out}' was not prepared within {timeout_s:.0f} s by rank 0: check rank 0's log")
         time.sleep(poll_s)
-    existing, _ = read_manifest(out)
-    if existing.get("identity") != data_identity(cfg):
+    if prepared_identity(out) != data_identity(cfg):
         raise DataError(f"'{out}' holds data prepared from a different data config than this rank's: "
                         "all ranks must run the same config")
-    return load_prepared(out, cfg.model.vocab_size)
+    return open_prepared(cfg)

@@ -67,7 +67,7 @@ class ReadStage(Stage):
             """Store what the blocks keep, take its line keys; the drop-log lines, chunk by chunk (written as they
             come)."""
             nonlocal counted
-            for chunk in chunked(enumerate(read_input(self.corpus.inputs[task], src, stats))):
+            for chunk in chunked(enumerate(read_input(self.corpus.inputs[task], src, stats, self.corpus.storage))):
                 kept, lines = clean_chunk(pipeline, chunk)
                 for ordinal, doc in kept:
                     store.add(doc, ordinal)

@@ -87,7 +87,7 @@ class TokenizerStage(_TokenStage):
         settings = self.corpus.data.tokenizer
         start = time.perf_counter()
         if settings.path is not None:
-            tok = load_tokenizer(settings.path)
+            tok = load_tokenizer(settings.path, self.corpus.storage)
             if tok.get_vocab_size() > self.vocab_size:
                 raise DataError(f"data.tokenizer.path={settings.path!r} has {tok.get_vocab_size()} tokens, more than "
                                 f"model.vocab_size={self.vocab_size}: raise model.vocab_size")

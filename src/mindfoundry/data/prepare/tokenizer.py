@@ -20,13 +20,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
-from pathlib import Path
 
 import numpy as np
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from mindfoundry.config.storage_config import StorageConfig
 from mindfoundry.errors import InputMissingError, MindFoundryError
 from mindfoundry.model.spec import PAD_ID
+from mindfoundry.storage.location import Location, locate
 
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
@@ -94,9 +95,10 @@ def with_mask_token(tokenizer: Tokenizer, vocab_size: int) -> Tokenizer:
     return tokenizer
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
-    """Load a ``tokenizer.json``, checking it is valid and defines the ``EOS`` special token."""
-    path = Path(path)
+def load_tokenizer(path: str | Location, storage: StorageConfig | None = None) -> Tokenizer:
+    """Load a ``tokenizer.json`` (a file, or an object reached with ``storage``), checking it is valid and defines the
+    ``EOS`` special token."""
+    path = locate(path, storage)
     if not path.is_file():
         raise InputMissingError(
             f"tokenizer file {path} does not exist; train one first or fix the tokenizer path"

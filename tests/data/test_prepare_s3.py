@@ -1,0 +1,91 @@
+"""`prepare` from and to object storage (a real S3 server, tests/s3_server.py) writes the bytes a local prepare writes:
+sources read from s3:// (files, folders, globs; .jsonl, .txt, .gz), the output committed under s3:// (objects, then
+commit.json), training reading it through the node-local cache."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_parallel_prepare import output_files, without_timings
+
+from mindfoundry.config.load import load_config
+from mindfoundry.data.dataset.prepared import local_copy
+from mindfoundry.data.prepare.pipeline import prepare_data
+from mindfoundry.storage.commit import COMMIT_FILE, FETCHED
+
+
+def comparable(manifest: dict[str, Any], urls: dict[str, str]) -> dict[str, Any]:
+    """A manifest without its timings and with URLs written as the local paths they mirror (the identity hashes
+    the paths: left out)."""
+    text = json.dumps(without_timings(manifest))
+    for url, local in urls.items():
+        text = text.replace(url, local)
+    out = json.loads(text)
+    for key in ("identity", "data_config_sha256"):
+        out.pop(key)
+    return out
+
+
+def s3_objects(s3, bucket: str, prefix: str) -> dict[str, bytes]:
+    """Every object under ``prefix`` but the manifest and the commit marker, by path relative to it."""
+    return {key[len(prefix) + 1:]: s3.get(bucket, key) for key in s3.keys(bucket, prefix + "/")
+            if not key.endswith(("/manifest.json", "/" + COMMIT_FILE))}
+
+
+@pytest.mark.parametrize("work", ["local", "s3"])
+def test_prepare_from_s3_to_s3_writes_the_objects_a_local_prepare_writes(s3, tiny_run, corpus_dir, tmp_path,
+                                                                          work) -> None:
+    bucket = s3.bucket()
+    s3.upload_tree(corpus_dir, bucket, "corpus")
+    # a gzipped copy of the jsonl: streamed through gzip from a ranged read
+    s3.put(bucket, "gz/code.jsonl.gz", gzip.compress((corpus_dir / "code.jsonl").read_bytes(), mtime=0))
+    local = load_config(tiny_run("local", data__task_bytes=2**16))
+    prepare_data(local, log=lambda _: None)
+
+    remote_sources = [{"name": "code", "paths": [f"s3://{bucket}/gz/*.jsonl.gz"]},
+                      {"name": "asyncio", "paths": [f"s3://{bucket}/corpus/txt"]}]
+    overrides = {"data__sources": remote_sources, "data__output_dir": f"s3://{bucket}/data", "data__task_bytes": 2**16,
+                 "data__cache_dir": str(tmp_path / "cache")}
+    if work == "s3":
+        overrides["data__work_dir"] = f"s3://{bucket}/work"
+    cfg = load_config(tiny_run("remote", **overrides))
+    logs: list[str] = []
+    data = prepare_data(cfg, log=logs.append)
+
+    ours = output_files(Path(local.data.output_dir))
+    theirs = s3_objects(s3, bucket, "data")
+    assert theirs.keys() == ours.keys()
+    for name, blob in ours.items():
+        assert theirs[name] == blob, name  # shards, tokenizer.json, drops.jsonl.gz
+    assert len([n for n in ours if n.endswith((".bin", ".idx"))]) == 8
+    marker = json.loads(s3.get(bucket, "data/" + COMMIT_FILE))
+    assert sorted(marker["objects"]) == sorted([*ours, "manifest.json"])
+    urls = {f"s3://{bucket}/gz/*.jsonl.gz": str(corpus_dir / "code.jsonl"),
+            f"s3://{bucket}/gz/code.jsonl.gz": str(corpus_dir / "code.jsonl"), f"s3://{bucket}/corpus": str(corpus_dir)}
+    local_manifest = json.loads((Path(local.data.output_dir) / "manifest.json").read_text(encoding="utf-8"))
+    remote_manifest = comparable(data.manifest, urls)
+    for source in local_manifest["sources"]:  # the gzip object has its own size and hash; the rest are the same
+        source["files"] = [{k: v for k, v in f.items() if k == "path"} for f in source["files"]]
+    for source in remote_manifest["sources"]:
+        source["files"] = [{k: v for k, v in f.items() if k == "path"} for f in source["files"]]
+    assert remote_manifest == comparable(local_manifest, {})
+    # the work area is gone (on the store too), training reads the node-local copy
+    assert s3.keys(bucket, "work/") == []
+    assert data.root == local_copy(cfg) and (data.root / FETCHED).is_file()
+    assert data.root.is_relative_to(tmp_path / "cache")
+
+
+def test_a_second_prepare_reuses_the_committed_output_and_a_restart_its_local_copy(s3, tiny_run, tmp_path) -> None:
+    bucket = s3.bucket()
+    cfg = load_config(tiny_run("remote", data__output_dir=f"s3://{bucket}/data", data__cache_dir=str(tmp_path / "c")))
+    prepare_data(cfg, log=lambda _: None)
+    copy = local_copy(cfg)
+    stamp = (copy / "train").stat().st_mtime_ns
+    logs: list[str] = []
+    again = prepare_data(cfg, log=logs.append)
+    assert logs == [f"reusing prepared data in s3://{bucket}/data"]
+    assert again.root == copy and (copy / "train").stat().st_mtime_ns == stamp  # not fetched again
