@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from mindfoundry.checkpoint.directory import Retention, save_checkpoint
 from mindfoundry.checkpoint.reader import load_checkpoint
-from mindfoundry.checkpoint.store import Retention, save_checkpoint
 from mindfoundry.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]

@@ -37,8 +37,9 @@ def worker(fmt: str, root: Path, d_model: int, layers: int, vocab: int) -> None:
     import torch.distributed as dist
 
     from mindfoundry.backends.torch.backend import TorchBackend
+    from mindfoundry.checkpoint.directory import Retention, save_checkpoint
     from mindfoundry.checkpoint.reader import load_checkpoint
-    from mindfoundry.checkpoint.store import Retention, save_checkpoint, shard_folders
+    from mindfoundry.checkpoint.store import shard_folders
     from mindfoundry.model.spec import ModelSpec, num_parameters
     from mindfoundry.parallel.layout import launch_layout, validate_run_config
 

@@ -127,7 +127,7 @@ def markov_batches(vocab: int, steps: int, shape: tuple[int, int, int], seed: in
 def random_checkpoint(cfg: RunConfig, data, *, seed: int = 3, **model):
     """A checkpoint of a tiny run (with `model` overrides) whose every weight, norms included, is random; the run dir
     gets the config.yaml training writes. Returns (checkpoint folder, weights, config)."""
-    from mindfoundry.checkpoint.store import Retention, save_checkpoint
+    from mindfoundry.checkpoint.directory import Retention, save_checkpoint
     from mindfoundry.config.load import to_yaml
     from mindfoundry.model.spec import ModelSpec, init_weights
 
@@ -164,10 +164,10 @@ def rewrite_as_rank_slices(ckpt_dir: Path, parallel: dict, devices: int) -> Path
     `parallel` layout writes it: per-rank slices and the strategy file (checkpoint.format: sharded, rank_slices).
     Same step, state and data manifest; committed anew through the store."""
     from mindfoundry.backends.mindspore.strategies import parameter_layouts, plan_strategies
+    from mindfoundry.checkpoint.directory import Retention, save_checkpoint
     from mindfoundry.checkpoint.rank_slices import write_rank_slices, write_strategy
     from mindfoundry.checkpoint.reader import load_checkpoint
     from mindfoundry.checkpoint.run_files import run_config
-    from mindfoundry.checkpoint.store import Retention, save_checkpoint
     from mindfoundry.model.spec import ModelSpec
 
     ckpt = load_checkpoint(ckpt_dir)

@@ -8,6 +8,7 @@ the credential and permission tests.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +100,7 @@ class S3Server:
     def require_auth(self, users: dict[str, list[str]]) -> dict[str, tuple[str, str]]:
         """Create IAM users allowed ``actions`` each ({name: ["s3:GetObject", ...]}), then turn authentication on:
         from now on only their keys are accepted, with their permissions. Returns {name: (access key, secret)}."""
-        self._auth("inf")
+        self.authentication(False)
         iam = self.client("iam")
         keys = {}
         for name, actions in users.items():
@@ -107,12 +109,22 @@ class S3Server:
             iam.put_user_policy(UserName=name, PolicyName="access", PolicyDocument=json.dumps(policy))
             key = iam.create_access_key(UserName=name)["AccessKey"]
             keys[name] = (key["AccessKeyId"], key["SecretAccessKey"])
-        self._auth("0")
+        self.authentication(True)
         return keys
 
-    def _auth(self, free_actions: str) -> None:
-        request = urllib.request.Request(f"{self.endpoint}/moto-api/reset-auth", data=free_actions.encode(),
-                                         method="POST")
+    @contextlib.contextmanager
+    def unguarded(self) -> Iterator[None]:
+        """Authentication off for the block (the test's own set-up and look-ups), then on again."""
+        self.authentication(False)
+        try:
+            yield
+        finally:
+            self.authentication(True)
+
+    def authentication(self, on: bool) -> None:
+        """Check every request's credentials and permissions (on), or accept any (off: how a test sets up objects)."""
+        request = urllib.request.Request(f"{self.endpoint}/moto-api/reset-auth", data=b"0" if on else b"inf",
+                                         method="POST", headers={"Content-Type": "text/plain"})
         urllib.request.urlopen(request, timeout=10).close()
 
     def stop(self) -> None:
@@ -122,3 +134,90 @@ class S3Server:
         except subprocess.TimeoutExpired:
             self.process.kill()
         self._log.close()
+
+
+class TcpProxy:
+    """A TCP proxy in front of a server (the S3 server): forwards every connection, optionally slowly (``delay_s``
+    before each chunk the client sends), and can cut every connection (:meth:`cut`): what a flaky network or a dying
+    link does to a client. Counts the connections it accepted, so a test sees the client's retries."""
+
+    def __init__(self, target_port: int, delay_s: float = 0.0) -> None:
+        import threading
+
+        self.target = ("127.0.0.1", target_port)
+        self.delay_s = delay_s
+        self.cutting = threading.Event()
+        self.connections = 0
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = self._server.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._open: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def cut(self, on: bool = True) -> None:
+        """From now on (``on``), every connection is closed as soon as it carries data; open ones are closed too."""
+        if on:
+            self.cutting.set()
+            with self._lock:
+                for sock in self._open:
+                    _close(sock)
+                self._open.clear()
+        else:
+            self.cutting.clear()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            with self._lock:
+                self.connections += 1
+            if self.cutting.is_set():
+                threading.Thread(target=self._drop, args=(client,), daemon=True).start()
+                continue
+            try:
+                upstream = socket.create_connection(self.target)
+            except OSError:
+                _close(client)
+                continue
+            with self._lock:
+                self._open += [client, upstream]
+            threading.Thread(target=self._pipe, args=(client, upstream, self.delay_s), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, 0.0), daemon=True).start()
+
+    @staticmethod
+    def _drop(client: socket.socket) -> None:
+        try:
+            client.recv(1024)  # the request starts: the link dies under it
+        except OSError:
+            pass
+        _close(client)
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, delay_s: float) -> None:
+        try:
+            while data := source.recv(65536):
+                if self.cutting.is_set():
+                    break
+                if delay_s:
+                    time.sleep(delay_s)
+                sink.sendall(data)
+        except OSError:
+            pass
+        _close(source)
+        _close(sink)
+
+    def close(self) -> None:
+        self.cut()
+        _close(self._server)
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()

@@ -16,8 +16,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "mindfoundry"
 MOVES_ASIDE = {
     ("train/rundir.py", "run_dir.rename(aside)"),
     ("data/prepare/pipeline.py", "out.rename("),
-    ("checkpoint/store.py", "os.replace(final, replaced)"),
-    ("checkpoint/store.py", "os.replace(path, doomed)"),
+    ("checkpoint/directory.py", "os.replace(final, replaced)"),
+    ("checkpoint/directory.py", "os.replace(path, doomed)"),
     ("data/dataset/shard_writer.py", "os.replace(self._bin_tmp"),
     ("data/dataset/shard_writer.py", "os.replace(self._idx_tmp"),
 }

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from mindfoundry.checkpoint.convert import export_checkpoint, import_checkpoint
+from mindfoundry.checkpoint.directory import save_checkpoint
 from mindfoundry.checkpoint.reader import load_checkpoint
-from mindfoundry.checkpoint.store import CheckpointError, save_checkpoint
+from mindfoundry.checkpoint.store import CheckpointError
 from mindfoundry.config.load import to_yaml
 from mindfoundry.model.spec import ModelSpec, init_weights, parameter_shapes
 

@@ -14,8 +14,9 @@ torch = pytest.importorskip("torch")
 
 from mf_testing import random_checkpoint  # noqa: E402
 from mindfoundry.backends.base import create_backend  # noqa: E402
+from mindfoundry.checkpoint.directory import Retention, save_checkpoint  # noqa: E402
 from mindfoundry.checkpoint.hf_export import export_hf, hf_name  # noqa: E402
-from mindfoundry.checkpoint.store import CheckpointError, Retention, save_checkpoint  # noqa: E402
+from mindfoundry.checkpoint.store import CheckpointError  # noqa: E402
 from mindfoundry.cli.main import main  # noqa: E402
 from mindfoundry.config.load import to_yaml  # noqa: E402
 from mindfoundry.data.prepare.tokenizer import eos_id, pad_id  # noqa: E402

@@ -8,14 +8,8 @@ import shutil
 
 import pytest
 
-from mindfoundry.checkpoint.store import (
-    MODEL_FILE,
-    STATE_FILE,
-    CheckpointError,
-    find_resumable,
-    list_checkpoints,
-    verify_checkpoint,
-)
+from mindfoundry.checkpoint.directory import find_resumable, list_checkpoints
+from mindfoundry.checkpoint.store import MODEL_FILE, STATE_FILE, CheckpointError, verify_checkpoint
 from mindfoundry.cli.main import main
 
 

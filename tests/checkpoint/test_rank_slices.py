@@ -20,9 +20,10 @@ from safetensors.numpy import load_file
 from mf_testing import launched, tiny_config
 from mindfoundry.backends.mindspore.strategies import parameter_layouts, plan_strategies
 from mindfoundry.checkpoint.convert import export_checkpoint
+from mindfoundry.checkpoint.directory import Retention, save_checkpoint
 from mindfoundry.checkpoint.rank_slices import STRATEGY_FILE, read_rank_slices, write_rank_slices, write_strategy
 from mindfoundry.checkpoint.reader import load_checkpoint
-from mindfoundry.checkpoint.store import CheckpointError, Retention, save_checkpoint
+from mindfoundry.checkpoint.store import CheckpointError
 from mindfoundry.cli.main import main
 from mindfoundry.model.spec import ModelSpec, init_weights
 from mindfoundry.parallel.tensor_layout import TensorLayout, merge_slices, rank_slice

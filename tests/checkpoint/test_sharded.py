@@ -23,16 +23,13 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from mindfoundry.checkpoint.directory import Retention, find_resumable, list_checkpoints, save_checkpoint
 from mindfoundry.checkpoint.reader import load_checkpoint
 from mindfoundry.checkpoint.store import (
     MODEL_DIR,
     OPTIMIZER_DIR,
     CheckpointError,
-    Retention,
-    find_resumable,
     is_sharded,
-    list_checkpoints,
-    save_checkpoint,
     shard_folders,
     verify_checkpoint,
 )
@@ -268,7 +265,8 @@ def test_fsdp_sharded_checkpoint_resumes_under_tp_and_one_process(tiny_run, tmp_
     )
     step3 = tmp_path / "fsdp" / "checkpoints" / "step_00000003"
     files = sorted(p.relative_to(step3).as_posix() for p in step3.rglob("*") if p.is_file())
-    assert files == sorted(["data_manifest.json", "manifest.json", "manifest.sha256", "trainer_state.json"]
+    assert files == sorted(["config.yaml", "data_manifest.json", "manifest.json", "manifest.sha256", "tokenizer.json",
+                            "trainer_state.json"]
                            + [f"{sub}/shard-0000{r}-model-0000{f}-of-00003.safetensors"
                               for sub in ("model", "optimizer") for r in (1, 2) for f in (1, 2, 3)])
     assert set(json.loads((step3 / "manifest.json").read_text())["files"]) == set(files) - {

@@ -8,17 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mindfoundry.checkpoint.reader import load_checkpoint
-from mindfoundry.checkpoint.store import (
-    CheckpointError,
+from mindfoundry.checkpoint.directory import (
     Retention,
     apply_retention,
-    checkpoint_eval,
     find_resumable,
     list_checkpoints,
     save_checkpoint,
-    verify_checkpoint,
 )
+from mindfoundry.checkpoint.reader import load_checkpoint
+from mindfoundry.checkpoint.store import CheckpointError, checkpoint_eval, verify_checkpoint
 
 
 def save(run: Path, step: int, keep_last: int = 10) -> Path:

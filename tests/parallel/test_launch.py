@@ -277,10 +277,10 @@ def test_a_signalled_rank_stops_every_rank_after_the_same_step(tiny_run, tmp_pat
     err = log.read_text(errors="replace")
     stopped = _max_step(run)
     assert 3 <= stopped < 60
-    assert f"[default0]:stopped by a stop signal on another rank at step {stopped}; checkpoint written" in err, err[
+    assert f"[default0]:stopped by a stop signal on another rank at step {stopped}; checkpoint committed" in err, err[
         -3000:
     ]
-    assert f"[default1]:stopped by SIGTERM at step {stopped}; checkpoint written" in err
+    assert f"[default1]:stopped by SIGTERM at step {stopped}; checkpoint committed" in err
     assert [p.name for p in (run / "checkpoints").glob("step_*")] == [f"step_{stopped:08d}"]
     assert main(["launch", "train", str(config), *sets, "--master-port", str(free_port()), "--resume", "auto"]) == 0
     got = {}
@@ -372,7 +372,7 @@ def test_msrun_launch_restarts_after_a_killed_rank_and_stops_on_a_signalled_one(
     assert 5 <= stopped < steps
     assert f"step_{stopped:08d}" == max(p.name for p in (run / "checkpoints").glob("step_*"))
     worker_logs = {r: (tmp_path / "drilled-logs" / f"worker_{r}.log").read_text(errors="replace") for r in (0, 1)}
-    assert f"stopped by a stop signal on another rank at step {stopped}; checkpoint written" in worker_logs[0]
-    assert f"stopped by SIGTERM at step {stopped}; checkpoint written" in worker_logs[1]
+    assert f"stopped by a stop signal on another rank at step {stopped}; checkpoint committed" in worker_logs[0]
+    assert f"stopped by SIGTERM at step {stopped}; checkpoint committed" in worker_logs[1]
     assert launch("drilled", "--resume", "auto").wait(timeout=300) == 0, log.read_text(errors="replace")[-3000:]
     assert losses("drilled") == expected

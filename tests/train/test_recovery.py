@@ -123,7 +123,7 @@ def test_sigterm_checkpoints_the_step_and_a_second_signal_exits_at_once(
     assert proc.returncode == 75, err
     stopped = last_step(run_dir)
     assert 3 <= stopped < STEPS - 4
-    assert f"stopped by SIGTERM at step {stopped}; checkpoint written" in err
+    assert f"stopped by SIGTERM at step {stopped}; checkpoint committed" in err
     assert [p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step_")] == [
         f"step_{stopped:08d}"
     ]

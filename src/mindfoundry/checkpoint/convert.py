@@ -15,9 +15,10 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
+from mindfoundry.checkpoint.directory import Retention, save_checkpoint
 from mindfoundry.checkpoint.reader import load_checkpoint
 from mindfoundry.checkpoint.run_files import run_config
-from mindfoundry.checkpoint.store import CheckpointError, Retention, publish_mode, save_checkpoint, write_safetensors
+from mindfoundry.checkpoint.store import CheckpointError, publish_mode, write_safetensors
 from mindfoundry.errors import MindFoundryError
 
 NATIVE = {".ckpt": "mindspore", ".pt": "torch"}

@@ -31,6 +31,7 @@ from safetensors.numpy import save_file
 
 from mindfoundry.checkpoint.handoff import load_hand_off, staged_folder
 from mindfoundry.checkpoint.hf_export import check_weights
+from mindfoundry.checkpoint.run_files import run_data
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.mixture import build_mixture
 from mindfoundry.data.dataset.prepared import load_prepared
@@ -250,7 +251,7 @@ def export_mindformers(ckpt_dir: str | Path, out: str | Path) -> Path:
         (tmp / WEIGHTS_DIR).mkdir()
         save_file(weights, str(tmp / WEIGHTS_DIR / "model.safetensors"), metadata={"format": "ms"})
         config = run_yaml(
-            cfg, spec, out / WEIGHTS_DIR, _blend(cfg, model.tokenizer_path.parent), eos=model.eos, pad=model.pad
+            cfg, spec, out / WEIGHTS_DIR, _blend(cfg, run_data(ckpt_dir, cfg)), eos=model.eos, pad=model.pad
         )
         header = (
             f"# MindFormers run config written by `mindfoundry export --format mindformers` from {ckpt_dir.resolve()}\n"

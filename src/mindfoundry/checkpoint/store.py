@@ -1,41 +1,37 @@
-"""Step checkpoints as folders of safetensors + JSON, committed atomically and verified on load.
+"""One step checkpoint as a folder of safetensors + JSON: writing its files, and verifying them.
 
 Layout (documented in docs/checkpoints.md)::
 
-    RUN/checkpoints/step_00000300/
+    CKPT/step_00000300/
         model.safetensors        weights under the shared parameter names
         optimizer.safetensors    AdamW moments exp_avg.NAME / exp_avg_sq.NAME (kept apart from weights)
         trainer_state.json       step, data position, schedule, loss scale, config hash, versions, ...
         data_manifest.json       the prepared data's manifest (provenance travels with the weights)
+        config.yaml, tokenizer.json  the run's resolved config and tokenizer: the folder is enough to evaluate,
+                                 generate or export (wherever it was copied to, a bucket included)
         manifest.json            sha256 and size of every file above
         manifest.sha256          sha256 of manifest.json itself; written last = the commit marker
-    RUN/checkpoints/latest       name of the newest committed checkpoint
-    RUN/checkpoints/best         name of the checkpoint with the lowest validation loss measured at its own step
 
 With ``checkpoint.format: sharded`` the engine writes the tensors itself, each rank only its shards
-(see :func:`save_checkpoint`'s ``writer``): ``model/`` and ``optimizer/`` folders of safetensors
-shard files (torch.distributed.checkpoint's, or MindSpore semi-auto's rank slices with their strategy
+(:func:`shard_folders`): ``model/`` and ``optimizer/`` folders of safetensors shard files
+(torch.distributed.checkpoint's, or MindSpore semi-auto's rank slices with their strategy
 file, :mod:`.rank_slices`) replace the two safetensors files; the rest, the
-manifest (listing every shard file) and the commit are the same. This module names the folders
-(:func:`shard_folders`), writes and verifies, and never imports an engine: the engine is handed the folders to
-write; reading any form is :mod:`.reader`'s.
+manifest (listing every shard file) and the commit are the same. This module never imports an engine: the engine is
+handed the folders to write; reading any form is :mod:`.reader`'s, and a run's set of checkpoints (where they are
+committed, which survive, which to resume from) is :mod:`.directory`'s.
 
 A folder counts as a checkpoint only when its manifest and the manifest's checksum exist and every
-file matches. Writes go to a hidden temporary folder which is fsynced and renamed into place, so a
-crash mid-write never leaves a folder that looks complete. No pickle anywhere.
+file matches. No pickle anywhere.
 """
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import json
 import os
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 from safetensors import SafetensorError
@@ -44,6 +40,7 @@ from safetensors.numpy import save_file
 from mindfoundry import atomic
 from mindfoundry.checkpoint.safetensors_check import SafetensorsHeaderError, check_safetensors
 from mindfoundry.errors import MindFoundryError
+from mindfoundry.storage.commit import sha256_file
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -54,7 +51,7 @@ LATEST_FILE = "latest"
 BEST_FILE = "best"
 MODEL_DIR = "model"  # sharded format: the weights' shard files (one per writing rank) ...
 OPTIMIZER_DIR = "optimizer"  # ... and the AdamW moments' (exp_avg.NAME / exp_avg_sq.NAME)
-_STEP_DIR = re.compile(r"^step_(\d{8})$")
+STEP_DIR = re.compile(r"^step_(\d{8})$")
 DELETING = ".deleting-"  # prefix of a checkpoint folder retention is deleting
 
 
@@ -70,33 +67,8 @@ class Checkpoint:
     state: dict[str, Any]
 
 
-@dataclass(frozen=True)
-class Retention:
-    """Which committed checkpoints survive a save.
-
-    keep_last newest ones; every checkpoint whose step is a multiple of keep_every (0 = none); and,
-    with keep_best, the one with the lowest validation loss measured at its own step (:func:`checkpoint_eval`).
-    """
-
-    keep_last: int = 3
-    keep_every: int = 0
-    keep_best: bool = False
-
-
-def checkpoints_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "checkpoints"
-
-
 def step_dir_name(step: int) -> str:
     return f"step_{step:08d}"
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:
@@ -141,10 +113,9 @@ def _payload_files(tmp: Path) -> list[Path]:
     return sorted((p for p in tmp.rglob("*") if p.is_file()), key=lambda p: p.relative_to(tmp).as_posix())
 
 
-def _write_payload(
-    tmp: Path, step: int, write_tensors: Callable[[Path], None], state, extra_files: Mapping[str, bytes]
-) -> None:
-    write_tensors(tmp)
+def write_payload(tmp: Path, step: int, state: Mapping[str, Any], extra_files: Mapping[str, bytes]) -> None:
+    """Complete the checkpoint folder ``tmp`` whose tensor files are written: the trainer state, ``extra_files``, every
+    file fsynced and listed in the manifest, and the manifest's checksum last."""
     _write_json(tmp / STATE_FILE, dict(state, step=step))
     for name, blob in extra_files.items():
         (tmp / name).write_bytes(blob)
@@ -160,100 +131,9 @@ def _write_payload(
     atomic.fsync_path(tmp / MANIFEST_SUM)
 
 
-def save_checkpoint(
-    run_dir: str | Path,
-    step: int,
-    weights: Mapping[str, np.ndarray] | None,
-    optimizer: Mapping[str, np.ndarray] | None,
-    state: Mapping[str, Any],
-    retention: Retention = Retention(),
-    extra_files: Mapping[str, bytes] | None = None,
-    *,
-    writer: Callable[[tuple[Path, Path]], None] | None = None,
-) -> Path:
-    """Write and atomically commit checkpoint `step`, verify it, update `latest`, apply retention.
-
-    Older checkpoints are deleted only after the new one has verified, so a failing disk never
-    leaves the run without a valid checkpoint.
-
-    `writer` (with weights and optimizer None): the engine writes the tensor files itself into the
-    two folders it is given (``checkpoint.format: sharded``: :func:`shard_folders` of the temporary
-    folder; every rank its shards, all done when it returns); the manifest then lists those files.
-    """
-    if (writer is None and (weights is None or optimizer is None)) or (
-        writer is not None and (weights is not None or optimizer is not None)
-    ):
-        raise ValueError("save_checkpoint: pass weights and optimizer, or a writer (with both None)")
-
-    def write_tensors(tmp: Path) -> None:
-        if writer is not None:
-            writer(shard_folders(tmp))
-        else:
-            write_safetensors(tmp / MODEL_FILE, weights)
-            write_safetensors(tmp / OPTIMIZER_FILE, optimizer)
-
-    root = checkpoints_dir(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / step_dir_name(step)
-    tmp = root / f".tmp-{final.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir()
-        _write_payload(tmp, step, write_tensors, state, extra_files or {})
-    except OSError as exc:
-        written = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file()) if tmp.is_dir() else 0
-        shutil.rmtree(tmp, ignore_errors=True)
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise _disk_full(root, step, weights, optimizer, written) from None
-        raise
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    replaced = None
-    if final.exists():  # the same step again (e.g. after a rollback): keep the old one until the swap
-        replaced = root / f".old-{final.name}-{os.getpid()}"
-        os.replace(final, replaced)
-    atomic.publish_folder(tmp, final)
-    if replaced is not None:
-        shutil.rmtree(replaced, ignore_errors=True)
-    verify_checkpoint(final)
-    _point(root, LATEST_FILE, final.name)
-    apply_retention(run_dir, retention)
-    _point(root, BEST_FILE, _best_of(list_checkpoints(run_dir)))
-    return final
-
-
-class DiskFullError(CheckpointError):
-    """The checkpoint did not fit on its disk; the ones written before are intact."""
-
-
-def _disk_full(root: Path, step: int, weights, optimizer, written: int) -> DiskFullError:
-    """One line: how much the checkpoint needs, how much is free, what to do."""
-    if weights is not None:
-        need = sum(a.nbytes for arrays in (weights, optimizer) for a in arrays.values())
-    else:  # sharded: the engine writes; the last committed checkpoint's size is the best estimate
-        last = list_checkpoints(root.parent)
-        need = sum(f.stat().st_size for f in last[-1].rglob("*") if f.is_file()) if last else written
-    free = shutil.disk_usage(root).free
-    return DiskFullError(f"no space left on the disk of {root} for checkpoint step {step}: it needs about "
-                         f"{_mib(need)} and {_mib(free)} is free (the write stopped after {_mib(written)}, removed); "
-                         f"free space or lower checkpoint.keep_last; the checkpoints written before are intact")
-
-
-def _mib(n: float) -> str:
-    return f"{n / 2**20:,.1f} MiB"
-
-
-def _point(root: Path, pointer: str, name: str | None) -> None:
-    """Point `latest` or `best` at checkpoint folder `name` by an atomic rename (None: remove the pointer)."""
-    if name is None:
-        (root / pointer).unlink(missing_ok=True)
-        return
-    atomic.write_text(root / pointer, name + "\n")
-
-
-def _step_of(path: Path) -> int:
-    return int(path.name.split("_")[1])
+def step_of(name: str) -> int:
+    """The step of a checkpoint folder named ``step_N``."""
+    return int(name.split("_")[1])
 
 
 def checkpoint_eval(state: Mapping[str, Any]) -> float | None:
@@ -273,60 +153,6 @@ def read_state(path: Path) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError, UnicodeDecodeError):
         return {}
     return state if isinstance(state, dict) else {}
-
-
-def _best_of(found: list[Path]) -> str | None:
-    """The folder name of the checkpoint with the lowest own validation loss (the earliest of equals), or None."""
-    scored = [(loss, _step_of(p), p.name) for p in found if (loss := checkpoint_eval(read_state(p))) is not None]
-    return min(scored)[2] if scored else None
-
-
-def apply_retention(run_dir: str | Path, retention: Retention) -> list[Path]:
-    """Delete committed checkpoints that no rule keeps; return the deleted folders.
-
-    The newest committed checkpoint is always kept (keep_last is at least 1), so retention can
-    never leave zero checkpoints.
-    """
-    found = list_checkpoints(run_dir)
-    keep = set(found[-max(retention.keep_last, 1):])
-    if retention.keep_every:
-        keep |= {p for p in found if _step_of(p) % retention.keep_every == 0}
-    if retention.keep_best and (best := _best_of(found)) is not None:
-        keep.add(checkpoints_dir(run_dir) / best)
-    deleted = [p for p in found if p not in keep]
-    for path in deleted:
-        doomed = path.with_name(f"{DELETING}{path.name}-{os.getpid()}")
-        os.replace(path, doomed)  # atomic: a kill during the delete leaves a hidden folder, never half a step_N
-        shutil.rmtree(doomed, ignore_errors=True)
-    return deleted
-
-
-def clean_interrupted(run_dir: str | Path) -> list[Path]:
-    """Remove the leftovers of killed writers: temporary (``.tmp-``), replaced (``.old-``) and half-deleted
-    (``.deleting-``) checkpoint folders; return them. Run at start-up under the run lock, so no live
-    writer owns them; none was ever counted as a checkpoint."""
-    root = checkpoints_dir(run_dir)
-    if not root.is_dir():
-        return []
-    leftovers = sorted(
-        p for p in root.iterdir() if p.is_dir() and p.name.startswith((".tmp-step_", ".old-step_", DELETING))
-    )
-    for path in leftovers:
-        shutil.rmtree(path, ignore_errors=True)
-    return leftovers
-
-
-def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Checkpoint folders, oldest first.
-
-    A `step_N` folder only ever appears by renaming a complete temporary folder, so each one was
-    committed; whether it is still intact is for :func:`verify_checkpoint` to say.
-    """
-    root = checkpoints_dir(run_dir)
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if _STEP_DIR.match(p.name) and p.is_dir()]
-    return sorted(found, key=lambda p: p.name)
 
 
 def verify_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -382,7 +208,7 @@ def _check_steps(path: Path, manifest: Mapping[str, Any]) -> None:
         state_step = json.loads((path / STATE_FILE).read_text(encoding="utf-8")).get("step")
     except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
         pass
-    named = _STEP_DIR.match(path.name)
+    named = STEP_DIR.match(path.name)
     steps = {
         "folder": int(named.group(1)) if named else manifest.get("step"),
         "manifest": manifest.get("step"),
@@ -404,18 +230,3 @@ def is_sharded(path: str | Path) -> bool:
     return (Path(path) / MODEL_DIR).is_dir()
 
 
-def find_resumable(run_dir: str | Path, before_step: int | None = None) -> tuple[Path | None, list[str]]:
-    """The newest checkpoint that verifies (of a step below `before_step`, when given), and a note
-    for each newer one that was skipped."""
-    skipped = []
-    candidates = list_checkpoints(run_dir)
-    if before_step is not None:
-        candidates = [p for p in candidates if int(_STEP_DIR.match(p.name).group(1)) < before_step]
-    for path in reversed(candidates):
-        try:
-            verify_checkpoint(path)
-        except CheckpointError as exc:
-            skipped.append(str(exc))
-            continue
-        return path, skipped
-    return None, skipped

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import tempfile
 from pathlib import Path
 
 from rich.console import Console
@@ -12,65 +14,61 @@ from rich.table import Table
 from safetensors import safe_open
 
 from mindfoundry.checkpoint.reader import shard_format
+from mindfoundry.checkpoint.run_files import checkpoint_dir_of, checkpoint_of, checkpoints_named
 from mindfoundry.checkpoint.store import (
     BEST_FILE,
     LATEST_FILE,
+    MANIFEST_FILE,
     MODEL_DIR,
     MODEL_FILE,
     OPTIMIZER_DIR,
     OPTIMIZER_FILE,
     CheckpointError,
     checkpoint_eval,
-    checkpoints_dir,
-    list_checkpoints,
     read_state,
-    verify_checkpoint,
     written_files,
 )
 from mindfoundry.cli.args import console
+from mindfoundry.errors import OutputExistsError
+from mindfoundry.storage.commit import publish
+from mindfoundry.storage.location import Location, locate
 
 out = Console()
 
 
-def _targets(path: Path) -> list[Path]:
-    """A step folder, or every committed checkpoint of a run directory."""
-    if (path / "manifest.json").exists() or path.name.startswith("step_"):
-        return [path]
-    found = list_checkpoints(path)
-    if not found:
-        raise CheckpointError(f"no committed checkpoints under '{checkpoints_dir(path)}'")
-    return found
-
-
-def _pointer(run: Path, name: str) -> str | None:
-    """The folder name `latest` or `best` points at (None without the pointer)."""
-    path = checkpoints_dir(run) / name
-    return path.read_text(encoding="utf-8").strip() if path.is_file() else None
+def _size_mb(path: Location) -> float:
+    """A checkpoint's size (sharded: its shard folders too): its files on a local disk, its manifest's sum on a store.
+    """
+    if isinstance(path, Path):
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1e6
+    try:
+        manifest = json.loads((path / MANIFEST_FILE).read_bytes())
+        return sum(int(meta["bytes"]) for meta in manifest["files"].values()) / 1e6
+    except (OSError, ValueError, KeyError, TypeError):
+        return float("nan")
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    run = Path(args.run_dir)
-    latest, best = _pointer(run, LATEST_FILE), _pointer(run, BEST_FILE)
-    table = Table(title=f"checkpoints of {run} (val loss: measured at that step; blank where no evaluation ran)")
+    directory, found = checkpoints_named(args.run_dir)
+    latest, best = directory.pointer(LATEST_FILE), directory.pointer(BEST_FILE)
+    table = Table(title=f"checkpoints in {directory} (val loss: measured at that step; blank where no evaluation ran)")
     for col in ("checkpoint", "MB", "consumed samples", "val loss", "status"):
         table.add_column(col)
     problems = []
-    for path in _targets(run):
-        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1e6  # sharded: the shard folders too
+    for path in found:
         try:
-            verify_checkpoint(path)
+            directory.verify(path)
             status = "ok"
         except CheckpointError as exc:
             status = "INVALID"
             problems.append(str(exc))
-        state = read_state(path)
+        state = directory.state(path)
         val = checkpoint_eval(state)
         name = path.name + "".join(
             f"  ({tag})" for tag, pointed in (("latest", latest), ("best", best)) if path.name == pointed
         )
-        table.add_row(
-            name, f"{size:.1f}", str(state.get("consumed_samples", "?")), "" if val is None else f"{val:.4f}", status
-        )
+        table.add_row(name, f"{_size_mb(path):.1f}", str(state.get("consumed_samples", "?")),
+                      "" if val is None else f"{val:.4f}", status)
     out.print(table)
     for problem in problems:
         out.print(f"[red]INVALID[/] {problem}", highlight=False, soft_wrap=True)
@@ -79,29 +77,30 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_best(args: argparse.Namespace) -> int:
     """The checkpoint `checkpoints/best` points at, verified, with its validation loss; its path alone on stdout."""
-    run = Path(args.run_dir)
-    name = _pointer(run, BEST_FILE)
+    directory = checkpoint_dir_of(args.run_dir)
+    name = directory.pointer(BEST_FILE)
     if name is None:
-        if not list_checkpoints(run):
-            raise CheckpointError(f"no committed checkpoints under '{checkpoints_dir(run)}'")
+        if not directory.committed():
+            raise CheckpointError(f"no committed checkpoints under '{directory}'")
         raise CheckpointError(
-            f"no checkpoint of {run} was evaluated at its own step, so none is best: evaluate where you "
+            f"no checkpoint of {args.run_dir} was evaluated at its own step, so none is best: evaluate where you "
             "checkpoint (train.eval_every a multiple of checkpoint.every; the last step always is)"
         )
-    path = checkpoints_dir(run) / name
-    verify_checkpoint(path)
+    path = directory.root / name
+    directory.verify(path)
     print(path)
     console.print(
-        f"best: {name}, validation loss {checkpoint_eval(read_state(path)):.4f} (sha256 verified)", highlight=False
+        f"best: {name}, validation loss {checkpoint_eval(directory.state(path)):.4f} (sha256 verified)", highlight=False
     )
     return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     bad = 0
-    for path in _targets(Path(args.path)):
+    directory, found = checkpoints_named(args.path)
+    for path in found:
         try:
-            manifest = verify_checkpoint(path)
+            manifest = directory.verify(path)
             out.print(f"[green]ok[/]  {path}  ({len(manifest['files'])} files, sha256 verified)", highlight=False)
         except CheckpointError as exc:
             bad += 1
@@ -110,8 +109,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    path = Path(args.path)
-    verify_checkpoint(path)
+    path = checkpoint_of(args.path)
     state = read_state(path)
     out.print(
         f"[bold]{path}[/]  step {state.get('step')}  (AdamW updates applied: "
@@ -179,13 +177,27 @@ def cmd_export(args: argparse.Namespace) -> int:
     from mindfoundry.checkpoint.convert import WEIGHTS_ONLY, export_checkpoint
     from mindfoundry.checkpoint.hf_export import export_hf
     from mindfoundry.checkpoint.mindformers_export import export_mindformers
-    from mindfoundry.checkpoint.run_files import checkpoint_of
 
-    src, out = checkpoint_of(args.checkpoint), Path(args.out)
-    if args.format == "safetensors" and out.suffix != WEIGHTS_ONLY:
+    out = locate(args.out)
+    if args.format == "safetensors" and not out.name.endswith(WEIGHTS_ONLY):
         raise CheckpointError(f"--format safetensors writes one file: give --out a name ending in {WEIGHTS_ONLY}")
     writers = {"hf": export_hf, "mindformers": export_mindformers, "safetensors": export_checkpoint}
-    print_written(writers[args.format](src, out))
+    if isinstance(out, Path):
+        print_written(writers[args.format](checkpoint_of(args.checkpoint), out))
+        return 0
+    if args.format == "mindformers":
+        raise CheckpointError("--format mindformers writes a run YAML whose paths MindFormers reads from a local disk: "
+                              "export to a folder of the machine that runs MindFormers, not to a URL")
+    if out.exists():
+        raise OutputExistsError(f"{out} already holds objects: choose another --out (nothing was written)")
+    with tempfile.TemporaryDirectory() as tmp:
+        local = writers[args.format](checkpoint_of(args.checkpoint), Path(tmp) / out.name)
+        if local.is_dir():
+            publish(local, out)  # the objects, then commit.json
+        else:
+            out.upload(local)
+        out_count = len(written_files(local))
+    console.print(f"wrote {out} ({out_count} object{'s' if out_count > 1 else ''})", highlight=False)
     return 0
 
 

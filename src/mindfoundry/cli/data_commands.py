@@ -13,6 +13,7 @@ from rich.console import Console
 
 from mindfoundry.cli.args import add_config_arguments, config_from_args
 from mindfoundry.data.clean.droplog import DropSummary
+from mindfoundry.data.dataset.prepared import local_copy
 from mindfoundry.data.document import origin_name
 
 EXIT_INVALID_DATA = 2
@@ -38,7 +39,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from mindfoundry.data.dataset.validate import render_validation, validate_prepared
 
     cfg = config_from_args(args)
-    report = validate_prepared(cfg.data.output_dir, vocab_size=cfg.model.vocab_size, seq_len=cfg.train.seq_len)
+    report = validate_prepared(local_copy(cfg), vocab_size=cfg.model.vocab_size, seq_len=cfg.train.seq_len)
     stdout().print(render_validation(report))
     err = Console(stderr=True, soft_wrap=True)
     for shard in report.shards:
@@ -57,10 +58,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from mindfoundry.data.dataset.prepared import load_prepared
 
     cfg = config_from_args(args)
-    report = inspect_prepared(cfg.data.output_dir, per_category=args.samples, max_chars=args.chars, seed=cfg.seed)
+    data = local_copy(cfg)
+    report = inspect_prepared(data, per_category=args.samples, max_chars=args.chars, seed=cfg.seed)
     report.planned = cfg.train.steps * cfg.global_batch(cfg.parallel.world_size or 1)
     report.shares = mixture_shares(
-        load_prepared(cfg.data.output_dir, cfg.model.vocab_size),
+        load_prepared(data, cfg.model.vocab_size),
         cfg.data.mixture,
         seq_len=cfg.train.seq_len,
         seed=cfg.seed,
@@ -101,7 +103,7 @@ def cmd_drops(args: argparse.Namespace) -> int:
     from mindfoundry.data.clean.droplog import DROPS_FILE, read_drops, summarise
 
     cfg = config_from_args(args)
-    path = Path(cfg.data.output_dir) / DROPS_FILE
+    path = local_copy(cfg) / DROPS_FILE
     summary = summarise(
         read_drops(path), block=args.block, reason=args.reason, source=args.source, examples=args.examples
     )
@@ -132,7 +134,7 @@ def cmd_mindrecord(args: argparse.Namespace) -> int:
         ) from None
     cfg = config_from_args(args)
     out = Path(args.out) if args.out else Path(cfg.run_dir) / "mindrecord"
-    export_mindrecord(cfg.data.output_dir, out, shards=args.shards)
+    export_mindrecord(local_copy(cfg), out, shards=args.shards)
     Console(stderr=True).print(
         f"wrote {out} ({args.shards} file(s) per split; read with mindspore.dataset.MindDataset)"
     )

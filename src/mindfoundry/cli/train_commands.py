@@ -32,7 +32,7 @@ def _preview(cfg, n: int, chars: int) -> int:
     from mindfoundry.data.clean.droplog import summarise
     from mindfoundry.data.clean.preview import preview_cleaning
 
-    previews, min_documents = preview_cleaning(cfg.data, n)
+    previews, min_documents = preview_cleaning(cfg.data, n, cfg.storage)
     out = stdout()
     for source in previews:
         line = f"{source.name} ({source.profile}): read {source.read}, kept {source.kept}"

@@ -31,9 +31,10 @@ def sample_next(
         scaled = np.where(scaled < cutoff, -np.inf, scaled)
     probs = np.exp(scaled - scaled.max())
     probs /= probs.sum()
-    if top_p < 1.0:  # the smallest set of most likely tokens whose probability reaches top_p
+    if top_p < 1.0:  # the smallest set of most likely tokens whose probability reaches top_p (up to rounding: the
+        # cumulative sum of 0.5 and 0.3 from exp(log(.)) is 0.8 - 1e-16 on some CPUs, which must not admit a third)
         order = np.argsort(-probs, kind="stable")
-        keep = np.searchsorted(np.cumsum(probs[order]), top_p) + 1
+        keep = np.searchsorted(np.cumsum(probs[order]), top_p - 1e-9) + 1
         probs[order[keep:]] = 0.0
         probs /= probs.sum()
     return int(rng.choice(scaled.size, p=probs))

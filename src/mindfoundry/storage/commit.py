@@ -125,6 +125,9 @@ def fetch(dest: Remote, into: Path) -> Path:
                 raise StorageError(f"{dest / rel} does not match {dest / COMMIT_FILE} ({what}): the object changed "
                                    "or was damaged since it was committed; write the folder again")
         (tmp / FETCHED).write_bytes(raw)
+        if (into / FETCHED).is_file() and (into / FETCHED).read_bytes() == raw:  # another process fetched it meanwhile
+            shutil.rmtree(tmp, ignore_errors=True)  # (its copy may be in use: never replaced)
+            return into
         if into.exists():  # an older copy: moved aside first (a process reading its open files keeps them)
             old = into.parent / f".{into.name}.old-{os.getpid()}"
             atomic.publish_folder(into, old)

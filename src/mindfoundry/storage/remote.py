@@ -168,7 +168,20 @@ class Remote:
         except Exception as exc:
             if not is_storage_failure(exc):  # a bug keeps its traceback
                 raise
+            if _code(_chain(exc)) == "403":  # a HEAD's bare 403: a listing's answer says whether keys or rights
+                self._diagnose(doing)
             raise explain(exc, self, doing) from None
+
+    def _diagnose(self, doing: str) -> None:
+        """Raise the explained error of a listing of this key, when it fails with a code (which a HEAD never has)."""
+        if self.protocol not in ("s3", "s3a"):
+            return
+        bucket, _, prefix = self.key.partition("/")
+        try:
+            self.fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, MaxKeys=1)
+        except Exception as probe:
+            if is_storage_failure(probe) and _code(_chain(probe)) not in (None, "403"):
+                raise explain(probe, self, doing) from None
 
     # -- reading -----------------------------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
@@ -176,30 +189,26 @@ class Remote:
         with self.failures("looking up"):
             return self.fs.info(self.key)
 
-    def exists(self) -> bool:
-        """Whether an object, or any object under this prefix, exists (a missing bucket is an error, not False)."""
+    def _kind(self) -> str | None:
+        """"file", "directory" (a prefix with objects below) or None when nothing is there; a missing bucket is an
+        error the caller can act on, not None."""
         with self.failures("looking up"):
             try:
-                self.fs.info(self.key)
-                return True
-            except FileNotFoundError:
-                if "/" not in self.key:  # a bucket: missing is an error the caller can act on
+                return self.fs.info(self.key).get("type")
+            except FileNotFoundError as exc:
+                if "/" not in self.key or _bucket_missing(exc):
                     raise
-                return False
+                return None
+
+    def exists(self) -> bool:
+        """Whether an object, or any object under this prefix, exists."""
+        return self._kind() is not None
 
     def is_file(self) -> bool:
-        with self.failures("looking up"):
-            try:
-                return self.fs.info(self.key).get("type") == "file"
-            except FileNotFoundError:
-                return False
+        return self._kind() == "file"
 
     def is_dir(self) -> bool:
-        with self.failures("looking up"):
-            try:
-                return self.fs.info(self.key).get("type") == "directory"
-            except FileNotFoundError:
-                return False
+        return self._kind() == "directory"
 
     def read_bytes(self) -> bytes:
         with self.failures("reading"):
@@ -218,6 +227,8 @@ class Remote:
         """The object's bytes into the local file ``local`` (whose folder exists)."""
         with self.failures("downloading"):
             self.fs.get_file(self.key, str(local))
+        if not local.exists():  # s3fs writes no file for an empty object
+            local.write_bytes(b"")
 
     def files(self) -> list[Remote]:
         """Every object under this prefix (at any depth), sorted; none when there are none."""
@@ -230,8 +241,8 @@ class Remote:
         with self.failures("listing"):
             try:
                 entries = self.fs.ls(self.key, detail=False)
-            except FileNotFoundError:
-                if "/" not in self.key:
+            except FileNotFoundError as exc:
+                if "/" not in self.key or _bucket_missing(exc):
                     raise
                 return []
         return sorted({posixpath.basename(e.rstrip("/")) for e in entries if e.rstrip("/") != self.key})
@@ -372,6 +383,12 @@ def _code(chain: list[BaseException]) -> str | None:
         if isinstance(error, dict) and isinstance(error.get("Error"), dict):
             return str(error["Error"].get("Code"))
     return None
+
+
+def _bucket_missing(exc: BaseException) -> bool:
+    """Whether ``exc`` says the bucket itself does not exist (not just the object)."""
+    chain = _chain(exc)
+    return _code(chain) == "NoSuchBucket" or any("bucket does not exist" in str(e).lower() for e in chain)
 
 
 def endpoint_of(storage: StorageConfig) -> str:

@@ -7,12 +7,13 @@ from pathlib import Path
 from typing import Callable
 
 from mindfoundry import atomic
-from mindfoundry.checkpoint.store import list_checkpoints
+from mindfoundry.checkpoint.directory import CheckpointDir
 from mindfoundry.config.load import config_hash, to_yaml
 from mindfoundry.config.parallel_config import ParallelConfig
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.errors import MindFoundryError
 from mindfoundry.parallel.layout import launched_world_size
+from mindfoundry.storage.remote import Remote
 from mindfoundry.train.run_lock import LOCK_FILE, acquire, release
 
 CONFIG_FILE = "config.yaml"
@@ -47,9 +48,9 @@ def run_identity(cfg: RunConfig) -> str:
     return config_hash(canonical, exclude=RESUME_MUTABLE)
 
 
-def _has_trained(run_dir: Path) -> bool:
+def _has_trained(run_dir: Path, checkpoints: CheckpointDir) -> bool:
     """Training has written something (before that, only prepared data lives here)."""
-    return bool(list_checkpoints(run_dir)) or (run_dir / METRICS_FILE).exists()
+    return bool(checkpoints.committed()) or (run_dir / METRICS_FILE).exists()
 
 
 def _holds_anything(run_dir: Path) -> bool:
@@ -80,6 +81,16 @@ def prepare_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool, log: Calla
     run_dir = Path(cfg.run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"run_dir '{run_dir}' is a file, not a folder: choose a folder path")
+    checkpoints = CheckpointDir.of_run(cfg)
+    root = checkpoints.root
+    if isinstance(root, Remote) or not root.resolve().is_relative_to(run_dir.resolve()):
+        # outside the run dir: neither moved aside with it nor claimed by its lock
+        if isinstance(root, Remote):
+            root.check_writable()
+        if checkpoints.committed() and (overwrite or not resume):
+            raise RunDirError(f"checkpoint.dir {checkpoints.root} already holds checkpoints: pass --resume auto to "
+                              "continue that run, or give this run another checkpoint.dir (--overwrite moves a run "
+                              "directory aside, not the objects of a bucket)")
     acquire(run_dir, log)
     stored = run_dir / HASH_FILE
     if _holds_anything(run_dir):
@@ -92,7 +103,7 @@ def prepare_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool, log: Calla
             raise RunDirError(
                 f"run directory '{run_dir}' is not empty and is not a MindFoundry run: choose an empty or new run_dir"
             )
-        elif _has_trained(run_dir):
+        elif _has_trained(run_dir, checkpoints):
             if stored.read_text().strip() != run_identity(cfg):
                 raise RunDirError(
                     f"run directory '{run_dir}' holds a different run (its {CONFIG_FILE} differs from this config): "

@@ -7,9 +7,7 @@ use no in-graph randomness. That is why 3 + restart + 3 steps equals 6 steps bit
 
 from __future__ import annotations
 
-import importlib
 import math
-import platform
 import resource
 import time
 from dataclasses import dataclass, field
@@ -20,18 +18,10 @@ import numpy as np
 import psutil
 from rich.console import Console
 
-import mindfoundry
 from mindfoundry.backends.base import Backend, create_backend, import_engine, supports_sharded
 from mindfoundry.checkpoint.hf_import import initial_weights
 from mindfoundry.checkpoint.reader import load_checkpoint, shard_format
-from mindfoundry.checkpoint.store import (
-    CheckpointError,
-    Retention,
-    clean_interrupted,
-    find_resumable,
-    save_checkpoint,
-    shard_folders,
-)
+from mindfoundry.checkpoint.store import CheckpointError, shard_folders
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.loader import Batch, BatchIterator, TrainLoader, training_source
 from mindfoundry.data.dataset.masking import TRAIN, VALIDATION, masking_for
@@ -47,6 +37,7 @@ from mindfoundry.monitor.health import HealthMonitor
 from mindfoundry.monitor.mfu import MfuMeter, UnknownPeakError, devices_peak
 from mindfoundry.parallel.layout import Layout, launched_local_rank
 from mindfoundry.train.anomaly import AnomalyMonitor
+from mindfoundry.train.checkpointing import RunCheckpoints
 from mindfoundry.train.debug_steps import StepDebugger
 from mindfoundry.train.layer_stats import layer_grad_norms, layer_update_ratios, layer_weight_norms
 from mindfoundry.train.loss_scale import DynamicLossScaler
@@ -69,13 +60,6 @@ class TrainResult:
     initial_eval: EvalResult | None
     final_eval: EvalResult | None
     losses: list[float] = field(default_factory=list)
-
-
-def _versions(backend: Backend) -> dict[str, str]:
-    out = {"mindfoundry": mindfoundry.__version__, "python": platform.python_version(), "numpy": np.__version__}
-    engine = importlib.import_module(backend.name)  # already imported by the backend
-    out[backend.name] = engine.__version__
-    return out
 
 
 class Trainer:
@@ -110,7 +94,7 @@ class Trainer:
         self.mfu = MfuMeter(None)  # its peak is measured or looked up before the loop
         self.hardware = HardwareSampler(self.backend.device_kind, launched_local_rank(), cfg.monitor.hardware_every_s)
         self.profiler = StepProfiler(cfg, run_dir, self.backend, self.console.print)
-        self.retention = Retention(cfg.checkpoint.keep_last, cfg.checkpoint.keep_every, cfg.checkpoint.keep_best)
+        self.checkpoints = RunCheckpoints(cfg, data, self.backend, self.console.print)
         self.progress = Progress()
         self.position = DataPosition(cfg.seed, cfg.data.shuffle,
                                      mixture_state=self.source.state if isinstance(self.source, MixtureSampler)
@@ -133,11 +117,10 @@ class Trainer:
 
     # -- state -------------------------------------------------------------------------------
     def restore_or_init(self, resume: bool) -> None:
-        if self.is_main:
-            for leftover in clean_interrupted(self.run_dir):
-                self.console.print(f"removed {leftover.name}: what an interrupted checkpoint write or deletion left "
-                                   "behind")
-        path, skipped = find_resumable(self.resume_from or self.run_dir, self.resume_before) if resume else (None, [])
+        for leftover in self.checkpoints.clean_interrupted():
+            self.console.print(f"removed {leftover}: what an interrupted checkpoint write or deletion left behind")
+        path, origin, skipped = (self.checkpoints.resumable(self.resume_from, self.resume_before) if resume
+                                 else (None, None, []))
         for note in skipped:
             self.console.print(f"[yellow]skipping checkpoint: {note}[/]")
         if path is None:
@@ -148,8 +131,8 @@ class Trainer:
                 self.console.print(f"initial weights from {init}")
             return
         self._load(path)
-        self.console.print(f"resumed from {path} (step {self.progress.step}, {self.position.consumed_samples} samples "
-                           "consumed)")
+        self.console.print(f"resumed from {origin} (step {self.progress.step}, {self.position.consumed_samples} "
+                           "samples consumed)")
 
     def _load(self, path: Path) -> None:
         # by what is on disk, not checkpoint.format: an engine that can reshards a sharded checkpoint itself (each rank
@@ -178,15 +161,7 @@ class Trainer:
 
     def trainer_state(self) -> dict[str, Any]:
         """trainer_state.json: the components' entries, and what the checkpoint was written by and for."""
-        state = save_state(self.state_parts)
-        state.update({
-            "rng": {"note": "no in-graph randomness; data order = f(seed, position); init = f(seed)"},
-            "run_identity": run_identity(self.cfg),
-            "data_manifest_sha256": self.data.manifest_sha256,
-            "backend": self.backend.name,
-            "versions": _versions(self.backend),
-        })
-        return state
+        return self.checkpoints.trainer_state(save_state(self.state_parts), run_identity(self.cfg))
 
     def _next_batch(self) -> Batch:
         """The batch at the current data position, prefetched in the background."""
@@ -202,23 +177,6 @@ class Trainer:
         if self._batches is not None:
             self._batches.close()
             self._batches = None
-
-    def save(self) -> Path | None:
-        """Write a checkpoint (rank 0; the other ranks take part in gathering or writing the state and get None)."""
-        if self.cfg.checkpoint.format == "sharded":  # every rank writes its shards into rank 0's folder; rank 0 commits
-            if not self.is_main:
-                self.backend.save_sharded(None)  # collective: the folder comes from rank 0
-                return None
-            return save_checkpoint(self.run_dir, self.progress.step, None, None, self.trainer_state(), self.retention,
-                                   extra_files={"data_manifest.json": self.data.manifest_bytes},
-                                   writer=self.backend.save_sharded)
-        weights, optimizer = self.backend.weights(), self.backend.optimizer_state()  # collective under sharding
-        if not self.is_main:
-            return None
-        return save_checkpoint(
-            self.run_dir, self.progress.step, weights, optimizer, self.trainer_state(),
-            self.retention, extra_files={"data_manifest.json": self.data.manifest_bytes},
-        )
 
     # -- loop --------------------------------------------------------------------------------
     def evaluate(self) -> EvalResult:
@@ -314,6 +272,9 @@ class Trainer:
                 if (trace := self.profiler.after(self.progress.step, end)) is not None:
                     logger.log({"step": self.progress.step, "event": "profile", "steps": cfg.monitor.profile.steps,
                                 "path": str(trace)})
+                saving = True  # a commit that failed in the background is raised here (and not tried again)
+                self.checkpoints.log_commits(logger)
+                saving = False
                 stop = self._stop_agreed()
                 at_end = self.progress.step == t.steps
                 if (t.eval_every and self.progress.step % t.eval_every == 0) or at_end:
@@ -324,15 +285,20 @@ class Trainer:
                 every = cfg.checkpoint.every
                 if (every and self.progress.step % every == 0) or at_end or self.progress.step == end or stop:
                     saving = True
+                    if stop:
+                        self._settle_before_stop(logger, "the checkpoint before it")
                     self._checkpoint(logger)
                     saving, saved_step = False, self.progress.step
+                if stop:
+                    self._settle_before_stop(logger, "this checkpoint")
                 # no rank leaves before rank 0 committed the checkpoint (a launcher such as msrun kills the others when
                 # the first one exits)
                 if stop and self.backend.world_size > 1:
                     self.backend.any_rank(False)
                 if stop and self.progress.step < end:  # a signal during the last step: the run is complete
                     raise Preempted(f"stopped by {signals.name or 'a stop signal on another rank'} at step "
-                                    f"{self.progress.step}; checkpoint written; continue with --resume auto")
+                                    f"{self.progress.step}; checkpoint committed; continue with --resume auto")
+            self.checkpoints.settle(logger)  # the last checkpoint counts before the run is done
             signals.enter(Phase.FINISHING)
         except (Preempted, KeyboardInterrupt):
             raise
@@ -343,7 +309,9 @@ class Trainer:
                     and self._state_is_last_step() and self._can_save_alone()):
                 self.console.print(f"[red]{type(exc).__name__} at step {self.progress.step + 1}: writing a last-gasp "
                                    f"checkpoint of step {self.progress.step}[/]")
-                self._checkpoint(logger)
+                if self.checkpoints.settle(logger, cfg.checkpoint.stop_grace_s):
+                    self._checkpoint(logger)
+                    self.checkpoints.settle(logger, cfg.checkpoint.stop_grace_s)
             raise
         finally:
             self.profiler.close()  # a run that ended inside the range: the trace of the steps it ran
@@ -351,6 +319,19 @@ class Trainer:
             logger.close()
         initial = EvalResult(**{k[4:]: v for k, v in self.evals.initial.items()}) if self.evals.initial else None
         return TrainResult(self.backend, self.progress.step, initial, last_eval, losses)
+
+    def _settle_before_stop(self, logger: MetricsLogger, which: str) -> None:
+        """On a stop signal: wait at most checkpoint.stop_grace_s for the commit in flight (rank 0; every rank learns
+        the outcome), else stop without a checkpoint of this step: the newest committed one is where a resume starts."""
+        grace = self.cfg.checkpoint.stop_grace_s
+        settled = self.checkpoints.settle(logger, grace)
+        if self.backend.world_size > 1:
+            settled = not self.backend.any_rank(not settled)
+        if not settled:
+            raise Preempted(f"stopped by {signals.name or 'a stop signal on another rank'} at step "
+                            f"{self.progress.step}; {which} was still committing after checkpoint.stop_grace_s="
+                            f"{grace:g} s, so step {self.progress.step} is not checkpointed; --resume auto continues "
+                            "from the newest committed checkpoint")
 
     def _device_peak(self) -> float | None:
         """Peak FLOP/s of the devices in use (every process is one device); None, said once, when unknown."""
@@ -362,8 +343,11 @@ class Trainer:
             return None
 
     def _checkpoint(self, logger: MetricsLogger) -> None:
+        """Snapshot this step and start its commit (the log's seconds are how long training stood still)."""
         t0 = time.perf_counter()
-        path = self.save()
+        path = self.checkpoints.save(self.progress.step, self.trainer_state)
+        if path is not None:
+            self.console.print(f"saved step {self.progress.step} (committing)", highlight=False)
         logger.log({"step": self.progress.step, "event": "checkpoint", "path": str(path),
                     "seconds": round(time.perf_counter() - t0, 4)})
 
@@ -481,14 +465,15 @@ class Trainer:
         step = self.progress.step
         action = "skipped" if not applied else "warned"
         if verdict.kind == "spike" and self.cfg.anomaly.policy == "rollback":
-            action = self._rollback()
+            action = self._rollback(logger)
         logger.log({"step": step, "event": "anomaly", "kind": verdict.kind, "reason": verdict.reason, "action": action})
         self.console.print(f"[yellow]step {step}: {verdict.kind} ({verdict.reason}); update {action}[/]")
         self.anomaly.check_consecutive(step, verdict, lr)
 
-    def _rollback(self) -> str:
+    def _rollback(self, logger: MetricsLogger) -> str:
         """Reload the newest valid checkpoint and skip the data from its position to here."""
-        path, _ = find_resumable(self.run_dir)
+        self.checkpoints.settle(logger)
+        path, _, _ = self.checkpoints.resumable(None, None)
         if path is None:
             return "skipped (no checkpoint to roll back to)"
         window_end, consecutive = self.position.consumed_samples, self.anomaly.consecutive

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from mindfoundry.backends.base import BackendUnavailable
-from mindfoundry.checkpoint.run_files import run_tokenizer
+from mindfoundry.checkpoint.run_files import run_data
 from mindfoundry.data.dataset.masking import TEXTS, VALIDATION, masking_for
 from mindfoundry.data.dataset.prepared import load_prepared
 from mindfoundry.data.ingest.files import SourceStats, read_files
@@ -33,7 +33,7 @@ def evaluate_model(model: TrainedModel, *, data: Sequence[str] = (), tasks: Sequ
         cfg.model.require_causal("--lm-eval (lm-evaluation-harness scores causal log-likelihoods)")
     out: dict[str, Any] = {"checkpoint": str(model.checkpoint)}
     if not data and not tasks and not lm_eval:
-        prepared = load_prepared(run_tokenizer(model.checkpoint, cfg).parent, cfg.model.vocab_size)
+        prepared = load_prepared(run_data(model.checkpoint, cfg), cfg.model.vocab_size)
         batches = -(-len(prepared.packed("validation", t.seq_len)) // t.micro_batch_size)  # every validation sample
         out["validation"] = {
             name: r.to_dict("")
@@ -47,7 +47,8 @@ def evaluate_model(model: TrainedModel, *, data: Sequence[str] = (), tasks: Sequ
             ).items()
         }
     for pattern in data:
-        docs = read_files([pattern], name="eval", category="eval", txt_mode="file", stats=SourceStats())
+        docs = read_files([pattern], name="eval", category="eval", txt_mode="file", stats=SourceStats(),
+                          storage=cfg.storage)
         out.setdefault("data", {})[pattern] = evaluate_texts(
             model.backend,
             model.tokenizer,

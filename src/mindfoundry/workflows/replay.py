@@ -51,7 +51,7 @@ def replay_config(cfg: RunConfig, choice: DumpChoice, out: Path) -> RunConfig:
         # one process whatever the run's layout (hooks need it): the same global batch, accumulated
         "parallel": ParallelConfig(),
         "debug": cfg.debug.model_copy(update={"dump": dump}),
-        "checkpoint": cfg.checkpoint.model_copy(update={"every": 0, "keep_last": 1}),
+        "checkpoint": cfg.checkpoint.model_copy(update={"every": 0, "keep_last": 1, "dir": None}),
         "train": t.model_copy(update={"eval_every": 0, "grad_accum": t.grad_accum * cfg.parallel.dp}),
         "monitor": cfg.monitor.model_copy(update={"tensorboard": False}),
     })

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mindfoundry.config.data_config import DataConfig
+from mindfoundry.config.storage_config import StorageConfig
 from mindfoundry.data.clean.boilerplate import LineCounter
 from mindfoundry.data.clean.curate import CUT, clean_chunk, clean_profile, runs_block, source_pipeline
 from mindfoundry.data.document import Document
@@ -41,12 +42,13 @@ class SourcePreview:
     documents: list[Document] = field(default_factory=list)
 
 
-def preview_cleaning(data: DataConfig, n: int) -> tuple[list[SourcePreview], int]:
+def preview_cleaning(data: DataConfig, n: int, storage: StorageConfig | None = None) -> tuple[list[SourcePreview], int]:
     """Clean the first ``n`` documents of every source; return each source's preview and the boilerplate
     ``min_documents`` used over the previewed documents."""
     if n < 1:
         raise PreviewError(f"--preview needs at least 1 document per source, got {n}")
-    docs = [list(enumerate(itertools.islice(read_source(data, i, SourceStats()), n))) for i in range(len(data.sources))]
+    docs = [list(enumerate(itertools.islice(read_source(data, i, SourceStats(), storage), n)))
+            for i in range(len(data.sources))]
     settings = data.clean.boilerplate
     counted = [i for i, src in enumerate(data.sources) if runs_block(data, src, CUT)]
     min_documents = max(2, min(settings.min_documents, sum(len(docs[i]) for i in counted) // 2))
