@@ -41,6 +41,7 @@ class S3Server:
         command = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
         if command is None:
             raise RuntimeError("moto_server not found: pip install 'moto[server]' (the dev extra)")
+        self.log = log
         self._log = open(log, "wb")
         self.process = subprocess.Popen([command, "-H", "127.0.0.1", "-p", str(self.port)], stdout=self._log,
                                         stderr=subprocess.STDOUT)
@@ -73,6 +74,11 @@ class S3Server:
         return boto3.client(service, endpoint_url=self.endpoint, region_name="us-east-1",
                             aws_access_key_id=settings["AWS_ACCESS_KEY_ID"],
                             aws_secret_access_key=settings["AWS_SECRET_ACCESS_KEY"])
+
+    def gets(self, bucket: str, key: str) -> int:
+        """How many times the object was read (GET requests in the server's access log)."""
+        self._log.flush()
+        return self.log.read_text(errors="replace").count(f'"GET /{bucket}/{key} HTTP')
 
     def bucket(self, prefix: str = "mf") -> str:
         """A new, empty bucket; its name."""

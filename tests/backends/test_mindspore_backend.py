@@ -130,9 +130,9 @@ def test_gradient_accumulation_equals_one_big_batch(make_config) -> None:
     assert acc.grad_norm == pytest.approx(big.grad_norm, rel=1e-5)
     for name in w_big:
         # Adam divides by sqrt(v): elements with near-zero gradients amplify 1e-7 summation-order
-        # differences, so compare updates at ~1/1000 of the step size (lr 3e-3); measured 3.35e-06 (one element of
-        # 12,288)
-        np.testing.assert_allclose(w_acc[name], w_big[name], rtol=0, atol=3.5e-6)
+        # differences, so compare updates at ~1/300 of the step size (lr 3e-3); measured 3.35e-06 on a Xeon and
+        # 9.75e-06 on an AMD EPYC (one element of 12,288)
+        np.testing.assert_allclose(w_acc[name], w_big[name], rtol=0, atol=1e-5)
 
 
 def test_host_looped_accumulation_is_the_in_graph_loop_bit_for_bit(make_config) -> None:

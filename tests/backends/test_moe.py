@@ -284,4 +284,6 @@ def test_mindspore_runs_experts_on_capacity_rows_only(capacity_engines, engines)
     for backend in (routed, dense):
         backend.load_weights(init_weights(spec, 11))
     a, b = routed.logits(ids), dense.logits(ids)
-    assert np.array_equal(a, b)  # the same products on rows of the same shapes, gathered: bit-identical
+    # the same products on rows of the same shapes, gathered: bit-identical on a Xeon; on an AMD EPYC the matmul's
+    # blocking for the two row counts differs in one rounding: measured 1.19e-07 (one float32 ulp of logits ~1.4)
+    np.testing.assert_allclose(a, b, rtol=0, atol=1.2e-7)

@@ -79,9 +79,9 @@ def test_previous_release_checkpoint_resumes_bit_exactly(engine: str, tmp_path: 
 
 
 # max |new - old| / max |old| per tensor, measured 1.94e-07 (model) and 4.80e-07 (optimizer; 1.86e-07 and 3.85e-07
-# before the
-# attention core and RMSNorm got backwards of their own, backends/mindspore/attention.py and norm.py): float32 rounding
-OLD_FINAL_BOUND = {"model": 2e-7, "optimizer": 5e-7}
+# before the attention core and RMSNorm got backwards of their own, backends/mindspore/attention.py and norm.py) on a
+# Xeon, and 1.86e-07 and 9.61e-07 (exp_avg_sq.layers.1.attn.k_proj.weight) on an AMD EPYC: float32 rounding
+OLD_FINAL_BOUND = {"model": 2e-7, "optimizer": 1e-6}
 
 
 def assert_close_to_old_final(final: Path) -> None:

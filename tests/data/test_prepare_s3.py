@@ -13,7 +13,7 @@ import pytest
 from test_parallel_prepare import output_files, without_timings
 
 from mindfoundry.config.load import load_config
-from mindfoundry.data.dataset.prepared import local_copy
+from mindfoundry.data.dataset.prepared import DataError, local_copy
 from mindfoundry.data.prepare.pipeline import prepare_data
 from mindfoundry.storage.commit import COMMIT_FILE, FETCHED
 
@@ -89,3 +89,41 @@ def test_a_second_prepare_reuses_the_committed_output_and_a_restart_its_local_co
     again = prepare_data(cfg, log=logs.append)
     assert logs == [f"reusing prepared data in s3://{bucket}/data"]
     assert again.root == copy and (copy / "train").stat().st_mtime_ns == stamp  # not fetched again
+
+
+def test_overwrite_of_a_url_output_keeps_the_old_objects_and_a_cluster_needs_a_url_work_dir(s3, tiny_run) -> None:
+    bucket = s3.bucket()
+    cfg = load_config(tiny_run("remote", data__output_dir=f"s3://{bucket}/data"))
+    prepare_data(cfg, log=lambda _: None)
+    before = {k: s3.get(bucket, k) for k in s3.keys(bucket, "data/")}
+    prepare_data(cfg, overwrite=True, log=lambda _: None)
+    aside = [k for k in s3.keys(bucket) if k.startswith("data.old-")]
+    assert {"data/" + k.split("/", 1)[1]: s3.get(bucket, k) for k in aside} == before  # every old object, kept whole
+    assert {k for k in s3.keys(bucket, "data/")} == set(before)  # and the new output committed in its place
+    on_cluster = load_config(tiny_run("cluster", data__output_dir=f"s3://{bucket}/other", data__executor="ray",
+                                      data__ray={"address": "auto"}))
+    with pytest.raises(DataError, match="set data.work_dir to a URL too"):
+        prepare_data(on_cluster, log=lambda _: None)
+    assert s3.keys(bucket, "other/") == []
+
+
+def test_a_work_area_in_a_bucket_is_held_by_one_prepare_at_a_time(s3, tmp_path) -> None:
+    import time as clock
+
+    from mindfoundry.data.execute.remote_workdir import LEASE, STALE_S, RemoteWorkDir
+    from mindfoundry.data.execute.workdir import WorkDirError
+    from mindfoundry.storage.remote import Remote
+
+    bucket = s3.bucket()
+    root = Remote(f"s3://{bucket}/work")
+    s3.put(bucket, f"work/{LEASE}", json.dumps({"owner": "pid 1 on another-node", "time": clock.time()}).encode())
+    work = RemoteWorkDir(root, str(tmp_path))
+    with pytest.raises(WorkDirError, match=r"another prepare \(pid 1 on another-node\) is working in"):
+        work.claim("identity", "plan", fresh=False, log=lambda _: None)
+    # a lease its driver stopped renewing is a dead driver's: taken over, and released at the end
+    s3.put(bucket, f"work/{LEASE}", json.dumps({"owner": "pid 1 on another-node",
+                                                "time": clock.time() - STALE_S - 1}).encode())
+    work.claim("identity", "plan", fresh=False, log=lambda _: None)
+    assert json.loads(s3.get(bucket, f"work/{LEASE}"))["owner"].endswith(f"on {__import__('socket').gethostname()}")
+    work.release()
+    assert s3.keys(bucket, f"work/{LEASE}") == []

@@ -115,3 +115,23 @@ def test_a_link_cut_under_an_upload_is_retried_then_one_line(s3, corpus_dir, tmp
     assert committed_steps(s3, bucket) == {2}  # step 4 never counts
     assert "mf-test-secret" not in err
     proxy.close()
+
+
+def test_two_ranks_fetch_url_shards_once_per_node_and_a_restart_reuses_them(s3, tiny_run, tmp_path) -> None:
+    from mindfoundry.cli.main import main
+    from mindfoundry.config.load import load_config
+    from mindfoundry.data.prepare.pipeline import prepare_data
+    from mindfoundry.parallel.launch import free_port
+
+    bucket = s3.bucket()
+    config = tiny_run("ranks", data__output_dir=f"s3://{bucket}/data")
+    prepare_data(load_config(config, [f"data.cache_dir={tmp_path / 'preparing'}"]), log=lambda _: None)
+    shard = "data/train/code.bin"
+    before = s3.gets(bucket, shard)
+    node = tmp_path / "node"
+    sets = ["--set", "backend=torch", "--set", "parallel.dp_replicate=2", "--set", f"data.cache_dir={node}"]
+    assert main(["launch", "train", str(config), *sets, "--master-port", str(free_port())]) == 0
+    assert s3.gets(bucket, shard) - before == 1  # two ranks, one node: one download
+    assert (tmp_path / "node" / "data").is_dir()
+    assert main(["launch", "train", str(config), *sets, "--master-port", str(free_port()), "--resume", "auto"]) == 0
+    assert s3.gets(bucket, shard) - before == 1  # the restart found the copy (its marker unchanged): no download

@@ -214,7 +214,8 @@ def add_ckpt_commands(sub: argparse._SubParsersAction) -> None:
         "export", help="a checkpoint as a Hugging Face Llama folder (transformers opens it) or merged weights"
     )
     p.add_argument(
-        "checkpoint", help="RUN/checkpoints/step_N folder (full or sharded), or RUN_DIR for its newest valid one"
+        "checkpoint", help="CKPT/step_N folder or URL (full or sharded), or RUN_DIR / a checkpoint.dir for its newest "
+        "valid one"
     )
     p.add_argument(
         "--format",
@@ -223,25 +224,26 @@ def add_ckpt_commands(sub: argparse._SubParsersAction) -> None:
         help="hf: config.json + model.safetensors (Llama names) + tokenizer; mindformers: weights under MindFormers' "
         "Llama names + a MindFormers run YAML over this run's shards + tokenizer; safetensors: one file, our names",
     )
-    p.add_argument("--out", required=True, help="output folder (hf; must not exist or be empty) or .safetensors file")
+    p.add_argument("--out", required=True, help="output folder (hf; must not exist or be empty) or .safetensors file; "
+                   "a URL (s3://...) for hf and safetensors: uploaded, then commit.json")
     p.set_defaults(func=cmd_export)
 
     ckpt = sub.add_parser("ckpt", help="list, verify or inspect checkpoints").add_subparsers(
         dest="ckpt_command", required=True
     )
     p = ckpt.add_parser("list", help="a run's checkpoints with size, data position, val loss and status")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", help="RUN_DIR (its checkpoint.dir), or a checkpoint.dir folder or URL")
     p.set_defaults(func=cmd_list)
     p = ckpt.add_parser(
         "best", help="print the path of the checkpoint with the lowest validation loss (checkpoints/best)"
     )
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", help="RUN_DIR (its checkpoint.dir), or a checkpoint.dir folder or URL")
     p.set_defaults(func=cmd_best)
     p = ckpt.add_parser(
         "verify", help="check sizes and sha256 of a checkpoint (or of all of a run's); exit 2 if any is invalid"
     )
-    p.add_argument("path", help="RUN_DIR or RUN_DIR/checkpoints/step_N")
+    p.add_argument("path", help="RUN_DIR, a checkpoint.dir (folder or URL), or one CKPT/step_N (folder or URL)")
     p.set_defaults(func=cmd_verify)
     p = ckpt.add_parser("inspect", help="trainer state and tensor summary of one checkpoint")
-    p.add_argument("path", help="RUN_DIR/checkpoints/step_N")
+    p.add_argument("path", help="CKPT/step_N (folder or URL), or RUN_DIR for its newest valid checkpoint")
     p.set_defaults(func=cmd_inspect)

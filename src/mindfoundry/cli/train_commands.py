@@ -221,7 +221,7 @@ def add_train_commands(sub: argparse._SubParsersAction) -> None:
             )
         p.set_defaults(func=func)
     p = sub.add_parser("generate", help="continue a prompt with a trained checkpoint (key/value cache, either engine)")
-    p.add_argument("checkpoint", help="RUN_DIR (its newest valid checkpoint) or RUN_DIR/checkpoints/step_N")
+    p.add_argument("checkpoint", help="RUN_DIR (its newest valid checkpoint) or CKPT/step_N (a folder or a URL)")
     p.add_argument("--prompt", required=True, help="text to continue")
     p.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
     p.add_argument("--temperature", type=float, default=0.8, metavar="T", help="0 = greedy (default 0.8)")
@@ -239,7 +239,7 @@ def add_train_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "eval", help="held-out loss/perplexity/bits per byte (per category, or on files) and zero-shot multiple choice"
     )
-    p.add_argument("checkpoint", help="RUN_DIR (its newest valid checkpoint) or RUN_DIR/checkpoints/step_N")
+    p.add_argument("checkpoint", help="RUN_DIR (its newest valid checkpoint) or CKPT/step_N (a folder or a URL)")
     p.add_argument(
         "--data",
         nargs="+",

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from mindfoundry.config.parallel_config import split_settings
 from mindfoundry.config.schema import ASCEND_DEVICES, RunConfig
+from mindfoundry.config.section import url_protocol
 
 #: 256 byte symbols plus the EOS and PAD special tokens.
 MIN_BYTE_BPE_VOCAB = 258
@@ -220,7 +221,7 @@ def _train_problems(cfg: RunConfig) -> list[str]:
                 "or remove it"
             )
     init = cfg.model.init_from
-    if init is not None and not Path(init).is_dir():
+    if init is not None and url_protocol(init) is None and not Path(init).is_dir():
         out.append(f"model.init_from={init!r} is not a folder: point it at a Hugging Face Llama folder or a "
                    "RUN/checkpoints/step_N folder, or set it to null for random initial weights")
     if cfg.optim.warmup_steps > cfg.train.steps:

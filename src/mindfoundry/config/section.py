@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
@@ -15,6 +16,18 @@ MAX_INT = 2**53
 #: within the 255 bytes a file name may have; the whole within what every OS accepts.
 MAX_PATH_PART = 200
 MAX_PATH = 1024
+
+
+_SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
+
+
+def url_protocol(path: str) -> str | None:
+    """The URL scheme of a path from the config (``s3`` for ``s3://bucket/key``), or None for a local path (``file://``
+    counts as local): the one rule for what a URL is (mindfoundry.storage reaches them)."""
+    found = _SCHEME.match(path)
+    if found is None or found.group(1).lower() == "file":
+        return None
+    return found.group(1).lower()
 
 
 def checked_path(value: str | None) -> str | None:

@@ -11,21 +11,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Union
 
+from mindfoundry.config.section import url_protocol
 from mindfoundry.config.storage_config import StorageConfig
-from mindfoundry.storage.remote import Remote, protocol_of
+from mindfoundry.storage.remote import Remote
 
 Location = Union[Path, Remote]
 
 
 def is_url(path: str | Path | Remote) -> bool:
     """Whether ``path`` names object storage (``s3://...``; ``file://`` is local)."""
-    return isinstance(path, Remote) or (isinstance(path, str) and protocol_of(path) is not None)
+    return isinstance(path, Remote) or (isinstance(path, str) and url_protocol(path) is not None)
 
 
 def locate(path: str | Path | Remote, storage: StorageConfig | None = None) -> Location:
     """``path`` as a :class:`Remote` (a URL, reached with ``storage``) or a local :class:`Path` (no ``file://``)."""
     if isinstance(path, (Path, Remote)):
         return path
-    if protocol_of(path) is not None:
+    if url_protocol(path) is not None:
         return Remote(path, storage)
     return Path(path.removeprefix("file://")) if path.startswith("file://") else Path(path)

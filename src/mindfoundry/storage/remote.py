@@ -22,15 +22,13 @@ import io
 import json
 import os
 import posixpath
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from mindfoundry.config.section import url_protocol
 from mindfoundry.config.storage_config import StorageConfig
 from mindfoundry.errors import InputMissingError, MindFoundryError
-
-_SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 
 #: The install extra that brings the S3 file system.
 S3_EXTRA = "pip install 'mindfoundry[s3]'"
@@ -44,18 +42,9 @@ class ObjectMissingError(StorageError, InputMissingError):
     """An object (or every object under a prefix) that should be there is not."""
 
 
-def protocol_of(path: str) -> str | None:
-    """The URL scheme of ``path`` (``s3``), or None for a local path (``file://`` counts as local)."""
-    found = _SCHEME.match(path)
-    if found is None or found.group(1).lower() == "file":
-        return None
-    return found.group(1).lower()
-
-
 def _strip(url: str) -> str:
     """The URL without a trailing slash (a prefix names the same objects with or without it)."""
-    scheme = _SCHEME.match(url)
-    head = scheme.end() if scheme else 0
+    head = url.index("://") + 3
     return url[:head] + url[head:].rstrip("/")
 
 
@@ -63,9 +52,9 @@ def _strip(url: str) -> str:
 def _filesystem(protocol: str, options_json: str, environment: str) -> Any:
     """The fsspec file system of ``protocol`` with these options, one per process (s3fs keeps connections open) and
     per ``environment`` (the AWS variables it reads credentials and the endpoint from)."""
-    import fsspec
-
     try:
+        import fsspec
+
         cls = fsspec.get_filesystem_class(protocol)
     except ImportError as exc:
         fix = S3_EXTRA if protocol in ("s3", "s3a") else f"install the fsspec implementation of {protocol}://"
@@ -82,7 +71,7 @@ class Remote:
     __slots__ = ("url", "storage")
 
     def __init__(self, url: str, storage: StorageConfig | None = None) -> None:
-        if protocol_of(url) is None:
+        if url_protocol(url) is None:
             raise ValueError(f"not a URL: {url!r}")
         self.url = _strip(url)
         self.storage = storage or StorageConfig()
@@ -90,7 +79,7 @@ class Remote:
     # -- naming ------------------------------------------------------------------------------------------------
     @property
     def protocol(self) -> str:
-        return protocol_of(self.url) or ""
+        return url_protocol(self.url) or ""
 
     @property
     def key(self) -> str:

@@ -125,7 +125,8 @@ class Trainer:
             self.console.print(f"[yellow]skipping checkpoint: {note}[/]")
         if path is None:
             init = self.cfg.model.init_from
-            weights = initial_weights(init, self.spec) if init else init_weights(self.spec, self.cfg.seed)
+            weights = initial_weights(init, self.spec, self.cfg.storage) if init else init_weights(self.spec,
+                                                                                                  self.cfg.seed)
             self.backend.load_weights(weights)
             if init:
                 self.console.print(f"initial weights from {init}")

@@ -98,6 +98,10 @@ def work_dir(cfg: RunConfig) -> Location:
         return locate(cfg.data.work_dir, cfg.storage)
     out = prepared_location(cfg)
     if isinstance(out, Remote):
+        if cfg.data.executor == "ray" and cfg.data.ray.address != "local":
+            raise DataError(f"data.output_dir is a URL ({out}) and data.executor is ray on a cluster: set "
+                            "data.work_dir to a URL too (e.g. s3://BUCKET/work/NAME), where every node reaches the "
+                            "stages' files; unset, the work area is a folder of this node only")
         return cache_folder("work", out.url, cfg.data.cache_dir)
     return out.with_name(f".{out.name}.work")
 
@@ -171,8 +175,11 @@ def _publish(staged: _Prepare, manifest: dict[str, Any], out: Location, cache_di
             if out.exists():
                 out.rename(aside)
             out.parent.mkdir(parents=True, exist_ok=True)
-        elif out.exists():
+        elif is_prepared(out):
             _move_aside(out, aside)
+        elif out.exists():  # objects without a marker: what a killed upload of the output left
+            out.abort_uploads()
+            out.delete_tree()
         publish(local_tmp, out)
     finally:
         shutil.rmtree(local_tmp, ignore_errors=True)

@@ -1,0 +1,93 @@
+"""A run whose checkpoints live in a bucket (a real S3 server), used the way a user does: `ckpt list`, `eval`,
+`generate` and `export` of a checkpoint URL (the export also to a URL), with the same numbers and bytes as from a local
+copy; secrets given in the config never written out or printed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mindfoundry.cli.main import main
+from mindfoundry.config.storage_config import REDACTED
+
+SECRET = "top-secret-value-0123456789"
+
+
+@pytest.fixture
+def s3_run(s3, tiny_run, tmp_path):
+    """A 6-step torch run checkpointing to s3://BUCKET/ckpt (every 3 steps), with credentials written in its config
+    (moto takes any); its config file and the bucket."""
+    bucket = s3.bucket()
+    config = tiny_run("s3run", backend="torch", checkpoint={"dir": f"s3://{bucket}/ckpt", "every": 3},
+                      storage={"options": {"s3": {"key": "AKIA-in-the-config", "secret": SECRET}}})
+    assert main(["train", str(config)]) == 0
+    return config, bucket
+
+
+def test_checkpoint_urls_serve_list_eval_generate_and_export(s3_run, s3, tmp_path, capsys) -> None:
+    config, bucket = s3_run
+    url = f"s3://{bucket}/ckpt"
+    capsys.readouterr()
+    assert main(["ckpt", "list", url]) == 0
+    listing = capsys.readouterr().out
+    assert "step_00000003" in listing and "step_00000006  (latest)  (best)" in listing and "INVALID" not in listing
+    # the same checkpoint from the bucket and from a local copy of its objects: the same evaluation and generation
+    local = tmp_path / "copy" / "step_00000006"
+    for key in s3.keys(bucket, "ckpt/step_00000006/"):
+        target = local / key.split("/", 2)[2]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(s3.get(bucket, key))
+    results = {}
+    for name, where in (("url", f"{url}/step_00000006"), ("local", str(local))):
+        assert main(["eval", where, "--json", str(tmp_path / f"{name}.json")]) == 0
+        results[name] = json.loads((tmp_path / f"{name}.json").read_text())
+        assert main(["generate", where, "--prompt", "def ", "--temperature", "0", "--max-new-tokens", "8",
+                     "--json"]) == 0
+        results[name]["generation"] = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert results["url"]["validation"] == results["local"]["validation"] and results["url"]["validation"]
+    assert results["url"]["generation"] == results["local"]["generation"]
+    # export from the bucket to the bucket: the objects a local export writes, committed by commit.json
+    assert main(["export", str(local), "--out", str(tmp_path / "hf")]) == 0
+    assert main(["export", f"{url}/step_00000006", "--out", f"s3://{bucket}/hf"]) == 0
+    exported = {key[3:]: s3.get(bucket, key) for key in s3.keys(bucket, "hf/") if key != "hf/commit.json"}
+    assert exported == {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}
+    assert sorted(json.loads(s3.get(bucket, "hf/commit.json"))["objects"]) == sorted(exported)
+    assert main(["export", f"{url}/step_00000006", "--out", f"s3://{bucket}/hf"]) == 2  # never over objects
+    assert "already holds objects" in capsys.readouterr().err
+
+
+def test_secrets_in_the_config_are_never_written_out_or_printed(s3, tiny_run, tmp_path, capsys) -> None:
+    bucket = s3.bucket()
+    config = tiny_run("secret", data__output_dir=f"s3://{bucket}/data",
+                      storage={"options": {"s3": {"key": "AKIA-not-a-real-key", "secret": SECRET}}})
+    assert main(["config", "show", str(config)]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    assert shown["storage"]["options"]["s3"] == {"key": REDACTED, "secret": REDACTED}
+    # moto accepts any key: prepare runs with the config's credentials; nothing written holds them
+    assert main(["prepare", str(config)]) == 0
+    captured = capsys.readouterr()
+    assert SECRET not in captured.out + captured.err
+    written = b"".join(s3.get(bucket, key) for key in s3.keys(bucket))
+    assert SECRET.encode() not in written
+    # a wrong endpoint with the secret in the config: the error names the endpoint, never the secret
+    tree = yaml.safe_load(config.read_text())
+    tree["storage"]["endpoint_url"] = "http://127.0.0.1:9"
+    tree["storage"]["retries"] = 0
+    tree["data"]["output_dir"] = f"s3://{bucket}/elsewhere"
+    config.write_text(yaml.safe_dump(tree))
+    assert main(["prepare", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot reach the storage endpoint http://127.0.0.1:9" in err and SECRET not in err
+
+
+def test_what_train_writes_holds_no_secret(s3_run, s3, capsys) -> None:
+    config, bucket = s3_run
+    run_dir = Path(yaml.safe_load(config.read_text())["run_dir"])
+    written = [p.read_bytes() for p in run_dir.rglob("*") if p.is_file()]
+    written += [s3.get(bucket, key) for key in s3.keys(bucket)]
+    assert all(SECRET.encode() not in blob for blob in written) and len(written) > 20
+    kept = yaml.safe_load(s3.get(bucket, "ckpt/step_00000006/config.yaml"))  # the checkpoint's own config
+    assert kept["storage"]["options"]["s3"] == {"key": REDACTED, "secret": REDACTED}
