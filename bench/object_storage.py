@@ -48,6 +48,7 @@ def prepare_side_by_side(root: Path, server: S3Server, documents: int, rounds: i
     bucket = server.bucket("bench")
     server.upload_tree(corpus, bucket, "corpus")
     env = {**os.environ, **server.env()}
+    (root / "local").mkdir(parents=True)
     trees = {"local": yaml.safe_load(write_config(root / "local", corpus, workers).read_text())}
     trees["s3"] = json.loads(json.dumps(trees["local"]))
     trees["s3"]["run_dir"] = str(root / "s3" / "run")
@@ -67,9 +68,11 @@ def prepare_side_by_side(root: Path, server: S3Server, documents: int, rounds: i
             "seconds": times, "s3_over_local": round(ratio, 3)}
 
 
-def training_while_uploading(root: Path, server: S3Server, steps: int, d_model: int, layers: int,
-                             every: int) -> dict[str, Any]:
+def training_while_committing(root: Path, server: S3Server, steps: int, d_model: int, layers: int, every: int,
+                              to_bucket: bool) -> dict[str, Any]:
+    """One training run checkpointing to the S3 server (``to_bucket``) or to a local folder; the step times."""
     bucket = server.bucket("ckpt")
+    where = f"s3://{bucket}/ckpt" if to_bucket else str(root / "checkpoints")
     tree = {
         "name": "upload", "run_dir": str(root / "train"), "seed": 7, "backend": "torch",
         "model": {"vocab_size": 8192, "d_model": d_model, "n_layers": layers, "n_heads": 8, "max_seq_len": 256},
@@ -77,9 +80,10 @@ def training_while_uploading(root: Path, server: S3Server, steps: int, d_model: 
                  "validation_fraction": 0.02},
         "train": {"steps": steps, "micro_batch_size": 8, "seq_len": 256, "eval_every": 0, "eval_batches": 1},
         "optim": {"warmup_steps": 5},
-        "checkpoint": {"dir": f"s3://{bucket}/ckpt", "every": every, "keep_last": 2, "keep_best": False},
+        "checkpoint": {"dir": where, "every": every, "keep_last": 2, "keep_best": False},
         "monitor": {"progress": False},
     }
+    root.mkdir(parents=True, exist_ok=True)
     config = root / "train.yaml"
     config.write_text(yaml.safe_dump(tree))
     env = {**os.environ, **server.env()}
@@ -105,11 +109,12 @@ def training_while_uploading(root: Path, server: S3Server, steps: int, d_model: 
     warm = [s for s in step_time if s > 5]  # the first steps compile and warm up
     during = [step_time[s] for s in warm if s in uploading]
     without = [step_time[s] for s in warm if s not in uploading and s not in saved and s - 1 not in saved]
-    checkpoint_mb = sum(json.loads(server.get(bucket, k))["files"][f]["bytes"]
-                        for k in server.keys(bucket, "ckpt/") if k.endswith("/manifest.json")
-                        for f in json.loads(server.get(bucket, k))["files"]) / 1e6 / 2  # keep_last 2
+    newest = json.loads(Path(next(r["path"] for r in reversed(records) if r.get("event") == "checkpoint_committed")
+                             ).joinpath("manifest.json").read_text()) if not to_bucket else json.loads(
+        server.get(bucket, f"ckpt/step_{steps:08d}/manifest.json"))
+    checkpoint_mb = sum(meta["bytes"] for meta in newest["files"].values()) / 1e6
     spec = ModelSpec.from_config(load_config(config).model)
-    return {"parameters_m": round(num_parameters(spec) / 1e6, 1),
+    return {"to": "s3" if to_bucket else "local disk", "parameters_m": round(num_parameters(spec) / 1e6, 1),
             "checkpoint_mb": round(checkpoint_mb, 1), "steps": steps, "every": every,
             "steps_while_uploading": len(during), "steps_without": len(without),
             "mean_step_s_while_uploading": round(statistics.mean(during), 4) if during else None,
@@ -144,13 +149,15 @@ def main() -> None:
                 print(f"prepare of {p['documents']:,} documents ({p['corpus_mb']} MB): local {p['seconds']['local']} s,"
                       f" s3 {p['seconds']['s3']} s; s3/local {p['s3_over_local']}x", flush=True)
             if not args.skip_train:
-                out["train"] = training_while_uploading(root / "train", server, args.steps, args.d_model, args.layers,
-                                                        args.every)
-                t = out["train"]
-                print(f"training ({t['parameters_m']}M parameters, checkpoint {t['checkpoint_mb']} MB): mean step "
-                      f"{t['mean_step_s_while_uploading']} s over {t['steps_while_uploading']} steps while uploading, "
-                      f"{t['mean_step_s_without']} s over {t['steps_without']} steps without; ratio {t['ratio']}; "
-                      f"snapshot stalls {t['snapshot_stall_s']} s; commits {t['commit_s']} s", flush=True)
+                for to_bucket in (True, False):
+                    t = training_while_committing(root / f"train-{to_bucket}", server, args.steps, args.d_model,
+                                                  args.layers, args.every, to_bucket)
+                    out[f"train_to_{'s3' if to_bucket else 'local'}"] = t
+                    print(f"training to {t['to']} ({t['parameters_m']}M parameters, checkpoint {t['checkpoint_mb']} "
+                          f"MB): mean step {t['mean_step_s_while_uploading']} s over {t['steps_while_uploading']} "
+                          f"steps while committing, {t['mean_step_s_without']} s over {t['steps_without']} steps "
+                          f"without; ratio {t['ratio']}; snapshot stalls {t['snapshot_stall_s']} s; commits "
+                          f"{t['commit_s']} s", flush=True)
         finally:
             server.stop()
     print(json.dumps(out))

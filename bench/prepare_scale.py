@@ -78,7 +78,7 @@ def make_corpus(root: Path, documents: int, seed: int = 0) -> dict[str, Any]:
         if earlier and roll < 0.04:
             text = rng.choice(earlier)
         elif earlier and roll < 0.08:
-            text = make_twin(rng.choice(earlier), "char_edits", language, rng)
+            text = make_twin(rng.choice(earlier), rng.choice(["char_edits_2", "char_edits_4"]), language, rng)
         elif language == "zh":  # paragraphs of up to 3 sentences: lines almost never repeat across documents
             sentences = [rng.choice(pools["zh"]) for _ in range(rng.randint(3, 12))]
             text = "\n".join("".join(sentences[j:j + 3]) for j in range(0, len(sentences), 3))

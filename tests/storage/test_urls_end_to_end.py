@@ -91,3 +91,43 @@ def test_what_train_writes_holds_no_secret(s3_run, s3, capsys) -> None:
     assert all(SECRET.encode() not in blob for blob in written) and len(written) > 20
     kept = yaml.safe_load(s3.get(bucket, "ckpt/step_00000006/config.yaml"))  # the checkpoint's own config
     assert kept["storage"]["options"]["s3"] == {"key": REDACTED, "secret": REDACTED}
+
+
+def test_a_profile_in_the_aws_files_is_enough(s3, tiny_run, tmp_path, monkeypatch) -> None:
+    """No key, secret or endpoint in the environment or the config: AWS_PROFILE names a profile of ~/.aws/credentials
+    and ~/.aws/config (its endpoint_url), as botocore reads them; storage.profile does the same from the config."""
+    from s3_server import ACCESS_KEY, SECRET_KEY
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name)
+    (tmp_path / "credentials").write_text(f"[lab]\naws_access_key_id = {ACCESS_KEY}\n"
+                                          f"aws_secret_access_key = {SECRET_KEY}\n")
+    (tmp_path / "config").write_text(f"[profile lab]\nregion = us-east-1\nendpoint_url = {s3.endpoint}\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    bucket = s3.bucket()
+    monkeypatch.setenv("AWS_PROFILE", "lab")
+    assert main(["prepare", str(tiny_run("profiled", data__output_dir=f"s3://{bucket}/a"))]) == 0
+    monkeypatch.delenv("AWS_PROFILE")
+    assert main(["prepare", str(tiny_run("named", data__output_dir=f"s3://{bucket}/b",
+                                         storage={"profile": "lab"}))]) == 0
+    assert {k.split("/")[0] for k in s3.keys(bucket) if k.endswith("commit.json")} == {"a", "b"}
+
+
+def test_any_installed_fsspec_protocol_is_a_source(tiny_run, tmp_path, corpus_dir) -> None:
+    """fsspec's in-memory file system (memory://) as the sources of a prepare: the same shards as the local files."""
+    import fsspec
+
+    from mindfoundry.config.load import load_config
+    from mindfoundry.data.prepare.pipeline import prepare_data
+
+    memory = fsspec.filesystem("memory")
+    memory.pipe("/corpus/code.jsonl", (corpus_dir / "code.jsonl").read_bytes())
+    for path in sorted((corpus_dir / "txt").iterdir()):
+        memory.pipe(f"/corpus/txt/{path.name}", path.read_bytes())
+    local = prepare_data(load_config(tiny_run("files")), log=lambda _: None)
+    remote = prepare_data(load_config(tiny_run("memory", data__sources=[
+        {"name": "code", "paths": ["memory://corpus/code.jsonl"]},
+        {"name": "asyncio", "paths": ["memory://corpus/txt"]}])), log=lambda _: None)
+    for shard in ("train/code.bin", "train/asyncio.bin", "validation/code.bin", "validation/asyncio.bin"):
+        assert (remote.root / shard).read_bytes() == (local.root / shard).read_bytes()

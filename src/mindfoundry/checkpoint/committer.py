@@ -14,7 +14,9 @@ run resumes from the previous committed checkpoint, and the next start removes w
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -27,6 +29,21 @@ import numpy as np
 from mindfoundry.checkpoint.directory import CheckpointDir, Retention, last_checkpoint_size, write_checkpoint_files
 from mindfoundry.checkpoint.store import shard_folders, step_dir_name
 from mindfoundry.storage.location import Location
+from mindfoundry.storage.remote import on_io_thread
+
+#: The background work's niceness (Linux; per thread): it takes the cores when training leaves them, so the training
+#: threads are slowed as little as the machine allows.
+BACKGROUND_NICE = 19
+
+
+def yield_cores(native_thread_id: int) -> None:
+    """Lower the scheduling priority of one thread of this process (Linux: niceness is per thread) to
+    :data:`BACKGROUND_NICE`; elsewhere nothing (there the call would reach the whole process)."""
+    if sys.platform.startswith("linux"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, native_thread_id, BACKGROUND_NICE)
+        except OSError:
+            pass
 
 
 @dataclass(frozen=True)
@@ -73,6 +90,9 @@ class Committer:
     def _commit(self, tmp: Path, step: int, weights: Mapping[str, np.ndarray] | None,
                 optimizer: Mapping[str, np.ndarray] | None, state: dict[str, Any], extra_files: dict[str, bytes],
                 tensors_written: bool) -> None:
+        yield_cores(threading.get_native_id())
+        if self.directory.remote:  # the uploads run on fsspec's I/O thread
+            on_io_thread(lambda: yield_cores(threading.get_native_id()))
         start = time.perf_counter()
         try:
             write_checkpoint_files(tmp, step, weights, optimizer, state, extra_files, tensors_written=tensors_written,

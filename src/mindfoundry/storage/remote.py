@@ -22,7 +22,7 @@ import io
 import json
 import os
 import posixpath
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,15 @@ def _filesystem(protocol: str, options_json: str, environment: str) -> Any:
         raise StorageError(f"unknown storage protocol '{protocol}://': use s3:// (S3, Huawei OBS, MinIO) or a "
                            "protocol fsspec knows (fsspec.available_protocols())") from None
     return cls(**json.loads(options_json), skip_instance_cache=True)
+
+
+def on_io_thread(call: Callable[[], None]) -> None:
+    """Run ``call`` on fsspec's I/O thread (where s3fs's requests run), without waiting for it."""
+    try:
+        import fsspec.asyn
+    except ImportError:
+        return
+    fsspec.asyn.get_loop().call_soon_threadsafe(call)
 
 
 class Remote:
