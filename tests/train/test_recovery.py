@@ -69,13 +69,10 @@ def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: flo
         time.sleep(0.01)
 
 
-@pytest.fixture(scope="module")
-def reference(corpus_dir: Path, tmp_path_factory) -> dict[str, dict[int, float]]:
-    """The uninterrupted MindSpore run every interrupted one here is held to."""
-    root = tmp_path_factory.mktemp("reference")
-    proc = run("train", str(write_config(corpus_dir, root, "mindspore", "mindspore")))
-    assert proc.returncode == 0, proc.stderr
-    return {"mindspore": losses(root / "mindspore")}
+@pytest.fixture
+def reference(mindspore_reference: dict[int, float]) -> dict[str, dict[int, float]]:
+    """The uninterrupted MindSpore run every interrupted one here is held to (tests/train/conftest.py)."""
+    return {"mindspore": mindspore_reference}
 
 
 def test_sigkill_at_random_points_then_resume_is_exact(reference, corpus_dir: Path, tmp_path: Path) -> None:

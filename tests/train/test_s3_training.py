@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 from test_recovery import STEPS, cmd, last_step, losses, wait_for_step, write_config
@@ -41,17 +40,8 @@ def wait_until(condition, proc: subprocess.Popen, what: str, timeout: float = 18
         time.sleep(0.02)
 
 
-@pytest.fixture(scope="module")
-def reference(corpus_dir: Path, tmp_path_factory) -> dict[int, float]:
-    """The uninterrupted run, checkpointing to a local folder."""
-    root = tmp_path_factory.mktemp("reference")
-    proc = subprocess.run(cmd("train", str(write_config(corpus_dir, root, "ref", "mindspore"))), capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    return losses(root / "ref")
-
-
-def test_killed_between_steps_and_during_an_upload_resumes_exactly(s3, reference, corpus_dir, tmp_path) -> None:
+def test_killed_between_steps_and_during_an_upload_resumes_exactly(s3, mindspore_reference, corpus_dir,
+                                                                     tmp_path) -> None:
     bucket = s3.bucket()
     config = write_config(corpus_dir, tmp_path, "run", "mindspore",
                           checkpoint={"dir": f"s3://{bucket}/ckpt", "every": 2, "keep_last": 2})
@@ -85,7 +75,7 @@ def test_killed_between_steps_and_during_an_upload_resumes_exactly(s3, reference
     assert f"removed step_{min(half):08d} (objects without a commit marker)" in done.stderr
     assert "saved step 16 (committing)" in done.stderr and "committed step 16" in done.stderr
     got = losses(run_dir)
-    assert [got[s] for s in range(1, STEPS + 1)] == [reference[s] for s in range(1, STEPS + 1)]
+    assert [got[s] for s in range(1, STEPS + 1)] == [mindspore_reference[s] for s in range(1, STEPS + 1)]
     assert uncommitted_steps(s3, bucket) == set() and committed_steps(s3, bucket) == {14, 16}
     assert not s3.client().list_multipart_uploads(Bucket=bucket).get("Uploads")
     for proxy in (fast, slow):
