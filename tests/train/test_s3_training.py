@@ -84,7 +84,7 @@ def test_killed_between_steps_and_during_an_upload_resumes_exactly(s3, mindspore
 
 def test_a_link_cut_under_an_upload_is_retried_then_one_line(s3, corpus_dir, tmp_path) -> None:
     bucket = s3.bucket()
-    config = write_config(corpus_dir, tmp_path, "cut", "mindspore",
+    config = write_config(corpus_dir, tmp_path, "cut", "torch",
                           checkpoint={"dir": f"s3://{bucket}/ckpt", "every": 2, "keep_last": 2},
                           storage={"retries": 2, "connect_timeout_s": 2, "read_timeout_s": 5})
     proxy = TcpProxy(s3.port, delay_s=0.2)
