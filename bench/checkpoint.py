@@ -58,7 +58,7 @@ def speed(params_m: int, root: Path) -> dict:
 def overhead(steps: int, every: int, engine: str, root: Path) -> dict:
     run_dir = root / f"overhead-{every}"
     overrides = [f"run_dir={run_dir}", f"backend={engine}", f"train.steps={steps}", f"checkpoint.every={every}",
-                 "checkpoint.keep_last=2", "train.eval_every=0", "train.eval_batches=1", "optim.warmup_steps=5",
+                 "checkpoint.keep_last=2", "train.eval_every=0", "train.eval_samples=16", "optim.warmup_steps=5",
                  "monitor.progress=false"]
     args = [a for o in overrides for a in ("--set", o)]
     proc = subprocess.run(cli("train", str(REPO / "configs" / "demo.yaml"), *args), capture_output=True, text=True)
@@ -92,7 +92,7 @@ def _tiny_config(root: Path, name: str, engine: str, steps: int) -> Path:
             "grad_accum": 2,
             "seq_len": 32,
             "eval_every": 0,
-            "eval_batches": 2,
+            "eval_samples": 8,
         },
         "optim": {"warmup_steps": 2, "lr": 1e-2},
         "checkpoint": {"every": 1, "keep_last": 2},

@@ -78,7 +78,7 @@ def training_while_committing(root: Path, server: S3Server, steps: int, d_model:
         "model": {"vocab_size": 8192, "d_model": d_model, "n_layers": layers, "n_heads": 8, "max_seq_len": 256},
         "data": {"sources": [{"name": "news", "builtin": "peoples_daily", "max_bytes": 3_000_000}],
                  "validation_fraction": 0.02},
-        "train": {"steps": steps, "micro_batch_size": 8, "seq_len": 256, "eval_every": 0, "eval_batches": 1},
+        "train": {"steps": steps, "micro_batch_size": 8, "seq_len": 256, "eval_every": 0, "eval_samples": 8},
         "optim": {"warmup_steps": 5},
         "checkpoint": {"dir": where, "every": every, "keep_last": 2, "keep_best": False},
         "monitor": {"progress": False},

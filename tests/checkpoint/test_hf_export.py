@@ -228,7 +228,7 @@ def test_a_sharded_checkpoint_exports_the_same_bytes(tiny_prepared, tmp_path: Pa
 
 
 def test_init_from_is_not_part_of_the_run_identity(make_config, tmp_path: Path) -> None:
-    from mindfoundry.train.rundir import run_identity
+    from mindfoundry.train.run_identity import run_identity
 
     plain = make_config()
     assert run_identity(make_config(model={"init_from": str(tmp_path)})) == run_identity(plain)

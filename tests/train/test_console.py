@@ -8,14 +8,14 @@ from mindfoundry.train.metrics import read_metrics
 
 
 def test_train_prints_the_start_up_and_every_evaluation_with_its_scope(tiny_run, tmp_path, capsys) -> None:
-    cfg = tiny_run(train__steps=4, train__eval_every=2, train__eval_batches=1, checkpoint__every=0)
+    cfg = tiny_run(train__steps=4, train__eval_every=2, train__eval_samples=4, checkpoint__every=0)
     assert main(["train", str(cfg)]) == 0
     out = capsys.readouterr()
     text = out.out + out.err
-    assert "step 0: evaluating the untrained model (1 of " in text and "compiles the model's step" in text
+    assert "step 0: evaluating the untrained model (4 of " in text and "compiles the model's step" in text
     for step in (0, 2, 4):
         assert f"step {step}: validation loss " in text, text
-    assert text.count("validation batches") == 4  # the notice and three evaluations, each saying what it scored
+    assert text.count("validation samples") == 4  # the notice and three evaluations, each saying what it scored
     assert "`mindfoundry eval` scores all" in text
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert all(0 < r["mfu"] <= 1.0 for r in records if r.get("mfu") is not None)

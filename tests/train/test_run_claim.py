@@ -14,8 +14,9 @@ import pytest
 
 from mf_testing import StopAt, tiny_config
 from mindfoundry.config.load import to_yaml
+from mindfoundry.train.run_identity import run_identity
 from mindfoundry.train.run_lock import LOCK_FILE, release
-from mindfoundry.train.rundir import CONFIG_FILE, HASH_FILE, prepare_run_dir, run_identity
+from mindfoundry.train.rundir import CONFIG_FILE, HASH_FILE, prepare_run_dir
 from mindfoundry.train.stop import Preempted
 
 

@@ -123,9 +123,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
         f"{'torchrun' if cfg.backend == 'torch' else 'msrun'}; per-rank logs: {rank_logs(plan)}",
         highlight=False,
     )
-    return supervise(
-        attempt_command, args.max_restarts, console.print, processes=nproc, env=launch_env(plan, os.environ)
-    )
+    return supervise(attempt_command, args.max_restarts, console.print, processes=nproc,
+                     env=launch_env(plan, os.environ), launcher=True)
 
 
 def _positive(**values: int) -> None:

@@ -138,7 +138,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                             lm_eval=args.lm_eval or ())
     table = Table(title=f"evaluation of {result['checkpoint']}",
                   caption="validation: every batch of the held-out split (train's evaluations score a fixed sample of "
-                          "train.eval_batches batches, so their loss differs a little)")
+                          "train.eval_samples samples, so their loss differs a little)")
     for col in ("set", "loss", "perplexity", "bits/byte", "tokens"):
         table.add_column(col)
     for group in ("validation", "data"):

@@ -21,7 +21,7 @@ from mindfoundry.config.aliases import canonical
 from mindfoundry.config.checks import cross_field_problems
 from mindfoundry.config.clean import JunkConfig
 from mindfoundry.config.parallel_config import RENAMED_KEYS
-from mindfoundry.config.schema import RunConfig
+from mindfoundry.config.schema import RunConfig, TrainConfig
 from mindfoundry.config.storage_config import redacted
 from mindfoundry.config.yaml12 import load_yaml
 from mindfoundry.errors import MindFoundryError
@@ -236,6 +236,21 @@ def _holder(tree: dict[str, Any], dotted: str, *, create: bool = False) -> tuple
     return (node if isinstance(node, dict) else None), key
 
 
+def _eval_batches(tree: dict[str, Any]) -> dict[str, Any]:
+    """``train.eval_batches`` (validation micro-batches, until training-time evaluations scored the same samples
+    whatever the batch shape) read as ``train.eval_samples``: that many micro-batches of ``train.micro_batch_size``
+    sequences, the samples one process scored."""
+    train = tree.get("train")
+    if not isinstance(train, dict) or "eval_batches" not in train:
+        return tree
+    tree = copy.deepcopy(tree)
+    batches = tree["train"].pop("eval_batches")
+    micro = tree["train"].get("micro_batch_size", TrainConfig.model_fields["micro_batch_size"].default)
+    both_ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (batches, micro))
+    tree["train"].setdefault("eval_samples", batches * micro if both_ints else batches)  # a bad value: validation says
+    return tree
+
+
 def _moved(tree: dict[str, Any]) -> dict[str, Any]:
     """``tree`` with every :data:`MOVED_KEYS` old key carried to its new place (a copy when any moved). Where
     the new place cannot hold it (a parent that is not a mapping), validation names that parent."""
@@ -258,7 +273,7 @@ def validate(tree: dict[str, Any], rules: Sequence[Rule] = ()) -> RunConfig:
     ``rules`` are further whole-config rules from the layers above (the parallel layout rules:
     :func:`mindfoundry.parallel.layout.validate_run_config`); their messages follow this layer's."""
     _check_extent(tree, "the config")
-    tree, alias_problems = canonical(_moved(tree))
+    tree, alias_problems = canonical(_moved(_eval_batches(tree)))
     if alias_problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(alias_problems))
     try:
@@ -393,12 +408,21 @@ def identity_view(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return view
 
 
-def config_hash(cfg: RunConfig, *, exclude: tuple[str, ...] = ()) -> str:
-    """Stable hash of the resolved config; `exclude` names sections or dotted keys (``model.init_from``) left out,
-    so a key added to a section later can stay out of the hash of every earlier config."""
+def excluded_dump(cfg: RunConfig, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The resolved config as JSON values without ``exclude``: sections or dotted keys (``model.init_from``)."""
     nested: dict[str, Any] = {}
     for key in exclude:
         section, _, field = key.partition(".")
         nested[section] = True if not field else (nested.get(section) or {}) | {field: True}
-    data = identity_view(cfg.model_dump(mode="json", exclude=nested))
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+    return cfg.model_dump(mode="json", exclude=nested)
+
+
+def tree_hash(tree: dict[str, Any]) -> str:
+    """Stable hash of a dumped config's :func:`identity_view`."""
+    return hashlib.sha256(json.dumps(identity_view(tree), sort_keys=True).encode()).hexdigest()
+
+
+def config_hash(cfg: RunConfig, *, exclude: tuple[str, ...] = ()) -> str:
+    """Stable hash of the resolved config; `exclude` names sections or dotted keys (``model.init_from``) left out,
+    so a key added to a section later can stay out of the hash of every earlier config."""
+    return tree_hash(excluded_dump(cfg, exclude))

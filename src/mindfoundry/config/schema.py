@@ -40,8 +40,10 @@ class TrainConfig(Section):
     )
     seq_len: int = Field(128, ge=2, le=2**20, description="Tokens per training sequence.")
     eval_every: int = Field(100, ge=0, description="Held-out evaluation period in steps (0 = only at the end).")
-    eval_batches: int = Field(
-        20, ge=1, description="Validation micro-batches per evaluation (capped by the validation set size)."
+    eval_samples: int = Field(
+        320, ge=1,
+        description="Validation samples per training-time evaluation, evenly spaced over the split (capped by its "
+        "size): the same samples whatever the layout, micro batch or accumulation (`mindfoundry eval` scores all).",
     )
     log_every: int = Field(1, ge=1, description="Console refresh period in steps (metrics.jsonl gets every step).")
     precision: Literal["fp32", "bf16", "fp16"] = Field(

@@ -40,18 +40,19 @@ class EvalResult:
         return {prefix + k: v for k, v in asdict(self).items()}
 
 
-def evaluate(backend: Backend, samples: PackedSamples, batch_size: int, max_batches: int, bytes_per_token: float,
+def evaluate(backend: Backend, samples: PackedSamples, batch_size: int, max_samples: int | None, bytes_per_token: float,
              masking: MaskingRule | None = None) -> EvalResult:
-    """Score up to `max_batches` batches of validation samples (deterministic), masked by sample index with `masking`
-    (mlm).
+    """Score up to `max_samples` validation samples (None: all) in batches of `batch_size`, masked by sample index
+    with `masking` (mlm).
 
     When the cap is below the split's size, samples are taken evenly spaced across the whole
-    split, so every source (stored one after another) is represented, not just the first.
+    split, so every source (stored one after another) is represented, not just the first; which samples depends on
+    the cap and the split only, never on the batch size (a layout or micro-batch change scores the same samples).
 
     `bytes_per_token` is the validation split's UTF-8 bytes per token (EOS included as a token),
     so bits/byte = loss / ln 2 / bytes_per_token compares runs with different tokenizers.
     """
-    n = min(len(samples), batch_size * max_batches)
+    n = len(samples) if max_samples is None else min(len(samples), max_samples)
     if n == 0:
         raise ValueError("the validation split has no samples: raise data.validation_fraction or add data")
     chosen = np.linspace(0, len(samples) - 1, n).round().astype(np.int64)
@@ -95,7 +96,7 @@ def _result(nll: float, tokens: int, correct: int, bytes_per_token: float) -> Ev
 
 
 def evaluate_categories(backend: Backend, data: PreparedData, seq_len: int, batch_size: int,
-                        max_batches: int, masking: MaskingRule | None = None) -> dict[str, EvalResult]:
+                        max_samples: int | None, masking: MaskingRule | None = None) -> dict[str, EvalResult]:
     """:func:`evaluate` on the whole validation split ("all") and on each category's sources alone (a category's
     samples are masked by their index among that category's samples)."""
     out = {
@@ -103,7 +104,7 @@ def evaluate_categories(backend: Backend, data: PreparedData, seq_len: int, batc
             backend,
             data.packed("validation", seq_len),
             batch_size,
-            max_batches,
+            max_samples,
             data.bytes_per_token("validation"),
             masking,
         )
@@ -117,7 +118,7 @@ def evaluate_categories(backend: Backend, data: PreparedData, seq_len: int, batc
             continue
         samples = PackedSamples([data.shards["validation"][i] for i in indices], seq_len, pad_id(data.tokenizer))
         bytes_per_token = sum(c["bytes"] for c in counts) / max(sum(c["tokens"] for c in counts), 1)
-        out[category] = evaluate(backend, samples, batch_size, max_batches, bytes_per_token, masking)
+        out[category] = evaluate(backend, samples, batch_size, max_samples, bytes_per_token, masking)
     return out
 
 

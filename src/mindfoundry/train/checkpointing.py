@@ -15,6 +15,7 @@ bucket included, needs nothing else.
 from __future__ import annotations
 
 import importlib
+import json
 import platform
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -29,7 +30,7 @@ from mindfoundry.checkpoint.directory import CheckpointDir, Retention
 from mindfoundry.checkpoint.run_files import checkpoint_dir_of
 from mindfoundry.config.load import to_yaml
 from mindfoundry.config.schema import RunConfig
-from mindfoundry.data.dataset.prepared import TOKENIZER, PreparedData
+from mindfoundry.data.dataset.prepared import TOKENIZER, DataError, PreparedData, data_changes
 from mindfoundry.storage.location import Location
 from mindfoundry.train.metrics import MetricsLogger
 
@@ -104,6 +105,19 @@ class RunCheckpoints:
         directory = checkpoint_dir_of(resume_from) if resume_from is not None else self.directory
         path, skipped = directory.find_resumable(before_step)
         return path, (directory.origin(path) if path is not None else None), skipped
+
+    def check_data(self, path: Path, origin: object) -> None:
+        """Refuse to resume checkpoint ``path`` (from ``origin``) on data other than it was trained on: another
+        tokenizer, other shards; the message says what changed and what to do."""
+        manifest = path / DATA_MANIFEST
+        if not manifest.is_file():  # imported by `mindfoundry convert FILE RUN_DIR`: nothing to hold the data to
+            return
+        changes = data_changes(json.loads(manifest.read_text(encoding="utf-8")), self.data.manifest)
+        if changes:
+            raise DataError(f"{origin} was trained on other data than {self.data.root} holds now: "
+                            f"{'; '.join(changes)}. Restore the sources and prepare again (the checkpoint's "
+                            "data_manifest.json lists every source file with its sha256), or start a new run from "
+                            f"these weights: --set model.init_from={origin} with another run_dir")
 
     def clean_interrupted(self) -> list[str]:
         """What killed writers left in ``checkpoint.dir`` (rank 0, at start-up), removed."""

@@ -49,6 +49,7 @@ class StepDebugger:
         self.root = Path(d.dump.dir) if d.dump.dir else Path(run_dir) / "dump"
         self.overflow_root = Path(run_dir) / OVERFLOW_DIR
         self._injected: set[int] = set()
+        self._drilled: set[tuple[str, int]] = set()
         spec = ModelSpec.from_config(cfg.model)
         self.classes = module_classes(spec)  # msprobe's entry names carry the class
         self._check(module_names(spec))
@@ -72,6 +73,16 @@ class StepDebugger:
             return None
         self._injected.add(step)
         return Injection(inj.module, inj.direction, math.inf if inj.value == "inf" else math.nan)
+
+    def loss_multiplier(self, step: int) -> float:
+        """Fault drills (debug.inject_nan_at, inject_spike_at): the loss and gradients of this step multiplied by NaN
+        or the spike factor, once each per process (1.0 elsewhere)."""
+        d = self.cfg.debug
+        for kind, steps, value in (("nan", d.inject_nan_at, math.nan), ("spike", d.inject_spike_at, d.spike_factor)):
+            if step in steps and (kind, step) not in self._drilled:
+                self._drilled.add((kind, step))
+                return value
+        return 1.0
 
     def probe(
         self, step: int, backend: Backend, injection: Injection | None, grad_unscale: float = 1.0

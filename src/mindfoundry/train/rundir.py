@@ -8,44 +8,20 @@ from typing import Callable
 
 from mindfoundry import atomic
 from mindfoundry.checkpoint.directory import CheckpointDir
-from mindfoundry.config.load import config_hash, to_yaml
-from mindfoundry.config.parallel_config import ParallelConfig
+from mindfoundry.config.load import read_yaml, to_yaml, validate
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.errors import MindFoundryError
-from mindfoundry.parallel.layout import launched_world_size
 from mindfoundry.storage.remote import Remote
+from mindfoundry.train.run_identity import Change, is_this_run, refusal, resume_changes, run_identity
 from mindfoundry.train.run_lock import LOCK_FILE, acquire, release
 
 CONFIG_FILE = "config.yaml"
 HASH_FILE = "config.sha256"
-#: What may change between a run and its continuation without making it another run (a checkpoint
-#: continues on either engine: the formats are shared).
-RESUME_MUTABLE = ("monitor", "generate", "checkpoint", "backend", "device", "debug", "run_dir", "eval", "memory",
-                  "model.init_from",  # the initial weights' origin matters only before the first checkpoint
-                  # how `prepare` runs, never what it writes (mindfoundry.data.prepare.pipeline.data_identity)
-                  "data.executor", "data.ray", "data.work_dir", "data.cache_dir", "data.task_bytes",
-                  "storage")  # how URLs are reached, never what they hold
 METRICS_FILE = "metrics.jsonl"
 
 
 class RunDirError(MindFoundryError, RuntimeError):
     """The run directory holds something this command must not touch."""
-
-
-def run_identity(cfg: RunConfig) -> str:
-    """What makes two configs the same run. Layout-independent: the parallel layout and how the
-    global batch is cut into micro-batches (micro_batch_size * grad_accum * dp) may change between a
-    run and its continuation — a checkpoint written under FSDP(2) continues under TP(2) or in one
-    process — as long as the global batch stays the same."""
-    t = cfg.train
-    global_batch = cfg.global_batch(launched_world_size() or 1)
-    canonical = cfg.model_copy(
-        update={
-            "train": t.model_copy(update={"micro_batch_size": global_batch, "grad_accum": 1}),
-            "parallel": ParallelConfig(),
-        }
-    )
-    return config_hash(canonical, exclude=RESUME_MUTABLE)
 
 
 def _has_trained(run_dir: Path, checkpoints: CheckpointDir) -> bool:
@@ -104,15 +80,30 @@ def prepare_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool, log: Calla
                 f"run directory '{run_dir}' is not empty and is not a MindFoundry run: choose an empty or new run_dir"
             )
         elif _has_trained(run_dir, checkpoints):
-            if stored.read_text().strip() != run_identity(cfg):
-                raise RunDirError(
-                    f"run directory '{run_dir}' holds a different run (its {CONFIG_FILE} differs from this config): "
-                    "use another run_dir, or pass --overwrite to move the old run aside"
-                )
+            changes = _changes_since(run_dir, cfg)
+            if changes is None and not is_this_run(stored.read_text().strip(), cfg):
+                raise RunDirError(f"run directory '{run_dir}' holds a different run (its {CONFIG_FILE} is unreadable, "
+                                  "so which keys differ is unknown): use another run_dir, or pass --overwrite to move "
+                                  "the old run aside")
+            if changes and any(not change.accepted for change in changes):
+                raise RunDirError(f"run directory '{run_dir}' holds a different run: {refusal(changes)}. Use another "
+                                  "run_dir, start a new run from its weights with model.init_from, or pass --overwrite "
+                                  "to move the old run aside")
             if not resume:
                 raise RunDirError(
                     f"run directory '{run_dir}' already holds a run of this config: pass --resume auto to continue it, "
                     "or --overwrite to start over (the old run is moved aside)"
                 )
+            if changes:
+                log("continuing the run with changed settings: " + ", ".join(map(str, changes)))
     _claim(run_dir, cfg)
     return run_dir
+
+
+def _changes_since(run_dir: Path, cfg: RunConfig) -> list[Change] | None:
+    """What differs between the run's stored config and ``cfg`` (None when the stored config cannot be read)."""
+    try:
+        old = validate(read_yaml(run_dir / CONFIG_FILE))
+    except (MindFoundryError, OSError):
+        return None
+    return resume_changes(old, cfg)

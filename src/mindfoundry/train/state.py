@@ -13,6 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol
 
+from mindfoundry.config.schema import OptimConfig
+from mindfoundry.train.schedule import Replan, learning_rate
+
 
 class Component(Protocol):
     """A piece of trainer state that checkpoints itself."""
@@ -49,18 +52,36 @@ class Keyed:
 
 @dataclass
 class Progress:
-    """Where the optimizer is: steps attempted (they drive the LR schedule) and AdamW updates applied
-    (AdamW's t, behind `step` once updates were dropped)."""
+    """Where the optimizer is: steps attempted (they drive the LR schedule), AdamW updates applied (AdamW's t, behind
+    `step` once updates were dropped), and the schedule's plan: the end it decays to and its re-plans
+    (:mod:`.schedule`)."""
 
     step: int = 0
     adam_step: int = 0
+    steps: int | None = None  # the train.steps the schedule decays to (None: a checkpoint that did not record it)
+    replans: list[Replan] = field(default_factory=list)
 
     def entries(self) -> dict[str, Any]:
-        return {"adam_step": self.adam_step, "lr_schedule": {"kind": "warmup_cosine", "step": self.step}}
+        plan = {"kind": "warmup_cosine", "step": self.step, "steps": self.steps,
+                "replans": [[r.at, r.lr, r.until] for r in self.replans]}
+        return {"adam_step": self.adam_step, "lr_schedule": plan}
 
     def restore(self, state: Mapping[str, Any]) -> None:
         self.step = int(state["step"])  # written by the checkpoint store beside these entries
         self.adam_step = int(state.get("adam_step", self.step))
+        plan = state.get("lr_schedule") or {}
+        self.steps = plan.get("steps")
+        self.replans = [Replan(int(at), float(lr), int(until)) for at, lr, until in plan.get("replans", [])]
+
+    def plan(self, steps: int, optim: OptimConfig) -> Replan | None:
+        """Make ``steps`` the schedule's end; when it differs from the end the run was trained towards, re-plan the
+        decay from this step (returned; None when nothing was re-planned)."""
+        old, self.steps = self.steps, steps
+        if old is None or old == steps or self.step < optim.warmup_steps:
+            return None
+        replan = Replan(self.step, learning_rate(self.step, old, optim, self.replans), steps)
+        self.replans.append(replan)
+        return replan
 
 
 @dataclass

@@ -43,7 +43,7 @@ from mindfoundry.train.layer_stats import layer_grad_norms, layer_update_ratios,
 from mindfoundry.train.loss_scale import DynamicLossScaler
 from mindfoundry.train.metrics import MetricsLogger, ProgressSink, run_sinks
 from mindfoundry.train.profile_steps import StepProfiler
-from mindfoundry.train.rundir import run_identity
+from mindfoundry.train.run_identity import is_this_run, run_identity
 from mindfoundry.train.schedule import step_scalars
 from mindfoundry.train.state import DataPosition, Evaluations, Keyed, Progress, restore_state, save_state
 from mindfoundry.train.stop import Phase, Preempted, signals
@@ -106,7 +106,6 @@ class Trainer:
                             Keyed("health", self.health), self.evals]
         #: eval.tasks, read now so that a malformed file stops the run before its first step
         self.tasks = {Path(path).stem: read_tasks(path) for path in cfg.eval.tasks}
-        self._injected: set[tuple[str, int]] = set()
         # `mindfoundry dump --resume auto`: another run's directory to resume from, at a step below resume_before
         self.resume_from: Path | None = None
         self.resume_before: int | None = None
@@ -130,10 +129,25 @@ class Trainer:
             self.backend.load_weights(weights)
             if init:
                 self.console.print(f"initial weights from {init}")
+            self.progress.plan(self.cfg.train.steps, self.cfg.optim)
             return
+        self.checkpoints.check_data(path, origin)
         self._load(path)
         self.console.print(f"resumed from {origin} (step {self.progress.step}, {self.position.consumed_samples} "
                            "samples consumed)")
+        self._plan()
+
+    def _plan(self) -> None:
+        """Honour a changed train.steps (the LR decay re-planned from this step) and say so."""
+        old, t = self.progress.steps, self.cfg.train
+        replan = self.progress.plan(t.steps, self.cfg.optim)
+        if replan is not None:
+            self.console.print(f"train.steps {old} -> {t.steps}: from step {replan.at} the LR decays from "
+                               f"{replan.lr:.4g} to {self.cfg.optim.lr * self.cfg.optim.min_lr_ratio:.4g} at step "
+                               f"{t.steps}", highlight=False)
+        if self.progress.step >= t.steps:
+            self.console.print(f"step {self.progress.step} of the checkpoint reaches train.steps={t.steps}: nothing "
+                               "left to train", highlight=False)
 
     def _load(self, path: Path) -> None:
         # by what is on disk, not checkpoint.format: an engine that can reshards a sharded checkpoint itself (each rank
@@ -142,7 +156,7 @@ class Trainer:
         sharded = form is not None and supports_sharded(self.backend, form)
         ckpt = load_checkpoint(path, verify=False, tensors=not sharded)  # find_resumable verified `path`
         written_by = ckpt.state.get("run_identity")  # None: imported by `mindfoundry convert FILE RUN_DIR`
-        if written_by != run_identity(self.cfg):
+        if not is_this_run(written_by, self.cfg):
             if written_by is not None and self.resume_from is None:  # in the run's own folder: another run's checkpoint
                 raise CheckpointError(f"{path} was written by a different run (its run identity differs from this "
                                       f"config's): move it out of {self.run_dir}, or start from its weights with "
@@ -183,18 +197,19 @@ class Trainer:
     def evaluate(self) -> EvalResult:
         t = self.cfg.train
         # batches of the global micro-batch (every rank passes the same rows; the backend splits them over dp ranks)
-        return evaluate(self.backend, self.val_samples, self.loader.global_micro_batch, t.eval_batches,
+        return evaluate(self.backend, self.val_samples, self.loader.global_micro_batch, t.eval_samples,
                         self.data.bytes_per_token("validation"), self.val_masking)
 
     def _eval_scope(self, explain: bool = False) -> str:
         """Which part of the validation split a training-time evaluation scores; with ``explain``, how that sample is
         taken and that ``mindfoundry eval`` scores all of it."""
-        total = -(-len(self.val_samples) // self.loader.global_micro_batch)
-        used = min(self.cfg.train.eval_batches, total)
+        total = len(self.val_samples)
+        used = min(self.cfg.train.eval_samples, total)
         if used == total:
-            return f"all {total} validation batches"
-        return f"{used} of {total} validation batches" + (
-            ", the same evenly spaced sample each time; `mindfoundry eval` scores all" if explain else "")
+            return f"all {total} validation samples"
+        return f"{used} of {total} validation samples" + (
+            ", the same evenly spaced ones each time, whatever the layout; `mindfoundry eval` scores all" if explain
+            else "")
 
     def _print_eval(self, step: int, result: EvalResult) -> None:
         """An evaluation on the console as it happens, between the step lines."""
@@ -352,15 +367,6 @@ class Trainer:
         logger.log({"step": self.progress.step, "event": "checkpoint", "path": str(path),
                     "seconds": round(time.perf_counter() - t0, 4)})
 
-    def _loss_multiplier(self, step: int) -> float:
-        """Fault drills from the `debug` section: NaN or a spike at chosen steps, once each per process."""
-        d = self.cfg.debug
-        for kind, steps, value in (("nan", d.inject_nan_at, math.nan), ("spike", d.inject_spike_at, d.spike_factor)):
-            if step in steps and (kind, step) not in self._injected:
-                self._injected.add((kind, step))
-                return value
-        return 1.0
-
     def _one_step(self, logger: MetricsLogger, flops_tok: int) -> float:
         t = self.cfg.train
         t0 = time.perf_counter()
@@ -374,8 +380,9 @@ class Trainer:
         loss_scale = self.scaler.scale
         step = self.progress.step + 1
         scalars = step_scalars(step, t.steps, self.cfg.optim, valid, adam_step=self.progress.adam_step + 1,
+                               replans=self.progress.replans,
                                loss_limit=loss_limit, grad_limit=grad_limit, loss_scale=loss_scale,
-                               loss_multiplier=self._loss_multiplier(step))
+                               loss_multiplier=self.debugger.loss_multiplier(step))
         injection = self.debugger.injection(self.progress.step + 1)
         probe = self.debugger.probe(self.progress.step + 1, self.backend, injection, scalars.grad_unscale)
         self._in_engine = True

@@ -34,7 +34,6 @@ def evaluate_model(model: TrainedModel, *, data: Sequence[str] = (), tasks: Sequ
     out: dict[str, Any] = {"checkpoint": str(model.checkpoint)}
     if not data and not tasks and not lm_eval:
         prepared = load_prepared(run_data(model.checkpoint, cfg), cfg.model.vocab_size)
-        batches = -(-len(prepared.packed("validation", t.seq_len)) // t.micro_batch_size)  # every validation sample
         out["validation"] = {
             name: r.to_dict("")
             for name, r in evaluate_categories(
@@ -42,7 +41,7 @@ def evaluate_model(model: TrainedModel, *, data: Sequence[str] = (), tasks: Sequ
                 prepared,
                 t.seq_len,
                 t.micro_batch_size,
-                batches,
+                None,  # every validation sample
                 masking_for(cfg, prepared.tokenizer, VALIDATION),
             ).items()
         }

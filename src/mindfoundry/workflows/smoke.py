@@ -37,9 +37,8 @@ def smoke_config(cfg: RunConfig, steps: int, run_dir: Path) -> RunConfig:
         deep=True,
         update={
             "run_dir": str(run_dir),
-            "train": cfg.train.model_copy(
-                update={"steps": steps, "eval_every": 0, "eval_batches": min(cfg.train.eval_batches, 4)}
-            ),
+            "train": cfg.train.model_copy(update={"steps": steps, "eval_every": 0, "eval_samples": min(
+                cfg.train.eval_samples, 4 * cfg.train.micro_batch_size)}),
             "optim": cfg.optim.model_copy(update={"warmup_steps": min(cfg.optim.warmup_steps, steps // 5)}),
             "checkpoint": cfg.checkpoint.model_copy(update={"every": 0, "keep_last": 1, "dir": None}),
             "monitor": cfg.monitor.model_copy(update={"detail_every": 0}),

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from mindfoundry.parallel.layout import launched_rank, launched_scheduler
+from mindfoundry.workflows.launch_output import LauncherOutput
 
 EXIT_OK = 0
 EXIT_USER_ERROR = 2
@@ -108,17 +109,21 @@ def _outcome(rc: int, exits: dict[int, int], processes: int, at_start: frozenset
 
 
 def supervise(command: Callable[[int], list[str]], max_restarts: int, log: Callable[[str], None], processes: int = 1,
-              env: Mapping[str, str] | None = None) -> int:
+              env: Mapping[str, str] | None = None, launcher: bool = False) -> int:
     """Run `command(attempt)` (in `env`, default this process's) until it ends finally or the restarts are used up;
     `processes` training processes report their exits. A stop signal sent to the supervisor is forwarded and ends
-    the supervision."""
+    the supervision. With `launcher` (torchrun, msrun) the launcher's error stream passes through
+    :class:`~mindfoundry.workflows.launch_output.LauncherOutput`: a failing rank's error line is not buried in the
+    launcher's report."""
     attempt = 0
     stopped: list[int] = []
     while True:
         with tempfile.TemporaryDirectory(prefix="mindfoundry-exits-") as folder:
             proc = subprocess.Popen(
-                command(attempt), env={**(os.environ if env is None else env), EXIT_DIR_ENV: folder}
+                command(attempt), env={**(os.environ if env is None else env), EXIT_DIR_ENV: folder},
+                stderr=subprocess.PIPE if launcher else None, text=launcher or None, errors="replace",
             )
+            pump = LauncherOutput(sys.stderr).pump(proc.stderr) if launcher else None
 
             def forward(signum: int, _frame) -> None:
                 stopped.append(signum)
@@ -127,6 +132,8 @@ def supervise(command: Callable[[int], list[str]], max_restarts: int, log: Calla
             previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
             try:
                 rc = proc.wait()
+                if pump is not None:
+                    pump.join()
             finally:
                 for s, handler in previous.items():
                     signal.signal(s, handler)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,6 +142,46 @@ def read_manifest(root: Path) -> tuple[dict[str, Any], bytes]:
                 raise DataError(f"{path} lists a {split} shard at {rel!r}: shards live inside the data folder, "
                                 f"under {split}/; the manifest is damaged or was edited; {redo}")
     return manifest, raw
+
+
+def data_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """What differs between the data a checkpoint was trained on (its data_manifest.json, ``old``) and prepared data
+    (``new``): the tokenizer, and each source whose shards differ, with the source files added, removed or changed;
+    [] when both hold the same tokens (timings and the paths the sources were read from may differ)."""
+    out = []
+    tokenizers = [m.get("tokenizer", {}).get("sha256") for m in (old, new)]
+    if tokenizers[0] != tokenizers[1]:
+        out.append(f"the tokenizer differs (sha256 {str(tokenizers[0])[:12]}... -> {str(tokenizers[1])[:12]}...: its "
+                   "ids mean other strings)")
+    shards = [_shard_sums(m) for m in (old, new)]  # {"train/NAME": (bin sha256, idx sha256)}
+    changed = sorted({path.split("/", 1)[-1] for path in shards[0].keys() | shards[1].keys()
+                      if shards[0].get(path) != shards[1].get(path)})
+    files = [{s.get("name"): _relative_files(s.get("files", [])) for s in m.get("sources", [])} for m in (old, new)]
+    for name in changed:
+        before, after = files[0].get(name, {}), files[1].get(name, {})
+        what = [f"{len(group)} file(s) {verb} ({', '.join(sorted(group)[:3])}{', ...' if len(group) > 3 else ''})"
+                for verb, group in (("added", after.keys() - before.keys()), ("removed", before.keys() - after.keys()),
+                                    ("changed", {f for f in before.keys() & after.keys() if before[f] != after[f]}))
+                if group]
+        if what:
+            out.append(f"source {name}: {', '.join(what)}")
+        elif tokenizers[0] == tokenizers[1]:  # (with another tokenizer every shard differs: said above)
+            out.append(f"source {name}'s shards differ (its cleaning or dedup gave other documents)")
+    return out
+
+
+def _shard_sums(manifest: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    return {info.get("path"): (info.get("bin_sha256"), info.get("idx_sha256"))
+            for split in SPLITS for info in manifest.get("splits", {}).get(split, {}).get("shards", [])}
+
+
+def _relative_files(files: list[dict[str, Any]]) -> dict[str, str]:
+    """A manifest source's files by their path below the source's common folder (the corpus may have moved): their
+    sha256."""
+    paths = [str(f.get("path", "")) for f in files]
+    root = os.path.commonpath([posixpath.dirname(p) for p in paths]) if len(paths) > 1 else (
+        posixpath.dirname(paths[0]) if paths else "")
+    return {posixpath.relpath(p, root) if root else p: str(f.get("sha256")) for p, f in zip(paths, files)}
 
 
 def load_prepared(root: str | Path, vocab_size: int) -> PreparedData:

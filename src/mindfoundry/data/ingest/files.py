@@ -58,7 +58,8 @@ class SourceStats:
     reader yielded. Each ``skipped_*`` counter counts records dropped for that reason. ``files`` lists
     every file opened, as ``{"path": str, "sha256": str, "bytes": int}`` (size and hash of the
     file on disk, i.e. of the compressed bytes for ``.gz``/``.zst``), so a manifest can pin the
-    inputs. ``notes`` explains skips that affect a whole file (a Parquet file without the column).
+    inputs (and ``version``, its modification time or ETag, so a later listing tells whether it changed). ``notes``
+    explains skips that affect a whole file (a Parquet file without the column).
     """
 
     documents: int = 0
@@ -103,7 +104,7 @@ class SourceStats:
                                   f"from the source's paths") from None
         if self.ledger is not None:
             self.ledger.check(path, size, version, digest.hexdigest())
-        self.files.append({"path": str(path), "sha256": digest.hexdigest(), "bytes": size})
+        self.files.append({"path": str(path), "sha256": digest.hexdigest(), "bytes": size, "version": version})
 
     def file_read(self, path: Location) -> None:
         """``path`` was read to its end (see :meth:`FileLedger.check_unchanged`)."""

@@ -57,6 +57,7 @@ from mindfoundry.data.prepare.stage_clean import BoilerplateStage, CleanStage, R
 from mindfoundry.data.prepare.stage_dedup import BandStage, DecideStage, Dedup, ExactStage, PairStage
 from mindfoundry.data.prepare.stage_tokens import MergeStage, ShardStage, TokenizerStage
 from mindfoundry.data.prepare.tokenizer import load_tokenizer, tokenizer_hash
+from mindfoundry.errors import MindFoundryError
 from mindfoundry.storage.cache import cache_folder
 from mindfoundry.storage.commit import publish, uncommit
 from mindfoundry.storage.location import Location, locate
@@ -124,8 +125,16 @@ def prepare_data(cfg: RunConfig, *, overwrite: bool = False, log: Callable[[str]
         if prepared_identity(out) != identity:
             raise DataError(f"'{out}' holds data prepared from a different data config: "
                             "pass --overwrite to rebuild it (the old folder is moved aside) or set data.output_dir")
-        log(f"reusing prepared data in {out}")
-        return open_prepared(cfg)
+        data = open_prepared(cfg)
+        try:
+            drift = source_drift(cfg, data.manifest)
+            note = (f"; warning: its sources changed since it was prepared ({'; '.join(drift)}): training uses the "
+                    "data as prepared; `prepare --overwrite` rebuilds it (a run resumed on rebuilt data is refused, "
+                    "naming what changed)" if drift else "")
+        except MindFoundryError as exc:  # the raw corpus is not on this node (only the prepared data is)
+            note = f"; its sources cannot be listed here to check them for changes ({exc})"
+        log(f"reusing prepared data in {out}{note}")
+        return data
     if isinstance(out, Remote):
         out.check_writable()  # before hours of work: the output must be writable
     corpus = Corpus(cfg.data, tuple(plan_inputs(cfg.data, cfg.storage)), cfg.storage)
@@ -150,6 +159,31 @@ def prepare_data(cfg: RunConfig, *, overwrite: bool = False, log: Callable[[str]
         f"{v['tokens']:,} tokens"
     )
     return open_prepared(cfg)
+
+
+def source_drift(cfg: RunConfig, manifest: dict[str, Any]) -> list[str]:
+    """How each file source differs now from what the prepared data was made of (files added, removed, changed in
+    size or version), listed again: [] when nothing changed."""
+    listed: dict[int, dict[str, tuple[int, Any]]] = {}
+    for task in plan_inputs(cfg.data, cfg.storage):
+        listed.setdefault(task.source, {}).update({path: (size, version) for path, size, version in task.files})
+    out = []
+    for index, entry in enumerate(manifest.get("sources", [])[:len(cfg.data.sources)]):
+        src = cfg.data.sources[index]
+        if src.builtin is not None:
+            continue
+        before = {f["path"]: (f.get("bytes"), f.get("version")) for f in entry.get("files", [])}
+        now = listed.get(index, {})
+        capped = src.max_documents is not None or src.max_bytes is not None  # read only its first files
+        added = set() if capped else now.keys() - before.keys()
+        changed = {p for p in before.keys() & now.keys()
+                   if before[p][0] != now[p][0] or before[p][1] not in (None, now[p][1])}
+        parts = [f"{len(group)} file(s) {verb} ({os.path.basename(min(group))}{', ...' if len(group) > 1 else ''})"
+                 for verb, group in (("added", added), ("removed", before.keys() - now.keys()), ("changed", changed))
+                 if group]
+        if parts:
+            out.append(f"{entry.get('name')}: {', '.join(parts)}")
+    return out
 
 
 def _publish(staged: _Prepare, manifest: dict[str, Any], out: Location, cache_dir: str | None) -> None:
