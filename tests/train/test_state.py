@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mindfoundry.train.loss_scale import DynamicLossScaler
+from mindfoundry.train.schedule import Replan
 from mindfoundry.train.state import DataPosition, Evaluations, Keyed, Progress, restore_state, save_state
 
 
@@ -21,13 +22,15 @@ def test_components_round_trip_through_the_state() -> None:
     scaler = DynamicLossScaler(1024.0, growth_interval=2, enabled=True)
     saved = components(scaler, mixture=lambda position: {"block": position // 10})
     saved[0].step, saved[0].adam_step = 5, 4
+    saved[0].steps, saved[0].replans = 12, [Replan(4, 1e-3, 12)]  # planned for 12 steps, re-planned at step 4
     saved[1].consumed_samples, saved[1].consumed_tokens, saved[1].skipped_windows = 40, 1280, [[8, 16]]
     saved[3].initial = {"val_loss": 5.5}
     saved[3].measured(4.25, 4)  # evaluated at step 4, carried along into step 5's checkpoint
     scaler.update(found_nonfinite=True)  # backs off to 512
     state = save_state(saved) | {"step": 5}  # the store adds the step
     assert state == {
-        "step": 5, "adam_step": 4, "lr_schedule": {"kind": "warmup_cosine", "step": 5},
+        "step": 5, "adam_step": 4,
+        "lr_schedule": {"kind": "warmup_cosine", "step": 5, "steps": 12, "replans": [[4, 1e-3, 12]]},
         "consumed_samples": 40, "consumed_tokens": 1280, "skipped_windows": [[8, 16]],
         "data_order": {"seed": 7, "shuffle": True, "position": 40, "mixture": {"block": 4}},
         "loss_scale": scaler.state_dict(), "val_loss": 4.25, "val_step": 4, "initial_eval": {"val_loss": 5.5},
