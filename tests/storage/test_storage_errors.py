@@ -111,3 +111,30 @@ def test_a_source_object_deleted_mid_run_is_one_line_and_nothing_is_committed(gu
                            "does not exist"), line
     with server.unguarded():
         assert not [k for k in server.keys(bucket, "out-g/") if k.endswith("commit.json")]
+
+
+def test_a_request_the_client_gave_up_on_prints_no_traceback(caplog) -> None:
+    """A connection error in an abandoned aiohttp request task (the retry or the one-line error already answered
+    it) is silent on fsspec's loop; any other unretrieved error still reaches asyncio's log."""
+    import asyncio
+    import gc
+
+    import fsspec.asyn
+
+    from mindfoundry.storage.remote import _quiet_abandoned_requests
+
+    _quiet_abandoned_requests()
+    loop = fsspec.asyn.get_loop()
+
+    async def fail(exc: BaseException) -> None:
+        raise exc
+
+    async def abandon(exc: BaseException) -> None:
+        await asyncio.wait([asyncio.ensure_future(fail(exc))])  # the task finishes; nobody reads its exception
+
+    for exc in (ConnectionResetError("Cannot write to closing transport"), RuntimeError("a real bug")):
+        asyncio.run_coroutine_threadsafe(abandon(exc), loop).result(timeout=10)
+        gc.collect()
+    asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result()
+    logged = [record.getMessage() + str(record.exc_info) for record in caplog.records if record.name == "asyncio"]
+    assert len(logged) == 1 and "a real bug" in logged[0], logged

@@ -62,7 +62,27 @@ def _filesystem(protocol: str, options_json: str, environment: str) -> Any:
     except ValueError:
         raise StorageError(f"unknown storage protocol '{protocol}://': use s3:// (S3, Huawei OBS, MinIO) or a "
                            "protocol fsspec knows (fsspec.available_protocols())") from None
-    return cls(**json.loads(options_json), skip_instance_cache=True)
+    filesystem = cls(**json.loads(options_json), skip_instance_cache=True)
+    if getattr(filesystem, "async_impl", False):
+        _quiet_abandoned_requests()
+    return filesystem
+
+
+def _ignore_abandoned_request(loop: Any, context: dict[str, Any]) -> None:
+    """fsspec's event-loop exception handler: a connection error in a request task that the client gave up on (it
+    retried, or failed the call, which :func:`failures` reports as one line) is not printed as a stray traceback;
+    anything else goes to asyncio's default handler."""
+    if isinstance(context.get("exception"), OSError):  # aiohttp's connection errors and timeouts are OSErrors
+        return
+    loop.default_exception_handler(context)
+
+
+@functools.cache
+def _quiet_abandoned_requests() -> None:
+    """Install :func:`_ignore_abandoned_request` on fsspec's I/O loop, once per process."""
+    import fsspec.asyn
+
+    fsspec.asyn.get_loop().set_exception_handler(_ignore_abandoned_request)
 
 
 def on_io_thread(call: Callable[[], None]) -> None:
