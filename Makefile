@@ -10,7 +10,7 @@ STAMP := $(VENV)/.mindfoundry-installed
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[mindspore,torch,demo,dev,eval,ray,s3]"
+	$(PY) -m pip install -q -e ".[mindspore,torch,demo,dev,eval,ray,s3,zh]"
 	@# optional: where mindstudio-probe cannot install, its interop tests skip and say so
 	$(PY) -m pip install -q -e ".[mindspore,torch,probe]" || echo "mindstudio-probe did not install: tests/debug/test_msprobe_interop.py will skip"
 	@# MindFormers, the judge of `export --format mindformers`: 1.9.0 without its pins (its transformers==4.57.1 would replace

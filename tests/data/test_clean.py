@@ -348,6 +348,7 @@ def test_profiles_pick_blocks_in_order() -> None:
         "symbol_runs",
         "length",
         "script",
+        "language",
         "repetition",
         "quality",
     ]  # timestamps off
@@ -519,7 +520,7 @@ def test_prepare_records_what_each_block_removed_per_source(corpus_dir: Path, tm
         f"zh: read 13 ({chars['read']:,} characters); skipped 1 non_utf8, 1 empty, 1 bad_json, 1 missing_text; removed "
         "7 ("
         in logged[-4]
-        and logged[-4].endswith(f"; kept {len(GOOD_ZH)} ({chars['kept']:,} characters)")
+        and logged[-4].endswith(f"; kept {len(GOOD_ZH)} ({chars['kept']:,} characters); languages zh 100.0%")
     )
     assert (
         f"characters ({(chars['read'] - chars['kept'] + chars['added_by_edits']) / chars['read']:.1%}: " in logged[-4]

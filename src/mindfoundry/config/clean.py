@@ -213,6 +213,54 @@ class ScriptConfig(BlockSection):
     max_latin_ratio: Ratio | None = Field(None, description="Largest share of Latin letters among letters.")
 
 
+#: The languages the identification model names (fastText's lid.176: ISO 639 codes, a few regional ones).
+LANGUAGE_CODES: frozenset[str] = frozenset("""
+af als am an ar arz as ast av az azb ba bar bcl be bg bh bn bo bpy br bs bxr ca cbk ce ceb ckb co cs cv cy da de diq
+dsb dty dv el eml en eo es et eu fa fi fr frr fy ga gd gl gn gom gu gv he hi hif hr hsb ht hu hy ia id ie ilo io is it
+ja jbo jv ka kk km kn ko krc ku kv kw ky la lb lez li lmo lo lrc lt lv mai mg mhr min mk ml mn mr mrj ms mt mwl my myv
+mzn nah nap nds ne new nl nn no oc or os pa pam pfl pl pms pnb ps pt qu rm ro ru rue sa sah sc scn sco sd sh si sk sl so
+sq sr su sv sw ta te tg th tk tl tr tt tyv ug uk ur uz vec vep vi vls vo wa war wuu xal xmf yi yo yue zh""".split())
+#: The language of a document with too little prose to tell (digits, symbols, a few words).
+UNDETERMINED = "und"
+
+
+class LanguageConfig(BlockSection):
+    """Identify each document's language (fastText's lid.176) and sum its characters per language in the manifest;
+    with ``keep``, drop the documents in other languages."""
+
+    keep: list[str] = Field(
+        default_factory=list,
+        description="Languages kept (ISO 639 codes as fastText's lid.176 names them, e.g. [zh, en]): a document in "
+        "another language is dropped; one whose language cannot be told (und) stays. Empty: every "
+        "document is only labelled.",
+    )
+    min_score: Ratio = Field(
+        0.5, description="A document is dropped for another language only when the model gives that language at "
+        "least this probability; below, it is mixed or unclear and stays.",
+    )
+    min_letters: int = Field(
+        10, ge=1, description="Fewer letters (a CJK character is one) than this: the language is und."
+    )
+    max_chars: int = Field(
+        3000, ge=100, description="Characters read per document, in runs of lines spread over it (bounds the cost "
+        "of long documents).",
+    )
+    zh_script: Literal["keep", "simplified", "traditional"] = Field(
+        "keep", description="Convert documents identified as Chinese to simplified or traditional characters "
+        "(OpenCC: pip install 'mindfoundry[zh]'); keep leaves them as written.",
+    )
+
+    @field_validator("keep")
+    @classmethod
+    def _known(cls, v: list[str]) -> list[str]:
+        unknown = [code for code in v if code not in LANGUAGE_CODES]
+        if unknown:
+            known = " ".join(sorted(LANGUAGE_CODES))
+            raise ValueError(f"unknown language code(s) {', '.join(map(repr, unknown))}: use the ISO 639 codes of "
+                             f"fastText's lid.176 (zh, en, ja, de, fr, ru, ...; all: {known})")
+        return v
+
+
 class RepetitionConfig(BlockSection):
     """Gopher repetition rules, measured in units (a CJK character or a word), with char n-grams for Chinese."""
 
@@ -304,6 +352,7 @@ class CleanConfig(Section):
     symbol_runs: SymbolRunsConfig = Field(default_factory=SymbolRunsConfig)
     length: LengthConfig = Field(default_factory=LengthConfig)
     script: ScriptConfig = Field(default_factory=ScriptConfig)
+    language: LanguageConfig = Field(default_factory=LanguageConfig)
     repetition: RepetitionConfig = Field(default_factory=RepetitionConfig)
     quality: QualityConfig = Field(default_factory=QualityConfig)
 

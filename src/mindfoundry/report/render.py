@@ -14,6 +14,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from mindfoundry.data.prepare.manifest import language_mix
 from mindfoundry.monitor.health import HealthConfig
 from mindfoundry.report import plots
 from mindfoundry.report.run_data import RunData, load_run
@@ -223,6 +224,7 @@ def _data_table(run: RunData) -> str:
                 _num(chars.get("removed_by_rules"), ","),
                 _num(chars.get("removed_by_dedup"), ","),
                 kept_share,
+                language_mix(source.get("languages") or {}),
             ]
         )
     caption = (
@@ -240,6 +242,7 @@ def _data_table(run: RunData) -> str:
             "removed by rules",
             "removed by dedup",
             "characters kept",
+            "languages",
         ],
         rows,
         numeric_from=2,

@@ -38,11 +38,13 @@ EXCERPT_CHARS = 200
 
 class Drop(NamedTuple):
     """A filter's reason to drop a document, with the measured ``value`` and the ``limit`` it broke
-    (both ``None`` where the rule is not a number, e.g. "no letters at all")."""
+    (both ``None`` where the rule is not a number, e.g. "no letters at all"), and ``details`` for its drop-log line
+    (the language a document was identified as)."""
 
     reason: str
     value: float | None = None
     limit: float | None = None
+    details: dict[str, Any] | None = None
 
 
 Verdict = Literal[True] | Drop
@@ -83,6 +85,7 @@ class BlockStats:
     ``"repeated_line"``) to how many times it was applied; ``changed`` counts documents whose text
     a transform modified, ``chars_removed`` the characters it removed and ``chars_added`` those an
     edit added (NFKC turns one ligature into two letters), so characters read, removed and kept add up.
+    ``labels`` sums the characters of the documents seen per label a block gives them (a language).
     """
 
     seen: int = 0
@@ -93,6 +96,7 @@ class BlockStats:
     dropped_chars: Counter[str] = field(default_factory=Counter)
     edits: Counter[str] = field(default_factory=Counter)
     chars_added: int = 0
+    labels: Counter[str] = field(default_factory=Counter)
 
     def merge(self, other: BlockStats) -> None:
         """Add another run's counts (to total a block over several sources)."""
@@ -104,12 +108,14 @@ class BlockStats:
         self.dropped_chars.update(other.dropped_chars)
         self.chars_added += other.chars_added
         self.edits.update(other.edits)
+        self.labels.update(other.labels)
 
     @classmethod
     def from_dict(cls, value: dict[str, Any]) -> BlockStats:
         """The counts :meth:`to_dict` wrote (a task's result, read back by the process that adds them up)."""
         return cls(value["seen"], value["kept"], value["changed"], value["chars_removed"], Counter(value["dropped"]),
-                   Counter(value["dropped_chars"]), Counter(value["edits"]), value["chars_added"])
+                   Counter(value["dropped_chars"]), Counter(value["edits"]), value["chars_added"],
+                   Counter(value.get("labels", {})))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready counts with reasons sorted by name (stable manifests)."""
@@ -122,6 +128,7 @@ class BlockStats:
             "chars_removed": self.chars_removed,
             "chars_added": self.chars_added,
             "edits": dict(sorted(self.edits.items())),
+            **({"labels": dict(sorted(self.labels.items()))} if self.labels else {}),
         }
 
 
@@ -172,7 +179,7 @@ class Filter(Block):
             self.stats.dropped_chars[verdict.reason] += len(doc.text)
             if self.log_events:
                 self.events.append(event(doc, self.name, "drop", verdict.reason, verdict.value, verdict.limit, doc.text,
-                                         chars=len(doc.text)))
+                                         chars=len(doc.text), **(verdict.details or {})))
 
     @abstractmethod
     def filter(self, doc: Document) -> Verdict:
@@ -194,7 +201,7 @@ class Transform(Block):
                 self.stats.dropped_chars[drop.reason] += len(original)
                 if self.log_events:
                     self.events.append(event(doc, self.name, "drop", drop.reason, drop.value, drop.limit, original,
-                                             chars=len(original)))
+                                             chars=len(original), **(drop.details or {})))
                 continue
             if result.text != original:
                 removed = max(len(original) - len(result.text), 0)

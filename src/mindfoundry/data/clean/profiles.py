@@ -31,6 +31,7 @@ from mindfoundry.data.clean.boilerplate import BoilerplateRemover, FrequentLines
 from mindfoundry.data.clean.garbled import MojibakeFilter, SymbolRunFilter, SymbolRunRemover
 from mindfoundry.data.clean.junk import JunkRemover
 from mindfoundry.data.clean.kind import KINDS, Kind, document_kind
+from mindfoundry.data.clean.language import LanguageFilter
 from mindfoundry.data.clean.normalize import ControlCharRemover, NfkcNormalizer, TimestampRemover
 from mindfoundry.data.clean.quality import LengthFilter, QualityFilter, RepetitionFilter, ScriptFilter
 from mindfoundry.data.document import Document
@@ -43,7 +44,7 @@ SECTION_BLOCKS: dict[str, tuple[type[Block], ...]] = {
     "mojibake": (MojibakeFilter,), "control_chars": (ControlCharRemover,), "nfkc": (NfkcNormalizer,),
     "timestamps": (TimestampRemover,), "junk": (JunkRemover,), "boilerplate": (BoilerplateRemover,),
     "symbol_runs": (SymbolRunFilter, SymbolRunRemover), "length": (LengthFilter,), "script": (ScriptFilter,),
-    "repetition": (RepetitionFilter,), "quality": (QualityFilter,),
+    "language": (LanguageFilter,), "repetition": (RepetitionFilter,), "quality": (QualityFilter,),
 }
 #: The data.clean section of each block name (``symbol_run_filter`` is set in ``symbol_runs``): what a message names.
 BLOCK_SECTION: dict[str, str] = {cls.name: section for section, classes in SECTION_BLOCKS.items() for cls in classes}

@@ -26,12 +26,13 @@ from mindfoundry.config.data_config import MixtureConfig
 from mindfoundry.data.dataset.mixture import build_mixture
 from mindfoundry.data.dataset.prepared import SPLITS, TOKENIZER, PreparedData, read_manifest
 from mindfoundry.data.dataset.validate import open_shard
+from mindfoundry.data.prepare.manifest import language_mix
 from mindfoundry.data.prepare.tokenizer import load_tokenizer
 
 __all__ = ["InspectReport", "inspect_prepared", "length_histogram", "mixture_shares", "render_inspect"]
 
 # Manifest source keys that are identity or provenance, not counts of what was removed.
-_NOT_REMOVALS = {"name", "category", "builtin", "paths", "files", "splits"}
+_NOT_REMOVALS = {"name", "category", "builtin", "paths", "files", "splits", "languages"}
 _BAR_WIDTH = 40
 
 
@@ -44,6 +45,7 @@ class InspectReport:
     removals: dict[str, dict[str, Any]]  # source -> flattened counters from the manifest
     shares: dict[str, dict[str, float]] | None = None  # category -> raw / target / realised share of training samples
     planned: int = 0  # the training samples the realised shares are counted over
+    languages: dict[str, dict[str, int]] | None = None  # source -> language -> characters (data.clean.language)
 
 
 def mixture_shares(data: PreparedData, mixture: MixtureConfig | None, *, seq_len: int, seed: int, shuffle: bool,
@@ -88,7 +90,8 @@ def inspect_prepared(root: str | Path, *, per_category: int = 3, max_chars: int 
         )
     lengths = np.concatenate(train_lengths) if train_lengths else np.empty(0, dtype=np.int64)
     removals = {s["name"]: _removal_counters(s) for s in manifest["sources"]}
-    return InspectReport(root, samples, tokens, length_histogram(lengths), removals)
+    languages = {s["name"]: s["languages"] for s in manifest["sources"] if s.get("languages")}
+    return InspectReport(root, samples, tokens, length_histogram(lengths), removals, languages=languages or None)
 
 
 def _preview(text: str, max_chars: int) -> str:
@@ -133,6 +136,8 @@ def render_inspect(report: InspectReport, console: Console) -> None:
     console.print(_token_table(report.tokens, report.shares, report.planned))
     console.print(_histogram(report.histogram))
     console.print(_removal_table(report.removals))
+    if report.languages:
+        console.print(_language_table(report.languages))
 
 
 def _token_table(tokens: dict[str, dict[str, int]], shares: dict[str, dict[str, float]] | None, planned: int) -> Table:
@@ -171,6 +176,20 @@ def _removal_table(removals: dict[str, dict[str, Any]]) -> Table:
         table.add_column(source, justify="right")
     for key in keys:
         table.add_row(key.replace("_", " "), *(_cell(counters.get(key, "-")) for counters in removals.values()))
+    return table
+
+
+def _language_table(languages: dict[str, dict[str, int]]) -> Table:
+    """Characters per language of each source's documents as the language block identified them (before the rules
+    after it and dedup), and the mix in shares."""
+    codes = list(dict.fromkeys(code for counts in languages.values() for code in counts))
+    table = Table(title="characters per language (identified by data.clean.language)", box=box.SIMPLE_HEAD)
+    table.add_column("language")
+    for source in languages:
+        table.add_column(source, justify="right")
+    for code in codes:
+        table.add_row(code, *(_cell(counts.get(code, 0)) for counts in languages.values()))
+    table.add_row("mix", *(language_mix(counts) for counts in languages.values()))
     return table
 
 
