@@ -24,6 +24,7 @@ traditional Chinese (debian-reference-zh-tw), which is Chinese.
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import html.parser
 import os
@@ -35,9 +36,17 @@ from pathlib import Path
 
 PACKAGES = ("debian-reference-zh-cn", "gimp-help-zh-cn", "manpages-zh", "fortunes-zh", "python3.11-doc",
             "debian-reference-en", "fortunes")
-LANGUAGE_PACKAGES = ("debian-reference-ja", "manpages-ja", "gimp-help-ja", "debian-reference-de", "manpages-de",
-                     "gimp-help-de", "fortunes-de", "debian-reference-fr", "manpages-fr", "manpages-ru", "fortunes-ru",
-                     "manpages-es", "debian-reference-zh-tw")
+#: The language sources: name -> (kind of document, package, the package's language code).
+LANGUAGE_SOURCES = {
+    "ja_reference": ("reference", "debian-reference-ja", "ja"), "ja_man": ("man", "manpages-ja", "ja"),
+    "ja_help": ("help", "gimp-help-ja", "ja"), "de_reference": ("reference", "debian-reference-de", "de"),
+    "de_man": ("man", "manpages-de", "de"), "de_help": ("help", "gimp-help-de", "de"),
+    "de_quotes": ("quotes", "fortunes-de", "de"), "fr_reference": ("reference", "debian-reference-fr", "fr"),
+    "fr_man": ("man", "manpages-fr", "fr"), "ru_man": ("man", "manpages-ru", "ru"),
+    "ru_quotes": ("quotes", "fortunes-ru", "ru"), "es_man": ("man", "manpages-es", "es"),
+    "zh_tw_reference": ("reference", "debian-reference-zh-tw", "zh-tw"),
+}
+LANGUAGE_PACKAGES = tuple(dict.fromkeys(package for _, package, _ in LANGUAGE_SOURCES.values()))
 CACHE = Path(os.environ.get("MF_CURATION_CACHE", Path.home() / ".cache" / "mindfoundry" / "curation-bench"))
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _BLOCK_TAGS = {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "pre", "dt", "dd", "table", "title",
@@ -173,21 +182,10 @@ def language_documents(cache: Path = CACHE, seed: int = 0) -> dict[str, tuple[st
         files = [p for p in sorted(folder.iterdir()) if p.is_file() and not p.is_symlink() and p.suffix != ".dat"]
         return [t for p in files for t in _fortunes(p)]
 
-    readers: dict[str, tuple[str, Callable[[], list[str]]]] = {
-        "ja_reference": ("ja", lambda: reference("ja", "debian-reference-ja")),
-        "ja_man": ("ja", lambda: man("manpages-ja", "ja")),
-        "ja_help": ("ja", lambda: help_pages("gimp-help-ja", "ja")),
-        "de_reference": ("de", lambda: reference("de", "debian-reference-de")),
-        "de_man": ("de", lambda: man("manpages-de", "de")),
-        "de_help": ("de", lambda: help_pages("gimp-help-de", "de")),
-        "de_quotes": ("de", lambda: quotes("fortunes-de", "de")),
-        "fr_reference": ("fr", lambda: reference("fr", "debian-reference-fr")),
-        "fr_man": ("fr", lambda: man("manpages-fr", "fr")),
-        "ru_man": ("ru", lambda: man("manpages-ru", "ru")),
-        "ru_quotes": ("ru", lambda: quotes("fortunes-ru", "ru")),
-        "es_man": ("es", lambda: man("manpages-es", "es")),
-        "zh_tw_reference": ("zh", lambda: reference("zh-tw", "debian-reference-zh-tw")),
-    }
+    kinds: dict[str, Callable[[str, str], list[str]]] = {
+        "reference": lambda package, lang: reference(lang, package), "man": man, "help": help_pages, "quotes": quotes}
+    readers = {name: (lang.split("-")[0], functools.partial(kinds[kind], package, lang))
+               for name, (kind, package, lang) in LANGUAGE_SOURCES.items()}
     return {name: (lang, [t for t in read() if t.strip()]) for name, (lang, read) in readers.items()}
 
 

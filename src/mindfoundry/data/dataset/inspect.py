@@ -170,26 +170,28 @@ def _removal_table(removals: dict[str, dict[str, Any]]) -> Table:
     Counters as rows keep the table narrow however many filters report, since sources are few.
     """
     keys = list(dict.fromkeys(k for counters in removals.values() for k in counters))
-    table = Table(title="read and removed per source (manifest)", box=box.SIMPLE_HEAD)
-    table.add_column("counter")
-    for source in removals:
-        table.add_column(source, justify="right")
-    for key in keys:
-        table.add_row(key.replace("_", " "), *(_cell(counters.get(key, "-")) for counters in removals.values()))
-    return table
+    rows = [(key.replace("_", " "), [_cell(counters.get(key, "-")) for counters in removals.values()]) for key in keys]
+    return _source_table("read and removed per source (manifest)", "counter", list(removals), rows)
 
 
 def _language_table(languages: dict[str, dict[str, int]]) -> Table:
     """Characters per language of each source's documents as the language block identified them (before the rules
     after it and dedup), and the mix in shares."""
     codes = list(dict.fromkeys(code for counts in languages.values() for code in counts))
-    table = Table(title="characters per language (identified by data.clean.language)", box=box.SIMPLE_HEAD)
-    table.add_column("language")
-    for source in languages:
+    rows = [(code, [_cell(counts.get(code, 0)) for counts in languages.values()]) for code in codes]
+    rows.append(("mix", [language_mix(counts) for counts in languages.values()]))
+    return _source_table("characters per language (identified by data.clean.language)", "language", list(languages),
+                         rows)
+
+
+def _source_table(title: str, head: str, sources: list[str], rows: list[tuple[str, list[str]]]) -> Table:
+    """A table with one column per source and the given rows (a label and a cell per source)."""
+    table = Table(title=title, box=box.SIMPLE_HEAD)
+    table.add_column(head)
+    for source in sources:
         table.add_column(source, justify="right")
-    for code in codes:
-        table.add_row(code, *(_cell(counts.get(code, 0)) for counts in languages.values()))
-    table.add_row("mix", *(language_mix(counts) for counts in languages.values()))
+    for label, cells in rows:
+        table.add_row(label, *cells)
     return table
 
 
