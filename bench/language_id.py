@@ -66,7 +66,7 @@ def half(text: str) -> str:
 def corpus(per_source: int, seed: int = 0) -> dict[str, tuple[str, list[str]]]:
     """{source: (language, documents)}, at most ``per_source`` documents each, and the mixed sets."""
     rng = random.Random(seed)
-    sources = {name: (ZH_EN[name], docs) for name, docs in source_documents().items()}
+    sources = {name: (ZH_EN[name], docs) for name, docs in source_documents().items() if name in ZH_EN}
     sources.update(language_documents())
     out = {name: (lang, rng.sample(docs, per_source) if len(docs) > per_source else docs)
            for name, (lang, docs) in sources.items()}

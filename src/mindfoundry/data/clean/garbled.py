@@ -45,6 +45,10 @@ _UNUSUAL = re.compile(
 # Every mojibake signature involves one of these; most documents contain none.
 _SUSPECTS = (_UNUSUAL, _LATIN1_MOJIBAKE, _CJK_MOJIBAKE)
 
+#: Letters (a CJK character is one) that the text outside symbol runs needs for its document to be kept.
+MIN_TEXT_LETTERS = 10
+_LETTER = re.compile(r"[^\W\d_]")
+
 
 class MojibakeFilter(Filter):
     """Drop documents whose share of mojibake characters exceeds a limit (``None`` disables a check).
@@ -128,6 +132,9 @@ class SymbolRunFilter(Filter):
     Box-drawing characters are never symbols here, and table rule lines (``+----+----+``) are skipped:
     a table's borders are its structure.
 
+    A document is dropped only when what the runs leave is not text (fewer than :data:`MIN_TEXT_LETTERS` letters): a
+    short poem or quote with a banner of stars above it is a document with a banner, which the remover deletes.
+
     Reason: ``symbol_runs``. Runs in the documents kept are deleted by :class:`SymbolRunRemover`.
     """
 
@@ -142,10 +149,15 @@ class SymbolRunFilter(Filter):
     def filter(self, doc: Document) -> Verdict:
         if self.max_fraction is None:
             return True
-        in_runs = sum(len(match.group()) for line in doc.text.split("\n") if not is_table_rule(line)
-                      for match in self.runs.finditer(line))
+        lines = [line for line in doc.text.split("\n") if not is_table_rule(line)]
+        in_runs = sum(len(match.group()) for line in lines for match in self.runs.finditer(line))
         fraction = in_runs / max(non_space_chars(doc.text), 1)
-        return True if fraction <= self.max_fraction else Drop("symbol_runs", fraction, self.max_fraction)
+        if fraction <= self.max_fraction:
+            return True
+        rest = "".join(self.runs.sub("", line) for line in lines)
+        if count(_LETTER, rest) >= MIN_TEXT_LETTERS:
+            return True  # a poem under a line of stars: the runs go (SymbolRunRemover), the text stays
+        return Drop("symbol_runs", fraction, self.max_fraction)
 
 
 class SymbolRunRemover(Transform):

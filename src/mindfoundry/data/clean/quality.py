@@ -21,6 +21,7 @@ import numpy as np
 
 from mindfoundry.config.clean import LengthConfig, QualityConfig, RepetitionConfig, ScriptConfig
 from mindfoundry.data.clean.block import Drop, Filter, Transform, Verdict
+from mindfoundry.data.clean.formulaic import spread_repetition
 from mindfoundry.data.clean.garbled import is_table_rule
 from mindfoundry.data.clean.text import WORD, count, is_cjk_text, non_space_chars, script_counts, units
 from mindfoundry.data.document import Document
@@ -263,7 +264,10 @@ class RepetitionFilter(Transform):
     A document that breaks a rule loses the second and later copies of its repeated prose lines and
     paragraphs (a page whose header was extracted three times, a chapter pasted twice); when what is left passes
     every rule and keeps at least ``min_rest_share`` of the characters, it is kept so (edits ``repeated_line``,
-    ``repeated_paragraph``), else the document is dropped for the first rule it broke. Reasons:
+    ``repeated_paragraph``). When what still fails is an n-gram rule, the repeated n-grams are located
+    (:mod:`.formulaic`): repetition spread over varied lines holding ``min_rest_share`` of the units (a law code, a
+    liturgy, a genealogy) is text, kept without the lines that repeat within themselves (edit ``repetitive_line``:
+    spam pasted into it); otherwise the document is dropped for the first rule it broke. Reasons:
     ``duplicate_lines``, ``duplicate_line_chars``, ``duplicate_paragraphs``,
     ``duplicate_paragraph_chars``, ``top_{n}gram_{words|chars}``, ``duplicate_{n}gram_{words|chars}``.
     """
@@ -288,11 +292,34 @@ class RepetitionFilter(Transform):
         if verdict is True:
             return doc
         rest, lines, paragraphs = without_repeats(doc.text)
-        if (lines or paragraphs) and len(rest) >= self.min_rest_share * len(doc.text) and self.judge(rest) is True:
-            self.count("repeated_line", lines)
-            self.count("repeated_paragraph", paragraphs)
-            return replace(doc, text=rest)
-        return verdict
+        if len(rest) < self.min_rest_share * len(doc.text):
+            return verdict
+        rest_verdict = self.judge(rest) if lines or paragraphs else verdict
+        spam = 0
+        if rest_verdict is not True:
+            if not rest_verdict.reason.endswith(("gram_words", "gram_chars")):
+                return verdict
+            spread = self._without_spam(rest)
+            if spread is None:
+                return verdict
+            rest, spam = spread
+        self.count("repeated_line", lines)
+        self.count("repeated_paragraph", paragraphs)
+        self.count("repetitive_line", spam)
+        return doc if rest == doc.text else replace(doc, text=rest)
+
+    def _without_spam(self, text: str) -> tuple[str, int] | None:
+        """``text`` without its spam lines and how many went, when its n-gram repetition is spread over varied
+        lines (:func:`~mindfoundry.data.clean.formulaic.spread_repetition`); ``None`` when it is not text."""
+        all_lines = text.split("\n")
+        prose = [i for i, line in enumerate(all_lines) if line.strip() and not is_syntax_line(line)]
+        n = min(self.duplicate_ngrams or self.top_ngrams or {5: 0}) * (
+            self.cjk_chars_per_word if is_cjk_text(text) else 1)
+        spam = spread_repetition([all_lines[i] for i in prose], n, self.min_rest_share)
+        if spam is None:
+            return None
+        gone = {prose[i] for i in spam}
+        return "\n".join(line for i, line in enumerate(all_lines) if i not in gone), len(gone)
 
     def judge(self, text: str) -> Verdict:
         """The first rule ``text`` breaks, or True."""
