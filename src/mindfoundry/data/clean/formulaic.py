@@ -63,4 +63,5 @@ def spread_repetition(lines: list[str], n: int, min_varied_share: float) -> list
             plain.append(i)
     if not total or varied < min_varied_share * total:
         return None
-    return [i for i in plain if (~_covered(tokens[i], n, _ngrams(tokens[i], n))).mean() < SPAM_NOVEL_SHARE]
+    return [i for i in plain
+            if tokens[i] and (~_covered(tokens[i], n, _ngrams(tokens[i], n))).mean() < SPAM_NOVEL_SHARE]
