@@ -21,7 +21,7 @@ from typing import Any
 
 from mindfoundry.config.clean import MojibakeConfig, SymbolRunsConfig
 from mindfoundry.data.clean.block import Drop, Filter, Transform, Verdict
-from mindfoundry.data.clean.text import CJK_RANGES, count, non_space_chars, remove_matches
+from mindfoundry.data.clean.text import CJK_RANGES, LETTER, count, non_space_chars, remove_matches
 from mindfoundry.data.document import Document
 
 _REPLACEMENT = re.compile("\ufffd")
@@ -47,7 +47,6 @@ _SUSPECTS = (_UNUSUAL, _LATIN1_MOJIBAKE, _CJK_MOJIBAKE)
 
 #: Letters (a CJK character is one) that the text outside symbol runs needs for its document to be kept.
 MIN_TEXT_LETTERS = 10
-_LETTER = re.compile(r"[^\W\d_]")
 
 
 class MojibakeFilter(Filter):
@@ -155,7 +154,7 @@ class SymbolRunFilter(Filter):
         if fraction <= self.max_fraction:
             return True
         rest = "".join(self.runs.sub("", line) for line in lines)
-        if count(_LETTER, rest) >= MIN_TEXT_LETTERS:
+        if count(LETTER, rest) >= MIN_TEXT_LETTERS:
             return True  # a poem under a line of stars: the runs go (SymbolRunRemover), the text stays
         return Drop("symbol_runs", fraction, self.max_fraction)
 

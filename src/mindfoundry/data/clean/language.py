@@ -32,11 +32,10 @@ from typing import Any
 
 from mindfoundry.config.clean import UNDETERMINED, LanguageConfig
 from mindfoundry.data.clean.block import Drop, Transform
-from mindfoundry.data.clean.text import units
+from mindfoundry.data.clean.text import LETTER, count, units
 from mindfoundry.data.document import Document
 from mindfoundry.errors import MindFoundryError
 
-_LETTER = re.compile(r"[^\W\d_]", re.UNICODE)
 #: Japanese writes kana among its kanji, Korean hangul: Han characters alone are Chinese.
 _OWN_SCRIPT = {"ja": re.compile(r"[\u3040-\u30ff\u31f0-\u31ff\uff66-\uff9f]"),
                "ko": re.compile(r"[\u1100-\u11ff\u3130-\u318f\uac00-\ud7af]")}
@@ -83,7 +82,7 @@ def sample(text: str, max_chars: int) -> list[str]:
 
 def _lines(text: str, settings: LanguageConfig) -> list[str]:
     """The lines read of ``text``: the sampled ones with a letter."""
-    return [line for line in sample(text, settings.max_chars) if _LETTER.search(line)]
+    return [line for line in sample(text, settings.max_chars) if LETTER.search(line)]
 
 
 def _predict(text: str) -> tuple[str, float]:
@@ -99,7 +98,7 @@ def _predict(text: str) -> tuple[str, float]:
 def identify(text: str, settings: LanguageConfig) -> Identification:
     """The language of ``text`` and its score (see the module docstring)."""
     read = " ".join(_lines(text, settings))[:2 * settings.max_chars]  # a few huge lines stay bounded too
-    if len(_LETTER.findall(read)) < settings.min_letters:
+    if count(LETTER, read) < settings.min_letters:
         return Identification(UNDETERMINED, 0.0)
     code, prob = _predict(read)
     return Identification(code, round(prob, 4))

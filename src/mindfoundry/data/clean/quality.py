@@ -313,7 +313,7 @@ class RepetitionFilter(Transform):
         lines (:func:`~mindfoundry.data.clean.formulaic.spread_repetition`); ``None`` when it is not text."""
         all_lines = text.split("\n")
         prose = [i for i, line in enumerate(all_lines) if line.strip() and not is_syntax_line(line)]
-        n = min(self.duplicate_ngrams or self.top_ngrams or {5: 0}) * (
+        n = min(self.duplicate_ngrams or self.top_ngrams) * (  # an n-gram rule broke: one of them is set
             self.cjk_chars_per_word if is_cjk_text(text) else 1)
         spam = spread_repetition([all_lines[i] for i in prose], n, self.min_rest_share)
         if spam is None:

@@ -28,7 +28,8 @@ CJK_RANGES = (
     "\uac00-\ud7af\uf900-\ufaff\U00020000-\U0003134f"
 )
 _CJK = re.compile(f"[{CJK_RANGES}]")
-_LETTER = re.compile(r"[^\W\d_]")
+#: A letter of any script (a CJK character is one; digits and underscores are not).
+LETTER = re.compile(r"[^\W\d_]")
 _UNIT = re.compile(f"[{CJK_RANGES}]|[^\\W_{CJK_RANGES}]+")
 #: A non-CJK unit that holds at least one letter: a word ("GDP", "x86"; not "1998").
 WORD = re.compile(f"[^\\W_{CJK_RANGES}]*[^\\W\\d_{CJK_RANGES}][^\\W_{CJK_RANGES}]*")
@@ -72,7 +73,7 @@ class ScriptCounts:
 @lru_cache(maxsize=8)
 def script_counts(text: str) -> ScriptCounts:
     """Count letters, CJK characters, words and Latin-script words (digits and punctuation are not letters)."""
-    return ScriptCounts(letters=count(_LETTER, text), cjk=count(_CJK, text), words=len(WORD.findall(text)),
+    return ScriptCounts(letters=count(LETTER, text), cjk=count(_CJK, text), words=len(WORD.findall(text)),
                         latin_words=len(_LATIN_WORD.findall(text)))
 
 

@@ -89,6 +89,7 @@ class SourceSummary:
         """The source's entry in the manifest's ``sources``."""
         src = self.src
         counters = {key: self.stats[key] for key in self.stats}
+        languages = self.languages()
         return {
             "name": src.name,
             "category": src.category,
@@ -103,7 +104,7 @@ class SourceSummary:
             },
             "chars": self.chars(),
             "removed_chars": self.removed_chars(),
-            **({"languages": self.languages()} if self.languages() else {}),
+            **({"languages": languages} if languages else {}),
         }
 
     def languages(self) -> dict[str, int]:
@@ -172,12 +173,12 @@ def cleaning(summaries: list[SourceSummary]) -> dict[str, Any]:
 
 
 def language_mix(languages: dict[str, int], top: int = 3) -> str:
-    """``zh 91.2%, en 8.5%, und 0.3%``: the ``top`` languages' shares of the identified characters, the rest summed as
-    ``other``."""
+    """``zh 91.2%, en 8.5%, und 0.3%``: the shares of the identified characters of the first ``top`` languages of a
+    manifest's ``languages`` (most first, :meth:`SourceSummary.languages`), the rest summed as ``other``."""
     total = sum(languages.values())
     if not total:
         return "-"
-    ranked = sorted(languages.items(), key=lambda kv: (-kv[1], kv[0]))
+    ranked = list(languages.items())
     parts = [f"{code} {n / total:.1%}" for code, n in ranked[:top]]
     rest = sum(n for _, n in ranked[top:])
     return ", ".join(parts + ([f"other {rest / total:.1%}"] if rest else []))
