@@ -34,6 +34,7 @@ import re
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from xml.etree import ElementTree
 
 PACKAGES = ("debian-reference-zh-cn", "gimp-help-zh-cn", "manpages-zh", "fortunes-zh", "python3.11-doc",
             "debian-reference-en", "fortunes", "bible-kjv", "bible-kjv-text")
@@ -48,13 +49,23 @@ LANGUAGE_SOURCES = {
     "zh_tw_reference": ("reference", "debian-reference-zh-tw", "zh-tw"),
 }
 LANGUAGE_PACKAGES = tuple(dict.fromkeys(package for _, package, _ in LANGUAGE_SOURCES.values()))
+#: Sites whose pages share a template (help pages with one header, menu and footer; man pages with one section
+#: skeleton and option boilerplate), for bench/dedup_quality.py: name -> (language, half, package). The "rules" half
+#: chose the template discount's defaults; the "held_out" half only measures them.
+SITES = {
+    "en_gimp_help": ("en", "rules", "gimp-help-en"), "en_coreutils_man": ("en", "rules", "coreutils"),
+    "zh_office_help": ("zh", "held_out", "libreoffice-help-zh-cn"), "zh_man": ("zh", "held_out", "manpages-zh"),
+    "en_gnome_help": ("en", "held_out", "gnome-user-docs"), "en_python_html": ("en", "held_out", "python3.11-doc"),
+}
+SITE_PACKAGES = tuple(dict.fromkeys(package for _, _, package in SITES.values()))
 CACHE = Path(os.environ.get("MF_CURATION_CACHE", Path.home() / ".cache" / "mindfoundry" / "curation-bench"))
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_MALLARD_BLOCKS = {"title", "p", "item", "td", "code", "screen", "desc"}
 _BLOCK_TAGS = {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "pre", "dt", "dd", "table", "title",
                "blockquote", "section"}
 
 
-def fetch(cache: Path = CACHE, packages: tuple[str, ...] = PACKAGES + LANGUAGE_PACKAGES) -> None:
+def fetch(cache: Path = CACHE, packages: tuple[str, ...] = PACKAGES + LANGUAGE_PACKAGES + SITE_PACKAGES) -> None:
     """Download the packages (``apt-get download``) and unpack each into ``cache/NAME``."""
     debs = cache / "debs"
     debs.mkdir(parents=True, exist_ok=True)
@@ -103,6 +114,25 @@ def html_text(path: Path) -> str:
     parser = _Text()
     parser.feed(path.read_text(encoding="utf-8", errors="replace"))
     return parser.text()
+
+
+def mallard_text(path: Path) -> str:
+    """The visible text of a Mallard help page (GNOME's help format) as yelp shows it: the title and body, a line per
+    block element; the page's ``info`` (credits, revisions, links) left out."""
+    lines: list[str] = []
+
+    def walk(element: ElementTree.Element) -> None:
+        tag = element.tag.rsplit("}", 1)[-1]
+        if tag == "info":
+            return
+        if tag in _MALLARD_BLOCKS:
+            lines.append(re.sub(r"\s+", " ", "".join(element.itertext())).strip())
+            return
+        for child in element:
+            walk(child)
+
+    walk(ElementTree.parse(path).getroot())
+    return "\n".join(line for line in lines if line)
 
 
 def _man_page(path: Path) -> str:
@@ -197,6 +227,26 @@ def language_documents(cache: Path = CACHE, seed: int = 0) -> dict[str, tuple[st
     readers = {name: (lang.split("-")[0], functools.partial(kinds[kind], package, lang))
                for name, (kind, package, lang) in LANGUAGE_SOURCES.items()}
     return {name: (lang, [t for t in read() if t.strip()]) for name, (lang, read) in readers.items()}
+
+
+def site_pages(cache: Path = CACHE, seed: int = 0) -> dict[str, tuple[str, str, list[str]]]:
+    """Every site's pages (a fixed sample of the larger sites) with their language and half:
+    {site: (language, half, pages)}."""
+    if not all((cache / name).is_dir() for name in SITE_PACKAGES):
+        raise SystemExit(f"the Debian packages are not in {cache}: run `.venv/bin/python bench/curation_sources.py "
+                         "--fetch`")
+    def pages(package: str, pattern: str, count: int, read: Callable[[Path], str] = html_text) -> list[str]:
+        return [read(p) for p in _sample(list((cache / package).rglob(pattern)), count, seed)]
+
+    readers: dict[str, Callable[[], list[str]]] = {
+        "en_gimp_help": lambda: pages("gimp-help-en", "*.html", 400),
+        "en_coreutils_man": lambda: pages("coreutils", "man1/*.gz", 400, _man_page),
+        "zh_office_help": lambda: pages("libreoffice-help-zh-cn", "*.html", 400),
+        "zh_man": lambda: pages("manpages-zh", "man/*/man*/*.gz", 400, _man_page),
+        "en_gnome_help": lambda: pages("gnome-user-docs", "C/gnome-help/*.page", 400, mallard_text),
+        "en_python_html": lambda: pages("python3.11-doc", "html/library/*.html", 200),
+    }
+    return {name: (SITES[name][0], SITES[name][1], [t for t in read() if t.strip()]) for name, read in readers.items()}
 
 
 def main() -> None:

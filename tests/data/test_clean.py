@@ -514,8 +514,8 @@ def test_prepare_records_what_each_block_removed_per_source(corpus_dir: Path, tm
     )
     assert manifest["data_config"]["dedup"]["threshold"] == 0.55 and set(manifest["timings"]) == {
         "executor", "stages", "total_s", "driver_cpu_s", "driver_peak_rss_mib"}
-    assert list(manifest["timings"]["stages"]) == ["read", "boilerplate", "clean", "exact", "bands", "pairs", "decide",
-                                                   "tokenizer", "shards", "merge"]
+    assert list(manifest["timings"]["stages"]) == ["read", "boilerplate", "templates", "clean", "exact", "bands",
+                                                   "pairs", "decide", "tokenizer", "shards", "merge"]
     assert (
         f"zh: read 13 ({chars['read']:,} characters); skipped 1 non_utf8, 1 empty, 1 bad_json, 1 missing_text; removed "
         "7 ("

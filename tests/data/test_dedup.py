@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 
 from mf_testing import tiny_run_tree
-from mindfoundry.config.data_config import DedupConfig
+from mindfoundry.config.data_config import DedupConfig, TemplatesConfig
 from mindfoundry.config.load import ConfigError, validate
-from mindfoundry.data.clean.dedup import Deduplicator, char_stream, exact_key, jaccard, shingle_hashes, shingles
+from mindfoundry.data.clean.dedup import Deduplicator, exact_key, jaccard
 from mindfoundry.data.clean.dedup_benchmark import make_twin
+from mindfoundry.data.clean.shingling import char_stream, shingle_hashes, shingles
+from mindfoundry.data.clean.templates import count_templates
 from mindfoundry.data.document import Document
 from mindfoundry.data.prepare.pipeline import prepare_data
 from mindfoundry.data.prepare.split import is_validation
@@ -103,7 +105,7 @@ def test_first_document_of_a_chain_wins_and_its_matches_go() -> None:
 
 
 def test_config_defaults_are_the_deduplicator_defaults() -> None:
-    configured = DedupConfig().model_dump(exclude={"enabled"})
+    configured = DedupConfig().model_dump(exclude={"enabled", "templates"})  # templates: counted from the corpus
     parameters = inspect.signature(Deduplicator).parameters
     assert configured == {name: parameters[name].default for name in configured}
 
@@ -209,12 +211,12 @@ def test_prepare_decides_as_the_in_memory_deduplicator(corpus_dir: Path, tmp_pat
     corpus = tmp_path / "chains"
     corpus.mkdir()
     files = _chain_corpus(corpus)
-    memory = Deduplicator(verify=verify)
     docs = [
         Document(t, f"news:{name}:{i + 1}", "news", "news", name, i)
         for name, texts in files
         for i, t in enumerate(texts)
     ]
+    memory = Deduplicator(verify=verify, template_shingles=count_templates(docs, "chars", 5, TemplatesConfig()))
     memory.add_all(docs)
     expected = memory.finish(reread=lambda: docs)
     if verify == "exact":  # the chains are there: each B goes for its A, each C stays (its only kept match, B, went)

@@ -20,6 +20,39 @@ BUILTIN_SOURCES: dict[str, str] = {
 }
 
 
+class TemplatesConfig(Section):
+    """Page templates discounted from near-duplicate similarity: spans of text that recur across many documents of a
+    source (a site's header, menu and footer; man pages' section skeleton and option boilerplate)."""
+
+    enabled: bool = Field(
+        True,
+        description="Leave shingles inside template spans out of each document's set, so that two pages sharing only "
+        "their template are not near-duplicates (at 0.55, short help pages of one site reach 0.6-0.9 on the "
+        "template alone).",
+    )
+    ngram: int = Field(
+        30,
+        ge=2,
+        description="Length of a span in shingle units (characters of letters and digits; words with shingle: "
+        "words, where 8 is comparable). Long enough that a frequent span is a template or a formula, not the "
+        "language (chosen on help pages and man pages: 12 loses edited twins, 30-40 keep them).",
+    )
+    sample: int = Field(2000, ge=1, description="Documents per source whose spans are counted (the first ones).")
+    min_documents: int = Field(
+        10,
+        ge=2,
+        description="A template span is in at least this many of the sampled documents of its source (fewer is "
+        "more likely one page copied a few times, whose copies must still match).",
+    )
+    min_share: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="... and in at least this share of them (a page copied a few times in a large source is not a "
+        "template).",
+    )
+
+
 class DedupConfig(Section):
     """Exact and near-duplicate removal over the whole corpus, before the train/validation split."""
 
@@ -62,6 +95,12 @@ class DedupConfig(Section):
         1, ge=0, lt=2**32, description="MinHash seed; fixed so dedup decisions do not change with the run seed."
     )
     max_examples: int = Field(5, ge=0, description="Largest clusters listed (as document ids) in manifest.json.")
+    templates: TemplatesConfig = Field(default_factory=TemplatesConfig)
+
+    @property
+    def discounts_templates(self) -> bool:
+        """Whether near-duplicate detection runs and discounts page templates."""
+        return self.enabled and self.near and self.templates.enabled
 
 
 class SourceConfig(Section):

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 from mindfoundry.config.aliases import canonical
 from mindfoundry.config.checks import cross_field_problems
 from mindfoundry.config.clean import JunkConfig, LanguageConfig
+from mindfoundry.config.data_config import TemplatesConfig
 from mindfoundry.config.parallel_config import RENAMED_KEYS
 from mindfoundry.config.schema import RunConfig, TrainConfig
 from mindfoundry.config.storage_config import redacted
@@ -334,6 +335,7 @@ ADDED_KEYS: dict[str, Any] = {
     "model.objective": "clm",
     "model.mlm": {"mask_rate": 0.15, "mask_token_rate": 0.8, "random_token_rate": 0.1},
     "data.dedup.shingle": "chars",
+    "data.dedup.templates": TemplatesConfig().model_dump(mode="json"),
     "data.clean.junk": JunkConfig().model_dump(mode="json"),
     "data.clean.language": LanguageConfig().model_dump(mode="json"),
     "data.sources.*.clean.language": None,

@@ -73,11 +73,12 @@ def frequent_body(documents: np.ndarray, min_documents: int) -> np.ndarray:
     return documents >= min_documents
 
 
-def frequent_edge(
-    documents: np.ndarray, source_documents: np.ndarray, min_documents: int, min_source_share: float
-) -> np.ndarray:
-    """Which of the document counts of edge lines (with their sources' counted documents) make them boilerplate."""
-    return (documents >= min_documents) & (documents >= min_source_share * source_documents)
+def frequent_in_source(documents: np.ndarray, source_documents: np.ndarray | int, min_documents: int,
+                       min_share: float) -> np.ndarray:
+    """Which keys recur in their source, by their document counts and their sources' counted documents: in at least
+    ``min_documents`` documents and at least ``min_share`` of their source's (edge lines here, template spans in
+    :mod:`.templates`)."""
+    return (documents >= min_documents) & (documents >= min_share * source_documents)
 
 
 def edge_key(source: str, norm: str) -> int:
@@ -164,7 +165,7 @@ class LineCounter:
             (self.source_documents[self.edge_source[key]] for key in self.edges), np.int64, len(self.edges)
         )
         return FrequentLines(np.sort(body[frequent_body(body_counts, min_documents)]),
-                             np.sort(edges[frequent_edge(edge_counts, sources, min_documents, min_source_share)]))
+                             np.sort(edges[frequent_in_source(edge_counts, sources, min_documents, min_source_share)]))
 
 
 class BoilerplateRemover(Transform):

@@ -34,9 +34,7 @@ with the same pieces: :class:`Signer`, :func:`band_keys`, :func:`signature_simil
 from __future__ import annotations
 
 import hashlib
-import re
 import time
-import zlib
 from array import array
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
@@ -46,61 +44,13 @@ from typing import Any, Literal
 import numpy as np
 
 from mindfoundry.config.data_config import DedupConfig
-from mindfoundry.data.clean.text import CJK_RANGES, canonical, units
+from mindfoundry.data.clean.shingling import MIX, ROLL, Shingle, shingle_keys, shingle_ngram, unit_values
+from mindfoundry.data.clean.templates import Templates
+from mindfoundry.data.clean.text import canonical
 from mindfoundry.data.document import Document, origin_name
 
 Verify = Literal["none", "signature", "exact"]
-Shingle = Literal["chars", "words"]
-_NON_UNIT = re.compile(r"[\W_]+")
-_SPACE_BY_CJK = re.compile(f"(?<=[{CJK_RANGES}]) | (?=[{CJK_RANGES}])")
-_ROLL = np.uint64(0x100000001B3)  # FNV-64 prime: the base of the rolling n-gram hash
-_MIX = np.uint64(0x9E3779B97F4A7C15)
 _CHUNK = 8192  # shingles min-hashed at once (bounds the shingles x num_perm matrix of a long document)
-
-
-def char_stream(text: str) -> str:
-    """What character shingles are cut from: letters and digits case-folded, every run of punctuation
-    and spacing one space between Latin words and none next to a CJK character."""
-    return _SPACE_BY_CJK.sub("", _NON_UNIT.sub(" ", text.casefold())).strip()
-
-
-def shingles(text: str, *, shingle: Shingle = "chars", char_ngram: int = 5, word_ngram: int = 5) -> set[str]:
-    """The shingle set of a document, as text (for reading and tests; dedup uses :func:`shingle_hashes`).
-
-    Punctuation, spacing and case never change a shingle. A document shorter than one n-gram is
-    a single shingle (its whole stream, or its canonical text when it has no letter or digit).
-    """
-    if shingle == "words":
-        tokens = units(text)
-        if not tokens:
-            return {canonical(text)}
-        return {" ".join(tokens[i:i + word_ngram]) for i in range(max(len(tokens) - word_ngram + 1, 1))}
-    stream = char_stream(text) or canonical(text)
-    return {stream[i:i + char_ngram] for i in range(max(len(stream) - char_ngram + 1, 1))}
-
-
-def shingle_hashes(text: str, *, shingle: Shingle = "chars", char_ngram: int = 5, word_ngram: int = 5) -> np.ndarray:
-    """The distinct 64-bit hashes of :func:`shingles` (one per shingle), computed in numpy.
-
-    Each character (or word, hashed with crc32) is a number; an n-gram's hash is the polynomial
-    ``sum(x[i+k] * B**(n-1-k))`` over 64-bit wraparound, built with one vector operation per k.
-    """
-    if shingle == "words":
-        tokens = units(text) or (canonical(text),)
-        values = np.fromiter((zlib.crc32(t.encode("utf-8")) for t in tokens), dtype=np.uint64, count=len(tokens))
-        n = word_ngram
-    else:
-        stream = char_stream(text) or canonical(text)
-        values = np.frombuffer(stream.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
-        n = char_ngram
-    n = min(n, len(values)) or 1
-    if not len(values):
-        return np.zeros(1, dtype=np.uint64)
-    windows = len(values) - n + 1
-    keys = values[:windows].copy()
-    for k in range(1, n):
-        keys = keys * _ROLL + values[k:k + windows]
-    return np.unique(keys * _MIX)
 
 
 def jaccard(a: set[str] | np.ndarray, b: set[str] | np.ndarray) -> float:
@@ -164,17 +114,23 @@ class Signer:
     """Shingles a document and min-hashes them: what dedup (and a worker signing for it) computes per document."""
 
     def __init__(self, *, shingle: Shingle = "chars", char_ngram: int = 5, word_ngram: int = 5,
-                 num_perm: int = 128, seed: int = 1) -> None:
-        self.shingling = {"shingle": shingle, "char_ngram": char_ngram, "word_ngram": word_ngram}
+                 num_perm: int = 128, seed: int = 1, templates: Templates | None = None) -> None:
+        self.shingle, self.ngram = shingle, shingle_ngram(shingle, char_ngram, word_ngram)
         self.perms = permutations(num_perm, seed)
+        self.templates = templates
 
-    def hashes(self, text: str) -> np.ndarray:
-        """The document's distinct shingle hashes (for exact Jaccard)."""
-        return shingle_hashes(text, **self.shingling)
+    def hashes(self, text: str, source: str) -> np.ndarray:
+        """The distinct hashes of the document's shingles, less its source's template shingles (for exact Jaccard)."""
+        keys = shingle_keys(unit_values(text, self.shingle), self.ngram)
+        if self.templates:
+            outside = self.templates.outside(keys, source, self.ngram)
+            if outside is not None:
+                keys = keys[outside]
+        return np.unique(keys)
 
-    def sign(self, text: str) -> np.ndarray:
+    def sign(self, text: str, source: str) -> np.ndarray:
         """The document's MinHash signature."""
-        return signature(self.hashes(text), self.perms)
+        return signature(self.hashes(text, source), self.perms)
 
 
 def band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
@@ -185,11 +141,11 @@ def band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
     keys = np.empty((bands, len(signatures)), dtype=np.uint64)
     with np.errstate(over="ignore"):
         for band in range(bands):
-            key = np.full(len(signatures), np.uint64(band + 1) * _MIX, dtype=np.uint64)
+            key = np.full(len(signatures), np.uint64(band + 1) * MIX, dtype=np.uint64)
             for row in range(band * rows, band * rows + rows):
-                key = (key ^ signatures[:, row].astype(np.uint64)) * _ROLL
+                key = (key ^ signatures[:, row].astype(np.uint64)) * ROLL
             key ^= key >> np.uint64(31)
-            keys[band] = key * _MIX
+            keys[band] = key * MIX
     return keys
 
 
@@ -288,6 +244,7 @@ class Deduplicator:
         verify: Verify = "signature",
         seed: int = 1,
         max_examples: int = 5,
+        template_shingles: Templates | None = None,
     ) -> None:
         if bands * rows > num_perm:
             raise ValueError(f"bands*rows = {bands * rows} exceeds num_perm={num_perm}: lower bands or rows")
@@ -298,7 +255,8 @@ class Deduplicator:
         self.exact, self.near, self.threshold, self.verify = exact, near, threshold, verify
         self.seed, self.max_examples = seed, max_examples
         self.signer = Signer(
-            shingle=shingle, char_ngram=char_ngram, word_ngram=word_ngram, num_perm=num_perm, seed=seed
+            shingle=shingle, char_ngram=char_ngram, word_ngram=word_ngram, num_perm=num_perm, seed=seed,
+            templates=template_shingles,
         )
         self.bands, self.rows = bands, rows
         self._buckets: list[dict[int, list[int]]] = [{} for _ in range(bands)]  # per band: key -> indices
@@ -321,7 +279,7 @@ class Deduplicator:
 
     def _add(self, doc: Document) -> None:
         key = exact_key(doc.text) if self.exact else None
-        hashes = self.signer.sign(doc.text) if self.near else None
+        hashes = self.signer.sign(doc.text, doc.source) if self.near else None
         self._register(doc.id, doc.origin(), key, hashes)
 
     def add_all(self, docs: Iterable[Document]) -> None:
@@ -387,7 +345,7 @@ class Deduplicator:
         sets: dict[int, np.ndarray] = {}
         for doc in docs:
             if doc.id in needed:
-                sets[needed[doc.id]] = self.signer.hashes(doc.text)
+                sets[needed[doc.id]] = self.signer.hashes(doc.text, doc.source)
         missing = len(needed) - len(sets)
         if missing:
             raise ValueError(f"reread yielded {missing} fewer of the candidate documents than the first read: "

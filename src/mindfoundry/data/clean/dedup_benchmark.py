@@ -23,8 +23,13 @@ import random
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
+from mindfoundry.config.data_config import DedupConfig
 from mindfoundry.data.clean.dedup import Deduplicator, DedupResult
+from mindfoundry.data.clean.shingling import shingle_ngram
+from mindfoundry.data.clean.templates import count_templates
+from mindfoundry.data.clean.text import canonical
 from mindfoundry.data.document import Document
 from mindfoundry.data.ingest.builtin import read_builtin
 from mindfoundry.data.ingest.files import SourceStats
@@ -58,12 +63,14 @@ _STAMPS = {
 @dataclass(frozen=True)
 class Case:
     """A benchmark document: its group (shared with its twin; ``None`` for a distractor), the edit that
-    made it (``None`` for a base or distractor) and its language."""
+    made it (``None`` for a base or distractor), its language and, for a page of a template-sharing site, the
+    site (its source)."""
 
     doc: Document
     group: str | None
     kind: str | None
     language: str
+    site: str | None = None  # the site of a whole page; None for a document cut from running text
 
 
 def pieces(texts: Iterable[str], seed: int = 0) -> Iterable[str]:
@@ -104,6 +111,25 @@ def _distinct(texts: list[str], language: str) -> list[str]:
         dedup.add(Document(text, f"{language}:{i}", language, language))
     dropped = dedup.finish().dropped
     return [text for i, text in enumerate(texts) if f"{language}:{i}" not in dropped]
+
+
+def distinct_pages(pages: list[str], language: str) -> list[str]:
+    """The pages of one site that differ in their own content: a line found in a tenth of the site's pages (and at
+    least three) is the site's template, and a page whose other lines (its content) reach a Jaccard similarity of
+    0.5 with an earlier page's (exactly, on character 5-grams) is left out, as is a page with no content of its own.
+    What is left are pages that share at most their template (the same page under two names, or sibling pages that
+    differ in a word, such as the sha224sum and sha256sum man pages, are left out: whether they are duplicates is
+    unclear)."""
+    documents: Counter[str] = Counter()
+    for page in pages:
+        documents.update({canonical(line) for line in page.split("\n")})
+    template = max(3, len(pages) // 10)
+    contents = ["\n".join(line for line in page.split("\n") if documents[canonical(line)] < template) for page in pages]
+    docs = [Document(content, f"{language}:page{i}", language, language) for i, content in enumerate(contents)]
+    dedup = Deduplicator(threshold=0.5, verify="exact")
+    dedup.add_all(doc for doc in docs if doc.text.strip())
+    dropped = dedup.finish(reread=lambda: (doc for doc in docs if doc.text.strip())).dropped
+    return [page for page, doc in zip(pages, docs, strict=True) if doc.text.strip() and doc.id not in dropped]
 
 
 def char_edits(text: str, rate: float, language: str, rng: random.Random) -> str:
@@ -168,10 +194,12 @@ def make_twin(text: str, kind: str, language: str, rng: random.Random) -> str:
     raise ValueError(f"unknown edit kind {kind!r}: choose one of {', '.join(KINDS)}")
 
 
-def build(pairs_per_kind: int, distractors: int, seed: int = 0,
-          texts: dict[str, list[str]] | None = None) -> list[Case]:
+def build(pairs_per_kind: int, distractors: int, seed: int = 0, texts: dict[str, list[str]] | None = None,
+          sites: dict[str, tuple[str, list[str]]] | None = None, site_pairs: int = 0) -> list[Case]:
     """The benchmark, shuffled: per language ``pairs_per_kind`` groups of each edit kind and
-    ``distractors`` unrelated documents. Raises ValueError when the real text is too short for that."""
+    ``distractors`` unrelated documents; then, for every site of ``sites`` (name -> (language, its pages)), its
+    :func:`distinct_pages` whole, the first ``site_pairs`` of them each with a twin (the edit kinds in turn), the
+    rest distractors. Raises ValueError when the real text is too short for that."""
     rng = random.Random(seed)
     texts = real_texts() if texts is None else texts
     cases: list[Case] = []
@@ -187,13 +215,22 @@ def build(pairs_per_kind: int, distractors: int, seed: int = 0,
             kind, group = KINDS[i % len(KINDS)], f"{language}:{i}"
             cases.append(Case(_doc(group, text), group, kind, language))
             cases.append(Case(_doc(f"{group}#{kind}", make_twin(text, kind, language, rng)), group, kind, language))
+    for site, (language, pages) in (sites or {}).items():
+        for i, page in enumerate(distinct_pages(pages, language)):
+            base = _doc(f"{site}:{i}", page, site)
+            if i >= site_pairs:
+                cases.append(Case(base, None, None, language, site))
+                continue
+            kind = KINDS[i % len(KINDS)]
+            twin = _doc(f"{base.id}#{kind}", make_twin(page, kind, language, rng), site)
+            cases += [Case(base, base.id, kind, language, site), Case(twin, base.id, kind, language, site)]
     rng.shuffle(cases)
     return cases
 
 
-def _doc(doc_id: str, text: str) -> Document:
+def _doc(doc_id: str, text: str, source: str = "benchmark") -> Document:
     """A benchmark document; its path is its id, so a dedup twin's ``kept`` origin names it."""
-    return Document(text=text, id=doc_id, source="benchmark", category="benchmark", path=doc_id)
+    return Document(text=text, id=doc_id, source=source, category="benchmark", path=doc_id)
 
 
 @dataclass(frozen=True)
@@ -225,7 +262,7 @@ def score(cases: list[Case], kept_for: Callable[[str], str | None]) -> dict[str,
     by_id = {case.doc.id: case for case in cases}
     tallies: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])  # groups, found, dropped, correct
     for case in cases:
-        slices = ("all", case.kind or "distractor", case.language)
+        slices = ("all", case.kind or "distractor", case.language, *((case.site,) if case.site else ()))
         kept = kept_for(case.doc.id)
         if case.kind is not None and not case.doc.id.endswith(f"#{case.kind}"):  # a base: count its group once
             twin = f"{case.doc.id}#{case.kind}"
@@ -246,8 +283,12 @@ def kept_ids(result: DedupResult) -> Callable[[str], str | None]:
     return lambda doc_id: str(result.twins[doc_id].kept["path"]) if doc_id in result.twins else None
 
 
-def run_ours(cases: list[Case], **settings: object) -> DedupResult:
-    """Our dedup with ``settings`` (the data.dedup defaults when none), over the benchmark in order."""
-    dedup = Deduplicator(**settings)  # type: ignore[arg-type]
+def run_ours(cases: list[Case], **settings: Any) -> DedupResult:
+    """Our dedup with data.dedup ``settings`` (the defaults when none), over the benchmark in order: the template
+    spans counted first, as `prepare` does."""
+    config = DedupConfig(**settings)
+    templates = count_templates((case.doc for case in cases), config.shingle,
+                                shingle_ngram(config.shingle, config.char_ngram, config.word_ngram), config.templates)
+    dedup = Deduplicator(**config.model_dump(exclude={"enabled", "templates"}), template_shingles=templates)
     dedup.add_all(case.doc for case in cases)
     return dedup.finish(reread=lambda: (case.doc for case in cases))

@@ -17,8 +17,8 @@ from mindfoundry.config.storage_config import StorageConfig
 from mindfoundry.data.ingest.inputs import InputTask
 
 # The stages, in the order they run (each a folder of the work area).
-READ, BOILERPLATE, CLEAN, EXACT, BANDS, PAIRS, DECIDE, TOKENIZER, SHARDS, MERGE = (
-    "read", "boilerplate", "clean", "exact", "bands", "pairs", "decide", "tokenizer", "shards", "merge")
+READ, BOILERPLATE, TEMPLATES, CLEAN, EXACT, BANDS, PAIRS, DECIDE, TOKENIZER, SHARDS, MERGE = (
+    "read", "boilerplate", "templates", "clean", "exact", "bands", "pairs", "decide", "tokenizer", "shards", "merge")
 
 ROW_BITS = 32
 
@@ -62,3 +62,11 @@ class Corpus:
     def tasks_of(self, source: int) -> list[int]:
         """The read tasks of source number ``source``, in order."""
         return [t for t, task in enumerate(self.inputs) if task.source == source]
+
+    def template_sample(self, task: int) -> int:
+        """How many of its first documents read task ``task`` counts for the templates of its source: the source's
+        ``data.dedup.templates.sample`` shared evenly by its read tasks (0 when templates are not discounted)."""
+        dedup = self.data.dedup
+        if not dedup.discounts_templates:
+            return 0
+        return -(-dedup.templates.sample // len(self.tasks_of(self.inputs[task].source)))

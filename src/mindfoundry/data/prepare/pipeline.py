@@ -53,7 +53,7 @@ from mindfoundry.data.prepare.corpus import MERGE, Corpus
 from mindfoundry.data.prepare.corpus import TOKENIZER as TOKENIZER_STAGE
 from mindfoundry.data.prepare.keyruns import MAX_PARTITIONS, partitions
 from mindfoundry.data.prepare.manifest import SourceSummary, cleaning, source_line
-from mindfoundry.data.prepare.stage_clean import BoilerplateStage, CleanStage, ReadStage
+from mindfoundry.data.prepare.stage_clean import BoilerplateStage, CleanStage, ReadStage, TemplateStage
 from mindfoundry.data.prepare.stage_dedup import BandStage, DecideStage, Dedup, ExactStage, PairStage
 from mindfoundry.data.prepare.stage_tokens import MergeStage, ShardStage, TokenizerStage
 from mindfoundry.data.prepare.tokenizer import load_tokenizer, tokenizer_hash
@@ -266,15 +266,22 @@ class _Prepare:
         work, corpus = self.work, self.corpus
         read = self._run(ReadStage(work, corpus))
         summaries = self._summaries(read)
-        counted = [t for t, r in enumerate(read) if "line_entries" in r]
-        lines = partitions(sum(read[t]["line_entries"] for t in counted)) if counted else 0
+        counted: dict[str, tuple[list[int], dict[int, int]]] = {}
+        for kind in ("line", "span"):
+            tasks = [t for t, r in enumerate(read) if f"{kind}_entries" in r]
+            if tasks:
+                documents: dict[int, int] = {}
+                for t in tasks:
+                    source = corpus.inputs[t].source
+                    documents[source] = documents.get(source, 0) + read[t][f"{kind}_documents"]
+                counted[f"{kind}s"] = (tasks, documents)
+        keys = partitions(sum(read[t][f"{kind[:-1]}_entries"] for kind, (tasks, _) in counted.items() for t in tasks)) \
+            if counted else 0
         if counted:
-            documents: dict[int, int] = {}
-            for t in counted:
-                source = corpus.inputs[t].source
-                documents[source] = documents.get(source, 0) + read[t]["line_documents"]
-            self._log_boilerplate(self._run(BoilerplateStage(work, corpus, lines, counted, documents)))
-        clean = self._run(CleanStage(work, corpus, lines))
+            self._log_boilerplate(self._run(BoilerplateStage(work, corpus, keys, counted)))
+        if "spans" in counted:
+            self._run(TemplateStage(work, corpus, keys))
+        clean = self._run(CleanStage(work, corpus, keys))
         for t, result in enumerate(clean):
             summaries[corpus.inputs[t].source].add_blocks(result)
         return summaries, [result["kept"] for result in clean]
@@ -360,11 +367,16 @@ class _Prepare:
         return Dedup(work, exact, decided=True)
 
     def _log_boilerplate(self, found: list[dict[str, Any]]) -> None:
-        body, edges = sum(r["body"] for r in found), sum(r["edges"] for r in found)
+        body, edges, spans = (sum(r[name] for r in found) for name in ("body", "edges", "spans"))
         if body or edges:
             settings = self.cfg.data.clean.boilerplate
             self.log(f"boilerplate: {body} lines occur in >= {settings.min_documents} documents, "
                      f"{edges} header/footer lines open or close >= {settings.min_source_share:.0%} of their source's")
+        if spans:
+            templates = self.cfg.data.dedup.templates
+            self.log(f"dedup templates: {spans} spans of {templates.ngram} units recur in >= "
+                     f"{templates.min_share:.0%} of their source's sampled documents (left out of near-duplicate "
+                     "similarity)")
 
     def _log_tokenizer(self, result: dict[str, Any]) -> None:
         if result["info"]["source"] == "loaded":

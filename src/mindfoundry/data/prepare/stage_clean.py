@@ -16,6 +16,7 @@ re-runs a block.
 from __future__ import annotations
 
 import heapq
+import itertools
 import time
 from array import array
 from collections.abc import Iterator
@@ -25,15 +26,17 @@ from typing import Any
 import numpy as np
 
 from mindfoundry.config.data_config import DedupConfig
-from mindfoundry.data.clean.boilerplate import FrequentLines, document_keys, frequent_body, frequent_edge
+from mindfoundry.data.clean.boilerplate import FrequentLines, document_keys, frequent_body, frequent_in_source
 from mindfoundry.data.clean.curate import CUT, chunked, clean_chunk, runs_block, source_pipeline
 from mindfoundry.data.clean.dedup import Signer, band_keys, exact_key
 from mindfoundry.data.clean.droplog import read_numbered, write_numbered
+from mindfoundry.data.clean.shingling import shingle_ngram, unit_values
+from mindfoundry.data.clean.templates import Templates, covered_shingles, document_spans
 from mindfoundry.data.execute.stage import Stage
 from mindfoundry.data.execute.workdir import WorkDir
 from mindfoundry.data.ingest.files import SourceStats
 from mindfoundry.data.ingest.inputs import read_input
-from mindfoundry.data.prepare.corpus import BOILERPLATE, CLEAN, READ, Corpus
+from mindfoundry.data.prepare.corpus import BOILERPLATE, CLEAN, READ, TEMPLATES, Corpus
 from mindfoundry.data.prepare.docstore import DocReader, DocWriter
 from mindfoundry.data.prepare.keyruns import gather, groups, key_range, write_run
 
@@ -61,6 +64,8 @@ class ReadStage(Stage):
         counting = runs_block(data, src, CUT)
         keys = {"body": array("Q"), "edges": array("Q")}  # one entry per (document, distinct line): 8 bytes each
         counted = 0
+        sample, dedup = self.corpus.template_sample(task), data.dedup
+        spans: list[np.ndarray] = []  # the distinct template-span keys of each sampled document
         store = DocWriter(out / DOCS, src.name, src.resolved_category())
 
         def cleaned() -> Iterator[tuple[int, dict[str, Any]]]:
@@ -71,6 +76,9 @@ class ReadStage(Stage):
                 kept, lines = clean_chunk(pipeline, chunk)
                 for ordinal, doc in kept:
                     store.add(doc, ordinal)
+                    if len(spans) < sample:
+                        spans.append(document_spans(unit_values(doc.text, dedup.shingle), dedup.templates.ngram,
+                                                    doc.source))
                     found = (
                         document_keys(doc.text, doc.source, settings.min_line_chars, settings.edge_lines)
                         if counting
@@ -91,38 +99,51 @@ class ReadStage(Stage):
                 write_run(out, name, *np.unique(np.frombuffer(found, np.uint64), return_counts=True))
                 for name, found in keys.items()
             )
+        if sample:  # document frequency of each template-span key in this task's sample
+            result["span_documents"] = len(spans)
+            result["span_entries"] = write_run(
+                out, "spans", *np.unique(np.concatenate([np.zeros(0, np.uint64), *spans]), return_counts=True))
         return result
 
 
 class BoilerplateStage(Stage):
-    """The document frequency of every line key, added up over the read tasks, one key range per task."""
+    """The document frequency of every line key and template-span key, added up over the read tasks, one key range
+    per task."""
 
     name = BOILERPLATE
 
-    def __init__(
-        self, work: WorkDir, corpus: Corpus, partitions: int, counted: list[int], source_documents: dict[int, int]
-    ) -> None:
+    def __init__(self, work: WorkDir, corpus: Corpus, partitions: int,
+                 counted: dict[str, tuple[list[int], dict[int, int]]]) -> None:
         super().__init__(work)
         self.corpus, self.partitions = corpus, partitions
-        self.counted = counted  # the read tasks that counted lines
-        self.source_documents = source_documents  # per source: documents counted (those of two lines or more)
+        # "lines" / "spans": the read tasks that counted them, and per source the documents they counted
+        self.counted = counted
 
     def tasks(self) -> int:
         return self.partitions
 
     def run(self, task: int, out: Path) -> dict[str, Any]:
-        settings = self.corpus.data.clean.boilerplate
+        lines, templates = self.corpus.data.clean.boilerplate, self.corpus.data.dedup.templates
         low, high = key_range(task, self.partitions)
-        folders = [self.work.task(READ, t) for t in self.counted]
-        keys, counts, _ = _summed(*gather(folders, "body", low, high))
-        body = keys[frequent_body(counts, settings.min_documents)]
-        keys, counts, first_runs = _summed(*gather(folders, "edges", low, high))
-        sources = np.array([self.source_documents[self.corpus.inputs[self.counted[run]].source] for run in first_runs],
-                           dtype=np.int64)
-        edges = keys[frequent_edge(counts, sources, settings.min_documents, settings.min_source_share)]
-        np.save(out / "body.npy", body)
-        np.save(out / "edges.npy", edges)
-        return {"body": len(body), "edges": len(edges)}
+        found = {name: np.zeros(0, np.uint64) for name in ("body", "edges", "spans")}
+        if "lines" in self.counted:
+            folders = [self.work.task(READ, t) for t in self.counted["lines"][0]]
+            keys, counts, _ = _summed(*gather(folders, "body", low, high))
+            found["body"] = keys[frequent_body(counts, lines.min_documents)]
+            found["edges"] = self._in_source("lines", "edges", low, high, lines.min_documents, lines.min_source_share)
+        if "spans" in self.counted:
+            found["spans"] = self._in_source("spans", "spans", low, high, templates.min_documents, templates.min_share)
+        for name, keys in found.items():
+            np.save(out / f"{name}.npy", keys)
+        return {name: len(keys) for name, keys in found.items()}
+
+    def _in_source(self, counted: str, run: str, low: int, high: int | None, min_documents: int,
+                   min_share: float) -> np.ndarray:
+        """The keys of run ``run`` in ``[low, high)`` that recur in their source (keys are salted per source)."""
+        tasks, documents = self.counted[counted]
+        keys, counts, first_runs = _summed(*gather([self.work.task(READ, t) for t in tasks], run, low, high))
+        sources = np.array([documents[self.corpus.inputs[tasks[r]].source] for r in first_runs], dtype=np.int64)
+        return keys[frequent_in_source(counts, sources, min_documents, min_share)]
 
 
 def _summed(keys: np.ndarray, counts: np.ndarray, runs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -134,13 +155,48 @@ def _summed(keys: np.ndarray, counts: np.ndarray, runs: np.ndarray) -> tuple[np.
     return keys[starts], np.add.reduceat(counts, starts) if len(starts) else counts[:0], runs[starts]
 
 
+def _found(work: WorkDir, partitions: int, name: str) -> np.ndarray:
+    """The keys of kind ``name`` the :class:`BoilerplateStage` found (its key ranges are in order: already sorted)."""
+    return np.concatenate([np.zeros(0, np.uint64), *(np.load(work.task(BOILERPLATE, t) / f"{name}.npy")
+                                                     for t in range(partitions))])
+
+
 def frequent_lines(work: WorkDir, partitions: int) -> FrequentLines:
-    """The boilerplate keys the :class:`BoilerplateStage` found (its key ranges are in order: already sorted)."""
-    if not partitions:
-        return FrequentLines()
-    parts = [work.task(BOILERPLATE, t) for t in range(partitions)]
-    return FrequentLines(np.concatenate([np.load(p / "body.npy") for p in parts]),
-                         np.concatenate([np.load(p / "edges.npy") for p in parts]))
+    """The boilerplate line keys the :class:`BoilerplateStage` found."""
+    return FrequentLines(_found(work, partitions, "body"), _found(work, partitions, "edges"))
+
+
+class TemplateStage(Stage):
+    """A task per read task: the template shingles of its sampled documents (those inside template spans)."""
+
+    name = TEMPLATES
+
+    def __init__(self, work: WorkDir, corpus: Corpus, partitions: int) -> None:
+        super().__init__(work)
+        self.corpus, self.partitions = corpus, partitions
+
+    def tasks(self) -> int:
+        return len(self.corpus.inputs)
+
+    def run(self, task: int, out: Path) -> dict[str, Any]:
+        dedup = self.corpus.data.dedup
+        spans, sample = _found(self.work, self.partitions, "spans"), self.corpus.template_sample(task)
+        ngram = shingle_ngram(dedup.shingle, dedup.char_ngram, dedup.word_ngram)
+        found = [np.zeros(0, np.uint64)]
+        for _, doc in itertools.islice(DocReader(self.work.task(READ, task) / DOCS), sample):
+            found.append(covered_shingles(unit_values(doc.text, dedup.shingle), ngram, spans, dedup.templates.ngram,
+                                          doc.source))
+        shingles = np.unique(np.concatenate(found))
+        np.save(out / "shingles.npy", shingles)
+        return {"shingles": len(shingles)}
+
+
+def template_shingles(work: WorkDir, corpus: Corpus) -> Templates | None:
+    """Every source's template shingles, as the :class:`TemplateStage` found them (None when not discounted)."""
+    if not corpus.data.dedup.discounts_templates:
+        return None
+    return Templates(np.unique(np.concatenate(
+        [np.load(work.task(TEMPLATES, t) / "shingles.npy") for t in range(len(corpus.inputs))])))
 
 
 class CleanStage(Stage):
@@ -163,7 +219,7 @@ class CleanStage(Stage):
         pipeline = source_pipeline(data, src, "from", lines)
         read = self.work.task(READ, task)
         store = DocWriter(out / DOCS, src.name, src.resolved_category())
-        signing = Signing(self.corpus.data.dedup)
+        signing = Signing(self.corpus.data.dedup, template_shingles(self.work, self.corpus))
         reader = DocReader(read / DOCS)
 
         def cleaned() -> Iterator[tuple[int, dict[str, Any]]]:
@@ -172,7 +228,7 @@ class CleanStage(Stage):
                 kept, lines = clean_chunk(pipeline, chunk)
                 for ordinal, doc in kept:
                     store.add(doc, ordinal)
-                    signing.add(doc.text)
+                    signing.add(doc.text, doc.source)
                 yield from lines
 
         write_numbered(out / NEW_EVENTS, cleaned())
@@ -189,22 +245,21 @@ class Signing:
     """A task's dedup keys, document by document: exact keys and MinHash signatures (packed, 4 bytes a value), then
     the LSH band keys (key runs whose value is the row) and the signatures (one array) that the dedup stages read."""
 
-    def __init__(self, settings: DedupConfig) -> None:
+    def __init__(self, settings: DedupConfig, templates: Templates | None) -> None:
         self.settings = settings
-        self.signer = Signer(shingle=settings.shingle, char_ngram=settings.char_ngram, word_ngram=settings.word_ngram,
-                             num_perm=settings.num_perm, seed=settings.seed)
+        self.signer = signer(settings, templates)
         self.exact_keys = array("Q")
         self.signatures = array("I")
         self.seconds = 0.0
 
-    def add(self, text: str) -> None:
+    def add(self, text: str, source: str) -> None:
         if not self.settings.enabled:
             return
         start = time.perf_counter()
         if self.settings.exact:
             self.exact_keys.append(exact_key(text))
         if self.settings.near:
-            self.signatures.frombytes(self.signer.sign(text).astype(np.uint32).tobytes())
+            self.signatures.frombytes(self.signer.sign(text, source).astype(np.uint32).tobytes())
         self.seconds += time.perf_counter() - start
 
     def write(self, out: Path) -> None:
@@ -222,3 +277,9 @@ class Signing:
             for band, keys in enumerate(band_keys(signatures, settings.bands, settings.rows)):
                 write_run(out, f"band{band:03d}", keys, rows)
         self.seconds += time.perf_counter() - start
+
+
+def signer(settings: DedupConfig, templates: Templates | None) -> Signer:
+    """The signer of ``data.dedup`` with the corpus's template shingles."""
+    return Signer(shingle=settings.shingle, char_ngram=settings.char_ngram, word_ngram=settings.word_ngram,
+                  num_perm=settings.num_perm, seed=settings.seed, templates=templates)

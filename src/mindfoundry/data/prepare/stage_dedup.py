@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from mindfoundry.data.clean.dedup import Clusters, Pair, Signer, first_kept_wins, jaccard, signature_similarity
+from mindfoundry.data.clean.dedup import Clusters, Pair, first_kept_wins, jaccard, signature_similarity
 from mindfoundry.data.document import origin_name
 from mindfoundry.data.execute.stage import Stage
 from mindfoundry.data.execute.workdir import WorkDir
@@ -52,7 +52,7 @@ from mindfoundry.data.prepare.corpus import (
 )
 from mindfoundry.data.prepare.docstore import DocReader
 from mindfoundry.data.prepare.keyruns import gather, groups, key_range, read_range, write_run
-from mindfoundry.data.prepare.stage_clean import DOCS, SIGNATURES
+from mindfoundry.data.prepare.stage_clean import DOCS, SIGNATURES, signer, template_shingles
 
 
 class _DedupStage(Stage):
@@ -172,15 +172,14 @@ class PairStage(_DedupStage):
             return np.full(len(pairs), np.nan)
         if self.settings.verify == "signature":
             return signature_similarity(self._signatures(pairs[:, 1]), self._signatures(pairs[:, 0]))
-        s = self.settings
-        signer = Signer(
-            shingle=s.shingle, char_ngram=s.char_ngram, word_ngram=s.word_ngram, num_perm=s.num_perm, seed=s.seed
-        )
+        signing = signer(self.settings, template_shingles(self.work, self.corpus))
         hashes: dict[int, np.ndarray] = {}
 
         def shingles(ref: int) -> np.ndarray:
             if ref not in hashes:
-                hashes[ref] = signer.hashes(DocReader(self.work.task(CLEAN, ref_task(ref)) / DOCS).text(ref_row(ref)))
+                task = ref_task(ref)
+                text = DocReader(self.work.task(CLEAN, task) / DOCS).text(ref_row(ref))
+                hashes[ref] = signing.hashes(text, self.corpus.source(task).name)
             return hashes[ref]
 
         return np.array([jaccard(shingles(int(b)), shingles(int(a))) for a, b in pairs.tolist()])

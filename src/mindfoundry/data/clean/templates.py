@@ -1,0 +1,127 @@
+"""Page templates for near-duplicate detection: text that recurs across many documents of a source.
+
+Pages of one site share a header, a menu and a footer; man pages share a section skeleton and option
+boilerplate. Two short pages that share only that template reach a Jaccard similarity of 0.6-0.9 on
+character 5-grams although their content differs. So dedup discounts the template, in two steps:
+
+1. *Template spans*: a span is an ``ngram``-unit window of a document's shingle stream (its letters and
+   digits, or its words: :func:`~mindfoundry.data.clean.shingling.unit_values`); one found in at least
+   ``min_documents`` and at least ``min_share`` of the sampled documents of its source is a template span.
+   Spans are much longer than shingles (20 characters against 5) so that what recurs is a template and not
+   the language: a frequent character 5-gram ("ation", "的一个") is in most documents of any source, a
+   frequent 20-character span is a menu, a footer or a formula.
+2. *Template shingles*: the shingles that lie wholly inside template spans of the sampled documents. Every
+   document of the source leaves them out of its shingle set (:meth:`Templates.outside`). Deciding by the
+   shingle and not by its position keeps the discount symmetric: an edited copy of a page loses the same
+   template shingles as the page, except the few an edit touched, while a position-based rule would keep
+   every shingle of an edited template region in the copy alone.
+
+Counting is on a sample of each source, its first ``sample`` documents (split evenly over the source's
+read tasks in `prepare`), which bounds the work whatever the corpus size: a template worth discounting is
+in a fair share of a source's pages, so a sample of a few thousand sees it. Span and shingle keys are
+salted with the source's name, so each source has its own templates. A document made only of template
+shingles keeps them all, so that copies of a template-only page still match.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from mindfoundry.config.data_config import TemplatesConfig
+from mindfoundry.data.clean.boilerplate import frequent_in_source
+from mindfoundry.data.clean.shingling import MIX, Shingle, shingle_keys, unit_values, window_keys
+from mindfoundry.data.document import Document
+
+_NONE = np.zeros(0, dtype=np.uint64)
+
+
+def source_salt(source: str) -> np.uint64:
+    """The number a source's span and shingle keys are mixed with (stable across processes)."""
+    return np.uint64((zlib.crc32(source.encode("utf-8")) + 1) * int(MIX) % 2**64)
+
+
+def _holds(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Which of ``keys`` are in ``sorted_keys``."""
+    if not len(sorted_keys):
+        return np.zeros(len(keys), dtype=bool)
+    at = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
+    return sorted_keys[at] == keys
+
+
+def _inside(starts: np.ndarray, ends: np.ndarray, size: int) -> np.ndarray:
+    """A mask of ``size`` positions, true inside any ``[start, end)`` range."""
+    return np.cumsum(np.bincount(starts, minlength=size + 1) - np.bincount(ends, minlength=size + 1))[:-1] > 0
+
+
+def document_spans(values: np.ndarray, ngram: int, source: str) -> np.ndarray:
+    """The distinct span keys of one document (none when it is shorter than a span): what the count adds."""
+    if len(values) < ngram:
+        return _NONE
+    return np.unique(window_keys(values, ngram) ^ source_salt(source))
+
+
+def covered_shingles(values: np.ndarray, shingle_ngram: int, spans: np.ndarray, ngram: int,
+                     source: str) -> np.ndarray:
+    """The salted keys of one sampled document's shingles that lie wholly inside template spans (``spans``:
+    the sorted template span keys)."""
+    if len(values) < ngram:
+        return _NONE
+    hits = np.flatnonzero(_holds(spans, window_keys(values, ngram) ^ source_salt(source)))
+    if not len(hits):
+        return _NONE
+    covered = np.concatenate(([0], np.cumsum(_inside(hits, hits + ngram, len(values)))))
+    n = min(shingle_ngram, len(values))
+    windows = len(values) - n + 1
+    whole = covered[n:n + windows] - covered[:windows] == n
+    return np.unique(shingle_keys(values, n)[whole] ^ source_salt(source))
+
+
+@dataclass(frozen=True)
+class Templates:
+    """Every source's template shingles: their salted keys, sorted."""
+
+    keys: np.ndarray
+
+    def __bool__(self) -> bool:
+        return bool(len(self.keys))
+
+    def outside(self, keys: np.ndarray, source: str, shingle_ngram: int) -> np.ndarray | None:
+        """A mask over a document's shingle keys (one per position), true for those that are not its source's template
+        shingles; None when none is (keep every shingle) or all are (a page of template alone keeps its shingles
+        too). A run of at most ``shingle_ngram + 1`` positions between template shingles counts as template: one
+        edited character inside a template changes that many shingles, which are template text all the same."""
+        template = _holds(self.keys, keys ^ source_salt(source))
+        if not template.any():
+            return None
+        change = np.flatnonzero(np.diff(template.astype(np.int8))) + 1
+        starts, ends = np.concatenate(([0], change)), np.concatenate((change, [len(template)]))
+        gap = ~template[starts] & (starts > 0) & (ends < len(template)) & (ends - starts <= shingle_ngram + 1)
+        template |= _inside(starts[gap], ends[gap], len(template))
+        kept = len(keys) - int(template.sum())
+        return ~template if 0 < kept < len(keys) else None
+
+
+def count_templates(docs: Iterable[Document], shingle: Shingle, shingle_ngram: int,
+                    settings: TemplatesConfig) -> Templates:
+    """The template shingles of ``docs``, each source's first ``settings.sample`` documents counted (held in memory
+    for the second step); none when ``settings.enabled`` is off. `prepare` does the same in stages."""
+    if not settings.enabled:
+        return Templates(_NONE)
+    sampled: dict[str, list[np.ndarray]] = {}
+    for doc in docs:
+        values = sampled.setdefault(doc.source, [])
+        if len(values) < settings.sample:
+            values.append(unit_values(doc.text, shingle))
+    found = [_NONE]
+    for source, documents in sampled.items():
+        keys, counts = np.unique(
+            np.concatenate([_NONE, *(document_spans(v, settings.ngram, source) for v in documents)]),
+            return_counts=True,
+        )
+        spans = keys[frequent_in_source(counts, len(documents), settings.min_documents, settings.min_share)]
+        found += [covered_shingles(v, shingle_ngram, spans, settings.ngram, source) for v in documents]
+    return Templates(np.unique(np.concatenate(found)))
