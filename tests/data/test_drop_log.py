@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dedup_benchmark import make_twin
 from mf_testing import decoded_documents, tiny_run_tree
 from mindfoundry.cli.main import main
 from mindfoundry.config.load import validate
-from mindfoundry.data.clean.dedup_benchmark import make_twin
 from mindfoundry.data.clean.droplog import DROPS_FILE
 from mindfoundry.data.ingest.builtin import read_builtin
 from mindfoundry.data.ingest.files import SourceStats

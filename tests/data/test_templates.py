@@ -3,7 +3,7 @@ duplicates, a page and its edited copy still are, in memory and in `prepare`'s s
 
 The fixture is 40 GNU coreutils man pages (Debian's coreutils 9.1, rendered by groff at 80 columns), each a
 different command: pages that document one thing under several names (ls/dir/vdir, the checksum family) were left
-out by the labelled benchmark's :func:`~mindfoundry.data.clean.dedup_benchmark.distinct_pages`.
+out by the labelled benchmark's ``distinct_pages`` (bench/dedup_benchmark.py).
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dedup_benchmark import char_edits
+from dedup_reference import Deduplicator, count_templates
 from mf_testing import tiny_run_tree
-from mindfoundry.config.data_config import TemplatesConfig
+from mindfoundry.config.data_config import DedupConfig
 from mindfoundry.config.load import ConfigError, validate
-from mindfoundry.data.clean.dedup import Deduplicator, Signer, jaccard
-from mindfoundry.data.clean.dedup_benchmark import char_edits
-from mindfoundry.data.clean.templates import Templates, count_templates
+from mindfoundry.data.clean.dedup import Signer, jaccard
+from mindfoundry.data.clean.templates import Templates
 from mindfoundry.data.document import Document
 from mindfoundry.data.prepare.pipeline import prepare_data
 
@@ -47,7 +48,7 @@ def pages() -> list[Document]:
 
 @pytest.fixture(scope="module")
 def templates(pages: list[Document]) -> Templates:
-    return count_templates(pages, "chars", 5, TemplatesConfig())
+    return count_templates(pages, DedupConfig())
 
 
 def test_pages_that_share_only_their_template_stop_matching(pages: list[Document], templates: Templates) -> None:
@@ -92,7 +93,7 @@ def test_dedup_keeps_every_page_and_drops_every_copy(pages: list[Document]) -> N
     corpus = pages + _twins(pages)
     found = {}
     for enabled in (True, False):
-        dedup = Deduplicator(template_shingles=count_templates(corpus, "chars", 5, TemplatesConfig(enabled=enabled)))
+        dedup = Deduplicator(templates=count_templates(corpus, DedupConfig(templates={"enabled": enabled})))
         dedup.add_all(corpus)
         result = dedup.finish()
         wrong = [doc for doc, twin in result.twins.items() if twin.kept["path"] != doc.split(":", 1)[1].split("#")[0]]
@@ -110,7 +111,7 @@ def test_a_page_copied_a_few_times_is_not_a_template(pages: list[Document]) -> N
     copies = [Document(char_edits(base.text, 0.02, "en", rng), f"man:copy{i}", "man", "docs", f"copy{i}")
               for i in range(5)]
     corpus = pages[:20] + copies
-    dedup = Deduplicator(template_shingles=count_templates(corpus, "chars", 5, TemplatesConfig()))
+    dedup = Deduplicator(templates=count_templates(corpus, DedupConfig()))
     dedup.add_all(corpus)
     result = dedup.finish()
     assert set(result.dropped) == {c.id for c in copies}
@@ -129,7 +130,7 @@ def test_prepare_discounts_templates_as_the_in_memory_dedup(corpus_dir: Path, tm
                                               encoding="utf-8")
     corpus = [Document(d.text, f"man:{name}.jsonl:{i + 1}", "man", "docs", f"{name}.jsonl", i)
               for name, docs in (("copies", copies), ("pages", pages)) for i, d in enumerate(docs)]
-    memory = Deduplicator(template_shingles=count_templates(corpus, "chars", 5, TemplatesConfig()))
+    memory = Deduplicator(templates=count_templates(corpus, DedupConfig()))
     memory.add_all(corpus)
     expected = memory.finish()
     tree = tiny_run_tree(corpus_dir, tmp_path / "run")

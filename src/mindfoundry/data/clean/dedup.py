@@ -6,17 +6,11 @@ document (a split by content hash only keeps *identical* texts together).
 
 - **Exact**: a 64-bit BLAKE2b hash of the canonical text (whitespace collapsed, case-folded); a
   document whose hash was seen before is dropped.
-- **Near**: each document becomes a set of shingles made the same way for every script, so a
-  document and its edited twin are always compared like with like (deciding per document by
-  script would give a Chinese page and its English-heavier twin different kinds and a Jaccard of
-  0): by default character ``char_ngram``-grams of the document's letters and digits (case
-  folded, punctuation and spacing reduced to one space between Latin words and none around CJK
-  characters), which survive the scattered character edits that break word n-grams; or, with
-  ``shingle: words``, ``word_ngram``-grams of units (a word or a CJK character). Shingles are
-  hashed and min-hashed in numpy (:func:`signature`), locality-sensitive hashing with ``bands`` x
-  ``rows`` proposes candidate pairs (two documents whose signatures agree on every row of some
-  band: :func:`band_keys`), and a pair counts when its Jaccard
-  similarity reaches ``threshold``: estimated from the full signatures (``verify="signature"``),
+- **Near**: each document becomes a set of shingles (:mod:`.shingling`), less its source's page
+  template (:mod:`.templates`). Shingles are min-hashed in numpy (:func:`signature`),
+  locality-sensitive hashing with ``bands`` x ``rows`` proposes candidate pairs (two documents
+  whose signatures agree on every row of some band: :func:`band_keys`), and a pair counts when
+  its Jaccard similarity reaches ``threshold``: estimated from the full signatures (``verify="signature"``),
   computed exactly from the shingles (``verify="exact"``, one more read of the corpus for the
   documents in candidate pairs only), or taken on the LSH's word (``verify="none"``).
 
@@ -24,22 +18,19 @@ Documents are considered in stream order and the first one wins (:func:`first_ke
 document is dropped when it matches a document that is kept, so chains (A~B, B~C, A!~C) do not
 remove C. A *cluster* is a kept document with the documents dropped in its favour.
 
-:class:`Deduplicator` decides in memory (ids, hashes, signatures and the LSH tables, never texts):
-the reference, and what the labelled benchmark runs. `prepare` decides the same way from files,
-in stages that hold only a share of the corpus each (:mod:`mindfoundry.data.prepare.stage_dedup`),
-with the same pieces: :class:`Signer`, :func:`band_keys`, :func:`signature_similarity`,
-:func:`first_kept_wins` and :class:`Clusters`.
+`prepare` decides from files, in stages that hold only a share of the corpus each
+(:mod:`mindfoundry.data.prepare.stage_dedup`), with these pieces: :class:`Signer`, :func:`band_keys`,
+:func:`signature_similarity`, :func:`first_kept_wins` and :class:`Clusters` (bench/dedup_reference.py decides the
+same way in memory: the reference the stages are tested against).
 """
 
 from __future__ import annotations
 
 import hashlib
-import time
-from array import array
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -47,9 +38,7 @@ from mindfoundry.config.data_config import DedupConfig
 from mindfoundry.data.clean.shingling import MIX, ROLL, Shingle, shingle_keys, shingle_ngram, unit_values
 from mindfoundry.data.clean.templates import Templates
 from mindfoundry.data.clean.text import canonical
-from mindfoundry.data.document import Document, origin_name
 
-Verify = Literal["none", "signature", "exact"]
 _CHUNK = 8192  # shingles min-hashed at once (bounds the shingles x num_perm matrix of a long document)
 
 
@@ -87,29 +76,6 @@ def signature(hashes: np.ndarray, perms: tuple[np.ndarray, np.ndarray]) -> np.nd
     return lowest >> np.uint64(32)
 
 
-@dataclass(frozen=True)
-class Twin:
-    """Why a document was dropped by dedup: the kept document it copies (source, path, record) and
-    the Jaccard similarity of their shingles (1.0 for an exact copy; estimated from the signatures or
-    computed exactly as ``verify`` says; ``None`` with ``verify="none"``)."""
-
-    kind: Literal["exact", "near"]
-    kept: dict[str, str | int]
-    jaccard: float | None
-
-
-@dataclass
-class DedupResult:
-    """Which documents to drop, why (``twins``), and the report for the manifest."""
-
-    dropped: dict[str, Literal["exact", "near"]]
-    report: dict[str, Any] = field(default_factory=dict)
-    twins: dict[str, Twin] = field(default_factory=dict)
-
-    def keeps(self, doc: Document) -> bool:
-        return doc.id not in self.dropped
-
-
 class Signer:
     """Shingles a document and min-hashes them: what dedup (and a worker signing for it) computes per document."""
 
@@ -118,6 +84,12 @@ class Signer:
         self.shingle, self.ngram = shingle, shingle_ngram(shingle, char_ngram, word_ngram)
         self.perms = permutations(num_perm, seed)
         self.templates = templates
+
+    @classmethod
+    def of(cls, settings: DedupConfig, templates: Templates | None = None) -> Signer:
+        """The signer of ``data.dedup``, discounting ``templates``."""
+        return cls(shingle=settings.shingle, char_ngram=settings.char_ngram, word_ngram=settings.word_ngram,
+                   num_perm=settings.num_perm, seed=settings.seed, templates=templates)
 
     def hashes(self, text: str, source: str) -> np.ndarray:
         """The distinct hashes of the document's shingles, less its source's template shingles (for exact Jaccard)."""
@@ -220,153 +192,3 @@ class Clusters:
         for kept, copies in members.items():
             clusters.add(kept, copies)
         return clusters
-
-
-#: The data.dedup defaults (their one home is :class:`~mindfoundry.config.data_config.DedupConfig`).
-_DEFAULT = DedupConfig()
-
-
-class Deduplicator:
-    """Streaming exact + near-duplicate detection: :meth:`add` every document, then :meth:`finish`."""
-
-    def __init__(
-        self,
-        *,
-        exact: bool = True,
-        near: bool = True,
-        threshold: float = _DEFAULT.threshold,
-        num_perm: int = _DEFAULT.num_perm,
-        bands: int = _DEFAULT.bands,
-        rows: int = _DEFAULT.rows,
-        shingle: Shingle = "chars",
-        char_ngram: int = 5,
-        word_ngram: int = 5,
-        verify: Verify = "signature",
-        seed: int = 1,
-        max_examples: int = 5,
-        template_shingles: Templates | None = None,
-    ) -> None:
-        if bands * rows > num_perm:
-            raise ValueError(f"bands*rows = {bands * rows} exceeds num_perm={num_perm}: lower bands or rows")
-        if not 0.0 < threshold <= 1.0:
-            raise ValueError(f"threshold must be in (0, 1], got {threshold}")
-        if verify not in ("none", "signature", "exact"):
-            raise ValueError(f"verify must be 'none', 'signature' or 'exact', got {verify!r}")
-        self.exact, self.near, self.threshold, self.verify = exact, near, threshold, verify
-        self.seed, self.max_examples = seed, max_examples
-        self.signer = Signer(
-            shingle=shingle, char_ngram=char_ngram, word_ngram=word_ngram, num_perm=num_perm, seed=seed,
-            templates=template_shingles,
-        )
-        self.bands, self.rows = bands, rows
-        self._buckets: list[dict[int, list[int]]] = [{} for _ in range(bands)]  # per band: key -> indices
-        self._ids: list[str] = []
-        self._sources: list[str] = []
-        self._paths: list[str] = []
-        self._records = array("q")
-        self._first_by_key: dict[int, int] = {}
-        self._exact_of: dict[int, int] = {}  # dropped index -> kept index with the same text
-        self._signatures: dict[int, np.ndarray] = {}
-        self._pairs: list[tuple[int, int, float | None]] = []  # (earlier, later, Jaccard estimate)
-        self._candidates = 0
-        self._seconds = 0.0
-
-    def add(self, doc: Document) -> None:
-        """Register the next document of the corpus (order decides which copy is kept)."""
-        start = time.perf_counter()
-        self._add(doc)
-        self._seconds += time.perf_counter() - start
-
-    def _add(self, doc: Document) -> None:
-        key = exact_key(doc.text) if self.exact else None
-        hashes = self.signer.sign(doc.text, doc.source) if self.near else None
-        self._register(doc.id, doc.origin(), key, hashes)
-
-    def add_all(self, docs: Iterable[Document]) -> None:
-        for doc in docs:
-            self.add(doc)
-
-    def finish(self, reread: Callable[[], Iterable[Document]] | None = None) -> DedupResult:
-        """Decide what to drop. ``verify="exact"`` needs ``reread``: the same documents again."""
-        start = time.perf_counter()
-        pairs = self._pairs
-        if self.near and self.verify == "exact":
-            if reread is None:
-                raise ValueError("verify='exact' needs reread: a callable that yields the same documents again")
-            pairs = self._exact_pairs(reread())
-        near_of = first_kept_wins(sorted(pairs, key=lambda pair: (pair[1], pair[0])))
-        self._seconds += time.perf_counter() - start
-        dropped: dict[str, Literal["exact", "near"]] = {self._ids[i]: "exact" for i in self._exact_of}
-        dropped.update({self._ids[i]: "near" for i in near_of})
-        twins = {self._ids[i]: Twin("exact", self._origin(kept), 1.0) for i, kept in self._exact_of.items()}
-        twins.update({self._ids[i]: Twin("near", self._origin(kept), score) for i, (kept, score) in near_of.items()})
-        return DedupResult(
-            dropped, self._report({i: kept for i, (kept, _) in near_of.items()}, verified_pairs=len(pairs)), twins
-        )
-
-    def _origin(self, index: int) -> dict[str, str | int]:
-        return {"source": self._sources[index], "path": self._paths[index], "record": self._records[index]}
-
-    def _name(self, index: int) -> str:
-        return origin_name(self._origin(index))
-
-    def _match_and_insert(self, index: int, hashes: np.ndarray) -> None:
-        """Record the pairs a signature forms with earlier documents, then index it."""
-        candidates: set[int] = set()
-        for bucket, key in zip(
-            self._buckets, band_keys(hashes[None, :], self.bands, self.rows)[:, 0].tolist(), strict=True
-        ):
-            members = bucket.setdefault(key, [])
-            candidates.update(members)
-            members.append(index)
-        self._candidates += len(candidates)
-        if self.verify == "signature":
-            self._signatures[index] = hashes
-            scored = ((c, float(signature_similarity(self._signatures[c], hashes))) for c in sorted(candidates))
-            self._pairs.extend((c, index, score) for c, score in scored if score >= self.threshold)
-        else:
-            self._pairs.extend((c, index, None) for c in sorted(candidates))
-
-    def _register(self, doc_id: str, origin: dict[str, Any], key: int | None, hashes: np.ndarray | None) -> None:
-        index = len(self._ids)
-        self._ids.append(doc_id)
-        self._sources.append(origin["source"])
-        self._paths.append(origin["path"])
-        self._records.append(origin["record"])
-        first = index if key is None else self._first_by_key.setdefault(key, index)
-        if first != index:
-            self._exact_of[index] = first
-        elif hashes is not None:
-            self._match_and_insert(index, hashes)
-
-    def _exact_pairs(self, docs: Iterable[Document]) -> list[tuple[int, int, float | None]]:
-        """Candidate pairs whose exact shingle Jaccard reaches the threshold (reads only their documents)."""
-        needed = {self._ids[i]: i for pair in self._pairs for i in pair[:2]}
-        sets: dict[int, np.ndarray] = {}
-        for doc in docs:
-            if doc.id in needed:
-                sets[needed[doc.id]] = self.signer.hashes(doc.text, doc.source)
-        missing = len(needed) - len(sets)
-        if missing:
-            raise ValueError(f"reread yielded {missing} fewer of the candidate documents than the first read: "
-                             "it must yield the same documents")
-        scored = ((a, b, jaccard(sets[a], sets[b])) for a, b, _ in self._pairs)
-        return [(a, b, score) for a, b, score in scored if score >= self.threshold]
-
-    def _report(self, near_of: dict[int, int], *, verified_pairs: int) -> dict[str, Any]:
-        documents = len(self._ids)
-        by_source: dict[str, Counter[str]] = defaultdict(Counter)
-        for kind, dropped in (("exact", self._exact_of), ("near", near_of)):
-            for index in dropped:
-                by_source[self._sources[index]][kind] += 1
-        return {
-            "documents": documents,
-            "kept": documents - len(self._exact_of) - len(near_of),
-            "exact": Clusters.of(self._exact_of, self.max_examples).report(self._name),
-            "near": dict(Clusters.of(near_of, self.max_examples).report(self._name),
-                         candidate_pairs=self._candidates, verified_pairs=verified_pairs),
-            "removed_by_source": {name: dict(counts) for name, counts in sorted(by_source.items())},
-            "seconds": round(self._seconds, 3),
-            "documents_per_second": round(documents / self._seconds) if self._seconds else None,
-        }
-

@@ -26,15 +26,11 @@ shingles keeps them all, so that copies of a template-only page still match.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
-from mindfoundry.config.data_config import TemplatesConfig
-from mindfoundry.data.clean.boilerplate import frequent_in_source
-from mindfoundry.data.clean.shingling import MIX, Shingle, shingle_keys, unit_values, window_keys
-from mindfoundry.data.document import Document
+from mindfoundry.data.clean.shingling import MIX, shingle_keys, window_keys
 
 _NONE = np.zeros(0, dtype=np.uint64)
 
@@ -103,25 +99,3 @@ class Templates:
         template |= _inside(starts[gap], ends[gap], len(template))
         kept = len(keys) - int(template.sum())
         return ~template if 0 < kept < len(keys) else None
-
-
-def count_templates(docs: Iterable[Document], shingle: Shingle, shingle_ngram: int,
-                    settings: TemplatesConfig) -> Templates:
-    """The template shingles of ``docs``, each source's first ``settings.sample`` documents counted (held in memory
-    for the second step); none when ``settings.enabled`` is off. `prepare` does the same in stages."""
-    if not settings.enabled:
-        return Templates(_NONE)
-    sampled: dict[str, list[np.ndarray]] = {}
-    for doc in docs:
-        values = sampled.setdefault(doc.source, [])
-        if len(values) < settings.sample:
-            values.append(unit_values(doc.text, shingle))
-    found = [_NONE]
-    for source, documents in sampled.items():
-        keys, counts = np.unique(
-            np.concatenate([_NONE, *(document_spans(v, settings.ngram, source) for v in documents)]),
-            return_counts=True,
-        )
-        spans = keys[frequent_in_source(counts, len(documents), settings.min_documents, settings.min_share)]
-        found += [covered_shingles(v, shingle_ngram, spans, settings.ngram, source) for v in documents]
-    return Templates(np.unique(np.concatenate(found)))

@@ -247,7 +247,7 @@ class Signing:
 
     def __init__(self, settings: DedupConfig, templates: Templates | None) -> None:
         self.settings = settings
-        self.signer = signer(settings, templates)
+        self.signer = Signer.of(settings, templates)
         self.exact_keys = array("Q")
         self.signatures = array("I")
         self.seconds = 0.0
@@ -278,8 +278,3 @@ class Signing:
                 write_run(out, f"band{band:03d}", keys, rows)
         self.seconds += time.perf_counter() - start
 
-
-def signer(settings: DedupConfig, templates: Templates | None) -> Signer:
-    """The signer of ``data.dedup`` with the corpus's template shingles."""
-    return Signer(shingle=settings.shingle, char_ngram=settings.char_ngram, word_ngram=settings.word_ngram,
-                  num_perm=settings.num_perm, seed=settings.seed, templates=templates)

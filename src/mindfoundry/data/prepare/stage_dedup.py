@@ -1,6 +1,6 @@
 """The dedup stages of `prepare`: candidates by key partition, one decision step over pairs only.
 
-The rule is :class:`~mindfoundry.data.clean.dedup.Deduplicator`'s, so the decisions are the same
+The rule is that of the in-memory reference (bench/dedup_reference.py's ``Deduplicator``), so the decisions are the same
 as deciding in memory: exact copies first (the first in corpus order stays), then near-duplicates
 among the documents that are nobody's exact copy, where a document is dropped when it matches an
 earlier document that is itself kept. Here every step holds a share of the corpus's keys, or only
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from mindfoundry.data.clean.dedup import Clusters, Pair, first_kept_wins, jaccard, signature_similarity
+from mindfoundry.data.clean.dedup import Clusters, Pair, Signer, first_kept_wins, jaccard, signature_similarity
 from mindfoundry.data.document import origin_name
 from mindfoundry.data.execute.stage import Stage
 from mindfoundry.data.execute.workdir import WorkDir
@@ -52,7 +52,7 @@ from mindfoundry.data.prepare.corpus import (
 )
 from mindfoundry.data.prepare.docstore import DocReader
 from mindfoundry.data.prepare.keyruns import gather, groups, key_range, read_range, write_run
-from mindfoundry.data.prepare.stage_clean import DOCS, SIGNATURES, signer, template_shingles
+from mindfoundry.data.prepare.stage_clean import DOCS, SIGNATURES, template_shingles
 
 
 class _DedupStage(Stage):
@@ -172,7 +172,7 @@ class PairStage(_DedupStage):
             return np.full(len(pairs), np.nan)
         if self.settings.verify == "signature":
             return signature_similarity(self._signatures(pairs[:, 1]), self._signatures(pairs[:, 0]))
-        signing = signer(self.settings, template_shingles(self.work, self.corpus))
+        signing = Signer.of(self.settings, template_shingles(self.work, self.corpus))
         hashes: dict[int, np.ndarray] = {}
 
         def shingles(ref: int) -> np.ndarray:
@@ -224,7 +224,7 @@ class DecideStage(_DedupStage):
                 yield earlier, later, None if math.isnan(score) else score
 
     def _report(self, near: dict[int, tuple[int, float | None]]) -> dict[str, Any]:
-        """The manifest's dedup report, as :class:`~mindfoundry.data.clean.dedup.Deduplicator` writes it (its times
+        """The manifest's dedup report, as the in-memory reference writes it (its times
         aside)."""
         exact = Clusters(self.settings.max_examples)
         by_source: dict[int, Counter[str]] = {}

@@ -25,10 +25,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from dedup_reference import Deduplicator, DedupResult, count_templates
 from mindfoundry.config.data_config import DedupConfig
-from mindfoundry.data.clean.dedup import Deduplicator, DedupResult
-from mindfoundry.data.clean.shingling import shingle_ngram
-from mindfoundry.data.clean.templates import count_templates
 from mindfoundry.data.clean.text import canonical
 from mindfoundry.data.document import Document
 from mindfoundry.data.ingest.builtin import read_builtin
@@ -106,7 +104,7 @@ def real_texts() -> dict[str, list[str]]:
 
 def _distinct(texts: list[str], language: str) -> list[str]:
     """``texts`` without those dedup finds similar to an earlier one (real corpora hold some)."""
-    dedup = Deduplicator(threshold=0.5)
+    dedup = Deduplicator(DedupConfig(threshold=0.5))
     for i, text in enumerate(texts):
         dedup.add(Document(text, f"{language}:{i}", language, language))
     dropped = dedup.finish().dropped
@@ -126,7 +124,7 @@ def distinct_pages(pages: list[str], language: str) -> list[str]:
     template = max(3, len(pages) // 10)
     contents = ["\n".join(line for line in page.split("\n") if documents[canonical(line)] < template) for page in pages]
     docs = [Document(content, f"{language}:page{i}", language, language) for i, content in enumerate(contents)]
-    dedup = Deduplicator(threshold=0.5, verify="exact")
+    dedup = Deduplicator(DedupConfig(threshold=0.5, verify="exact"))
     dedup.add_all(doc for doc in docs if doc.text.strip())
     dropped = dedup.finish(reread=lambda: (doc for doc in docs if doc.text.strip())).dropped
     return [page for page, doc in zip(pages, docs, strict=True) if doc.text.strip() and doc.id not in dropped]
@@ -287,8 +285,6 @@ def run_ours(cases: list[Case], **settings: Any) -> DedupResult:
     """Our dedup with data.dedup ``settings`` (the defaults when none), over the benchmark in order: the template
     spans counted first, as `prepare` does."""
     config = DedupConfig(**settings)
-    templates = count_templates((case.doc for case in cases), config.shingle,
-                                shingle_ngram(config.shingle, config.char_ngram, config.word_ngram), config.templates)
-    dedup = Deduplicator(**config.model_dump(exclude={"enabled", "templates"}), template_shingles=templates)
+    dedup = Deduplicator(config, count_templates((case.doc for case in cases), config))
     dedup.add_all(case.doc for case in cases)
     return dedup.finish(reread=lambda: (case.doc for case in cases))
