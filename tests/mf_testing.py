@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -11,6 +13,8 @@ import numpy as np
 
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.packing import IGNORE_INDEX
+from mindfoundry.data.execute.stage import Stage
+from mindfoundry.data.execute.workdir import WorkDir
 from mindfoundry.parallel.layout import Layout, launch_layout, validate_run_config
 from mindfoundry.train.stop import Preempted
 
@@ -230,3 +234,25 @@ class StopAt:
 def launched(cfg: RunConfig, devices: int) -> Layout:
     """The layout `cfg` gets when msrun starts `devices` workers (checked against every layout rule, as at launch)."""
     return launch_layout(cfg, env={"MS_WORKER_NUM": str(devices)})
+
+
+class FailOneStallOne(Stage):
+    """A stage of two tasks for the executors: task 0 fails after half a second, task 1 writes its process id to
+    ``pid_file`` and would run for a minute."""
+
+    name = "fail_one_stall_one"
+
+    def __init__(self, work: WorkDir, pid_file: Path) -> None:
+        super().__init__(work)
+        self.pid_file = pid_file
+
+    def tasks(self) -> int:
+        return 2
+
+    def run(self, task: int, out: Path) -> dict:
+        if task == 0:
+            time.sleep(0.5)
+            raise RuntimeError("task 0 failed")
+        self.pid_file.write_text(str(os.getpid()))
+        time.sleep(60)
+        return {}

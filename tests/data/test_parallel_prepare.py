@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from mindfoundry.config.load import load_config
@@ -74,3 +76,29 @@ def test_how_prepare_runs_is_not_part_of_the_data_identity(tiny_run) -> None:
     assert data_identity(cfg) == data_identity(load_config(tiny_run("id")))
     assert logs == [f"reusing prepared data in {cfg.data.output_dir}"]
     assert resolve_workers(0) == os.cpu_count() and resolve_workers(3) == 3
+
+
+def test_a_failed_task_ends_the_running_ones_at_once(tmp_path) -> None:
+    """Two workers: task 0 fails while task 1 runs (it would for a minute); the failure reaches the driver at once
+    and the worker running task 1 is ended, not waited for."""
+    from mf_testing import FailOneStallOne
+    from mindfoundry.data.execute.local import LocalExecutor
+    from mindfoundry.data.execute.workdir import WorkDir
+
+    pid_file = tmp_path / "stalled.pid"
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="task 0 failed"):
+        list(LocalExecutor(2).run(FailOneStallOne(WorkDir(tmp_path / "work"), pid_file), [0, 1]))
+    assert time.monotonic() - start < 20  # measured 1.2 s; the stalled task alone would take 60 s
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while not _ended(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _ended(pid)
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

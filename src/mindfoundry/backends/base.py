@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Mapping, Protocol
+from typing import Any, Mapping, Protocol, TypeGuard, runtime_checkable
 
 import numpy as np
 
@@ -137,6 +137,7 @@ class Backend(Protocol):
         ...
 
 
+@runtime_checkable
 class ShardedCheckpoints(Protocol):
     """Optional, for ``checkpoint.format: sharded`` (the torch engine): each rank writes and reads only its own
     shards of the weights and AdamW moments, so no process ever holds the full state. ``shard_format`` names the
@@ -167,13 +168,11 @@ def device_memory_record(allocated: int, reserved: int, peak: int) -> dict[str, 
     }
 
 
-def supports_sharded(backend: object, form: str) -> bool:
+def supports_sharded(backend: object, form: str) -> TypeGuard[ShardedCheckpoints]:
     """Whether `backend` implements :class:`ShardedCheckpoints` and reads shard `form`
     (:func:`mindfoundry.checkpoint.reader.shard_format`) itself; any other backend gets the checkpoint as full
     arrays."""
-    if not (callable(getattr(backend, "save_sharded", None)) and callable(getattr(backend, "load_sharded", None))):
-        return False
-    return getattr(backend, "shard_format", None) == form
+    return isinstance(backend, ShardedCheckpoints) and backend.shard_format == form
 
 
 def check_state_names(

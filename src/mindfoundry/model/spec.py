@@ -156,11 +156,6 @@ def is_moe_layer(spec: ModelSpec, i: int) -> bool:
     return spec.num_experts > 0 and i % spec.moe_every == spec.moe_every - 1
 
 
-def moe_layers(spec: ModelSpec) -> list[int]:
-    """Indices of the MoE blocks (empty for a dense model)."""
-    return [i for i in range(spec.n_layers) if is_moe_layer(spec, i)]
-
-
 def chunk_bounds(seq: int, chunk: int) -> list[tuple[int, int]]:
     """[start, end) position ranges of ``chunk`` positions covering ``seq`` (the last may be shorter):
     the pieces both engines compute the output head and the loss in under ``memory.loss_chunk``."""

@@ -8,12 +8,13 @@ One folder per machine (``data.cache_dir``, else ``$MF_CACHE_DIR``, else ``$XDG_
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
+
+from mindfoundry import locks
 
 
 def cache_root(configured: str | None = None) -> Path:
@@ -36,9 +37,5 @@ def cache_folder(kind: str, url: str, configured: str | None = None) -> Path:
 def filling(folder: Path) -> Iterator[None]:
     """Hold this machine's lock on filling ``folder``: one process fills it, the others wait and then find it full."""
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with open(folder.parent / f".{folder.name}.lock", "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with locks.waiting(folder.parent / f".{folder.name}.lock"):
+        yield

@@ -337,10 +337,6 @@ class IndexedDataset:
     def sequence_pointers(self) -> np.ndarray:
         return self._pointers
 
-    @property
-    def document_indices(self) -> np.ndarray:
-        return self._document_indices
-
     def tokens(self) -> np.ndarray:
         """All tokens of the shard as one flat read-only view of ``.bin``."""
         return self._tokens

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
@@ -21,10 +22,21 @@ from mindfoundry.data.execute.stage import Stage, run_task
 PRELOAD: tuple[str, ...] = ("mindfoundry.data.prepare.pipeline",)
 
 
-def _install() -> None:
-    # The pool is the parallelism: each worker tokenizes on one thread, so N workers use N cores
-    # instead of N times the tokenizers library's all-core thread pool.
+def _install(workers: multiprocessing.SimpleQueue) -> None:
+    """A worker's start: tell the driver its process id (so that a failed stage can end the running tasks at once),
+    and tokenize on one thread: the pool is the parallelism, so N workers use N cores instead of N times the
+    tokenizers library's all-core thread pool."""
+    workers.put(os.getpid())
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+def _terminate(workers: multiprocessing.SimpleQueue) -> None:
+    """SIGTERM every worker that announced itself (one that already ended is skipped)."""
+    while not workers.empty():
+        try:
+            os.kill(workers.get(), signal.SIGTERM)
+        except ProcessLookupError:
+            pass
 
 
 def _context() -> multiprocessing.context.BaseContext:
@@ -60,7 +72,10 @@ class LocalExecutor:
             for task in tasks:
                 yield task, run_task(stage, task, own_process=False)
             return
-        pool = ProcessPoolExecutor(min(self.workers, len(tasks)), mp_context=_context(), initializer=_install)
+        context = _context()
+        workers = context.SimpleQueue()
+        pool = ProcessPoolExecutor(min(self.workers, len(tasks)), mp_context=context, initializer=_install,
+                                   initargs=(workers,))
         pending: dict[Future[dict[str, Any]], int] = {pool.submit(run_task, stage, task): task for task in tasks}
         try:
             while pending:
@@ -68,8 +83,7 @@ class LocalExecutor:
                 for future in finished:
                     yield pending.pop(future), future.result()
         except BaseException:  # a failed task or a stop signal: do not wait for the running tasks to end
-            for process in list(getattr(pool, "_processes", {}).values()):
-                process.terminate()
+            _terminate(workers)
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)

@@ -15,15 +15,14 @@ cleared. One `prepare` at a time holds the area (an exclusive lock on ``.lock``)
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import shutil
 import socket
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from mindfoundry import atomic
+from mindfoundry import atomic, locks
 from mindfoundry.errors import MindFoundryError
 
 FORMAT = "mindfoundry.prepare-work/1"
@@ -81,7 +80,7 @@ class WorkDir:
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
-        self._lock: IO[str] | None = None
+        self._lock: int | None = None  # the descriptor of the locked .lock file, in the driver
 
     def __getstate__(self) -> dict[str, Any]:
         return {"root": self.root, "_lock": None}
@@ -111,19 +110,17 @@ class WorkDir:
                 f"the prepare work folder '{self.root}' holds files that are not a MindFoundry prepare's "
                 f"(e.g. '{others[0].name}'): choose an empty or new folder for data.work_dir"
             )
-        self._lock = open(self.root / LOCK, "a+", encoding="utf-8")
+        fd = locks.open_lock(self.root / LOCK)
         try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self._lock.seek(0)
-            holder = self._lock.read().strip() or "another process"
-            self.release()
-            raise WorkDirError(f"another prepare ({holder}) is working in '{self.root}': wait for it to finish, "
-                               "or give this config another data.output_dir / data.work_dir") from None
-        self._lock.seek(0)
-        self._lock.truncate()
-        self._lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-        self._lock.flush()
+            locks.take(fd)
+        except locks.LockHeldError as held:
+            raise WorkDirError(f"another prepare ({held}) is working in '{self.root}': wait for it to finish, or give "
+                               "this config another data.output_dir / data.work_dir") from None
+        except OSError as exc:
+            os.close(fd)
+            raise WorkDirError(f"the prepare work folder '{self.root}' cannot be locked ({exc.strerror}): choose a "
+                               "folder on a local disk that supports file locks for data.work_dir") from None
+        self._lock = fd
         stale = self.stale_reason(held, identity, plan, fresh)
         if stale is not None:
             log(f"discarding the earlier prepare's work in {self.root} ({stale})")
@@ -166,7 +163,7 @@ class WorkDir:
 
     def release(self) -> None:
         if self._lock is not None:
-            self._lock.close()
+            locks.release(self._lock)
             self._lock = None
 
     def remove(self) -> None:
