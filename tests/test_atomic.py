@@ -18,8 +18,6 @@ MOVES_ASIDE = {
     ("data/prepare/pipeline.py", "out.rename("),
     ("checkpoint/directory.py", "os.replace(final, replaced)"),
     ("checkpoint/directory.py", "os.replace(path, doomed)"),
-    ("data/dataset/shard_writer.py", "os.replace(self._bin_tmp"),
-    ("data/dataset/shard_writer.py", "os.replace(self._idx_tmp"),
 }
 
 

@@ -10,11 +10,18 @@ the lowest layer, beside ``errors``.
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 #: Suffix of a file being written aside (a reader never opens it; a stop mid-write leaves only it behind).
 PARTIAL = ".partial"
+
+
+def disk_full(exc: OSError) -> bool:
+    """Whether a failed write ran out of space (a full disk or a quota): each writer turns it into its own one-line
+    error saying what to free or move."""
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def fsync_path(path: Path) -> None:
@@ -47,6 +54,18 @@ def write_bytes(path: Path, data: bytes) -> None:
 def write_text(path: Path, text: str) -> None:
     """:func:`write_bytes` of ``text`` in UTF-8."""
     write_bytes(path, text.encode("utf-8"))
+
+
+def publish_files(pairs: list[tuple[Path, Path]]) -> None:
+    """Rename each written-aside, fsynced file onto its final name in one folder, in the order given, then fsync the
+    folder: for a set of files read together (a shard's ``.bin`` and ``.idx``), whose reader pairs them by name. A
+    final name that holds an older file is removed first, all of them before any rename, so a crash between the
+    renames never pairs an old file with a new one."""
+    for _, final in pairs:
+        final.unlink(missing_ok=True)
+    for written, final in pairs:
+        os.replace(written, final)
+    fsync_path(pairs[-1][1].parent)
 
 
 def publish_folder(tmp: Path, final: Path) -> None:

@@ -15,7 +15,6 @@ uploads, a step's objects without their marker) are removed at the next start (:
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
@@ -336,7 +335,7 @@ def write_checkpoint_files(
     except OSError as exc:
         written = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file()) if tmp.is_dir() else 0
         shutil.rmtree(tmp, ignore_errors=True)
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if atomic.disk_full(exc):
             need = (sum(a.nbytes for arrays in (weights, optimizer) for a in arrays.values()) if weights is not None
                     else last_size() or written)
             free = shutil.disk_usage(tmp.parent).free

@@ -37,7 +37,6 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import save_file
 
-from mindfoundry import atomic
 from mindfoundry.checkpoint.safetensors_check import SafetensorsHeaderError, check_safetensors
 from mindfoundry.errors import MindFoundryError
 from mindfoundry.storage.commit import sha256_file
@@ -115,20 +114,16 @@ def _payload_files(tmp: Path) -> list[Path]:
 
 def write_payload(tmp: Path, step: int, state: Mapping[str, Any], extra_files: Mapping[str, bytes]) -> None:
     """Complete the checkpoint folder ``tmp`` whose tensor files are written: the trainer state, ``extra_files``, every
-    file fsynced and listed in the manifest, and the manifest's checksum last."""
+    file listed in the manifest, and the manifest's checksum last. Durability is the commit's: a local folder is
+    fsynced whole when it is published (:func:`mindfoundry.atomic.publish_folder`), a URL's objects are uploaded."""
     _write_json(tmp / STATE_FILE, dict(state, step=step))
     for name, blob in extra_files.items():
         (tmp / name).write_bytes(blob)
     files = {}
-    for f in _payload_files(tmp):  # whoever wrote them (this process or, sharded, every rank): fsynced and listed here
-        atomic.fsync_path(f)
+    for f in _payload_files(tmp):  # whoever wrote them (this process or, sharded, every rank): listed here
         files[f.relative_to(tmp).as_posix()] = {"sha256": sha256_file(f), "bytes": f.stat().st_size}
-    for sub in (d for d in tmp.rglob("*") if d.is_dir()):
-        atomic.fsync_path(sub)
     _write_json(tmp / MANIFEST_FILE, {"step": step, "files": files})
-    atomic.fsync_path(tmp / MANIFEST_FILE)
     (tmp / MANIFEST_SUM).write_text(sha256_file(tmp / MANIFEST_FILE) + "\n", encoding="utf-8")
-    atomic.fsync_path(tmp / MANIFEST_SUM)
 
 
 def step_of(name: str) -> int:

@@ -108,11 +108,7 @@ class IndexedDatasetWriter:
             self._bin_file = None
             idx_sha256 = self._write_index()
             self._refuse_existing()
-            # Drop a replaced .idx first so a crash mid-rename never pairs it with the new .bin.
-            self._idx_path.unlink(missing_ok=True)
-            os.replace(self._bin_tmp, self._bin_path)  # two files, .bin first: not one atomic.write_bytes
-            os.replace(self._idx_tmp, self._idx_path)
-            atomic.fsync_path(self._idx_path.parent)
+            atomic.publish_files([(self._bin_tmp, self._bin_path), (self._idx_tmp, self._idx_path)])
         except BaseException:
             self.abort()
             raise

@@ -63,7 +63,7 @@ def link_or_copy(source: Path, target: Path) -> None:
 
 def space_problem(exc: OSError, where: Path) -> WorkDirError | None:
     """A full disk (or quota) as the one-line error a user can act on; None for any other error."""
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+    if atomic.disk_full(exc):
         return WorkDirError(
             f"no space left writing under '{where}': free space or set data.work_dir (and data.output_dir) "
             "to a larger disk, then run prepare again; finished tasks are kept and skipped"
