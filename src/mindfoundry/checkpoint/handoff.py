@@ -25,6 +25,15 @@ from mindfoundry.errors import OutputExistsError
 from mindfoundry.model.spec import ModelSpec
 
 
+def renamed(name: str, top: dict[str, str], block: dict[str, str]) -> str:
+    """One of our parameter names in a target's layout: a top-level one by ``top``; a block's, ``layers.I.REST``, as
+    ``model.layers.I.`` + ``block[REST]`` (KeyError for a name neither table holds)."""
+    if name in top:
+        return top[name]
+    _, index, rest = name.split(".", 2)
+    return f"model.layers.{index}.{block[rest]}"
+
+
 @dataclass(frozen=True)
 class HandOff:
     """A checkpoint as an export sees it: its run's config and model, weights, and tokenizer file with EOS/PAD ids."""

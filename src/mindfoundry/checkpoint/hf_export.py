@@ -21,32 +21,25 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from mindfoundry.backends.base import check_state_names
-from mindfoundry.checkpoint.handoff import load_hand_off, staged_folder
+from mindfoundry.checkpoint.handoff import load_hand_off, renamed, staged_folder
 from mindfoundry.checkpoint.store import CheckpointError
 from mindfoundry.data.prepare.tokenizer import EOS, PAD
 from mindfoundry.model.spec import ModelSpec, parameter_shapes
 
-#: Our parameter-name pieces -> the Llama ones (the layer index is kept).
-_LAYER_PARTS = {
-    "attn_norm": "input_layernorm",
-    "mlp_norm": "post_attention_layernorm",
-    "attn.": "self_attn.",
-    "mlp.": "mlp.",
+#: Our parameter names -> transformers' Llama ones: the top-level ones, and a block's (the layer index is kept).
+_TOP = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
+        "lm_head.weight": "lm_head.weight"}
+_BLOCK = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "mlp_norm.weight": "post_attention_layernorm.weight",
+    **{f"attn.{p}_proj.weight": f"self_attn.{p}_proj.weight" for p in "qkvo"},
+    **{f"mlp.{p}_proj.weight": f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")},
 }
 
 
 def hf_name(name: str) -> str:
     """The Llama name of one of our parameter names."""
-    if name == "embed.weight":
-        return "model.embed_tokens.weight"
-    if name == "norm.weight":
-        return "model.norm.weight"
-    if name == "lm_head.weight":
-        return name
-    for ours, theirs in _LAYER_PARTS.items():
-        if f".{ours}" in name:
-            return "model." + name.replace(f".{ours}", f".{theirs}", 1)
-    raise KeyError(name)
+    return renamed(name, _TOP, _BLOCK)
 
 
 def hf_config(spec: ModelSpec, *, eos_id: int, pad_id: int, init_std: float) -> dict[str, Any]:

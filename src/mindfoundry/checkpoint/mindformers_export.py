@@ -29,7 +29,7 @@ import numpy as np
 import yaml
 from safetensors.numpy import save_file
 
-from mindfoundry.checkpoint.handoff import load_hand_off, staged_folder
+from mindfoundry.checkpoint.handoff import load_hand_off, renamed, staged_folder
 from mindfoundry.checkpoint.hf_export import check_weights
 from mindfoundry.checkpoint.run_files import run_data
 from mindfoundry.config.schema import RunConfig
@@ -39,31 +39,19 @@ from mindfoundry.model.spec import ModelSpec
 
 WEIGHTS_DIR, RUN_YAML = "weights", "run_mindformers.yaml"
 
-#: Our block parameter pieces -> MindFormers' Llama ones (the layer index is kept).
-_BLOCK_PARTS = {
-    "attn_norm": "attention_norm",
-    "mlp_norm": "ffn_norm",
-    "attn.q_proj": "attention.wq",
-    "attn.k_proj": "attention.wk",
-    "attn.v_proj": "attention.wv",
-    "attn.o_proj": "attention.wo",
-    "mlp.gate_proj": "feed_forward.w1",
-    "mlp.down_proj": "feed_forward.w2",
-    "mlp.up_proj": "feed_forward.w3",
-}
+#: Our parameter names -> MindFormers' Llama ones: the top-level ones, and a block's (the layer index is kept).
+_TOP = {"embed.weight": "model.tok_embeddings.embedding_weight", "norm.weight": "model.norm_out.weight",
+        "lm_head.weight": "lm_head.weight"}
+_BLOCK = {f"{ours}.weight": f"{theirs}.weight" for ours, theirs in (
+    ("attn_norm", "attention_norm"), ("mlp_norm", "ffn_norm"), ("attn.q_proj", "attention.wq"),
+    ("attn.k_proj", "attention.wk"), ("attn.v_proj", "attention.wv"), ("attn.o_proj", "attention.wo"),
+    ("mlp.gate_proj", "feed_forward.w1"), ("mlp.down_proj", "feed_forward.w2"), ("mlp.up_proj", "feed_forward.w3"))}
 _DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 def mindformers_name(name: str) -> str:
     """MindFormers' Llama name of one of our parameter names."""
-    if name == "embed.weight":
-        return "model.tok_embeddings.embedding_weight"
-    if name == "norm.weight":
-        return "model.norm_out.weight"
-    if name == "lm_head.weight":
-        return name
-    _, index, rest = name.split(".", 2)
-    return f"model.layers.{index}.{_BLOCK_PARTS[rest.removesuffix('.weight')]}.weight"
+    return renamed(name, _TOP, _BLOCK)
 
 
 def model_config(spec: ModelSpec, cfg: RunConfig, *, eos: int, pad: int) -> dict[str, Any]:
