@@ -39,7 +39,7 @@ from mindfoundry.data.ingest.files import SourceStats
 from mindfoundry.data.ingest.inputs import read_source
 from mindfoundry.data.prepare.pipeline import prepare_data
 from mindfoundry.data.prepare.split import split_documents
-from mindfoundry.data.prepare.tokenizer import encode_batch
+from mindfoundry.data.tokenizer import encode_batch
 from mindfoundry.parallel.layout import load_run_config
 
 # The demo's measured training throughput (docs/benchmarks.md, MindSpore engine): what the loader must beat.

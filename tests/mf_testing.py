@@ -151,7 +151,7 @@ def random_checkpoint(cfg: RunConfig, data, *, seed: int = 3, **model):
 
 def decoded_documents(data) -> list[str]:
     """Every document of a prepared folder's shards (train, then validation), decoded; each must end with EOS."""
-    from mindfoundry.data.prepare.tokenizer import eos_id
+    from mindfoundry.data.tokenizer import eos_id
 
     out = []
     for split in ("train", "validation"):

@@ -19,7 +19,7 @@ from mindfoundry.checkpoint.hf_export import export_hf, hf_name  # noqa: E402
 from mindfoundry.checkpoint.store import CheckpointError  # noqa: E402
 from mindfoundry.cli.main import main  # noqa: E402
 from mindfoundry.config.load import to_yaml  # noqa: E402
-from mindfoundry.data.prepare.tokenizer import eos_id, pad_id  # noqa: E402
+from mindfoundry.data.tokenizer import eos_id, pad_id  # noqa: E402
 from mindfoundry.errors import OutputExistsError  # noqa: E402
 from mindfoundry.eval.sampling import generate  # noqa: E402
 from mindfoundry.model.spec import ModelSpec, parameter_shapes  # noqa: E402

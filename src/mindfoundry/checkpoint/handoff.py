@@ -20,7 +20,7 @@ from mindfoundry.checkpoint.reader import load_checkpoint
 from mindfoundry.checkpoint.run_files import run_config, run_tokenizer
 from mindfoundry.checkpoint.store import CheckpointError, publish_mode
 from mindfoundry.config.schema import RunConfig
-from mindfoundry.data.prepare.tokenizer import eos_id, load_tokenizer, pad_id
+from mindfoundry.data.tokenizer import eos_id, load_tokenizer, pad_id
 from mindfoundry.errors import OutputExistsError
 from mindfoundry.model.spec import ModelSpec
 

@@ -23,7 +23,7 @@ from safetensors.numpy import save_file
 from mindfoundry.backends.base import check_state_names
 from mindfoundry.checkpoint.handoff import load_hand_off, renamed, staged_folder
 from mindfoundry.checkpoint.store import CheckpointError
-from mindfoundry.data.prepare.tokenizer import EOS, PAD
+from mindfoundry.data.tokenizer import EOS, PAD
 from mindfoundry.model.spec import ModelSpec, parameter_shapes
 
 #: Our parameter names -> transformers' Llama ones: the top-level ones, and a block's (the layer index is kept).

@@ -18,7 +18,7 @@ from mindfoundry.checkpoint.store import MANIFEST_FILE, STEP_DIR, CheckpointErro
 from mindfoundry.config.load import read_yaml
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.prepared import local_copy
-from mindfoundry.data.prepare.tokenizer import load_tokenizer, tokenizer_hash
+from mindfoundry.data.tokenizer import load_tokenizer, tokenizer_hash
 from mindfoundry.parallel.layout import validate_run_config
 from mindfoundry.storage.location import Location, locate
 from mindfoundry.storage.remote import Remote

@@ -19,7 +19,7 @@ from mindfoundry.backends.base import Backend
 from mindfoundry.data.dataset.masking import MaskingRule
 from mindfoundry.data.dataset.packing import IGNORE_INDEX, PackedSamples
 from mindfoundry.data.dataset.prepared import PreparedData
-from mindfoundry.data.prepare.tokenizer import encode_batch, pad_id
+from mindfoundry.data.tokenizer import encode_batch, pad_id
 from mindfoundry.model.spec import PAD_ID
 
 

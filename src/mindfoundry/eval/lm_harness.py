@@ -20,7 +20,7 @@ from lm_eval.tasks import TaskManager
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from mindfoundry.backends.base import Backend
-from mindfoundry.data.prepare.tokenizer import eos_id
+from mindfoundry.data.tokenizer import eos_id
 from mindfoundry.eval.sampling import generate
 from mindfoundry.eval.tasks import TaskError, continuation_logprob
 

@@ -79,7 +79,7 @@ from mindfoundry.config.model_config import ModelConfig
 
 #: Output projections that add into the residual stream; their init std is scaled by 1/sqrt(2L).
 RESIDUAL_PROJECTIONS = ("attn.o_proj.weight", "mlp.down_proj.weight", "mlp.experts.down_proj.weight")
-#: The tokenizer's padding token id (data/prepare/tokenizer.py trains PAD at this id): bidirectional
+#: The tokenizer's padding token id (data/tokenizer.py trains PAD at this id): bidirectional
 #: attention hides keys holding it.
 PAD_ID = 1
 #: The router's init std is init_std times this: near-uniform routing (balanced load) at the start.

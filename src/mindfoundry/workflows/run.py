@@ -20,7 +20,7 @@ from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.masking import TEXTS, masking_for
 from mindfoundry.data.dataset.prepared import PreparedData
 from mindfoundry.data.prepare.pipeline import prepare_data, wait_for_prepared
-from mindfoundry.data.prepare.tokenizer import eos_id
+from mindfoundry.data.tokenizer import eos_id
 from mindfoundry.eval.fill_mask import fill_masks
 from mindfoundry.eval.sampling import generate
 from mindfoundry.model.spec import ModelSpec, flops_per_token, num_parameters

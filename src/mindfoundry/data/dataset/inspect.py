@@ -27,7 +27,7 @@ from mindfoundry.data.dataset.mixture import build_mixture
 from mindfoundry.data.dataset.prepared import SPLITS, TOKENIZER, PreparedData, read_manifest
 from mindfoundry.data.dataset.validate import open_shard
 from mindfoundry.data.prepare.manifest import language_mix
-from mindfoundry.data.prepare.tokenizer import load_tokenizer
+from mindfoundry.data.tokenizer import load_tokenizer
 
 __all__ = ["InspectReport", "inspect_prepared", "length_histogram", "mixture_shares", "render_inspect"]
 

@@ -25,7 +25,7 @@ from tokenizers import Tokenizer
 from mindfoundry.config.model_config import MLMConfig
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.packing import IGNORE_INDEX
-from mindfoundry.data.prepare.tokenizer import PAD, TokenizerError, mask_id, pad_id, special_ids
+from mindfoundry.data.tokenizer import PAD, TokenizerError, mask_id, pad_id, special_ids
 from mindfoundry.model.spec import PAD_ID
 
 __all__ = ["TEXTS", "TRAIN", "VALIDATION", "MaskingRule", "masking_for", "masking_rule"]

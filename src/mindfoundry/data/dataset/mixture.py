@@ -37,7 +37,7 @@ import numpy as np
 from mindfoundry.config.data_config import MixtureConfig
 from mindfoundry.data.dataset.packing import PackedSamples, SampleOrder
 from mindfoundry.data.dataset.prepared import DataError, PreparedData
-from mindfoundry.data.prepare.tokenizer import pad_id
+from mindfoundry.data.tokenizer import pad_id
 
 __all__ = ["MixtureSampler", "MixtureSource", "build_mixture", "largest_remainder", "temperature_weights"]
 

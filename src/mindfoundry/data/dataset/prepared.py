@@ -28,7 +28,7 @@ from tokenizers import Tokenizer
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.indexed import IndexedDataset, ShardError, verify_tokens
 from mindfoundry.data.dataset.packing import PackedSamples
-from mindfoundry.data.prepare.tokenizer import load_tokenizer, pad_id, tokenizer_hash
+from mindfoundry.data.tokenizer import load_tokenizer, pad_id, tokenizer_hash
 from mindfoundry.errors import MindFoundryError
 from mindfoundry.storage.cache import cache_folder, filling
 from mindfoundry.storage.commit import fetch, is_committed, sha256_file

@@ -24,7 +24,7 @@ from rich.table import Table
 
 from mindfoundry.data.dataset.indexed import IndexedDataset, ShardError
 from mindfoundry.data.dataset.prepared import SPLITS, TOKENIZER, DataError, read_manifest, shard_hash_problems
-from mindfoundry.data.prepare.tokenizer import eos_id, load_tokenizer, tokenizer_hash
+from mindfoundry.data.tokenizer import eos_id, load_tokenizer, tokenizer_hash
 
 __all__ = ["ShardReport", "ValidationReport", "open_shard", "render_validation", "validate_prepared"]
 

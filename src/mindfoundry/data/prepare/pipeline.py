@@ -56,7 +56,7 @@ from mindfoundry.data.prepare.manifest import SourceSummary, cleaning, source_li
 from mindfoundry.data.prepare.stage_clean import BoilerplateStage, CleanStage, ReadStage, TemplateStage
 from mindfoundry.data.prepare.stage_dedup import BandStage, DecideStage, Dedup, ExactStage, PairStage
 from mindfoundry.data.prepare.stage_tokens import MergeStage, ShardStage, TokenizerStage
-from mindfoundry.data.prepare.tokenizer import load_tokenizer, tokenizer_hash
+from mindfoundry.data.tokenizer import load_tokenizer, tokenizer_hash
 from mindfoundry.errors import MindFoundryError
 from mindfoundry.storage.cache import cache_folder
 from mindfoundry.storage.commit import publish, uncommit

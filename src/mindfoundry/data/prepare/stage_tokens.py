@@ -39,7 +39,7 @@ from mindfoundry.data.prepare.docstore import DocReader
 from mindfoundry.data.prepare.split import split_documents
 from mindfoundry.data.prepare.stage_clean import DOCS, EVENTS
 from mindfoundry.data.prepare.stage_dedup import CleanedDocuments, Dedup
-from mindfoundry.data.prepare.tokenizer import encode_batch, load_tokenizer, train_tokenizer, with_mask_token
+from mindfoundry.data.tokenizer import encode_batch, load_tokenizer, train_tokenizer, with_mask_token
 
 PART = "drops.jsonl"
 

@@ -159,7 +159,7 @@ def _special_id(tokenizer: Tokenizer, token: str) -> int:
     if token_id is None or token not in _special_contents(tokenizer):
         raise TokenizerError(
             f"tokenizer has no special token {token!r}; train it with "
-            "mindfoundry.data.prepare.tokenizer.train_tokenizer"
+            "mindfoundry.data.tokenizer.train_tokenizer"
         )
     return token_id
 
