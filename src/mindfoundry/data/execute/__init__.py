@@ -7,6 +7,7 @@ import os
 from mindfoundry.config.data_config import DataConfig
 from mindfoundry.data.execute.local import LocalExecutor
 from mindfoundry.data.execute.ray_cluster import RayExecutor
+from mindfoundry.data.execute.stage import Executor
 
 
 def resolve_workers(workers: int) -> int:
@@ -14,8 +15,8 @@ def resolve_workers(workers: int) -> int:
     return workers if workers > 0 else os.cpu_count() or 1
 
 
-def create_executor(data: DataConfig) -> LocalExecutor | RayExecutor:
+def create_executor(data: DataConfig) -> Executor:
     """The executor ``data.executor`` names (entered as a context manager by the caller)."""
     if data.executor == "ray":
-        return RayExecutor(data.ray, data.workers)
+        return RayExecutor(data.ray, resolve_workers(data.workers))
     return LocalExecutor(resolve_workers(data.workers))

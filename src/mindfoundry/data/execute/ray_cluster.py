@@ -6,7 +6,8 @@ a retry finds the earlier attempt's folder discarded or its result committed
 (:mod:`.workdir`). Tasks read and write the work area and the output folder, so on several
 machines both must be shared storage (the same path on every node). ``address``:
 
-- ``local``: start a Ray instance on this machine for this `prepare` (``data.workers`` CPUs, 0 = all);
+- ``local``: start a Ray instance on this machine for this `prepare` (``data.workers`` CPUs, 0 = all: resolved by
+  :func:`mindfoundry.data.execute.resolve_workers`);
 - ``auto``: join the cluster this machine belongs to (``ray start --head`` / ``ray start --address=...``);
 - ``ray://HOST:10001`` (Ray Client) or ``HOST:6379``: join that cluster.
 
@@ -53,7 +54,7 @@ class RayExecutor:
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         try:
             if address == "local":  # "local": a new instance even where another runs here (no address would join it)
-                ray.init(address="local", num_cpus=self.workers or None, include_dashboard=False, log_to_driver=False,
+                ray.init(address="local", num_cpus=self.workers, include_dashboard=False, log_to_driver=False,
                          object_store_memory=self.settings.object_store_mb * 2**20, configure_logging=False)
             else:
                 ray.init(address=address, log_to_driver=False, configure_logging=False)
@@ -84,7 +85,7 @@ class RayExecutor:
             options["memory"] = self.settings.memory_per_task_mb * 2**20
         remote = ray.remote(_run_on_node).options(**options)
         shipped = ray.put(stage)
-        window = max(2 * (self.workers or self.cpus), 1)
+        window = max(2 * self.cpus, 1)
         queue = list(tasks)[::-1]
         pending: dict[Any, int] = {}
         try:

@@ -16,8 +16,9 @@ import shutil
 import socket
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from mindfoundry.data.execute.workdir import WorkDir, space_problem
 
@@ -57,6 +58,25 @@ class Stage(ABC):
     def documents(result: dict[str, Any]) -> int:
         """Documents a task went through, for progress (0 for tasks over keys or pairs)."""
         return int(result.get("documents", 0))
+
+
+class Executor(Protocol):
+    """What runs a stage's tasks: on this machine's processes (:mod:`.local`) or on a Ray cluster
+    (:mod:`.ray_cluster`). Entered for the whole `prepare`; results come back as tasks finish."""
+
+    kind: str
+
+    def __enter__(self) -> Executor: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+    def describe(self) -> str:
+        """Where the tasks run, for the log and the manifest."""
+        ...
+
+    def run(self, stage: Stage, tasks: Sequence[int]) -> Iterator[tuple[int, dict[str, Any]]]:
+        """``(task, result)`` of each of ``tasks``, in the order they finish."""
+        ...
 
 
 def _reset_peak_rss() -> None:
