@@ -320,6 +320,12 @@ def layout_problems(parallel: ParallelConfig | Layout, model: ModelSpec | ModelC
     parallel.world_size (if set) is checked instead, and without either the product is not checked.
     The expert rules read the model's expert count (0: dense).
     """
+    return _checked(parallel, model, train, world_size)[1]
+
+
+def _checked(parallel: ParallelConfig | Layout, model: ModelSpec | ModelConfig, train: BatchShape,
+             world_size: int | None) -> tuple[Layout, list[str]]:
+    """The layout the rules were checked on (dp_shard 0 where it is not known yet) and every violated rule."""
     d = _dims(model)
     configured = parallel.world_size if isinstance(parallel, ParallelConfig) else None
     world = world_size if world_size is not None else configured
@@ -349,7 +355,7 @@ def layout_problems(parallel: ParallelConfig | Layout, model: ModelSpec | ModelC
     if world is not None and lay.dp_shard > 0 and lay.world_size != world:
         out.append(f"product dp_replicate*dp_shard*cp*tp*pp = {lay.world_size} but {source.format(world)}: "
                    f"e.g. {_suggest(lay, d, train, world)}")
-    return out + _model_rules(lay, d, train)
+    return lay, out + _model_rules(lay, d, train)
 
 
 def config_problems(cfg: RunConfig) -> list[str]:
@@ -438,8 +444,7 @@ def launched_scheduler(env: Mapping[str, str] | None = None) -> bool:
 def launch_layout(cfg: RunConfig, env: Mapping[str, str] | None = None) -> Layout:
     """The layout to run under the current launcher (one process when none), checked against every rule once: the
     object the engines are given (they refuse only what they cannot run). Raises LayoutError listing every problem."""
-    world = launched_world_size(env) or 1
-    problems = layout_problems(cfg.parallel, cfg.model, cfg.train, world_size=world)
+    layout, problems = _checked(cfg.parallel, cfg.model, cfg.train, launched_world_size(env) or 1)
     if problems:
         raise LayoutError("parallel layout does not fit this launch:\n  " + "\n  ".join(problems))
-    return Layout.from_config(cfg.parallel, world)
+    return layout
