@@ -35,6 +35,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).parent))
 from curation_sources import source_documents  # noqa: E402
+from dedup_benchmark import stamp  # noqa: E402
 from mindfoundry.config.load import apply_overrides, validate  # noqa: E402
 from mindfoundry.data.clean.preview import preview_cleaning  # noqa: E402
 
@@ -81,23 +82,12 @@ def _ad(lang: str, rng: random.Random) -> str:
     return rng.choice(AD_LINES[lang]).format(n=rng.randrange(10**6, 10**8), p=rng.choice(PRODUCTS[lang]))
 
 
-def _stamp(lang: str, rng: random.Random) -> str:
-    return rng.choice(STAMP_LINES[lang]).format(
-        y=rng.randrange(2005, 2026),
-        m=rng.randrange(1, 13),
-        d=rng.randrange(1, 29),
-        H=rng.randrange(24),
-        M=rng.randrange(60),
-        S=rng.randrange(60),
-    )
-
-
 def junk_line(kind: str, lang: str, rng: random.Random) -> str:
     """One inserted junk line of ``kind``."""
     if kind == "ad":
         return _ad(lang, rng)
     if kind == "timestamp":
-        return _stamp(lang, rng)
+        return stamp(STAMP_LINES[lang], rng, first_year=2005)
     if kind == "star_run":
         return rng.choice("★☆*=#~") * rng.randrange(10, 40)
     spam = "点击这里" if lang == "zh" else "CLICK HERE"

@@ -165,9 +165,10 @@ def _insert_lines(text: str, new: list[str], rng: random.Random) -> str:
     return "\n".join(lines)
 
 
-def _stamp(language: str, rng: random.Random) -> str:
-    return rng.choice(_STAMPS[language]).format(
-        y=rng.randrange(2000, 2026),
+def stamp(templates: list[str], rng: random.Random, first_year: int = 2000) -> str:
+    """One of ``templates`` (``{y}-{m}-{d} {H}:{M}:{S}`` fields) filled with a random date and time."""
+    return rng.choice(templates).format(
+        y=rng.randrange(first_year, 2026),
         m=rng.randrange(1, 13),
         d=rng.randrange(1, 29),
         H=rng.randrange(24),
@@ -183,7 +184,7 @@ def make_twin(text: str, kind: str, language: str, rng: random.Random) -> str:
     if kind == "ad_lines":
         return _insert_lines(text, rng.sample(_ADS[language], rng.randint(1, 3)), rng)
     if kind == "timestamps":
-        return _insert_lines(text, [_stamp(language, rng) for _ in range(rng.randint(1, 2))], rng)
+        return _insert_lines(text, [stamp(_STAMPS[language], rng) for _ in range(rng.randint(1, 2))], rng)
     keep = round(len(text) * rng.uniform(0.85, 0.95))
     if kind == "truncate_head":
         return text[len(text) - keep:]
