@@ -159,15 +159,20 @@ def data_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     files = [{s.get("name"): _relative_files(s.get("files", [])) for s in m.get("sources", [])} for m in (old, new)]
     for name in changed:
         before, after = files[0].get(name, {}), files[1].get(name, {})
-        what = [f"{len(group)} file(s) {verb} ({', '.join(sorted(group)[:3])}{', ...' if len(group) > 3 else ''})"
-                for verb, group in (("added", after.keys() - before.keys()), ("removed", before.keys() - after.keys()),
-                                    ("changed", {f for f in before.keys() & after.keys() if before[f] != after[f]}))
-                if group]
+        what = file_changes(after.keys() - before.keys(), before.keys() - after.keys(),
+                            {f for f in before.keys() & after.keys() if before[f] != after[f]})
         if what:
-            out.append(f"source {name}: {', '.join(what)}")
+            out.append(f"source {name}: {what}")
         elif tokenizers[0] == tokenizers[1]:  # (with another tokenizer every shard differs: said above)
             out.append(f"source {name}'s shards differ (its cleaning or dedup gave other documents)")
     return out
+
+
+def file_changes(added: set[str], removed: set[str], changed: set[str]) -> str:
+    """"N file(s) added (a, b, c, ...), ..." for the groups that are not empty ('' when none is): how a source's files
+    differ, in the words of every message that says so."""
+    return ", ".join(f"{len(group)} file(s) {verb} ({', '.join(sorted(group)[:3])}{', ...' if len(group) > 3 else ''})"
+                     for verb, group in (("added", added), ("removed", removed), ("changed", changed)) if group)
 
 
 def _shard_sums(manifest: dict[str, Any]) -> dict[str, tuple[Any, Any]]:

@@ -38,6 +38,7 @@ from mindfoundry.data.dataset.prepared import (
     TOKENIZER,
     DataError,
     PreparedData,
+    file_changes,
     is_prepared,
     open_prepared,
     prepared_identity,
@@ -178,11 +179,10 @@ def source_drift(cfg: RunConfig, manifest: dict[str, Any]) -> list[str]:
         added = set() if capped else now.keys() - before.keys()
         changed = {p for p in before.keys() & now.keys()
                    if before[p][0] != now[p][0] or before[p][1] not in (None, now[p][1])}
-        parts = [f"{len(group)} file(s) {verb} ({os.path.basename(min(group))}{', ...' if len(group) > 1 else ''})"
-                 for verb, group in (("added", added), ("removed", before.keys() - now.keys()), ("changed", changed))
-                 if group]
-        if parts:
-            out.append(f"{entry.get('name')}: {', '.join(parts)}")
+        what = file_changes(*({os.path.basename(path) for path in group}
+                              for group in (added, before.keys() - now.keys(), changed)))
+        if what:
+            out.append(f"{entry.get('name')}: {what}")
     return out
 
 
