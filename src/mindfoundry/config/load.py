@@ -112,7 +112,7 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
 
 def _merged(section: dict[str, Any], value: dict[str, Any]) -> dict[str, Any]:
     """``section`` with ``value``'s keys set into it, mapping into mapping (``--set 'train={steps: 2}'`` changes
-    train.steps and keeps the section's other keys; it used to replace the section with its defaults)."""
+    train.steps and keeps the section's other keys, rather than putting the section back to its defaults)."""
     out = dict(section)
     for key, item in value.items():
         out[key] = _merged(out[key], item) if isinstance(out.get(key), dict) and isinstance(item, dict) else item

@@ -18,7 +18,7 @@ half initialised by a Preempted raised inside its import, aborted the process at
 75). Such work runs inside :meth:`StopSignals.held`: a signal there is noted and raised when it ends.
 
 MindSpore's runtime threads install a native SIGINT handler that sends SIGTERM to the whole process
-(`IntHandler` in its ccsrc: ``kill(getpid(), SIGTERM)``), so a Ctrl-C used to arrive as SIGTERM.
+(`IntHandler` in its ccsrc: ``kill(getpid(), SIGTERM)``), so a Ctrl-C would arrive as SIGTERM.
 :func:`route_sigint` therefore blocks SIGINT in every thread of a training process, before any
 thread exists (threads inherit the mask; numpy's BLAS starts one at import), and a watcher thread
 takes it with ``sigwaitinfo`` and hands it to the main thread as SIGINT: the native handler never

@@ -7,10 +7,9 @@ update: torch's ``p*(1 - lr*wd) - step_size * m / (sqrt(v)/c + eps)`` (``c = sqr
 bias corrections from the host) equals the kernel's ``p - lr' * (m / (sqrt(v) + eps') + wd' * p)``
 with ``lr' = step_size*c``, ``eps' = c*eps`` and ``wd' = lr*wd/lr'``: the same arithmetic up to float32
 rounding (tests/backends/test_mindspore_backend.py holds it against float64). The moments are torch's
-exp_avg / exp_avg_sq, which is what lets a checkpoint continue on either engine. It replaced the
-update written as a dozen elementwise ops per parameter (with the attention changes of issue #18:
-peak RSS -33% and first step -51% at 27.8M parameters; docs/benchmarks.md, "What changed in the
-MindSpore engine").
+exp_avg / exp_avg_sq, which is what lets a checkpoint continue on either engine. One fused kernel
+instead of a dozen elementwise ops per parameter holds a third less memory at the peak
+(docs/benchmarks.md, "What changed in the MindSpore engine").
 """
 
 from __future__ import annotations
