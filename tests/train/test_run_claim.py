@@ -16,7 +16,7 @@ from mf_testing import StopAt, tiny_config
 from mindfoundry.config.load import to_yaml
 from mindfoundry.train.run_identity import run_identity
 from mindfoundry.train.run_lock import LOCK_FILE, release
-from mindfoundry.train.rundir import CONFIG_FILE, HASH_FILE, prepare_run_dir
+from mindfoundry.train.rundir import CONFIG_FILE, HASH_FILE, claim_run_dir
 from mindfoundry.train.stop import Preempted
 
 
@@ -33,12 +33,12 @@ def test_a_claim_stopped_at_any_file_operation_is_adopted_by_the_next_start(
             m.setattr(os, "fsync", stop.wrap(os.fsync))  # after a file's bytes are written aside; after a rename
             m.setattr(os, "replace", stop.wrap(os.replace))
             try:
-                prepare_run_dir(cfg, resume=resume, overwrite=False, log=lambda _: None)
+                claim_run_dir(cfg, resume=resume, overwrite=False, log=lambda _: None)
                 finished = True
             except Preempted:
                 finished = False
         # what a start after the stop does: adopt the folder and finish the claim
-        assert prepare_run_dir(cfg, resume=resume, overwrite=False, log=lambda _: None) == run_dir
+        assert claim_run_dir(cfg, resume=resume, overwrite=False, log=lambda _: None) == run_dir
         assert (run_dir / CONFIG_FILE).read_text(encoding="utf-8") == to_yaml(cfg)
         assert (run_dir / HASH_FILE).read_text() == run_identity(cfg) + "\n"
         assert sorted(p.name for p in run_dir.iterdir()) == sorted([LOCK_FILE, CONFIG_FILE, HASH_FILE])

@@ -47,7 +47,7 @@ def _claim(run_dir: Path, cfg: RunConfig) -> None:
     _write_whole(run_dir / CONFIG_FILE, to_yaml(cfg))
 
 
-def prepare_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool, log: Callable[[str], None] = print) -> Path:
+def claim_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool, log: Callable[[str], None] = print) -> Path:
     """Lock RUN_DIR for this process, then create or adopt it; refuse a folder holding a different (or any,
     without --resume) run, and one another live process writes (before anything is moved or written).
 

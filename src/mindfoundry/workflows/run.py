@@ -33,7 +33,7 @@ from mindfoundry.parallel.planner import (
     format_bytes,
     memory_options,
 )
-from mindfoundry.train.rundir import HASH_FILE, prepare_run_dir
+from mindfoundry.train.rundir import HASH_FILE, claim_run_dir
 from mindfoundry.train.trainer import Trainer, TrainResult
 
 
@@ -82,7 +82,7 @@ def dry_start(cfg: RunConfig) -> list[str]:
 
 def prepare(cfg: RunConfig, *, overwrite: bool = False, log: Callable[[str], None] = print) -> PreparedData:
     """Claim RUN_DIR for this config (refusing another run's) and prepare its data (reused when unchanged)."""
-    prepare_run_dir(cfg, resume=True, overwrite=False, log=log)
+    claim_run_dir(cfg, resume=True, overwrite=False, log=log)
     return prepare_data(cfg, overwrite=overwrite, log=log)
 
 
@@ -104,7 +104,7 @@ def train(cfg: RunConfig, *, resume: bool, overwrite: bool, stop_at_step: int | 
         )  # it must not claim the run dir that rank 0 claims
         raise SystemExit(0)  # not reached: MindSpore ends the scheduler process when the job ends
     if launched_rank() == 0:  # under torchrun/msrun one process claims the run dir and prepares the data
-        run_dir = prepare_run_dir(cfg, resume=resume, overwrite=overwrite, log=console.print)
+        run_dir = claim_run_dir(cfg, resume=resume, overwrite=overwrite, log=console.print)
         data = prepare_data(cfg, log=console.print)
     else:  # the others wait for its atomic prepare and then only read
         run_dir, data = Path(cfg.run_dir), wait_for_prepared(cfg)

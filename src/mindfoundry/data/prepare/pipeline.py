@@ -143,7 +143,7 @@ def prepare_data(cfg: RunConfig, *, overwrite: bool = False, log: Callable[[str]
     plan = _sha256_json([task.to_json() for task in corpus.inputs])
     work.claim(identity, plan, fresh=overwrite, log=log)
     try:
-        staged = _Prepare(cfg, corpus, work, log)
+        staged = _StagedRun(cfg, corpus, work, log)
         manifest = {"identity": identity, **staged.run()}
         _publish(staged, manifest, out, cfg.data.cache_dir)
     except OSError as exc:
@@ -186,7 +186,7 @@ def source_drift(cfg: RunConfig, manifest: dict[str, Any]) -> list[str]:
     return out
 
 
-def _publish(staged: _Prepare, manifest: dict[str, Any], out: Location, cache_dir: str | None) -> None:
+def _publish(staged: _StagedRun, manifest: dict[str, Any], out: Location, cache_dir: str | None) -> None:
     """The output folder, assembled aside from the work area's files (hard links) and committed: renamed into place on
     a local disk, uploaded and then marked committed on a store. Output that was there is moved aside first."""
     local_tmp = (out.with_name(f".{out.name}.tmp-{os.getpid()}") if isinstance(out, Path)
@@ -235,7 +235,7 @@ def _move_aside(out: Remote, aside: Remote) -> None:
     uncommit(out)
 
 
-class _Prepare:
+class _StagedRun:
     """The driver of one `prepare`: the stages in order on the configured executor, then the manifest."""
 
     def __init__(self, cfg: RunConfig, corpus: Corpus, work: WorkDir, log: Callable[[str], None]) -> None:
