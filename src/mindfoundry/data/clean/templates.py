@@ -7,9 +7,9 @@ character 5-grams although their content differs. So dedup discounts the templat
 1. *Template spans*: a span is an ``ngram``-unit window of a document's shingle stream (its letters and
    digits, or its words: :func:`~mindfoundry.data.clean.shingling.unit_values`); one found in at least
    ``min_documents`` and at least ``min_share`` of the sampled documents of its source is a template span.
-   Spans are much longer than shingles (20 characters against 5) so that what recurs is a template and not
-   the language: a frequent character 5-gram ("ation", "的一个") is in most documents of any source, a
-   frequent 20-character span is a menu, a footer or a formula.
+   Spans are much longer than shingles (30 characters against 5 by default) so that what recurs is a template
+   and not the language: a frequent character 5-gram ("ation", "的一个") is in most documents of any source, a
+   frequent 30-character span is a menu, a footer or a formula.
 2. *Template shingles*: the shingles that lie wholly inside template spans of the sampled documents. Every
    document of the source leaves them out of its shingle set (:meth:`Templates.outside`). Deciding by the
    shingle and not by its position keeps the discount symmetric: an edited copy of a page loses the same

@@ -274,12 +274,12 @@ class _StagedRun:
                 for t in tasks:
                     source = corpus.inputs[t].source
                     documents[source] = documents.get(source, 0) + read[t][f"{kind}_documents"]
-                counted[f"{kind}s"] = (tasks, documents)
-        keys = partitions(sum(read[t][f"{kind[:-1]}_entries"] for kind, (tasks, _) in counted.items() for t in tasks)) \
+                counted[kind] = (tasks, documents)
+        keys = partitions(sum(read[t][f"{kind}_entries"] for kind, (tasks, _) in counted.items() for t in tasks)) \
             if counted else 0
         if counted:
             self._log_boilerplate(self._run(BoilerplateStage(work, corpus, keys, counted)))
-        if "spans" in counted:
+        if "span" in counted:
             self._run(TemplateStage(work, corpus, keys))
         clean = self._run(CleanStage(work, corpus, keys))
         for t, result in enumerate(clean):

@@ -116,7 +116,7 @@ class BoilerplateStage(Stage):
                  counted: dict[str, tuple[list[int], dict[int, int]]]) -> None:
         super().__init__(work)
         self.corpus, self.partitions = corpus, partitions
-        # "lines" / "spans": the read tasks that counted them, and per source the documents they counted
+        # "line" / "span": the read tasks that counted them, and per source the documents they counted
         self.counted = counted
 
     def tasks(self) -> int:
@@ -126,13 +126,13 @@ class BoilerplateStage(Stage):
         lines, templates = self.corpus.data.clean.boilerplate, self.corpus.data.dedup.templates
         low, high = key_range(task, self.partitions)
         found = {name: np.zeros(0, np.uint64) for name in ("body", "edges", "spans")}
-        if "lines" in self.counted:
-            folders = [self.work.task(READ, t) for t in self.counted["lines"][0]]
+        if "line" in self.counted:
+            folders = [self.work.task(READ, t) for t in self.counted["line"][0]]
             keys, counts, _ = _summed(*gather(folders, "body", low, high))
             found["body"] = keys[frequent_body(counts, lines.min_documents)]
-            found["edges"] = self._in_source("lines", "edges", low, high, lines.min_documents, lines.min_source_share)
-        if "spans" in self.counted:
-            found["spans"] = self._in_source("spans", "spans", low, high, templates.min_documents, templates.min_share)
+            found["edges"] = self._in_source("line", "edges", low, high, lines.min_documents, lines.min_source_share)
+        if "span" in self.counted:
+            found["spans"] = self._in_source("span", "spans", low, high, templates.min_documents, templates.min_share)
         for name, keys in found.items():
             np.save(out / f"{name}.npy", keys)
         return {name: len(keys) for name, keys in found.items()}
