@@ -32,6 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mindfoundry.config.data_config import MixtureConfig
+from mindfoundry.config.load import load_config
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.clean.curate import CHUNK_DOCUMENTS
 from mindfoundry.data.dataset.loader import TrainLoader, training_source
@@ -40,7 +41,6 @@ from mindfoundry.data.ingest.inputs import read_source
 from mindfoundry.data.prepare.pipeline import prepare_data
 from mindfoundry.data.prepare.split import split_documents
 from mindfoundry.data.tokenizer import encode_batch
-from mindfoundry.parallel.layout import load_run_config
 
 # The demo's measured training throughput (docs/benchmarks.md, MindSpore engine): what the loader must beat.
 STEP_TOKENS_PER_S = 5_700
@@ -199,7 +199,7 @@ def main() -> None:
     parser.add_argument("--loader-steps", type=int, default=300, help="global batches timed per loader variant")
     parser.add_argument("--shards", type=int, default=4, help="MindRecord files per split")
     args = parser.parse_args()
-    cfg = load_run_config(args.config, args.set)
+    cfg = load_config(args.config, args.set)
     console = Console(stderr=True)
     data = prepare_data(cfg, log=console.print)
     read, texts = bench_read(cfg)

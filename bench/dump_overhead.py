@@ -31,10 +31,11 @@ from pathlib import Path
 import numpy as np
 
 from mindfoundry.backends.base import create_backend
+from mindfoundry.config.load import load_config
 from mindfoundry.debug.dump import DumpWriter
 from mindfoundry.debug.probe import Probe
 from mindfoundry.model.spec import ModelSpec, init_weights, num_parameters, parameter_shapes
-from mindfoundry.parallel.layout import launch_layout, load_run_config
+from mindfoundry.parallel.layout import launch_layout
 from mindfoundry.train.schedule import step_scalars
 
 DIRECTIONS = ("forward", "backward", "params", "grads")
@@ -56,7 +57,7 @@ def _step(backend, cfg, batch, kind: str, root: Path, step: int) -> tuple[float,
 
 
 def time_engine(config: str, engine: str, steps: int) -> dict:
-    cfg = load_run_config(config, [f"backend={engine}"])
+    cfg = load_config(config, [f"backend={engine}"])
     spec = ModelSpec.from_config(cfg.model)
     backend = create_backend(cfg, spec, launch_layout(cfg))
     weights = init_weights(spec, cfg.seed)
@@ -86,7 +87,7 @@ def time_engine(config: str, engine: str, steps: int) -> dict:
 
 def memory_child(engine: str, mode: str, out: str) -> None:
     """One ~110M-parameter step (d 768, 12 layers, vocab 32000, 1 x 256 tokens); prints peak RSS in MiB."""
-    cfg = load_run_config("configs/demo.yaml", [f"backend={engine}", "model.vocab_size=32000", "model.d_model=768",
+    cfg = load_config("configs/demo.yaml", [f"backend={engine}", "model.vocab_size=32000", "model.d_model=768",
                                             "model.n_layers=12", "model.n_heads=12", "model.n_kv_heads=12",
                                             "train.micro_batch_size=1", "train.grad_accum=1", "train.seq_len=256"])
     spec = ModelSpec.from_config(cfg.model)

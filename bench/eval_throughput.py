@@ -17,8 +17,9 @@ import time
 import numpy as np
 
 from mindfoundry.backends.base import create_backend
+from mindfoundry.config.load import load_config
 from mindfoundry.model.spec import ModelSpec, init_weights
-from mindfoundry.parallel.layout import launch_layout, load_run_config
+from mindfoundry.parallel.layout import launch_layout
 from mindfoundry.train.schedule import step_scalars
 
 
@@ -28,7 +29,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=20)
     args = ap.parse_args()
     for engine in ("mindspore", "torch"):
-        cfg = load_run_config(args.config, [f"backend={engine}"])
+        cfg = load_config(args.config, [f"backend={engine}"])
         t, spec = cfg.train, ModelSpec.from_config(cfg.model)
         backend = create_backend(cfg, spec, launch_layout(cfg))
         backend.load_weights(init_weights(spec, cfg.seed))

@@ -36,10 +36,10 @@ def step_gemms(size: str) -> tuple[list[tuple[str, int, tuple[int, int, int], st
     `transposes` is "nt" for A @ B^T, "nn" for A @ B, "tn" for A^T @ B; a count is how many batched products of
     that shape the step runs (per layer; attention products are batched over every sequence and head)."""
     sys.path.insert(0, str(ROOT / "src"))
+    from mindfoundry.config.load import load_config
     from mindfoundry.model.spec import ModelSpec, flops_per_token
-    from mindfoundry.parallel.layout import load_run_config
 
-    cfg = load_run_config(ROOT / "configs" / "demo.yaml", SIZES[size])
+    cfg = load_config(ROOT / "configs" / "demo.yaml", SIZES[size])
     spec = ModelSpec.from_config(cfg.model)
     b, s, d, L = cfg.train.micro_batch_size * cfg.train.grad_accum, cfg.train.seq_len, spec.d_model, spec.n_layers
     m, hd = b * s, spec.head_dim

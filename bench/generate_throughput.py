@@ -19,9 +19,10 @@ import time
 import numpy as np
 
 from mindfoundry.backends.base import create_backend
+from mindfoundry.config.load import load_config
 from mindfoundry.eval.sampling import generate
 from mindfoundry.model.spec import ModelSpec, init_weights
-from mindfoundry.parallel.layout import launch_layout, load_run_config
+from mindfoundry.parallel.layout import launch_layout
 
 
 def window_greedy(backend, prompt: list[int], new: int, window: int) -> list[int]:
@@ -42,7 +43,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128)
     args = ap.parse_args()
     for engine in ("mindspore", "torch"):
-        cfg = load_run_config(args.config, [f"backend={engine}"])
+        cfg = load_config(args.config, [f"backend={engine}"])
         spec = ModelSpec.from_config(cfg.model)
         backend = create_backend(cfg, spec, launch_layout(cfg))
         backend.load_weights(init_weights(spec, cfg.seed))

@@ -30,12 +30,13 @@ def measure(engine: str, size: str, accum: int, steps: int, threads: int) -> dic
     import numpy as np
 
     from mindfoundry.backends.base import create_backend
+    from mindfoundry.config.load import load_config
     from mindfoundry.model.spec import ModelSpec, init_weights
-    from mindfoundry.parallel.layout import launch_layout, load_run_config
+    from mindfoundry.parallel.layout import launch_layout
     from mindfoundry.train.schedule import step_scalars
 
     _pin_threads(engine, threads)
-    cfg = load_run_config(
+    cfg = load_config(
         ROOT / "configs" / "demo.yaml", SIZES[size] + [f"backend={engine}", f"train.grad_accum={accum}"]
     )
     spec, t = ModelSpec.from_config(cfg.model), cfg.train

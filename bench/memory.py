@@ -76,11 +76,12 @@ def worker(engine: str, sets: list[str], steps: int) -> dict:
     import numpy as np
 
     from mindfoundry.backends.base import create_backend
+    from mindfoundry.config.load import load_config
     from mindfoundry.model.spec import ModelSpec, init_weights
-    from mindfoundry.parallel.layout import launch_layout, load_run_config
+    from mindfoundry.parallel.layout import launch_layout
     from mindfoundry.train.schedule import step_scalars
 
-    cfg = load_run_config(ROOT / "configs" / "demo.yaml", [f"backend={engine}", *sets])
+    cfg = load_config(ROOT / "configs" / "demo.yaml", [f"backend={engine}", *sets])
     spec = ModelSpec.from_config(cfg.model)
     backend = create_backend(cfg, spec, launch_layout(cfg))
     backend.load_weights(init_weights(spec, cfg.seed))
@@ -118,12 +119,12 @@ def pynative_worker(recompute: bool) -> dict:
     import numpy as np
 
     from mindfoundry.backends.mindspore.model import LossCell, Transformer
+    from mindfoundry.config.load import load_config
     from mindfoundry.model.spec import ModelSpec, init_weights
-    from mindfoundry.parallel.layout import load_run_config
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device("CPU")
-    cfg = load_run_config(ROOT / "configs" / "demo.yaml", ["backend=mindspore", *MODEL])
+    cfg = load_config(ROOT / "configs" / "demo.yaml", ["backend=mindspore", *MODEL])
     spec = ModelSpec.from_config(cfg.model)
     model = Transformer(spec)
     weights = init_weights(spec, cfg.seed)
@@ -145,11 +146,12 @@ def pynative_worker(recompute: bool) -> dict:
 
 def planned(engine: str, sets: list[str]) -> dict:
     """The planner's terms for this engine and mode (no fixed overhead: the bench adds the measured runtime)."""
+    from mindfoundry.config.load import load_config
+    from mindfoundry.config.parallel_config import Layout
     from mindfoundry.model.spec import ModelSpec
-    from mindfoundry.parallel.layout import Layout, load_run_config
     from mindfoundry.parallel.planner import estimate, memory_options
 
-    cfg = load_run_config(ROOT / "configs" / "demo.yaml", [f"backend={engine}", *sets])
+    cfg = load_config(ROOT / "configs" / "demo.yaml", [f"backend={engine}", *sets])
     spec, t, m = ModelSpec.from_config(cfg.model), cfg.train, cfg.memory
     est = estimate(
         spec,

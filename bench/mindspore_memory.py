@@ -39,8 +39,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from mindfoundry.backends.base import create_backend
     from mindfoundry.backends.mindspore.train_step import TrainStep, scalar, squared_norms
+    from mindfoundry.config.load import load_config
+    from mindfoundry.config.parallel_config import Layout
     from mindfoundry.model.spec import ModelSpec, init_weights
-    from mindfoundry.parallel.layout import Layout, launch_layout, load_run_config
+    from mindfoundry.parallel.layout import launch_layout
     from mindfoundry.parallel.planner import estimate
     from mindfoundry.train.schedule import step_scalars
 
@@ -56,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             return loss, loss, loss > 0, loss
 
     phases = {"import": _rss_mib()}
-    cfg = load_run_config(
+    cfg = load_config(
         ROOT / "configs" / "demo.yaml", SIZES[args.size] + args.set + ["backend=mindspore", "train.grad_accum=1"]
     )
     spec, t = ModelSpec.from_config(cfg.model), cfg.train

@@ -22,11 +22,12 @@ import numpy as np
 import psutil
 
 from mindfoundry.backends.base import create_backend
+from mindfoundry.config.load import load_config
 from mindfoundry.model.spec import ModelSpec, flops_per_token, init_weights, parameter_shapes
 from mindfoundry.monitor.health import HealthMonitor
 from mindfoundry.monitor.mfu import mfu, peak_flops
 from mindfoundry.monitor.tensorboard import TensorBoardSink
-from mindfoundry.parallel.layout import launch_layout, load_run_config
+from mindfoundry.parallel.layout import launch_layout
 from mindfoundry.train.layer_stats import layer_grad_norms, layer_update_ratios, layer_weight_norms
 from mindfoundry.train.metrics import JsonlSink, MetricsLogger
 from mindfoundry.train.schedule import step_scalars
@@ -40,7 +41,7 @@ def main() -> int:
     ap.add_argument("--records", type=int, default=500, help="records pushed through the per-step path")
     args = ap.parse_args()
 
-    cfg = load_run_config(args.config, [f"backend={args.engine}"])
+    cfg = load_config(args.config, [f"backend={args.engine}"])
     spec = ModelSpec.from_config(cfg.model)
     backend = create_backend(cfg, spec, launch_layout(cfg))
     backend.load_weights(init_weights(spec, cfg.seed))

@@ -5,7 +5,7 @@
 
 Contenders, each in a process of its own (so no two runtimes' thread pools compete):
 - ``mf-mindspore`` / ``mf-torch``: MindFoundry's train step built as the trainer builds it
-  (load_run_config -> ModelSpec -> create_backend -> load_weights -> backend.train_step).
+  (load_config -> ModelSpec -> create_backend -> load_weights -> backend.train_step).
 - ``mf-torch-compiled`` (not in the default set): the torch engine with ``train.compile: true`` (torch.compile of the
   model; its first step includes Inductor's compile).
 - ``naive-mindspore``: the tutorial-style MindSpore GPT loop (bench/naive_reference.py: MHA, GELU MLP,
@@ -109,10 +109,10 @@ def build_contender(name: str, size: str):
     """(step(i) -> loss, flops per token, tokens per step, parameters) of one contender."""
     import numpy as np
 
+    from mindfoundry.config.load import load_config
     from mindfoundry.model.spec import ModelSpec, flops_per_token, init_weights, num_parameters
-    from mindfoundry.parallel.layout import load_run_config
 
-    cfg = load_run_config(ROOT / "configs" / "demo.yaml",
+    cfg = load_config(ROOT / "configs" / "demo.yaml",
                           SIZES[size] + [f"backend={name.split('-')[1]}"] + ENGINE_SETTINGS.get(name, []))
     spec, t = ModelSpec.from_config(cfg.model), cfg.train
     mb, seq = t.micro_batch_size, t.seq_len

@@ -52,12 +52,13 @@ def worker(layout: str, steps: int, out: Path, model: list[str]) -> None:
     import torch.distributed as dist
 
     from mindfoundry.backends.base import create_backend
+    from mindfoundry.config.load import load_config
     from mindfoundry.model.spec import ModelSpec, init_weights
-    from mindfoundry.parallel.layout import launch_layout, load_run_config
+    from mindfoundry.parallel.layout import launch_layout
     from mindfoundry.train.schedule import step_scalars
 
     sets = model + [f"parallel.{kv}" for kv in layout.split(",") if kv != "single"]
-    cfg = load_run_config("configs/demo.yaml", sets)
+    cfg = load_config("configs/demo.yaml", sets)
     spec = ModelSpec.from_config(cfg.model)
     if "WORLD_SIZE" in os.environ and not dist.is_initialized():
         dist.init_process_group("gloo")  # the engine reuses it; counted in the baseline like torch itself
@@ -107,11 +108,12 @@ def measure(layout: str, steps: int, tiny: bool = False) -> dict:
 
 
 def estimate(layout: str, overhead: int) -> int:
+    from mindfoundry.config.load import load_config
+    from mindfoundry.config.parallel_config import Layout
     from mindfoundry.model.spec import ModelSpec
-    from mindfoundry.parallel.layout import Layout, load_run_config
     from mindfoundry.parallel.planner import estimate as planner_estimate
 
-    cfg = load_run_config("configs/demo.yaml", MODEL)
+    cfg = load_config("configs/demo.yaml", MODEL)
     degrees = {} if layout == "single" else {k: int(v) for k, v in (kv.split("=") for kv in layout.split(","))}
     est = planner_estimate(
         ModelSpec.from_config(cfg.model),

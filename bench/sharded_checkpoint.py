@@ -40,11 +40,12 @@ def worker(fmt: str, root: Path, d_model: int, layers: int, vocab: int) -> None:
     from mindfoundry.checkpoint.directory import Retention, save_checkpoint
     from mindfoundry.checkpoint.reader import load_checkpoint
     from mindfoundry.checkpoint.store import shard_folders
+    from mindfoundry.config.load import validate
     from mindfoundry.model.spec import ModelSpec, num_parameters
-    from mindfoundry.parallel.layout import launch_layout, validate_run_config
+    from mindfoundry.parallel.layout import launch_layout
 
     world = int(os.environ["WORLD_SIZE"])
-    cfg = validate_run_config(
+    cfg = validate(
         {
             "backend": "torch",
             "data": {"sources": [{"name": "c", "paths": ["x"]}]},

@@ -95,11 +95,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--steps and --warmup must be >= 1 (the first step compiles)")
 
     from mindfoundry.backends.base import create_backend
+    from mindfoundry.config.load import load_config
     from mindfoundry.model.spec import ModelSpec, flops_per_token, init_weights, num_parameters
-    from mindfoundry.parallel.layout import launch_layout, load_run_config
+    from mindfoundry.parallel.layout import launch_layout
     from mindfoundry.train.schedule import step_scalars
 
-    cfg = load_run_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides)
     spec = ModelSpec.from_config(cfg.model)
     t = cfg.train
     accum, mb, seq = t.grad_accum, t.micro_batch_size, t.seq_len

@@ -11,11 +11,13 @@ from pathlib import Path
 
 import numpy as np
 
+from mindfoundry.config.load import validate
+from mindfoundry.config.parallel_config import Layout
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.packing import IGNORE_INDEX
 from mindfoundry.data.execute.stage import Stage
 from mindfoundry.data.execute.workdir import WorkDir
-from mindfoundry.parallel.layout import Layout, launch_layout, validate_run_config
+from mindfoundry.parallel.layout import launch_layout
 from mindfoundry.train.stop import Preempted
 
 #: `--set` overrides that shrink configs/demo.yaml (and demo-mlm.yaml) to a test-sized run on the same corpora.
@@ -87,7 +89,7 @@ def tiny_config(**sections) -> RunConfig:
     }
     for name, values in sections.items():
         tree[name] = {**tree.get(name, {}), **values} if isinstance(values, dict) else values
-    return validate_run_config(tree)
+    return validate(tree)
 
 
 def padded_markov_samples(n: int, vocab: int, seq: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -135,7 +137,7 @@ def random_checkpoint(cfg: RunConfig, data, *, seed: int = 3, **model):
     from mindfoundry.config.load import to_yaml
     from mindfoundry.model.spec import ModelSpec, init_weights
 
-    cfg = validate_run_config(cfg.model_dump(mode="json") | {"model": cfg.model.model_dump(mode="json") | model})
+    cfg = validate(cfg.model_dump(mode="json") | {"model": cfg.model.model_dump(mode="json") | model})
     run = Path(cfg.run_dir)
     (run / "config.yaml").write_text(to_yaml(cfg))
     rng = np.random.default_rng(seed)
@@ -176,7 +178,7 @@ def rewrite_as_rank_slices(ckpt_dir: Path, parallel: dict, devices: int) -> Path
 
     ckpt = load_checkpoint(ckpt_dir)
     cfg = run_config(ckpt_dir)
-    cfg = validate_run_config(cfg.model_dump(mode="json") | {"parallel": parallel})
+    cfg = validate(cfg.model_dump(mode="json") | {"parallel": parallel})
     spec = ModelSpec.from_config(cfg.model)
     layouts = parameter_layouts(plan_strategies(cfg, spec, launched(cfg, devices)), spec)
 

@@ -10,8 +10,7 @@ import pytest
 import yaml
 
 from mindfoundry.cli.main import main
-from mindfoundry.config.load import ConfigError
-from mindfoundry.parallel.layout import load_run_config, validate_run_config
+from mindfoundry.config.load import ConfigError, load_config, validate
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "configs" / "demo.yaml"
@@ -75,18 +74,18 @@ BAD = [
 @pytest.mark.parametrize("tree,message", BAD, ids=[m[:40] for _, m in BAD])
 def test_bad_config_names_key_and_fix(tree: dict, message: str) -> None:
     with pytest.raises(ConfigError) as info:
-        validate_run_config(tree)
+        validate(tree)
     assert message in str(info.value)
 
 
 def test_all_problems_reported_at_once() -> None:
     tree = base() | {"model": {"n_heads": 6, "n_kv_heads": 4}, "train": {"seq_len": 9999}}
-    text = str(pytest.raises(ConfigError, validate_run_config, tree).value)
+    text = str(pytest.raises(ConfigError, validate, tree).value)
     assert "model.n_heads=6" in text and "train.seq_len=9999" in text
 
 
 def test_resolution_fills_defaults() -> None:
-    cfg = validate_run_config(base() | {"model": {"d_model": 256, "n_heads": 4}, "optim": {"clip_norm": "auto"},
+    cfg = validate(base() | {"model": {"d_model": 256, "n_heads": 4}, "optim": {"clip_norm": "auto"},
                              "train": {"micro_batch_size": 8, "grad_accum": 4}, "parallel": {"dp_shard": 2}})
     assert cfg.model.n_kv_heads == 4
     assert cfg.model.ffn_dim == 704  # 8/3*256 = 682.67 -> rounded up to a multiple of 64
@@ -96,7 +95,7 @@ def test_resolution_fills_defaults() -> None:
 
 
 def test_overrides_are_parsed_as_yaml() -> None:
-    cfg = load_run_config(
+    cfg = load_config(
         DEMO, ["train.steps=7", "optim.warmup_steps=2", "optim.clip_norm=null", "model.tie_embeddings=false"]
     )
     assert cfg.train.steps == 7 and cfg.optim.clip_norm is None and cfg.model.tie_embeddings is False
@@ -104,7 +103,7 @@ def test_overrides_are_parsed_as_yaml() -> None:
 
 def test_shipped_configs_validate() -> None:
     for path in sorted((REPO / "configs").glob("*.yaml")):
-        load_run_config(path)
+        load_config(path)
 
 
 def test_cli_prints_one_error_line_per_problem_without_traceback(tmp_path: Path) -> None:
@@ -141,11 +140,11 @@ def test_config_show_is_fully_resolved(capsys) -> None:
     assert main(["config", "show", str(DEMO)]) == 0
     shown = yaml.safe_load(capsys.readouterr().out)
     assert shown["model"]["ffn_dim"] == 704 and shown["model"]["n_kv_heads"] == 4
-    assert validate_run_config(shown) == load_run_config(DEMO)
+    assert validate(shown) == load_config(DEMO)
 
 
 def test_override_into_a_list_item() -> None:
-    cfg = load_run_config(DEMO, ["data.sources.1.max_bytes=1000"])
+    cfg = load_config(DEMO, ["data.sources.1.max_bytes=1000"])
     assert cfg.data.sources[1].max_bytes == 1000
     with pytest.raises(ConfigError, match="'9' is not an index of a list of 4 items"):
-        load_run_config(DEMO, ["data.sources.9.max_bytes=1000"])
+        load_config(DEMO, ["data.sources.9.max_bytes=1000"])

@@ -18,8 +18,8 @@ import pytest
 
 from mf_testing import tiny_run_tree
 from mindfoundry.cli.main import main
+from mindfoundry.config.load import validate
 from mindfoundry.errors import MindFoundryError
-from mindfoundry.parallel.layout import validate_run_config
 from mindfoundry.workflows.run import dry_start
 
 HOSTILE: list[Any] = [2**40, 2**64, -(2**63), -1, 0, 1, math.inf, -math.inf, math.nan, 1e308, -0.0, 3.5, True, None,
@@ -84,7 +84,7 @@ def _run(tree: dict) -> tuple[str, str]:
     signal.signal(signal.SIGALRM, _on_alarm)
     signal.alarm(LIMIT_S)
     try:
-        dry_start(validate_run_config(tree))
+        dry_start(validate(tree))
         return "ok", ""
     except MindFoundryError as exc:
         return "error", str(exc)

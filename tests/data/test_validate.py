@@ -165,5 +165,5 @@ def test_inspect_sets_the_raw_share_beside_the_target_and_the_realised_share(tin
     assert main(["data", "inspect", str(tiny_run()), "--samples", "1", "--set", "data.mixture.weights.code=1",
                  "--set", "data.mixture.weights.asyncio=9", "--set", "data.mixture.block_size=10"]) == 0
     out = capsys.readouterr().out
-    planned = cfg.train.steps * cfg.global_batch()
+    planned = cfg.train.steps * cfg.parallel.layout().global_batch(cfg.train)
     assert "raw share of train tokens" in out and "target share" in out and f"realised ({planned:,} samples)" in out

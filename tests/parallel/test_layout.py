@@ -8,20 +8,11 @@ import pytest
 import yaml
 
 from mindfoundry.cli.main import main
-from mindfoundry.config.load import ConfigError
+from mindfoundry.config.layout_rules import _factorizations, feasible_layouts, layout_problems
+from mindfoundry.config.load import ConfigError, validate
 from mindfoundry.config.model_config import ModelConfig
-from mindfoundry.config.parallel_config import ParallelConfig
-from mindfoundry.parallel.layout import (
-    Batch,
-    Layout,
-    LayoutError,
-    _factorizations,
-    feasible_layouts,
-    launch_layout,
-    launched_world_size,
-    layout_problems,
-    validate_run_config,
-)
+from mindfoundry.config.parallel_config import Batch, Layout, ParallelConfig
+from mindfoundry.parallel.layout import LayoutError, launch_layout, launched_world_size
 
 MODEL = ModelConfig(vocab_size=8192, d_model=256, n_layers=4, n_heads=8, n_kv_heads=4)  # ffn_dim derived: 704
 BATCH = Batch(seq_len=128, micro_batch_size=2, grad_accum=8)
@@ -138,14 +129,14 @@ def test_suggestion_changes_a_model_parallel_degree_when_it_must() -> None:
 
 
 def test_dp_shard_minus_one_takes_the_rest() -> None:
-    assert Layout.from_config(ParallelConfig(dp_shard=-1, tp=2), world_size=8) == Layout(dp_shard=4, tp=2)
+    assert ParallelConfig(dp_shard=-1, tp=2).layout(world_size=8) == Layout(dp_shard=4, tp=2)
     assert problems(world_size=8, dp_shard=-1, tp=2) == []
     assert problems(world_size=6, dp_shard=-1, tp=4) == [
         "parallel.dp_shard=-1 takes what is left of the world size, but dp_replicate*cp*tp*pp = 4 does not divide "
         "the 6 processes the launcher started: e.g. dp_shard=3, tp=2"]
     assert problems(dp_shard=-1, tp=2) == []  # unknown until launch
     with pytest.raises(ValueError, match="set parallel.world_size"):
-        _ = ParallelConfig(dp_shard=-1).degree_product
+        ParallelConfig(dp_shard=-1).layout()
 
 
 def test_ep_must_divide_experts_and_the_fsdp_cp_ranks() -> None:
@@ -194,21 +185,22 @@ def test_layout_describe_and_config() -> None:
     assert lay.describe() == "dp_replicate=2, tp=4, optimizer_shard=true"
     assert lay.config()["world_size"] == 8 and lay.dp == 2 and lay.optimizer_shards == 2
     assert Layout().describe() == "single process"
-    assert ParallelConfig(**{k: v for k, v in lay.config().items()}).degree_product == 8
+    assert ParallelConfig(**{k: v for k, v in lay.config().items()}).layout() == lay
+    assert lay.global_batch(Batch(seq_len=16, micro_batch_size=3, grad_accum=5)) == 3 * 5 * 2
 
 
 def test_launch_checks_the_launchers_world_size() -> None:
     assert launched_world_size({"WORLD_SIZE": "4"}) == 4
     assert launched_world_size({"MS_WORKER_NUM": "2"}) == 2
     assert launched_world_size({}) is None
-    assert launch_layout(validate_run_config(tree(dp_shard=-1, tp=2)), env={"WORLD_SIZE": "8"}) == Layout(
+    assert launch_layout(validate(tree(dp_shard=-1, tp=2)), env={"WORLD_SIZE": "8"}) == Layout(
         dp_shard=4, tp=2
     )
     with pytest.raises(
         LayoutError, match="product dp_replicate\\*dp_shard\\*cp\\*tp\\*pp = 2 but the launcher started 4 processes"
     ):
-        launch_layout(validate_run_config(tree(tp=2)), env={"WORLD_SIZE": "4"})
-    assert launch_layout(validate_run_config(tree()), env={}) == Layout()
+        launch_layout(validate(tree(tp=2)), env={"WORLD_SIZE": "4"})
+    assert launch_layout(validate(tree()), env={}) == Layout()
 
 
 # --- through the config ---------------------------------------------------------------------------
@@ -220,28 +212,24 @@ def tree(**parallel) -> dict:
 
 def test_config_validation_applies_the_layout_rules() -> None:
     with pytest.raises(ConfigError) as info:
-        validate_run_config(tree(tp=3))
+        validate(tree(tp=3))
     assert "parallel.tp=3 does not divide model.n_heads=8 (and n_kv_heads=4): use tp in {1, 2, 4}" in str(info.value)
     with pytest.raises(ConfigError, match="unknown key 'parallel.dp': parallel.dp was split into dp_replicate"):
-        validate_run_config(tree(dp=8))
+        validate(tree(dp=8))
 
 
 def test_resolution_fills_world_size_and_dp_shard() -> None:
-    cfg = validate_run_config(tree(tp=2, dp_shard=-1, world_size=8))
-    assert (cfg.parallel.dp_shard, cfg.parallel.world_size, cfg.parallel.dp, cfg.parallel.degree_product) == (
-        4,
-        8,
-        4,
-        8,
-    )
-    cfg = validate_run_config(tree(dp_replicate=2, pp=2) | {"train": {"grad_accum": 2}})
-    assert cfg.parallel.world_size == 4 and cfg.parallel.dp == 2
-    assert validate_run_config(tree(dp_shard=-1, tp=2)).parallel.world_size is None  # known at launch
+    cfg = validate(tree(tp=2, dp_shard=-1, world_size=8))
+    layout = cfg.parallel.layout()
+    assert (cfg.parallel.dp_shard, cfg.parallel.world_size, layout.dp, layout.world_size) == (4, 8, 4, 8)
+    cfg = validate(tree(dp_replicate=2, pp=2) | {"train": {"grad_accum": 2}})
+    assert cfg.parallel.world_size == 4 and cfg.parallel.layout().dp == 2
+    assert validate(tree(dp_shard=-1, tp=2)).parallel.world_size is None  # known at launch
 
 
 def test_auto_clip_norm_needs_a_known_batch() -> None:
     with pytest.raises(ConfigError, match="optim.clip_norm='auto' depends on the global batch"):
-        validate_run_config(tree(dp_shard=-1) | {"optim": {"clip_norm": "auto"}})
+        validate(tree(dp_shard=-1) | {"optim": {"clip_norm": "auto"}})
 
 
 def test_config_validate_cli_rejects_a_bad_layout(tmp_path: Path, capsys) -> None:

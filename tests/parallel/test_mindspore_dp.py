@@ -32,8 +32,9 @@ import ms_dp_worker as worker  # noqa: E402  (this folder is on sys.path: rootdi
 from mf_testing import launched, tiny_config  # noqa: E402
 from mindfoundry.backends.mindspore import distributed  # noqa: E402
 from mindfoundry.backends.mindspore.strategies import apply_strategies, plan_strategies  # noqa: E402
+from mindfoundry.config.parallel_config import Layout  # noqa: E402
 from mindfoundry.model.spec import ModelSpec, init_weights  # noqa: E402
-from mindfoundry.parallel.layout import Layout, LayoutError  # noqa: E402
+from mindfoundry.parallel.layout import LayoutError  # noqa: E402
 
 WORKER = Path(__file__).with_name("ms_dp_worker.py")
 
@@ -145,7 +146,7 @@ def test_cpu_refuses_semi_auto_layouts_at_backend_creation(parallel: dict, named
     train = {"grad_accum": 2} if parallel.get("pp") else {}
     cfg = tiny_config(parallel=parallel, train=train)
     with pytest.raises(LayoutError) as info:
-        MindSporeBackend(cfg, ModelSpec.from_config(cfg.model), launched(cfg, cfg.parallel.degree_product))
+        MindSporeBackend(cfg, ModelSpec.from_config(cfg.model), launched(cfg, cfg.parallel.layout().world_size))
     message = str(info.value)
     assert named in message and "Ascend" in message and "semi-auto" in message
     assert "backend: torch" in message  # the CPU alternative
@@ -393,9 +394,17 @@ def test_mindspore_accepts_the_context_and_builds_the_step(tmp_path: Path) -> No
     assert got["ids"] == [1, 8, 16] and got["q_proj"] == [[2, 1], [2, 1]]
 
 
-@pytest.mark.parametrize(
-    "config", sorted(p.name for p in (Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
-)
+#: Each shipped config's data-parallel and tensor-parallel degrees and whether it shards the optimizer state.
+SHIPPED_PLANS = {"demo-mlm.yaml": (1, 1, False), "demo.yaml": (1, 1, False), "llama-13b.yaml": (1, 8, False),
+                 "llama-1b.yaml": (8, 1, True)}
+
+
+def test_the_shipped_configs_are_all_planned() -> None:
+    assert sorted(p.name for p in (Path(__file__).resolve().parents[2] / "configs").glob("*.yaml")) == sorted(
+        SHIPPED_PLANS)
+
+
+@pytest.mark.parametrize("config", sorted(SHIPPED_PLANS))
 def test_every_shipped_config_has_a_semi_auto_plan(config: str) -> None:
     """Each layout in configs/ builds its strategies on its own device count: llama-13b's tp=8 splits every projection
     8 ways, llama-1b's dp=8 with optimizer_shard turns on the parallel optimizer, the demos run on one device."""
@@ -405,6 +414,7 @@ def test_every_shipped_config_has_a_semi_auto_plan(config: str) -> None:
     spec = ModelSpec.from_config(cfg.model)
     plan = plan_strategies(cfg, spec, launched(cfg, cfg.parallel.world_size))
     assert plan.context["device_num"] == cfg.parallel.world_size
-    assert plan.context["enable_parallel_optimizer"] == cfg.parallel.shards_optimizer
-    assert plan.strategy("layers.0.attn.q_proj.matmul") == ((cfg.parallel.dp, 1), (cfg.parallel.tp, 1))
+    dp, tp, sharded = SHIPPED_PLANS[config]
+    assert plan.context["enable_parallel_optimizer"] == sharded
+    assert plan.strategy("layers.0.attn.q_proj.matmul") == ((dp, 1), (tp, 1))
     assert plan.micro_batches == cfg.train.grad_accum

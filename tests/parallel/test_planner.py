@@ -10,8 +10,8 @@ import pytest
 from mindfoundry.cli.main import main
 from mindfoundry.config.load import load_config
 from mindfoundry.config.memory_config import MemoryConfig
+from mindfoundry.config.parallel_config import Layout
 from mindfoundry.model.spec import ModelSpec, num_parameters
-from mindfoundry.parallel.layout import Layout
 from mindfoundry.parallel.planner import (
     GiB,
     activation_bytes_per_layer,

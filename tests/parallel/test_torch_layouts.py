@@ -280,7 +280,8 @@ def test_unsupported_pp_cp_layouts_are_refused(parallel: dict, match: str) -> No
 def test_layouts_that_do_not_divide_are_refused_by_the_layout_rules(parallel: dict, match: str) -> None:
     """The engine leaves divisibility to the one set of rules (mindfoundry.parallel.layout), checked at load and launch.
     """
-    from mindfoundry.parallel.layout import Batch, Layout, layout_problems
+    from mindfoundry.config.layout_rules import layout_problems
+    from mindfoundry.config.parallel_config import Batch, Layout
 
     _, _, spec = worker.make_backend(model=FOUR)
     (problem,) = layout_problems(Layout(**parallel), spec, Batch(seq_len=16, grad_accum=4))

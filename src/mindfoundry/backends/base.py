@@ -18,11 +18,11 @@ from typing import Any, Mapping, Protocol, TypeGuard, runtime_checkable
 
 import numpy as np
 
+from mindfoundry.config.parallel_config import Layout
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.debug.probe import Probe
 from mindfoundry.errors import MindFoundryError
 from mindfoundry.model.spec import ModelSpec
-from mindfoundry.parallel.layout import Layout
 
 
 @dataclass(frozen=True)

@@ -112,12 +112,12 @@ def run_yaml(
 ) -> dict[str, Any]:
     """The MindFormers run config continuing `cfg`'s pretraining (see the module docstring)."""
     t, o, p, mem = cfg.train, cfg.optim, cfg.parallel, cfg.memory
-    dp = p.dp_replicate * p.resolved_dp_shard()
+    layout = p.layout()
     steps = t.steps
     dataset = {
         "data_loader": {
             "type": "BlendedMegatronDatasetDataLoader", "datasets_type": "GPTDataset",
-            "sizes": [cfg.global_batch() * steps, 0, 0], "shuffle": cfg.data.shuffle,
+            "sizes": [layout.global_batch(t) * steps, 0, 0], "shuffle": cfg.data.shuffle,
             "config": {"seed": cfg.seed, "seq_length": t.seq_len, "split": "1, 0, 0", "data_path": data_path,
                        "num_dataset_builder_threads": 1, "eod": eos, "pad": pad, "eod_mask_loss": False,
                        "create_attention_mask": True},
@@ -161,19 +161,19 @@ def run_yaml(
         },
         "train_dataset": dataset,
         "train_dataset_task": {"type": "CausalLanguageModelDataset", "dataset_config": dataset},
-        "use_parallel": p.degree_product > 1,
+        "use_parallel": layout.world_size > 1,
         "parallel": {
             "parallel_mode": 1,
             "gradients_mean": False,
             "enable_alltoall": p.ep > 1,
             "full_batch": True,
             "search_mode": "sharding_propagation",
-            "enable_parallel_optimizer": p.shards_optimizer,
+            "enable_parallel_optimizer": layout.shards_optimizer,
             "strategy_ckpt_save_file": "./ckpt_strategy.ckpt",
             "parallel_optimizer_config": {"gradient_accumulation_shard": False, "parallel_optimizer_threshold": 64},
         },
         "parallel_config": {
-            "data_parallel": dp,
+            "data_parallel": layout.dp,
             "model_parallel": p.tp,
             "pipeline_stage": p.pp,
             "context_parallel": p.cp,
@@ -181,7 +181,7 @@ def run_yaml(
             "use_seq_parallel": p.tp > 1 and p.sequence_parallel,
             "micro_batch_num": t.grad_accum if p.pp > 1 else 1,
             "vocab_emb_dp": p.tp == 1,
-            "optimizer_shard": p.shards_optimizer,
+            "optimizer_shard": layout.shards_optimizer,
             "gradient_aggregation_group": p.grad_fusion_groups or 4,
         },
         "micro_batch_interleave_num": 1,

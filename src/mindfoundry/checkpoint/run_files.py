@@ -15,11 +15,10 @@ from pathlib import Path
 
 from mindfoundry.checkpoint.directory import CheckpointDir, checkpoints_dir
 from mindfoundry.checkpoint.store import MANIFEST_FILE, STEP_DIR, CheckpointError
-from mindfoundry.config.load import read_yaml
+from mindfoundry.config.load import read_yaml, validate
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.prepared import local_copy
 from mindfoundry.data.tokenizer import load_tokenizer, tokenizer_hash
-from mindfoundry.parallel.layout import validate_run_config
 from mindfoundry.storage.location import Location, locate
 from mindfoundry.storage.remote import Remote
 
@@ -35,7 +34,7 @@ def checkpoint_dir_of(path: str | Path) -> CheckpointDir:
     RUN/checkpoints), or a checkpoint.dir given itself."""
     where = locate(str(path))
     if isinstance(where, Path) and (where / CONFIG).is_file():
-        cfg = validate_run_config(read_yaml(where / CONFIG))
+        cfg = validate(read_yaml(where / CONFIG))
         if cfg.checkpoint.dir is not None:
             return CheckpointDir(locate(cfg.checkpoint.dir, cfg.storage), cache_dir=cfg.data.cache_dir)
         return CheckpointDir(checkpoints_dir(where))
@@ -81,7 +80,7 @@ def run_config(ckpt_dir: Path) -> RunConfig:
     of RUN/checkpoints/step_N."""
     for config in (Path(ckpt_dir) / CONFIG, Path(ckpt_dir).parent.parent / CONFIG):
         if config.is_file():
-            return validate_run_config(read_yaml(config))
+            return validate(read_yaml(config))
     raise CheckpointError(f"{Path(ckpt_dir) / CONFIG} not found, nor {Path(ckpt_dir).parent.parent / CONFIG}: the "
                           "checkpoint carries no run config and is not inside a MindFoundry run directory")
 

@@ -34,6 +34,6 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The validated, resolved config of a command's arguments, layout rules included (raises ConfigError)."""
-    from mindfoundry.parallel.layout import load_run_config
+    from mindfoundry.config.load import load_config
 
-    return load_run_config(args.config, args.set or [])
+    return load_config(args.config, args.set or [])

@@ -60,7 +60,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     data = local_copy(cfg)
     report = inspect_prepared(data, per_category=args.samples, max_chars=args.chars, seed=cfg.seed)
-    report.planned = cfg.train.steps * cfg.global_batch(cfg.parallel.world_size or 1)
+    report.planned = cfg.train.steps * cfg.parallel.layout(cfg.parallel.world_size or 1).global_batch(cfg.train)
     report.shares = mixture_shares(
         load_prepared(data, cfg.model.vocab_size),
         cfg.data.mixture,

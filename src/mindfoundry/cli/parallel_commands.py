@@ -15,9 +15,8 @@ from rich.console import Console
 from rich.table import Table
 
 from mindfoundry.cli.args import add_max_restarts, console
-from mindfoundry.config.load import ConfigError
+from mindfoundry.config.load import ConfigError, load_config
 from mindfoundry.config.parallel_config import ParallelConfig
-from mindfoundry.parallel.layout import load_run_config
 
 
 def add_parallel_commands(sub: argparse._SubParsersAction) -> None:
@@ -91,14 +90,16 @@ def cmd_launch(args: argparse.Namespace) -> int:
     import os
     from pathlib import Path
 
+    from mindfoundry.config.layout_rules import layout_problems
     from mindfoundry.parallel.launch import LaunchPlan, check_port, command, launch_env, rank_logs
-    from mindfoundry.parallel.layout import layout_problems
     from mindfoundry.workflows.supervise import supervise
 
-    cfg = load_run_config(args.config, args.set or [])
-    product = cfg.parallel.degree_product
+    cfg = load_config(args.config, args.set or [])
     nnodes = args.nnodes
-    nproc = args.nproc_per_node or max(product // nnodes, 1)
+    try:
+        nproc = args.nproc_per_node or max(cfg.parallel.layout().world_size // nnodes, 1)
+    except ValueError as exc:
+        raise ConfigError(f"{exc} (or pass --nproc-per-node)") from None
     problems = layout_problems(cfg.parallel, cfg.model, cfg.train, world_size=nproc * nnodes)
     if problems:
         raise ConfigError("the layout does not fit this launch: " + "; ".join(problems))
@@ -137,13 +138,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from mindfoundry.model.spec import ModelSpec, num_parameters
     from mindfoundry.parallel.planner import format_bytes, parse_bytes, plan
 
-    cfg = load_run_config(args.model, args.set or [])
+    cfg = load_config(args.model, args.set or [])
     spec = ModelSpec.from_config(cfg.model)
     seq = args.seq or cfg.train.seq_len
     precision = args.precision or cfg.train.precision
     try:
         memory, overhead = parse_bytes(args.device_memory), parse_bytes(args.overhead)
-        batch = args.global_batch or cfg.global_batch()
+        batch = args.global_batch or cfg.parallel.layout().global_batch(cfg.train)
     except ValueError as exc:
         raise ConfigError(f"{exc} (or pass --global-batch)" if "dp_shard" in str(exc) else str(exc)) from None
     _positive(devices=args.devices, seq=seq, global_batch=batch, micro_batch=args.micro_batch)

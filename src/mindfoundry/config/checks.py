@@ -268,7 +268,7 @@ def _mixture_problems(cfg: RunConfig) -> list[str]:
 
 def _parallel_problems(cfg: RunConfig) -> list[str]:
     """The parallel rules that need neither the model's divisibility nor a launcher (those are
-    :mod:`mindfoundry.parallel.layout`'s, added by :func:`mindfoundry.parallel.layout.validate_run_config`)."""
+    :mod:`mindfoundry.config.layout_rules`'s, which :func:`mindfoundry.config.load.validate` applies after these)."""
     out = []
     p = cfg.parallel
     if cfg.model.objective == "mlm":

@@ -12,7 +12,7 @@ import difflib
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -21,14 +21,12 @@ from mindfoundry.config.aliases import canonical
 from mindfoundry.config.checks import cross_field_problems
 from mindfoundry.config.clean import JunkConfig, LanguageConfig
 from mindfoundry.config.data_config import TemplatesConfig
+from mindfoundry.config.layout_rules import config_problems
 from mindfoundry.config.parallel_config import RENAMED_KEYS
 from mindfoundry.config.schema import RunConfig, TrainConfig
 from mindfoundry.config.storage_config import redacted
 from mindfoundry.config.yaml12 import load_yaml
 from mindfoundry.errors import MindFoundryError
-
-#: A rule over a whole validated config: one message per violation (see config.checks).
-Rule = Callable[[RunConfig], list[str]]
 
 
 class ConfigError(MindFoundryError, ValueError):
@@ -268,11 +266,10 @@ def _moved(tree: dict[str, Any]) -> dict[str, Any]:
     return tree
 
 
-def validate(tree: dict[str, Any], rules: Sequence[Rule] = ()) -> RunConfig:
-    """Validate a config tree and resolve derived values; raise ConfigError listing every problem.
-
-    ``rules`` are further whole-config rules from the layers above (the parallel layout rules:
-    :func:`mindfoundry.parallel.layout.validate_run_config`); their messages follow this layer's."""
+def validate(tree: dict[str, Any]) -> RunConfig:
+    """Validate a config tree and resolve derived values; raise ConfigError listing every problem: the fields', the
+    cross-field rules' (:mod:`mindfoundry.config.checks`), then the parallel layout's
+    (:mod:`mindfoundry.config.layout_rules`)."""
     _check_extent(tree, "the config")
     tree, alias_problems = canonical(_moved(_eval_batches(tree)))
     if alias_problems:
@@ -282,7 +279,7 @@ def validate(tree: dict[str, Any], rules: Sequence[Rule] = ()) -> RunConfig:
     except ValidationError as exc:
         lines = [_describe(e) for e in exc.errors()]
         raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None
-    problems = cross_field_problems(cfg) + [problem for rule in rules for problem in rule(cfg)]
+    problems = cross_field_problems(cfg) + config_problems(cfg)
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
     return resolve(cfg)
@@ -297,12 +294,11 @@ def resolve(cfg: RunConfig) -> RunConfig:
     if m.ffn_dim is None:
         m.ffn_dim = m.resolved_ffn_dim()
     p = cfg.parallel
-    if p.dp_shard == -1 and p.world_size is not None:
-        p.dp_shard = p.resolved_dp_shard()
-    if p.world_size is None and p.dp_shard != -1:
-        p.world_size = p.degree_product
+    if p.dp_shard != -1 or p.world_size is not None:
+        layout = p.layout()
+        p.dp_shard, p.world_size = layout.dp_shard, layout.world_size
     if cfg.optim.clip_norm == "auto":
-        cfg.optim.clip_norm = round(0.5 * (cfg.global_batch() / 1024) ** 0.5, 6)
+        cfg.optim.clip_norm = round(0.5 * (p.layout().global_batch(cfg.train) / 1024) ** 0.5, 6)
     if cfg.run_dir is None:
         cfg.run_dir = f"runs/{cfg.name}"
     if cfg.data.output_dir is None:
@@ -312,9 +308,9 @@ def resolve(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
-def load_config(path: str | Path, overrides: Iterable[str] = (), rules: Sequence[Rule] = ()) -> RunConfig:
-    """Read FILE, apply overrides, validate (with ``rules``, see :func:`validate`) and resolve."""
-    return validate(apply_overrides(read_yaml(path), overrides), rules)
+def load_config(path: str | Path, overrides: Iterable[str] = ()) -> RunConfig:
+    """Read FILE, apply overrides, validate (see :func:`validate`) and resolve: what every command loads."""
+    return validate(apply_overrides(read_yaml(path), overrides))
 
 
 def to_yaml(cfg: RunConfig) -> str:

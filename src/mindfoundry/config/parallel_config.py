@@ -1,9 +1,10 @@
 """The `parallel` section: the degrees of the process grid (the rules that relate them to the model are
-:mod:`mindfoundry.parallel.layout`'s)."""
+:mod:`mindfoundry.config.layout_rules`'s)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass, fields, replace
+from typing import Literal, Protocol
 
 from pydantic import Field, field_validator
 
@@ -16,12 +17,100 @@ RENAMED_KEYS: dict[str, str] = {
 }
 
 
+Schedule = Literal["1F1B", "GPipe", "Interleaved1F1B"]
+#: The grid dimensions (in the order messages and describe() name them); their product is the world size.
+DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
+
+
+class BatchShape(Protocol):
+    """What the batch arithmetic and the layout rules need of train: a TrainConfig, or a :class:`Batch`."""
+
+    seq_len: int
+    micro_batch_size: int
+    grad_accum: int
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A batch shape without a whole TrainConfig (used by the planner)."""
+
+    seq_len: int
+    micro_batch_size: int = 1
+    grad_accum: int = 1
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One resolved parallel layout (the parallel section with dp_shard known): the one home of the grid's
+    arithmetic -- the world size, the data-parallel degree and the global batch."""
+
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    sequence_parallel: bool = True
+    pp_schedule: Schedule = "1F1B"
+    pp_virtual_stages: int = 1
+    optimizer_shard: bool = False
+
+    @property
+    def dp(self) -> int:
+        """Ways the batch is split: dp_replicate * dp_shard."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def world_size(self) -> int:
+        """Processes of the grid: dp * cp * tp * pp."""
+        return self.dp * self.cp * self.tp * self.pp
+
+    def global_batch(self, train: BatchShape) -> int:
+        """Sequences per optimizer step: micro_batch_size * grad_accum * dp (the trainer cuts it into the engine's
+        feeds)."""
+        return train.micro_batch_size * train.grad_accum * self.dp
+
+    def grad_accum_for(self, global_batch: int, micro_batch_size: int) -> int | None:
+        """The grad_accum whose :meth:`global_batch` is ``global_batch`` at this micro-batch size; None when no whole
+        number of micro-batches per rank gives it (the planner's question, the inverse of :meth:`global_batch`)."""
+        steps, rest = divmod(global_batch, self.dp * micro_batch_size)
+        return steps if steps >= 1 and not rest else None
+
+    @property
+    def optimizer_shards(self) -> int:
+        """Ranks one copy of the optimizer state is spread over."""
+        return self.dp if self.optimizer_shard else self.dp_shard
+
+    @property
+    def shards_optimizer(self) -> bool:
+        """Whether optimizer state is sharded at all (explicitly, or by FSDP): MindSpore's parallel optimizer."""
+        return self.optimizer_shard or self.dp_shard > 1
+
+    def config(self) -> dict:
+        """The parallel section of a config for this layout."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        return out | {"world_size": self.world_size}
+
+    def describe(self) -> str:
+        """Compact text, e.g. 'dp_shard=4, tp=2' (degrees above 1, then the options that matter)."""
+        parts = [f"{name}={getattr(self, name)}" for name in (*DEGREES, "ep") if getattr(self, name) != 1]
+        if self.pp > 1 and self.pp_schedule != "1F1B":
+            parts.append(f"pp_schedule={self.pp_schedule}")
+        if self.pp_virtual_stages != 1:
+            parts.append(f"pp_virtual_stages={self.pp_virtual_stages}")
+        if self.tp > 1 and not self.sequence_parallel:
+            parts.append("sequence_parallel=false")
+        if self.optimizer_shard and self.dp_replicate > 1:
+            parts.append("optimizer_shard=true")
+        return ", ".join(parts) or "single process"
+
+
 class ParallelConfig(Section):
     """Multi-dimensional parallel layout (see docs/parallelism.md).
 
     The processes form a grid dp_replicate x dp_shard x cp x tp x pp whose product is the world size;
     ep is carved out of dp_shard x cp (torchtitan-style). The rules that relate these numbers to the
-    model, the sequence and the batch are in :mod:`mindfoundry.parallel.layout`.
+    model, the sequence and the batch are in :mod:`mindfoundry.config.layout_rules`.
     """
 
     dp_replicate: int = Field(
@@ -100,43 +189,20 @@ class ParallelConfig(Section):
             raise ValueError("must be >= 1, or -1 for whatever is left of the world size")
         return v
 
-    @property
-    def non_dp_product(self) -> int:
-        """dp_replicate*cp*tp*pp: the degrees that are always given (dp_shard may be -1)."""
-        return self.dp_replicate * self.cp * self.tp * self.pp
-
-    def resolved_dp_shard(self, world_size: int | None = None) -> int:
-        """dp_shard with -1 resolved from ``world_size`` (or parallel.world_size); raises ValueError if unknown."""
+    def layout(self, world_size: int | None = None) -> Layout:
+        """The resolved layout: dp_shard=-1 takes what the other degrees leave of ``world_size`` (the launcher's
+        process count) or else parallel.world_size; ValueError when neither is known or it does not divide."""
+        fixed = Layout(**{f.name: getattr(self, f.name) for f in fields(Layout)} | {"dp_shard": 1})
         if self.dp_shard != -1:
-            return self.dp_shard
+            return replace(fixed, dp_shard=self.dp_shard)
         world = world_size if world_size is not None else self.world_size
         if world is None:
             raise ValueError("parallel.dp_shard=-1 takes what is left of the world size, which is not known yet: "
                              "set parallel.world_size or resolve the layout at launch")
-        if world % self.non_dp_product:
+        if world % fixed.world_size:
             raise ValueError(f"parallel.dp_shard=-1: {world} processes are not divisible by "
-                             f"dp_replicate*cp*tp*pp = {self.non_dp_product}")
-        return world // self.non_dp_product
-
-    @property
-    def degree_product(self) -> int:
-        """dp_replicate*dp_shard*cp*tp*pp, dp_shard=-1 resolved from world_size: the number of processes."""
-        return self.non_dp_product * self.resolved_dp_shard()
-
-    def data_parallel(self, world_size: int | None = None) -> int:
-        """dp_replicate*dp_shard, dp_shard=-1 resolved from ``world_size`` (or parallel.world_size): how many ways the
-        batch is split (global batch = micro_batch_size*grad_accum*dp)."""
-        return self.dp_replicate * self.resolved_dp_shard(world_size)
-
-    @property
-    def dp(self) -> int:
-        """:meth:`data_parallel` of the configured world size."""
-        return self.data_parallel()
-
-    @property
-    def shards_optimizer(self) -> bool:
-        """Whether optimizer state is sharded at all (explicitly, or by FSDP)."""
-        return self.optimizer_shard or self.resolved_dp_shard() > 1
+                             f"dp_replicate*cp*tp*pp = {fixed.world_size}")
+        return replace(fixed, dp_shard=world // fixed.world_size)
 
 
 def split_settings(parallel) -> list[str]:

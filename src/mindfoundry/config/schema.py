@@ -421,11 +421,3 @@ class RunConfig(Section):
     @classmethod
     def _run_dir(cls, v: str | None) -> str | None:
         return checked_path(v)
-
-    def global_batch(self, world_size: int | None = None) -> int:
-        """Sequences per optimizer step: micro_batch_size * grad_accum * dp (the one place that derives it).
-
-        parallel.dp_shard=-1 is resolved from ``world_size`` (the launcher's process count) or
-        parallel.world_size; ValueError when neither is known."""
-        t, p = self.train, self.parallel
-        return t.micro_batch_size * t.grad_accum * p.data_parallel(world_size)

@@ -28,10 +28,11 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from mindfoundry.config.layout_rules import feasible_layouts
 from mindfoundry.config.memory_config import MemoryConfig, Recompute
+from mindfoundry.config.parallel_config import Batch, Layout
 from mindfoundry.errors import MindFoundryError
 from mindfoundry.model.spec import ModelSpec
-from mindfoundry.parallel.layout import Batch, Layout, feasible_layouts
 
 Precision = Literal["bf16", "fp16", "fp32"]
 GiB = 1024**3
@@ -400,7 +401,8 @@ def plan(spec: ModelSpec, devices: int, device_memory: int, seq: int, global_bat
     rows = []
     modes: tuple[Recompute, ...] = ("none", "selective", "full")
     for lay in layouts:
-        m = global_batch // (lay.dp * micro_batch)
+        m = lay.grad_accum_for(global_batch, micro_batch)
+        assert m is not None  # feasible_layouts kept only the layouts that split the batch
         mem = [estimate(spec, lay, micro_batch, seq, precision, rc, num_micro_batches=m,
                         fixed_overhead_bytes=fixed_overhead_bytes,
                         flash_attention=flash_attention, fused_norm=fused_norm) for rc in modes]

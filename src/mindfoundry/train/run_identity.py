@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from mindfoundry.config.load import excluded_dump, identity_view, tree_hash
-from mindfoundry.config.parallel_config import ParallelConfig
+from mindfoundry.config.parallel_config import Layout, ParallelConfig
 from mindfoundry.config.schema import RunConfig
-from mindfoundry.parallel.layout import launched_world_size
 
 #: The keys (sections or dotted keys) a resume accepts changes of; see the module docstring.
 RESUME_MUTABLE = ("monitor", "generate", "checkpoint", "backend", "device", "debug", "run_dir", "eval", "memory",
@@ -56,10 +55,11 @@ def run_identity(cfg: RunConfig) -> str:
     return tree_hash(excluded_dump(cfg, RESUME_MUTABLE))
 
 
-def legacy_run_identity(cfg: RunConfig) -> str:
-    """:func:`run_identity` as releases before 0.2 computed it: what their run directories and checkpoints hold."""
+def legacy_run_identity(cfg: RunConfig, layout: Layout) -> str:
+    """:func:`run_identity` as releases before 0.2 computed it: what their run directories and checkpoints hold. It
+    folds in the global batch, so it needs the launch's ``layout``."""
     t = cfg.train
-    global_batch = cfg.global_batch(launched_world_size() or 1)
+    global_batch = layout.global_batch(t)
     canonical = cfg.model_copy(update={
         "train": t.model_copy(update={"micro_batch_size": global_batch, "grad_accum": 1}),
         "parallel": ParallelConfig()})
@@ -68,9 +68,10 @@ def legacy_run_identity(cfg: RunConfig) -> str:
     return tree_hash(dump)
 
 
-def is_this_run(identity: str | None, cfg: RunConfig) -> bool:
-    """Whether a stored identity (a run directory's, a checkpoint's) is ``cfg``'s, by this release or an earlier."""
-    return identity in (run_identity(cfg), legacy_run_identity(cfg))
+def is_this_run(identity: str | None, cfg: RunConfig, layout: Layout | None) -> bool:
+    """Whether a stored identity (a run directory's, a checkpoint's) is ``cfg``'s, by this release or, under a launch's
+    ``layout``, an earlier one (without a launch, as for ``prepare``, only this release's)."""
+    return identity == run_identity(cfg) or (layout is not None and identity == legacy_run_identity(cfg, layout))
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from typing import Callable
 from mindfoundry import atomic
 from mindfoundry.checkpoint.directory import CheckpointDir
 from mindfoundry.config.load import read_yaml, to_yaml, validate
+from mindfoundry.config.parallel_config import Layout
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.errors import MindFoundryError
 from mindfoundry.storage.remote import Remote
@@ -47,12 +48,13 @@ def _claim(run_dir: Path, cfg: RunConfig) -> None:
     _write_whole(run_dir / CONFIG_FILE, to_yaml(cfg))
 
 
-def claim_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool, log: Callable[[str], None] = print) -> Path:
+def claim_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool, layout: Layout | None = None,
+                  log: Callable[[str], None] = print) -> Path:
     """Lock RUN_DIR for this process, then create or adopt it; refuse a folder holding a different (or any,
     without --resume) run, and one another live process writes (before anything is moved or written).
 
     --overwrite moves the old run aside to RUN_DIR.old-TIMESTAMP instead of deleting it, so nothing
-    already written is lost.
+    already written is lost. ``layout`` (the launch's) also recognises a run directory of a release before 0.2.
     """
     run_dir = Path(cfg.run_dir)
     if run_dir.exists() and not run_dir.is_dir():
@@ -81,7 +83,7 @@ def claim_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool, log: Callabl
             )
         elif _has_trained(run_dir, checkpoints):
             changes = _changes_since(run_dir, cfg)
-            if changes is None and not is_this_run(stored.read_text().strip(), cfg):
+            if changes is None and not is_this_run(stored.read_text().strip(), cfg, layout):
                 raise RunDirError(f"run directory '{run_dir}' holds a different run (its {CONFIG_FILE} is unreadable, "
                                   "so which keys differ is unknown): use another run_dir, or pass --overwrite to move "
                                   "the old run aside")

@@ -22,6 +22,7 @@ from mindfoundry.backends.base import Backend, create_backend, import_engine, su
 from mindfoundry.checkpoint.hf_import import initial_weights
 from mindfoundry.checkpoint.reader import load_checkpoint, shard_format
 from mindfoundry.checkpoint.store import CheckpointError, shard_folders
+from mindfoundry.config.parallel_config import Layout
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.loader import Batch, BatchIterator, TrainLoader, training_source
 from mindfoundry.data.dataset.masking import TRAIN, VALIDATION, masking_for
@@ -35,7 +36,7 @@ from mindfoundry.model.spec import ModelSpec, flops_per_token, init_weights, num
 from mindfoundry.monitor.hardware import HardwareSampler
 from mindfoundry.monitor.health import HealthMonitor
 from mindfoundry.monitor.mfu import MfuMeter, UnknownPeakError, devices_peak
-from mindfoundry.parallel.layout import Layout, launched_local_rank
+from mindfoundry.parallel.layout import launched_local_rank
 from mindfoundry.train.anomaly import AnomalyMonitor
 from mindfoundry.train.checkpointing import RunCheckpoints
 from mindfoundry.train.debug_steps import StepDebugger
@@ -77,7 +78,7 @@ class Trainer:
         with signals.held():  # an engine's import cut by a stop signal aborted the process at exit (train.stop)
             import_engine(cfg.backend)
         self.backend = create_backend(cfg, self.spec, layout)  # first: it knows which feed of the batch this rank is
-        self.loader = TrainLoader.for_global_batch(self.source, cfg.global_batch(layout.world_size),
+        self.loader = TrainLoader.for_global_batch(self.source, layout.global_batch(cfg.train),
                                                    grad_accum=cfg.train.grad_accum,
                                                    dp_rank=self.backend.dp_rank, dp_size=self.backend.dp_size,
                                                    masking=masking_for(cfg, data.tokenizer, TRAIN))
@@ -156,7 +157,7 @@ class Trainer:
         sharded = form is not None and supports_sharded(self.backend, form)
         ckpt = load_checkpoint(path, verify=False, tensors=not sharded)  # find_resumable verified `path`
         written_by = ckpt.state.get("run_identity")  # None: imported by `mindfoundry convert FILE RUN_DIR`
-        if not is_this_run(written_by, self.cfg):
+        if not is_this_run(written_by, self.cfg, self.layout):
             if written_by is not None and self.resume_from is None:  # in the run's own folder: another run's checkpoint
                 raise CheckpointError(f"{path} was written by a different run (its run identity differs from this "
                                       f"config's): move it out of {self.run_dir}, or start from its weights with "

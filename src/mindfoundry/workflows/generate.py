@@ -16,12 +16,11 @@ from mindfoundry.backends.base import Backend, create_backend
 from mindfoundry.checkpoint.reader import load_checkpoint
 from mindfoundry.checkpoint.run_files import checkpoint_of, run_config, run_tokenizer
 from mindfoundry.checkpoint.store import CheckpointError
-from mindfoundry.config.parallel_config import ParallelConfig
+from mindfoundry.config.parallel_config import Layout, ParallelConfig
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.tokenizer import eos_id, load_tokenizer
 from mindfoundry.eval.sampling import GenerationError, fit_prompt, generate
 from mindfoundry.model.spec import ModelSpec
-from mindfoundry.parallel.layout import Layout
 
 
 @dataclass

@@ -52,7 +52,7 @@ def replay_config(cfg: RunConfig, choice: DumpChoice, out: Path) -> RunConfig:
         "parallel": ParallelConfig(),
         "debug": cfg.debug.model_copy(update={"dump": dump}),
         "checkpoint": cfg.checkpoint.model_copy(update={"every": 0, "keep_last": 1, "dir": None}),
-        "train": t.model_copy(update={"eval_every": 0, "grad_accum": t.grad_accum * cfg.parallel.dp}),
+        "train": t.model_copy(update={"eval_every": 0, "grad_accum": t.grad_accum * cfg.parallel.layout().dp}),
         "monitor": cfg.monitor.model_copy(update={"tensorboard": False}),
     })
 

@@ -16,6 +16,7 @@ from typing import Any, Callable
 from rich.console import Console
 
 from mindfoundry.backends.base import create_backend
+from mindfoundry.config.parallel_config import Layout
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.masking import TEXTS, masking_for
 from mindfoundry.data.dataset.prepared import PreparedData
@@ -24,7 +25,7 @@ from mindfoundry.data.tokenizer import eos_id
 from mindfoundry.eval.fill_mask import fill_masks
 from mindfoundry.eval.sampling import generate
 from mindfoundry.model.spec import ModelSpec, flops_per_token, num_parameters
-from mindfoundry.parallel.layout import Layout, launch_layout, launched_rank, launched_scheduler
+from mindfoundry.parallel.layout import launch_layout, launched_rank, launched_scheduler
 from mindfoundry.parallel.planner import (
     CPU_FIXED_OVERHEAD,
     DEFAULT_FIXED_OVERHEAD,
@@ -72,7 +73,7 @@ def dry_start(cfg: RunConfig) -> list[str]:
     return [
         f"model: {num_parameters(spec):,} parameters, {flops_per_token(spec, cfg.train.seq_len):,} FLOPs/token; "
         f"backend {cfg.backend}",
-        f"layout: {layout}; global batch {cfg.global_batch(layout.world_size)} sequences of {cfg.train.seq_len}",
+        f"layout: {layout}; global batch {layout.global_batch(cfg.train)} sequences of {cfg.train.seq_len}",
         f"memory: {cfg.memory.describe(spec.n_layers)}; planned peak {format_bytes(est.total)} per process "
         f"(activations {format_bytes(est.activations)})",
         f"run dir {run_dir} {state}; data {cfg.data.output_dir}",
@@ -104,7 +105,7 @@ def train(cfg: RunConfig, *, resume: bool, overwrite: bool, stop_at_step: int | 
         )  # it must not claim the run dir that rank 0 claims
         raise SystemExit(0)  # not reached: MindSpore ends the scheduler process when the job ends
     if launched_rank() == 0:  # under torchrun/msrun one process claims the run dir and prepares the data
-        run_dir = claim_run_dir(cfg, resume=resume, overwrite=overwrite, log=console.print)
+        run_dir = claim_run_dir(cfg, resume=resume, overwrite=overwrite, layout=layout, log=console.print)
         data = prepare_data(cfg, log=console.print)
     else:  # the others wait for its atomic prepare and then only read
         run_dir, data = Path(cfg.run_dir), wait_for_prepared(cfg)

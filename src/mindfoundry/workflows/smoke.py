@@ -16,9 +16,9 @@ from typing import Any
 
 import psutil
 
+from mindfoundry.config.parallel_config import Layout
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.prepared import PreparedData
-from mindfoundry.parallel.layout import Layout
 from mindfoundry.train.anomaly import AnomalyStop
 from mindfoundry.train.metrics import read_metrics
 

@@ -31,10 +31,10 @@ from mindfoundry.backends.base import (
 from mindfoundry.backends.mindspore import distributed, memory, probe_hooks, semi_auto
 from mindfoundry.backends.mindspore.model import CachedDecode, LossCell, Transformer, eval_sums
 from mindfoundry.backends.mindspore.train_step import AccumulatingStep, AdamW, TrainStep, scalar
+from mindfoundry.config.parallel_config import Layout
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.debug.probe import Probe
 from mindfoundry.model.spec import ModelSpec, module_boundaries, parameter_shapes
-from mindfoundry.parallel.layout import Layout
 
 _DEVICE_TARGETS = {"cpu": "CPU", "ascend": "Ascend", "npu": "Ascend", "gpu": "GPU", "cuda": "GPU"}
 

@@ -42,10 +42,10 @@ import numpy as np
 
 from mindfoundry.backends.mindspore import semi_auto
 from mindfoundry.backends.mindspore.strategies import StrategyPlan
-from mindfoundry.config.parallel_config import split_settings
+from mindfoundry.config.parallel_config import Layout, split_settings
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.model.spec import ModelSpec, parameter_shapes
-from mindfoundry.parallel.layout import Layout, LayoutError, launched_rank
+from mindfoundry.parallel.layout import LayoutError, launched_rank
 
 
 def under_msrun(env: Mapping[str, str] | None = None) -> bool:

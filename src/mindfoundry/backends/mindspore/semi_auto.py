@@ -41,9 +41,9 @@ import numpy as np
 from mindspore import Parameter, nn, ops
 
 from mindfoundry.backends.mindspore.strategies import StrategyPlan, apply_strategies, configure_context, plan_strategies
+from mindfoundry.config.parallel_config import Layout
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.model.spec import ModelSpec
-from mindfoundry.parallel.layout import Layout
 from mindfoundry.parallel.tensor_layout import STRATEGY_FILE, rank_file_name
 
 

@@ -2,7 +2,7 @@
 
 MindSpore's SEMI_AUTO_PARALLEL mode compiles one graph for all devices from per-primitive ``shard()``
 strategies, Cell ``pipeline_stage`` attributes and the auto-parallel context. This module derives all
-three from the same layout the torch engine runs (:class:`mindfoundry.parallel.layout.Layout`):
+three from the same layout the torch engine runs (:class:`mindfoundry.config.parallel_config.Layout`):
 
 - :func:`plan_strategies` (pure, no MindSpore import): the :class:`StrategyPlan` of a launch's layout (checked
   against the layout rules once, by :func:`mindfoundry.parallel.layout.launch_layout`);
@@ -74,9 +74,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from mindfoundry.config.parallel_config import Layout
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.model.spec import ModelSpec, is_moe_layer, parameter_shapes
-from mindfoundry.parallel.layout import Layout
 from mindfoundry.parallel.tensor_layout import TensorLayout, TensorLayoutError
 
 Strategy = tuple[tuple[int, ...], ...]
@@ -157,19 +157,18 @@ def plan_strategies(cfg: RunConfig, spec: ModelSpec, lay: Layout) -> StrategyPla
         if not spec.tie_embeddings:
             stages["lm_head"] = pp - 1
 
-    optimizer_sharded = lay.dp_shard > 1 or lay.optimizer_shard
     context: dict[str, Any] = {
         "parallel_mode": "semi_auto_parallel",
         "device_num": device_num,
         "gradients_mean": False,  # the loss is already scaled by 1/(valid tokens of the global batch)
         "dataset_strategy": "full_batch",
         "pipeline_stages": pp,
-        "enable_parallel_optimizer": optimizer_sharded,
+        "enable_parallel_optimizer": lay.shards_optimizer,
     }
     if pp > 1:
         context["pipeline_config"] = {"pipeline_interleave": v > 1 or lay.pp_schedule == "GPipe",
                                       "pipeline_scheduler": "gpipe" if lay.pp_schedule == "GPipe" else "1f1b"}
-    if optimizer_sharded:
+    if lay.shards_optimizer:
         context["parallel_optimizer_config"] = (
             {"optimizer_level": "level3", "optimizer_weight_shard_size": lay.dp_shard} if lay.dp_shard > 1
             else {"optimizer_level": "level1", "optimizer_weight_shard_size": -1})

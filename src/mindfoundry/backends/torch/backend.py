@@ -52,10 +52,10 @@ from mindfoundry.backends.torch.distributed import (
 from mindfoundry.backends.torch.memory import apply_memory
 from mindfoundry.backends.torch.model import Transformer, eval_sums
 from mindfoundry.backends.torch.train_step import TrainStep, autocast_for, build_adamw
+from mindfoundry.config.parallel_config import Layout
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.debug.probe import Probe
 from mindfoundry.model.spec import ModelSpec, module_boundaries, parameter_shapes
-from mindfoundry.parallel.layout import Layout
 
 
 def select_device(requested: str) -> torch.device:

@@ -4,10 +4,10 @@ A run launched by ``torchrun --nproc_per_node=N`` gets its rank and rendezvous f
 environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). :func:`init_process_group`
 joins it with the collective library of the device (gloo on CPU, nccl on CUDA, hccl on Ascend
 through torch_npu) and :func:`build_mesh` lays the ranks out as one :class:`DeviceMesh` whose named
-dims follow :class:`mindfoundry.parallel.layout.Layout`, outermost first: ``pp, dp_replicate, dp_shard, cp, tp`` (pp and
-cp only when > 1; the three others always, size 1 allowed, so slicing never needs a special case),
-plus a flattened 1D ``dp`` = ``dp_replicate x dp_shard`` mesh over which the batch is split (with
-cp > 1, FSDP shards over a flattened ``dp_shard_cp`` = ``dp_shard x cp``, as in torchtitan).
+dims follow :class:`mindfoundry.config.parallel_config.Layout`, outermost first:
+``pp, dp_replicate, dp_shard, cp, tp`` (pp and cp only when > 1; the three others always, size 1 allowed, so
+slicing never needs a special case), plus a flattened 1D ``dp`` = ``dp_replicate x dp_shard`` mesh over which the
+batch is split (with cp > 1, FSDP shards over a flattened ``dp_shard_cp`` = ``dp_shard x cp``, as in torchtitan).
 
 Weights cross the Backend interface as full arrays; :func:`full_value` and :func:`shard_like`
 convert between those and the DTensors that FSDP2 and tensor parallelism leave in the model.
@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from mindfoundry.parallel.layout import Layout
+from mindfoundry.config.parallel_config import Layout
 
 _COMM_BACKENDS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
 

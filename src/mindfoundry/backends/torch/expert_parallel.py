@@ -40,7 +40,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 
 from mindfoundry.backends.torch.distributed import dp_mesh_for_fsdp
 from mindfoundry.backends.torch.model import GroupedLinear, MoE
-from mindfoundry.parallel.layout import Layout
+from mindfoundry.config.parallel_config import Layout
 
 #: The mesh dims whose ranks hold different tokens of one (per-rank) micro-batch.
 TOKEN_DIMS = ("cp",)
@@ -52,7 +52,7 @@ def moe_modules(model: nn.Module) -> list[MoE]:
 
 def check_moe_layout(model: nn.Module, layout: Layout) -> None:
     """Refuse MoE layouts this version cannot run, naming the fix (the layout rules, ep dividing the experts
-    included, were checked at launch: :mod:`mindfoundry.parallel.layout`)."""
+    included, were checked at launch: :mod:`mindfoundry.config.layout_rules`)."""
     moe = moe_modules(model)
     if not moe:
         return

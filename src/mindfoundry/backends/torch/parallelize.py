@@ -60,7 +60,7 @@ def refuse_unsupported(model: Transformer, layout: Layout) -> None:
     """Refuse the layouts this engine cannot run (combinations not implemented yet, MoE limits), naming the fix.
 
     Whether a layout divides the model and the sequence is the layout rules' question
-    (:mod:`mindfoundry.parallel.layout`), answered when the config was loaded and at launch."""
+    (:mod:`mindfoundry.config.layout_rules`), answered when the config was loaded and at launch."""
     check_moe_layout(model, layout)  # MoE runs with dp and ep only in this version (expert_parallel.py)
     mixed = [
         f"{a}={getattr(layout, a)} with {b}={getattr(layout, b)}"

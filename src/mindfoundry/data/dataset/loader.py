@@ -97,7 +97,7 @@ class TrainLoader:
     def for_global_batch(cls, source: BatchSource, global_batch: int, *, grad_accum: int, dp_rank: int = 0,
                          dp_size: int = 1, **options: Any) -> "TrainLoader":
         """The loader of one of `dp_size` feeds of a global batch of `global_batch` samples (the run's, from
-        :meth:`mindfoundry.config.schema.RunConfig.global_batch`), in `grad_accum` micro-batches per step. A feed
+        :meth:`mindfoundry.config.parallel_config.Layout.global_batch`), in `grad_accum` micro-batches per step. A feed
         is a data-parallel rank, or every rank of a semi-auto layout, which is fed the whole batch (dp_size 1)."""
         rows, rest = divmod(global_batch, grad_accum * dp_size)
         if rest or rows < 1:
