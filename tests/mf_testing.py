@@ -15,7 +15,7 @@ from mindfoundry.config.load import validate
 from mindfoundry.config.parallel_config import Layout
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.packing import IGNORE_INDEX
-from mindfoundry.data.execute.stage import Stage
+from mindfoundry.data.execute.stage import Stage, TaskResult
 from mindfoundry.data.execute.workdir import WorkDir
 from mindfoundry.parallel.layout import launch_layout
 from mindfoundry.train.stop import Preempted
@@ -238,11 +238,11 @@ def launched(cfg: RunConfig, devices: int) -> Layout:
     return launch_layout(cfg, env={"MS_WORKER_NUM": str(devices)})
 
 
-class FailOneStallOne(Stage):
+class FailOneStallOne(Stage[TaskResult]):
     """A stage of two tasks for the executors: task 0 fails after half a second, task 1 writes its process id to
     ``pid_file`` and would run for a minute."""
 
-    name = "fail_one_stall_one"
+    name, result_type = "fail_one_stall_one", TaskResult
 
     def __init__(self, work: WorkDir, pid_file: Path) -> None:
         super().__init__(work)
@@ -251,10 +251,10 @@ class FailOneStallOne(Stage):
     def tasks(self) -> int:
         return 2
 
-    def run(self, task: int, out: Path) -> dict:
+    def run(self, task: int, out: Path) -> TaskResult:
         if task == 0:
             time.sleep(0.5)
             raise RuntimeError("task 0 failed")
         self.pid_file.write_text(str(os.getpid()))
         time.sleep(60)
-        return {}
+        return TaskResult()

@@ -34,6 +34,7 @@ import numpy as np
 from mindfoundry.config.clean import BoilerplateConfig
 from mindfoundry.config.patterns import UserPatterns
 from mindfoundry.data.clean.block import Transform
+from mindfoundry.data.clean.keysets import in_sorted
 from mindfoundry.data.clean.kind import is_content_line
 from mindfoundry.data.clean.text import canonical
 from mindfoundry.data.document import Document
@@ -56,16 +57,11 @@ class FrequentLines:
     def __bool__(self) -> bool:
         return bool(len(self.body) or len(self.edges))
 
-    @staticmethod
-    def _holds(keys: np.ndarray, key: int) -> bool:
-        at = int(np.searchsorted(keys, np.uint64(key)))
-        return at < len(keys) and int(keys[at]) == key
-
     def body_line(self, key: int) -> bool:
-        return self._holds(self.body, key)
+        return bool(in_sorted(self.body, np.uint64(key)))
 
     def edge_line(self, key: int) -> bool:
-        return self._holds(self.edges, key)
+        return bool(in_sorted(self.edges, np.uint64(key)))
 
 
 def frequent_body(documents: np.ndarray, min_documents: int) -> np.ndarray:

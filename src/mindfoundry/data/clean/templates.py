@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mindfoundry.data.clean.keysets import in_sorted
 from mindfoundry.data.clean.shingling import MIX, shingle_keys, window_keys
 
 _NONE = np.zeros(0, dtype=np.uint64)
@@ -38,14 +39,6 @@ _NONE = np.zeros(0, dtype=np.uint64)
 def source_salt(source: str) -> np.uint64:
     """The number a source's span and shingle keys are mixed with (stable across processes)."""
     return np.uint64((zlib.crc32(source.encode("utf-8")) + 1) * int(MIX) % 2**64)
-
-
-def _holds(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """Which of ``keys`` are in ``sorted_keys``."""
-    if not len(sorted_keys):
-        return np.zeros(len(keys), dtype=bool)
-    at = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
-    return sorted_keys[at] == keys
 
 
 def _inside(starts: np.ndarray, ends: np.ndarray, size: int) -> np.ndarray:
@@ -66,7 +59,7 @@ def covered_shingles(values: np.ndarray, shingle_ngram: int, spans: np.ndarray, 
     the sorted template span keys)."""
     if len(values) < ngram:
         return _NONE
-    hits = np.flatnonzero(_holds(spans, window_keys(values, ngram) ^ source_salt(source)))
+    hits = np.flatnonzero(in_sorted(spans, window_keys(values, ngram) ^ source_salt(source)))
     if not len(hits):
         return _NONE
     covered = np.concatenate(([0], np.cumsum(_inside(hits, hits + ngram, len(values)))))
@@ -90,7 +83,7 @@ class Templates:
         shingles; None when none is (keep every shingle) or all are (a page of template alone keeps its shingles
         too). A run of at most ``shingle_ngram + 1`` positions between template shingles counts as template: one
         edited character inside a template changes that many shingles, which are template text all the same."""
-        template = _holds(self.keys, keys ^ source_salt(source))
+        template = in_sorted(self.keys, keys ^ source_salt(source))
         if not template.any():
             return None
         change = np.flatnonzero(np.diff(template.astype(np.int8))) + 1

@@ -14,9 +14,8 @@ import os
 import signal
 from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from typing import Any
 
-from mindfoundry.data.execute.stage import Stage, run_task
+from mindfoundry.data.execute.stage import R, Stage, run_task
 
 #: Modules the stages live in, imported once by the fork server.
 PRELOAD: tuple[str, ...] = ("mindfoundry.data.prepare.pipeline",)
@@ -66,7 +65,7 @@ class LocalExecutor:
     def describe(self) -> str:
         return f"local, {self.workers} process{'es' if self.workers > 1 else ''}"
 
-    def run(self, stage: Stage, tasks: Sequence[int]) -> Iterator[tuple[int, dict[str, Any]]]:
+    def run(self, stage: Stage[R], tasks: Sequence[int]) -> Iterator[tuple[int, R]]:
         """``(task, result)`` of each of ``tasks``, in the order they finish."""
         if self.workers == 1 or not tasks:
             for task in tasks:
@@ -76,7 +75,7 @@ class LocalExecutor:
         workers = context.SimpleQueue()
         pool = ProcessPoolExecutor(min(self.workers, len(tasks)), mp_context=context, initializer=_install,
                                    initargs=(workers,))
-        pending: dict[Future[dict[str, Any]], int] = {pool.submit(run_task, stage, task): task for task in tasks}
+        pending: dict[Future[R], int] = {pool.submit(run_task, stage, task): task for task in tasks}
         try:
             while pending:
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)

@@ -19,10 +19,11 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 from mindfoundry.config.data_config import RayConfig
-from mindfoundry.data.execute.stage import TIMING, Stage, run_task
+from mindfoundry.data.execute.stage import R, Stage, TaskResult, run_task
 from mindfoundry.errors import MindFoundryError
 
 
@@ -72,7 +73,7 @@ class RayExecutor:
     def describe(self) -> str:
         return f"ray at {self.settings.address}, {self.cpus} CPUs"
 
-    def run(self, stage: Stage, tasks: Sequence[int]) -> Iterator[tuple[int, dict[str, Any]]]:
+    def run(self, stage: Stage[R], tasks: Sequence[int]) -> Iterator[tuple[int, R]]:
         """``(task, result)`` of each of ``tasks``, in the order they finish; at most a few per CPU in flight."""
         ray = self._ray
         # SPREAD: tasks go round the nodes (each reads and writes shared storage) rather than filling the driver's first
@@ -101,7 +102,7 @@ class RayExecutor:
             for ref in pending:
                 ray.cancel(ref, force=True)
 
-    def _get(self, ref: Any) -> dict[str, Any]:
+    def _get(self, ref: Any) -> Any:
         """A task's result; a user-facing error it raised is raised as itself (not wrapped in Ray's)."""
         try:
             return self._ray.get(ref)
@@ -112,13 +113,13 @@ class RayExecutor:
             raise
 
 
-def _run_on_node(stage: Stage, task: int) -> dict[str, Any]:
+def _run_on_node(stage: Stage, task: int) -> TaskResult:
     """:func:`run_task` in a Ray worker; its timing also names the Ray node it ran on."""
     import ray
 
     result = run_task(stage, task)
-    result[TIMING]["node"] = ray.get_runtime_context().get_node_id()
-    return result
+    assert result.timing is not None  # run_task measured it
+    return replace(result, timing=replace(result.timing, node=ray.get_runtime_context().get_node_id()))
 
 
 #: Seconds to wait for a cluster's port to answer (ray.init itself retries an unreachable HOST:PORT for ever).

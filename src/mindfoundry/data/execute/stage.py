@@ -1,7 +1,8 @@
 """A stage of the staged `prepare`: independent tasks, each writing a folder of its own, and how one task runs.
 
 A :class:`Stage` says how many tasks it has and what one task does (:meth:`Stage.run`: read the
-earlier stages' outputs, write into the folder it is given, return a small JSON result). It is
+earlier stages' outputs, write into the folder it is given, return a small typed result, a
+:class:`TaskResult`, kept as JSON beside the task's files). It is
 one method, like datatrove's pipeline blocks, so an executor (:mod:`.local`, :mod:`.ray_cluster`)
 needs to know nothing about documents: it ships a stage and a task number to a process and
 :func:`run_task` there does the bookkeeping every task shares -- an attempt folder, the timing
@@ -17,23 +18,64 @@ import socket
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from mindfoundry.data.execute.workdir import WorkDir, space_problem
 
-#: The key of a task's result that holds how long it ran where (left out of everything compared across runs).
-TIMING = "timing"
+
+@dataclass(frozen=True)
+class Timing:
+    """How long a task ran where (left out of everything compared across runs)."""
+
+    seconds: float
+    cpu_s: float
+    peak_rss_mib: float
+    host: str
+    pid: int
+    node: str | None = None  # the Ray node, under the Ray executor
 
 
-class Stage(ABC):
+R = TypeVar("R", bound="TaskResult")
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """What one task reports to the driver and keeps in its folder's result.json: counts and sizes that the next
+    stages and the manifest read by name. Subclasses add their fields (JSON values: numbers, strings, lists and
+    mappings of them); ``documents`` (what the task went through, for progress) and ``timing`` (set by
+    :func:`run_task`) are every result's."""
+
+    documents: int = field(default=0, kw_only=True)
+    timing: Timing | None = field(default=None, kw_only=True)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls: type[R], value: dict[str, Any]) -> R:
+        known = {f.name for f in fields(cls)}
+        timing = value.get("timing")
+        return cls(**{k: v for k, v in value.items() if k in known and k != "timing"},
+                   timing=Timing(**timing) if timing else None)
+
+    @classmethod
+    def of(cls: type[R], work: WorkDir, stage: str, task: int) -> R:
+        """The result a finished task of ``stage`` kept."""
+        return cls.from_json(work.result(stage, task))
+
+
+class Stage(ABC, Generic[R]):
     """A set of tasks whose outputs the next stages read (see the module docstring).
 
-    Subclasses set :attr:`name` (the stage's folder and progress title) and write :meth:`tasks` and
-    :meth:`run`. A stage object travels to the workers by pickling, so it holds only settings and paths.
+    Subclasses set :attr:`name` (the stage's folder and progress title) and :attr:`result_type` (what :meth:`run`
+    returns) and write :meth:`tasks` and :meth:`run`. A stage object travels to the workers by pickling, so it holds
+    only settings and paths.
     """
 
     name: ClassVar[str]
+    result_type: ClassVar[type[TaskResult]]
 
     def __init__(self, work: WorkDir) -> None:
         self.work = work
@@ -43,21 +85,16 @@ class Stage(ABC):
         """How many tasks the stage has (tasks are numbered from 0)."""
 
     @abstractmethod
-    def run(self, task: int, out: Path) -> dict[str, Any]:
-        """Do task ``task``, writing its files into ``out``; return its result (JSON: counts, sizes), which
-        :meth:`result` reads back later, also after a resume."""
+    def run(self, task: int, out: Path) -> R:
+        """Do task ``task``, writing its files into ``out``; return its result, which :meth:`result` reads back
+        later, also after a resume."""
 
     def output(self, task: int) -> Path:
         """The folder a finished task of this stage wrote."""
         return self.work.task(self.name, task)
 
-    def result(self, task: int) -> dict[str, Any]:
-        return self.work.result(self.name, task)
-
-    @staticmethod
-    def documents(result: dict[str, Any]) -> int:
-        """Documents a task went through, for progress (0 for tasks over keys or pairs)."""
-        return int(result.get("documents", 0))
+    def result(self, task: int) -> R:
+        return self.result_type.of(self.work, self.name, task)  # type: ignore[return-value]
 
 
 class Executor(Protocol):
@@ -74,7 +111,7 @@ class Executor(Protocol):
         """Where the tasks run, for the log and the manifest."""
         ...
 
-    def run(self, stage: Stage, tasks: Sequence[int]) -> Iterator[tuple[int, dict[str, Any]]]:
+    def run(self, stage: Stage[R], tasks: Sequence[int]) -> Iterator[tuple[int, R]]:
         """``(task, result)`` of each of ``tasks``, in the order they finish."""
         ...
 
@@ -100,8 +137,8 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_task(stage: Stage, task: int, own_process: bool = True) -> dict[str, Any]:
-    """Run one task of ``stage`` in this process and commit its folder; its result, with :data:`TIMING`.
+def run_task(stage: Stage[R], task: int, own_process: bool = True) -> R:
+    """Run one task of ``stage`` in this process and commit its folder; its result, with its :class:`Timing`.
 
     ``own_process``: the process runs tasks only (a worker), so its peak memory is reset per task;
     in the driver (one worker) it is not, and the figure is the driver's peak so far.
@@ -114,14 +151,10 @@ def run_task(stage: Stage, task: int, own_process: bool = True) -> dict[str, Any
     attempt = stage.work.attempt(stage.name, task)
     try:
         result = stage.run(task, attempt)
-        result[TIMING] = {
-            "seconds": round(time.perf_counter() - start, 3),
-            "cpu_s": round(time.process_time() - cpu, 3),
-            "peak_rss_mib": round(_peak_rss_mib(), 1),
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-        }
-        stage.work.commit(stage.name, task, attempt, result)
+        result = replace(result, timing=Timing(
+            seconds=round(time.perf_counter() - start, 3), cpu_s=round(time.process_time() - cpu, 3),
+            peak_rss_mib=round(_peak_rss_mib(), 1), host=socket.gethostname(), pid=os.getpid()))
+        stage.work.commit(stage.name, task, attempt, result.to_json())
     except OSError as exc:
         shutil.rmtree(attempt, ignore_errors=True)
         raise space_problem(exc, stage.work.scratch) or exc

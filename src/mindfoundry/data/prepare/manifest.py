@@ -16,8 +16,8 @@ from mindfoundry.config.data_config import SourceConfig
 from mindfoundry.data.clean.block import BlockStats
 from mindfoundry.data.clean.profiles import BLOCK_SECTION
 from mindfoundry.data.dataset.prepared import SPLITS, DataError
+from mindfoundry.data.prepare.results import CleanResult, ReadResult, ShardResult
 
-Result = dict[str, Any]
 #: prepare warns about a source whose characters the cleaning rules removed more than this share of.
 RULE_WARNING_SHARE = 0.05
 
@@ -36,21 +36,21 @@ class SourceSummary:
     dedup_chars: Counter[str] = field(default_factory=Counter)
     splits: dict[str, Counter[str]] = field(default_factory=lambda: {split: Counter() for split in SPLITS})
 
-    def add_read(self, result: Result) -> None:
-        self.stats.update(result["stats"])
-        self.files += result["files"]
-        self.notes += result["notes"]
+    def add_read(self, result: ReadResult) -> None:
+        self.stats.update(result.stats)
+        self.files += result.files
+        self.notes += result.notes
         self.add_blocks(result)
 
-    def add_blocks(self, result: Result) -> None:
+    def add_blocks(self, result: ReadResult | CleanResult) -> None:
         """A cleaning stage's block counts (the read stage's blocks come before the clean stage's)."""
-        for name, counts in result["blocks"].items():
+        for name, counts in result.blocks.items():
             self.blocks.setdefault(name, BlockStats()).merge(BlockStats.from_dict(counts))
 
-    def add_shards(self, result: Result) -> None:
+    def add_shards(self, result: ShardResult) -> None:
         for split in SPLITS:
-            self.splits[split].update(result["splits"][split])
-        self.dedup_chars.update(result["dedup_chars"])
+            self.splits[split].update(result.splits[split])
+        self.dedup_chars.update(result.dedup_chars)
 
     @property
     def kept(self) -> int:

@@ -24,7 +24,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import mindfoundry
 from mindfoundry.config.load import identity_view
@@ -47,13 +47,21 @@ from mindfoundry.data.dataset.prepared import (
 from mindfoundry.data.execute import create_executor
 from mindfoundry.data.execute.progress import StagesProgress
 from mindfoundry.data.execute.remote_workdir import RemoteWorkDir
-from mindfoundry.data.execute.stage import TIMING, Stage
+from mindfoundry.data.execute.stage import R, Stage
 from mindfoundry.data.execute.workdir import WorkDir, alive, link_or_copy, space_problem
 from mindfoundry.data.ingest.inputs import plan_inputs
 from mindfoundry.data.prepare.corpus import MERGE, Corpus
 from mindfoundry.data.prepare.corpus import TOKENIZER as TOKENIZER_STAGE
 from mindfoundry.data.prepare.keyruns import MAX_PARTITIONS, partitions
 from mindfoundry.data.prepare.manifest import SourceSummary, cleaning, source_line
+from mindfoundry.data.prepare.results import (
+    BoilerplateResult,
+    CountedKind,
+    DecideResult,
+    MergeResult,
+    ReadResult,
+    TokenizerResult,
+)
 from mindfoundry.data.prepare.stage_clean import BoilerplateStage, CleanStage, ReadStage, TemplateStage
 from mindfoundry.data.prepare.stage_dedup import BandStage, DecideStage, Dedup, ExactStage, PairStage
 from mindfoundry.data.prepare.stage_tokens import MergeStage, ShardStage, TokenizerStage
@@ -242,7 +250,8 @@ class _StagedRun:
         self.cfg, self.corpus, self.work, self.log = cfg, corpus, work, log
         self.stages: dict[str, Stage] = {}
         self.timings: dict[str, Any] = {}
-        self.results: dict[str, list[dict[str, Any]]] = {}
+        self.decided: DecideResult | None = None  # the decide stage's, once dedup ran
+        self.sign_seconds = 0.0  # the clean stage's time signing documents for dedup
 
     def run(self) -> dict[str, Any]:
         """Every stage, then the manifest (without its identity)."""
@@ -267,16 +276,18 @@ class _StagedRun:
         read = self._run(ReadStage(work, corpus))
         summaries = self._summaries(read)
         counted: dict[str, tuple[list[int], dict[int, int]]] = {}
-        for kind in ("line", "span"):
-            tasks = [t for t, r in enumerate(read) if f"{kind}_entries" in r]
-            if tasks:
-                documents: dict[int, int] = {}
-                for t in tasks:
+        entries = 0
+        for kind in get_args(CountedKind):
+            tasks, documents = [], {}
+            for t, result in enumerate(read):
+                if (counts := result.counted(kind)) is not None:
                     source = corpus.inputs[t].source
-                    documents[source] = documents.get(source, 0) + read[t][f"{kind}_documents"]
+                    tasks.append(t)
+                    documents[source] = documents.get(source, 0) + counts[0]
+                    entries += counts[1]
+            if tasks:
                 counted[kind] = (tasks, documents)
-        keys = partitions(sum(read[t][f"{kind}_entries"] for kind, (tasks, _) in counted.items() for t in tasks)) \
-            if counted else 0
+        keys = partitions(entries) if counted else 0
         if counted:
             self._log_boilerplate(self._run(BoilerplateStage(work, corpus, keys, counted)))
         if "span" in counted:
@@ -284,9 +295,10 @@ class _StagedRun:
         clean = self._run(CleanStage(work, corpus, keys))
         for t, result in enumerate(clean):
             summaries[corpus.inputs[t].source].add_blocks(result)
-        return summaries, [result["kept"] for result in clean]
+        self.sign_seconds = sum(result.sign_seconds for result in clean)
+        return summaries, [result.kept for result in clean]
 
-    def _tokens(self, summaries: list[SourceSummary], dedup: Dedup) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    def _tokens(self, summaries: list[SourceSummary], dedup: Dedup) -> tuple[TokenizerResult, list[MergeResult]]:
         """The tokenizer, shards and merge stages; the tokenizer's result and the merged shards."""
         work, corpus = self.work, self.corpus
         options = {
@@ -300,12 +312,12 @@ class _StagedRun:
             summaries[corpus.inputs[t].source].add_shards(result)
         return tokenizer, self._run(MergeStage(work, corpus))
 
-    def _run(self, stage: Stage) -> list[dict[str, Any]]:
+    def _run(self, stage: Stage[R]) -> list[R]:
         """All tasks of ``stage``: those an earlier `prepare` finished are read back, the others run."""
         self.stages[stage.name] = stage
         self.work.clear_attempts(stage.name)
         total = stage.tasks()
-        results: list[dict[str, Any] | None] = [None] * total
+        results: list[R | None] = [None] * total
         todo = []
         for task in range(total):
             if self.work.done(stage.name, task):
@@ -315,18 +327,18 @@ class _StagedRun:
         progress = self.progress.stage(stage.name, total, total - len(todo))
         for task, result in self.executor.run(stage, todo):
             results[task] = result
-            progress.advance(stage.documents(result), result[TIMING]["seconds"])
+            assert result.timing is not None  # run_task measured it
+            progress.advance(result.documents, result.timing.seconds)
         progress.close()
         done = [r for r in results if r is not None]
-        timing = [r[TIMING] for r in done]
-        self.timings[stage.name] = dict(progress.summary(), cpu_s=round(sum(t["cpu_s"] for t in timing), 2),
-                                        peak_rss_mib=max((t["peak_rss_mib"] for t in timing), default=None),
-                                        processes=len({(t["host"], t["pid"]) for t in timing}),
-                                        nodes=len({t.get("node", t["host"]) for t in timing}))
-        self.results[stage.name] = done
+        timing = [r.timing for r in done if r.timing is not None]
+        self.timings[stage.name] = dict(progress.summary(), cpu_s=round(sum(t.cpu_s for t in timing), 2),
+                                        peak_rss_mib=max((t.peak_rss_mib for t in timing), default=None),
+                                        processes=len({(t.host, t.pid) for t in timing}),
+                                        nodes=len({t.node or t.host for t in timing}))
         return done
 
-    def _summaries(self, read: list[dict[str, Any]]) -> list[SourceSummary]:
+    def _summaries(self, read: list[ReadResult]) -> list[SourceSummary]:
         """Per source, what its read tasks read (a source that read nothing is an error here, before more work)."""
         data = self.cfg.data
         summaries = [SourceSummary(src, clean_profile(data, src)) for src in data.sources]
@@ -343,7 +355,8 @@ class _StagedRun:
         dedup = self._deduplicate(sum(kept)) if settings.enabled else Dedup(work, 0, decided=False)
         for source, summary in enumerate(summaries):
             if dedup.decided:
-                summary.dedup = self.results["decide"][0]["report"]["removed_by_source"].get(summary.src.name, {})
+                assert self.decided is not None  # dedup.decided: the decide stage ran
+                summary.dedup = self.decided.report["removed_by_source"].get(summary.src.name, {})
             summary.check_kept(sum(kept[t] for t in corpus.tasks_of(source)) - sum(summary.dedup.values()))
         return dedup
 
@@ -356,9 +369,10 @@ class _StagedRun:
             ranges = partitions(cleaned, max(1, MAX_PARTITIONS // settings.bands))
             self._run(BandStage(work, corpus, ranges, exact))
             self._run(PairStage(work, corpus, settings.bands * ranges))
-        report = self._run(DecideStage(work, corpus, exact, cleaned, pairs=settings.near))[0]["report"]
+        self.decided = self._run(DecideStage(work, corpus, exact, cleaned, pairs=settings.near))[0]
+        report = self.decided.report
         seconds = sum(self.timings[name]["task_seconds"] for name in DEDUP_STAGES if name in self.timings)
-        seconds += sum(r["sign_seconds"] for r in self.results["clean"])
+        seconds += self.sign_seconds
         report.update(seconds=round(seconds, 3), documents_per_second=round(cleaned / seconds) if seconds else None)
         self.log(
             f"dedup: {report['documents']} documents, removed {report['exact']['removed']} exact and "
@@ -366,8 +380,8 @@ class _StagedRun:
         )
         return Dedup(work, exact, decided=True)
 
-    def _log_boilerplate(self, found: list[dict[str, Any]]) -> None:
-        body, edges, spans = (sum(r[name] for r in found) for name in ("body", "edges", "spans"))
+    def _log_boilerplate(self, found: list[BoilerplateResult]) -> None:
+        body, edges, spans = (sum(r.body for r in found), sum(r.edges for r in found), sum(r.spans for r in found))
         if body or edges:
             settings = self.cfg.data.clean.boilerplate
             self.log(f"boilerplate: {body} lines occur in >= {settings.min_documents} documents, "
@@ -378,14 +392,14 @@ class _StagedRun:
                      f"{templates.min_share:.0%} of their source's sampled documents (left out of near-duplicate "
                      "similarity)")
 
-    def _log_tokenizer(self, result: dict[str, Any]) -> None:
-        if result["info"]["source"] == "loaded":
+    def _log_tokenizer(self, result: TokenizerResult) -> None:
+        if result.info["source"] == "loaded":
             mlm = ", mask token added" if self.cfg.model.objective == "mlm" else ""
-            self.log(f"loaded tokenizer {result['info']['path']} ({result['vocab_size']} tokens{mlm})")
+            self.log(f"loaded tokenizer {result.info['path']} ({result.vocab_size} tokens{mlm})")
         else:
-            self.log(f"trained byte-level BPE: {result['vocab_size']} tokens in {result['seconds']:.1f}s")
+            self.log(f"trained byte-level BPE: {result.vocab_size} tokens in {result.seconds:.1f}s")
 
-    def _manifest(self, summaries: list[SourceSummary], merged: list[dict[str, Any]], tokenizer: dict[str, Any],
+    def _manifest(self, summaries: list[SourceSummary], merged: list[MergeResult], tokenizer: TokenizerResult,
                   dedup: Dedup, timings: dict[str, Any]) -> dict[str, Any]:
         cfg = self.cfg
         totals = {split: {"documents": 0, "tokens": 0, "bytes": 0, "chars": 0, "shards": []} for split in SPLITS}
@@ -394,7 +408,8 @@ class _StagedRun:
                 for key in ("documents", "tokens", "bytes", "chars"):
                     totals[split][key] += summary.splits[split][key]
         for result in merged[:-1]:  # (source, split) in order; the last task is the drop log
-            totals[result["shard"]["path"].split("/", 1)[0]]["shards"].append(result["shard"])
+            assert result.shard is not None  # a shard task's
+            totals[result.shard["path"].split("/", 1)[0]]["shards"].append(result.shard)
         entries = [summary.entry() for summary in summaries]
         for entry in entries:
             self.log(source_line(entry))
@@ -404,7 +419,7 @@ class _StagedRun:
         _check_splits(totals, cfg)
         tok = load_tokenizer(self.work.task(TOKENIZER_STAGE, 0) / TOKENIZER)
         data_section = _data_section(cfg)
-        dedup_report = self.results["decide"][0]["report"] if dedup.decided else {"enabled": False}
+        dedup_report = self.decided.report if self.decided is not None else {"enabled": False}
         return {
             "format": "mindfoundry.data/1",
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -414,7 +429,7 @@ class _StagedRun:
             "dtype": str(dtype_for_vocab(cfg.model.vocab_size)),
             "vocab_size": cfg.model.vocab_size,
             "tokenizer": dict(
-                tokenizer["info"], file=TOKENIZER, sha256=tokenizer_hash(tok), vocab_size=tok.get_vocab_size()
+                tokenizer.info, file=TOKENIZER, sha256=tokenizer_hash(tok), vocab_size=tok.get_vocab_size()
             ),
             "data_config": data_section,
             "data_config_sha256": _sha256_json(data_section),

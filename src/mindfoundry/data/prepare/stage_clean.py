@@ -20,6 +20,7 @@ import itertools
 import time
 from array import array
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,15 +40,16 @@ from mindfoundry.data.ingest.inputs import read_input
 from mindfoundry.data.prepare.corpus import BOILERPLATE, CLEAN, READ, TEMPLATES, Corpus
 from mindfoundry.data.prepare.docstore import DocReader, DocWriter
 from mindfoundry.data.prepare.keyruns import gather, groups, key_range, write_run
+from mindfoundry.data.prepare.results import BoilerplateResult, CleanResult, ReadResult, TemplateResult
 
 DOCS, EVENTS, SIGNATURES = "docs", "events.jsonl", "signatures.npy"
 NEW_EVENTS = "events.this-stage.jsonl"  # the clean stage's own lines, before they merge with the read stage's
 
 
-class ReadStage(Stage):
+class ReadStage(Stage[ReadResult]):
     """Read + the blocks before boilerplate + line counts (see the module docstring)."""
 
-    name = READ
+    name, result_type = READ, ReadResult
 
     def __init__(self, work: WorkDir, corpus: Corpus) -> None:
         super().__init__(work)
@@ -56,7 +58,7 @@ class ReadStage(Stage):
     def tasks(self) -> int:
         return len(self.corpus.inputs)
 
-    def run(self, task: int, out: Path) -> dict[str, Any]:
+    def run(self, task: int, out: Path) -> ReadResult:
         data, src = self.corpus.data, self.corpus.source(task)
         stats = SourceStats()
         pipeline = source_pipeline(data, src, "before")
@@ -91,26 +93,24 @@ class ReadStage(Stage):
                 yield from lines
 
         lines = write_numbered(out / EVENTS, cleaned())
-        result = {"documents": stats.documents, "kept": store.close(), "stats": stats.counters(), "files": stats.files,
-                  "notes": stats.notes, "blocks": pipeline.report(), "lines": lines}
+        result = ReadResult(documents=stats.documents, kept=store.close(), stats=stats.counters(), files=stats.files,
+                            notes=stats.notes, blocks=pipeline.report(), lines=lines)
         if counting:  # document frequency of each line key in this task (map-side counts), as key runs
-            result["line_documents"] = counted
-            result["line_entries"] = sum(
+            result = replace(result, line_documents=counted, line_entries=sum(
                 write_run(out, name, *np.unique(np.frombuffer(found, np.uint64), return_counts=True))
                 for name, found in keys.items()
-            )
+            ))
         if sample:  # document frequency of each template-span key in this task's sample
-            result["span_documents"] = len(spans)
-            result["span_entries"] = write_run(
-                out, "spans", *np.unique(np.concatenate([np.zeros(0, np.uint64), *spans]), return_counts=True))
+            result = replace(result, span_documents=len(spans), span_entries=write_run(
+                out, "spans", *np.unique(np.concatenate([np.zeros(0, np.uint64), *spans]), return_counts=True)))
         return result
 
 
-class BoilerplateStage(Stage):
+class BoilerplateStage(Stage[BoilerplateResult]):
     """The document frequency of every line key and template-span key, added up over the read tasks, one key range
     per task."""
 
-    name = BOILERPLATE
+    name, result_type = BOILERPLATE, BoilerplateResult
 
     def __init__(self, work: WorkDir, corpus: Corpus, partitions: int,
                  counted: dict[str, tuple[list[int], dict[int, int]]]) -> None:
@@ -122,7 +122,7 @@ class BoilerplateStage(Stage):
     def tasks(self) -> int:
         return self.partitions
 
-    def run(self, task: int, out: Path) -> dict[str, Any]:
+    def run(self, task: int, out: Path) -> BoilerplateResult:
         lines, templates = self.corpus.data.clean.boilerplate, self.corpus.data.dedup.templates
         low, high = key_range(task, self.partitions)
         found = {name: np.zeros(0, np.uint64) for name in ("body", "edges", "spans")}
@@ -135,7 +135,7 @@ class BoilerplateStage(Stage):
             found["spans"] = self._in_source("span", "spans", low, high, templates.min_documents, templates.min_share)
         for name, keys in found.items():
             np.save(out / f"{name}.npy", keys)
-        return {name: len(keys) for name, keys in found.items()}
+        return BoilerplateResult(**{name: len(keys) for name, keys in found.items()})
 
     def _in_source(self, counted: str, run: str, low: int, high: int | None, min_documents: int,
                    min_share: float) -> np.ndarray:
@@ -166,10 +166,10 @@ def frequent_lines(work: WorkDir, partitions: int) -> FrequentLines:
     return FrequentLines(_found(work, partitions, "body"), _found(work, partitions, "edges"))
 
 
-class TemplateStage(Stage):
+class TemplateStage(Stage[TemplateResult]):
     """A task per read task: the template shingles of its sampled documents (those inside template spans)."""
 
-    name = TEMPLATES
+    name, result_type = TEMPLATES, TemplateResult
 
     def __init__(self, work: WorkDir, corpus: Corpus, partitions: int) -> None:
         super().__init__(work)
@@ -178,7 +178,7 @@ class TemplateStage(Stage):
     def tasks(self) -> int:
         return len(self.corpus.inputs)
 
-    def run(self, task: int, out: Path) -> dict[str, Any]:
+    def run(self, task: int, out: Path) -> TemplateResult:
         dedup = self.corpus.data.dedup
         spans, sample = _found(self.work, self.partitions, "spans"), self.corpus.template_sample(task)
         ngram = shingle_ngram(dedup.shingle, dedup.char_ngram, dedup.word_ngram)
@@ -188,7 +188,7 @@ class TemplateStage(Stage):
                                           doc.source))
         shingles = np.unique(np.concatenate(found))
         np.save(out / "shingles.npy", shingles)
-        return {"shingles": len(shingles)}
+        return TemplateResult(shingles=len(shingles))
 
 
 def template_shingles(work: WorkDir, corpus: Corpus) -> Templates | None:
@@ -199,10 +199,10 @@ def template_shingles(work: WorkDir, corpus: Corpus) -> Templates | None:
         [np.load(work.task(TEMPLATES, t) / "shingles.npy") for t in range(len(corpus.inputs))])))
 
 
-class CleanStage(Stage):
+class CleanStage(Stage[CleanResult]):
     """The blocks from boilerplate on, then the dedup keys and signatures (see the module docstring)."""
 
-    name = CLEAN
+    name, result_type = CLEAN, CleanResult
 
     def __init__(self, work: WorkDir, corpus: Corpus, boilerplate_partitions: int) -> None:
         super().__init__(work)
@@ -211,7 +211,7 @@ class CleanStage(Stage):
     def tasks(self) -> int:
         return len(self.corpus.inputs)
 
-    def run(self, task: int, out: Path) -> dict[str, Any]:
+    def run(self, task: int, out: Path) -> CleanResult:
         data, src = self.corpus.data, self.corpus.source(task)
         lines = (
             frequent_lines(self.work, self.boilerplate_partitions) if runs_block(data, src, CUT) else FrequentLines()
@@ -237,8 +237,8 @@ class CleanStage(Stage):
         events = write_numbered(out / EVENTS, heapq.merge(read_numbered(read / EVENTS), read_numbered(out / NEW_EVENTS),
                                                           key=lambda item: item[0]))
         (out / NEW_EVENTS).unlink()
-        return {"documents": len(reader), "kept": kept_count, "chars": store.chars, "blocks": pipeline.report(),
-                "lines": events, "sign_seconds": round(signing.seconds, 3)}
+        return CleanResult(documents=len(reader), kept=kept_count, chars=store.chars, blocks=pipeline.report(),
+                           lines=events, sign_seconds=round(signing.seconds, 3))
 
 
 class Signing:

@@ -34,8 +34,9 @@ from typing import Any
 import numpy as np
 
 from mindfoundry.data.clean.dedup import Clusters, Pair, Signer, first_kept_wins, jaccard, signature_similarity
+from mindfoundry.data.clean.keysets import in_sorted
 from mindfoundry.data.document import origin_name
-from mindfoundry.data.execute.stage import Stage
+from mindfoundry.data.execute.stage import R, Stage
 from mindfoundry.data.execute.workdir import WorkDir
 from mindfoundry.data.prepare.corpus import (
     BANDS,
@@ -52,10 +53,11 @@ from mindfoundry.data.prepare.corpus import (
 )
 from mindfoundry.data.prepare.docstore import DocReader
 from mindfoundry.data.prepare.keyruns import gather, groups, key_range, read_range, write_run
+from mindfoundry.data.prepare.results import BandResult, DecideResult, ExactResult, PairResult
 from mindfoundry.data.prepare.stage_clean import DOCS, SIGNATURES, template_shingles
 
 
-class _DedupStage(Stage):
+class _DedupStage(Stage[R]):
     """What the dedup stages share: the corpus and the reading of the clean stage's runs as refs."""
 
     def __init__(self, work: WorkDir, corpus: Corpus) -> None:
@@ -72,10 +74,10 @@ class _DedupStage(Stage):
         return keys[order], named[order]
 
 
-class ExactStage(_DedupStage):
+class ExactStage(_DedupStage[ExactResult]):
     """Exact copies within one range of exact keys (see the module docstring)."""
 
-    name = EXACT
+    name, result_type = EXACT, ExactResult
 
     def __init__(self, work: WorkDir, corpus: Corpus, partitions: int) -> None:
         super().__init__(work, corpus)
@@ -84,7 +86,7 @@ class ExactStage(_DedupStage):
     def tasks(self) -> int:
         return self.partitions
 
-    def run(self, task: int, out: Path) -> dict[str, Any]:
+    def run(self, task: int, out: Path) -> ExactResult:
         keys, named = self._gather_refs("exact", *key_range(task, self.partitions))
         starts, ends = groups(keys)
         clusters = Clusters(self.settings.max_examples)
@@ -98,8 +100,8 @@ class ExactStage(_DedupStage):
         dropped_refs = np.concatenate(dropped) if dropped else np.zeros(0, np.uint64)
         write_run(out, "dropped", dropped_refs, np.concatenate(kept) if kept else np.zeros(0, np.uint64))
         by_source = Counter(self.corpus.inputs[ref_task(r)].source for r in dropped_refs.tolist())
-        return {"entries": len(keys), "dropped": len(dropped_refs), "clusters": clusters.to_json(),
-                "by_source": {str(s): n for s, n in sorted(by_source.items())}}
+        return ExactResult(entries=len(keys), dropped=len(dropped_refs), clusters=clusters.to_json(),
+                           by_source={str(s): n for s, n in sorted(by_source.items())})
 
 
 def exact_dropped(work: WorkDir, partitions: int, named: np.ndarray) -> np.ndarray:
@@ -107,17 +109,14 @@ def exact_dropped(work: WorkDir, partitions: int, named: np.ndarray) -> np.ndarr
     (memory-mapped, so nothing grows with the corpus)."""
     hit = np.zeros(len(named), dtype=bool)
     for task in range(partitions):
-        drops = np.load(work.task(EXACT, task) / "dropped.keys.npy", mmap_mode="r")
-        if len(drops):
-            at = np.minimum(np.searchsorted(drops, named), len(drops) - 1)
-            hit |= np.asarray(drops[at]) == named
+        hit |= in_sorted(np.load(work.task(EXACT, task) / "dropped.keys.npy", mmap_mode="r"), named)
     return hit
 
 
-class BandStage(_DedupStage):
+class BandStage(_DedupStage[BandResult]):
     """Candidate pairs of one LSH band within one key range (see the module docstring)."""
 
-    name = BANDS
+    name, result_type = BANDS, BandResult
 
     def __init__(self, work: WorkDir, corpus: Corpus, ranges: int, exact_partitions: int) -> None:
         super().__init__(work, corpus)
@@ -126,7 +125,7 @@ class BandStage(_DedupStage):
     def tasks(self) -> int:
         return self.settings.bands * self.ranges
 
-    def run(self, task: int, out: Path) -> dict[str, Any]:
+    def run(self, task: int, out: Path) -> BandResult:
         band, part = divmod(task, self.ranges)
         keys, named = self._gather_refs(f"band{band:03d}", *key_range(part, self.ranges))
         indexed = ~exact_dropped(self.work, self.exact_partitions, named)  # an exact copy is never indexed
@@ -140,13 +139,13 @@ class BandStage(_DedupStage):
                 later.append(named[start:end][second])
         later_refs = np.concatenate(later) if later else np.zeros(0, np.uint64)
         write_run(out, "pairs", later_refs, np.concatenate(earlier) if earlier else np.zeros(0, np.uint64))
-        return {"entries": len(keys), "pairs": len(later_refs)}
+        return BandResult(entries=len(keys), pairs=len(later_refs))
 
 
-class PairStage(_DedupStage):
+class PairStage(_DedupStage[PairResult]):
     """The candidate pairs of one read task's documents (as the later of two), each once, verified."""
 
-    name = PAIRS
+    name, result_type = PAIRS, PairResult
 
     def __init__(self, work: WorkDir, corpus: Corpus, band_tasks: int) -> None:
         super().__init__(work, corpus)
@@ -155,7 +154,7 @@ class PairStage(_DedupStage):
     def tasks(self) -> int:
         return len(self.corpus.inputs)
 
-    def run(self, task: int, out: Path) -> dict[str, Any]:
+    def run(self, task: int, out: Path) -> PairResult:
         later, earlier, _ = gather(
             [self.work.task(BANDS, t) for t in range(self.band_tasks)], "pairs", *task_refs(task)
         )
@@ -164,7 +163,7 @@ class PairStage(_DedupStage):
         keep = np.ones(len(pairs), dtype=bool) if self.settings.verify == "none" else scores >= self.settings.threshold
         np.save(out / "verified.npy", pairs[keep])
         np.save(out / "scores.npy", scores[keep])
-        return {"candidates": len(pairs), "verified": int(keep.sum())}
+        return PairResult(candidates=len(pairs), verified=int(keep.sum()))
 
     def _scores(self, pairs: np.ndarray) -> np.ndarray:
         """Each pair's Jaccard: estimated from the signatures, computed from the stored texts, or NaN (verify: none)."""
@@ -194,10 +193,10 @@ class PairStage(_DedupStage):
         return out
 
 
-class DecideStage(_DedupStage):
+class DecideStage(_DedupStage[DecideResult]):
     """The near-duplicate decisions over all verified pairs, and the dedup report (see the module docstring)."""
 
-    name = DECIDE
+    name, result_type = DECIDE, DecideResult
 
     def __init__(self, work: WorkDir, corpus: Corpus, exact_partitions: int, cleaned: int, pairs: bool) -> None:
         super().__init__(work, corpus)
@@ -206,14 +205,14 @@ class DecideStage(_DedupStage):
     def tasks(self) -> int:
         return 1
 
-    def run(self, task: int, out: Path) -> dict[str, Any]:
+    def run(self, task: int, out: Path) -> DecideResult:
         near = first_kept_wins(self._verified()) if self.pairs else {}
         dropped = np.array(sorted(near), dtype=np.uint64)
         write_run(out, "near", dropped, np.array([near[d][0] for d in dropped.tolist()], dtype=np.uint64))
         write_run(
             out, "near_scores", dropped, np.array([_score(near[d][1]) for d in dropped.tolist()], dtype=np.float64)
         )
-        return {"report": self._report(near)}
+        return DecideResult(report=self._report(near))
 
     def _verified(self) -> Iterator[Pair]:
         """Every verified (earlier, later, score) in corpus order of the later document, then the earlier."""
@@ -229,17 +228,17 @@ class DecideStage(_DedupStage):
         exact = Clusters(self.settings.max_examples)
         by_source: dict[int, Counter[str]] = {}
         for t in range(self.exact_partitions):
-            result = self.work.result(EXACT, t)
-            exact.merge(Clusters.from_json(result["clusters"], self.settings.max_examples))
-            for source, n in result["by_source"].items():
+            result = ExactResult.of(self.work, EXACT, t)
+            exact.merge(Clusters.from_json(result.clusters, self.settings.max_examples))
+            for source, n in result.by_source.items():
                 by_source.setdefault(int(source), Counter())["exact"] += n
         for ref in near:
             by_source.setdefault(self.corpus.inputs[ref_task(ref)].source, Counter())["near"] += 1
         candidates = verified = 0
         if self.pairs:
             for t in range(len(self.corpus.inputs)):
-                result = self.work.result(PAIRS, t)
-                candidates, verified = candidates + result["candidates"], verified + result["verified"]
+                pair = PairResult.of(self.work, PAIRS, t)
+                candidates, verified = candidates + pair.candidates, verified + pair.verified
         near_clusters = Clusters.of({d: kept for d, (kept, _) in near.items()}, self.settings.max_examples)
         documents = CleanedDocuments(self.work)
 

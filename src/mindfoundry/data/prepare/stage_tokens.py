@@ -31,11 +31,12 @@ from mindfoundry.data.dataset.indexed import dtype_for_vocab
 from mindfoundry.data.dataset.prepared import SPLITS, TOKENIZER, DataError
 from mindfoundry.data.dataset.shard_writer import IndexedDatasetWriter, concatenate_shards
 from mindfoundry.data.document import Document
-from mindfoundry.data.execute.stage import Stage
+from mindfoundry.data.execute.stage import R, Stage
 from mindfoundry.data.execute.workdir import WorkDir, link_or_copy
 from mindfoundry.data.prepare.corpus import CLEAN, MERGE, SHARDS, Corpus
 from mindfoundry.data.prepare.corpus import TOKENIZER as TOKENIZER_STAGE
 from mindfoundry.data.prepare.docstore import DocReader
+from mindfoundry.data.prepare.results import MergeResult, ShardResult, TokenizerResult
 from mindfoundry.data.prepare.split import split_documents
 from mindfoundry.data.prepare.stage_clean import DOCS, EVENTS
 from mindfoundry.data.prepare.stage_dedup import CleanedDocuments, Dedup
@@ -58,7 +59,7 @@ def _threads() -> Iterator[None]:
             os.environ["TOKENIZERS_PARALLELISM"] = before
 
 
-class _TokenStage(Stage):
+class _TokenStage(Stage[R]):
     """What the tokenizer and shard stages share: the corpus, the run's seed and vocabulary, where dedup's decisions
     are."""
 
@@ -75,15 +76,15 @@ class _TokenStage(Stage):
                 yield item
 
 
-class TokenizerStage(_TokenStage):
+class TokenizerStage(_TokenStage[TokenizerResult]):
     """Train (or load) the tokenizer; one task (see the module docstring)."""
 
-    name = TOKENIZER_STAGE
+    name, result_type = TOKENIZER_STAGE, TokenizerResult
 
     def tasks(self) -> int:
         return 1
 
-    def run(self, task: int, out: Path) -> dict[str, Any]:
+    def run(self, task: int, out: Path) -> TokenizerResult:
         settings = self.corpus.data.tokenizer
         start = time.perf_counter()
         if settings.path is not None:
@@ -104,7 +105,8 @@ class TokenizerStage(_TokenStage):
                 "train_max_bytes": settings.sample_bytes,
             }
         tok.save(str(out / TOKENIZER))
-        return {"info": info, "vocab_size": tok.get_vocab_size(), "seconds": round(time.perf_counter() - start, 2)}
+        seconds = round(time.perf_counter() - start, 2)
+        return TokenizerResult(info=info, vocab_size=tok.get_vocab_size(), seconds=seconds)
 
     def _sample(self, budget: int | None) -> Iterator[str]:
         """Training-split text from the sources in turn, a document at a time, until ``budget`` bytes."""
@@ -140,15 +142,15 @@ def _tokenizer(path: Path) -> Tokenizer:
     return _LOADED[key]
 
 
-class ShardStage(_TokenStage):
+class ShardStage(_TokenStage[ShardResult]):
     """One read task's token shards and drop-log part (see the module docstring)."""
 
-    name = SHARDS
+    name, result_type = SHARDS, ShardResult
 
     def tasks(self) -> int:
         return len(self.corpus.inputs)
 
-    def run(self, task: int, out: Path) -> dict[str, Any]:
+    def run(self, task: int, out: Path) -> ShardResult:
         tok = _tokenizer(self.work.task(TOKENIZER_STAGE, 0) / TOKENIZER)
         writers = {split: IndexedDatasetWriter(out / split, dtype_for_vocab(self.vocab_size)) for split in SPLITS}
         counts = {split: {"documents": 0, "tokens": 0, "bytes": 0, "chars": 0} for split in SPLITS}
@@ -171,7 +173,7 @@ class ShardStage(_TokenStage):
         dedup_chars: dict[str, int] = {}
         for _, line in dedup_lines:
             dedup_chars[line["reason"]] = dedup_chars.get(line["reason"], 0) + line["chars"]
-        return {"documents": documents, "splits": counts, "shards": shards, "lines": lines, "dedup_chars": dedup_chars}
+        return ShardResult(documents=documents, splits=counts, shards=shards, lines=lines, dedup_chars=dedup_chars)
 
     def _dedup_lines(self, task: int) -> list[tuple[int, dict[str, Any]]]:
         """The drop-log lines of the task's documents dedup dropped, with their ordinals, in order."""
@@ -189,10 +191,10 @@ class ShardStage(_TokenStage):
         return lines
 
 
-class MergeStage(Stage):
+class MergeStage(Stage[MergeResult]):
     """Each source's parts into its shard per split, and the drop log (see the module docstring)."""
 
-    name = MERGE
+    name, result_type = MERGE, MergeResult
 
     def __init__(self, work: WorkDir, corpus: Corpus) -> None:
         super().__init__(work)
@@ -201,10 +203,10 @@ class MergeStage(Stage):
     def tasks(self) -> int:
         return len(self.corpus.data.sources) * len(SPLITS) + 1
 
-    def run(self, task: int, out: Path) -> dict[str, Any]:
+    def run(self, task: int, out: Path) -> MergeResult:
         if task == self.tasks() - 1:
             assemble((self.work.task(SHARDS, t) / PART for t in range(len(self.corpus.inputs))), out / DROPS_FILE)
-            return {"file": DROPS_FILE}
+            return MergeResult(file=DROPS_FILE)
         source, split_index = divmod(task, len(SPLITS))
         split, name = SPLITS[split_index], self.corpus.data.sources[source].name
         tasks = self.corpus.tasks_of(source)
@@ -212,8 +214,8 @@ class MergeStage(Stage):
             (out / split).mkdir()
             for suffix in (".bin", ".idx"):
                 link_or_copy(self.work.task(SHARDS, tasks[0]) / f"{split}{suffix}", out / split / f"{name}{suffix}")
-            info = dict(self.work.result(SHARDS, tasks[0])["shards"][split])
+            info = dict(ShardResult.of(self.work, SHARDS, tasks[0]).shards[split])
         else:
             info = concatenate_shards([self.work.task(SHARDS, t) / split for t in tasks], out / split / name).to_dict()
         del info["path_prefix"]  # a path of the work area; "path" is relative to the data folder
-        return {"shard": dict(info, path=f"{split}/{name}")}
+        return MergeResult(shard=dict(info, path=f"{split}/{name}"))
