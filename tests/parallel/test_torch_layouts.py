@@ -284,7 +284,7 @@ def test_layouts_that_do_not_divide_are_refused_by_the_layout_rules(parallel: di
     from mindfoundry.config.parallel_config import Batch, Layout
 
     _, _, spec = worker.make_backend(model=FOUR)
-    (problem,) = layout_problems(Layout(**parallel), spec, Batch(seq_len=16, grad_accum=4))
+    (problem,) = layout_problems(Layout(**parallel), spec.sizes(), Batch(seq_len=16, grad_accum=4))
     assert re.search(match, problem)
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from itertools import product
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from mindfoundry.config.model_config import ModelConfig
 from mindfoundry.config.parallel_config import DEGREES, Batch, BatchShape, Layout, ParallelConfig, Schedule
@@ -45,20 +45,10 @@ if TYPE_CHECKING:
 ONE_F_ONE_B = ("1F1B", "Interleaved1F1B")
 
 
-class ModelSizes(Protocol):
-    """The sizes the rules divide, as a resolved model has them (``mindfoundry.model.spec.ModelSpec``)."""
-
-    vocab_size: int
-    d_model: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    ffn_dim: int
-    num_experts: int
-
-
 @dataclass(frozen=True)
-class _Dims:
+class ModelSizes:
+    """The sizes of a model that the rules divide (``ModelSpec.sizes()`` gives a resolved model's)."""
+
     vocab_size: int
     d_model: int
     n_layers: int
@@ -68,14 +58,12 @@ class _Dims:
     num_experts: int  # 0: a dense model
 
 
-def _dims(model: ModelSizes | ModelConfig) -> _Dims:
-    """Model sizes from a ModelSpec or a (possibly unresolved) ModelConfig."""
-    if isinstance(model, ModelConfig):
-        ffn, experts = model.resolved_ffn_dim(), model.moe.num_experts
-    else:
-        ffn, experts = model.ffn_dim, model.num_experts
-    return _Dims(model.vocab_size, model.d_model, model.n_layers, model.n_heads, model.n_kv_heads or model.n_heads, ffn,
-                 experts)
+def _dims(model: ModelSizes | ModelConfig) -> ModelSizes:
+    """A ModelConfig's sizes, resolving what it leaves open (n_kv_heads, ffn_dim)."""
+    if isinstance(model, ModelSizes):
+        return model
+    return ModelSizes(model.vocab_size, model.d_model, model.n_layers, model.n_heads, model.n_kv_heads or model.n_heads,
+                      model.resolved_ffn_dim(), model.moe.num_experts)
 
 
 def divisors(n: int) -> list[int]:
@@ -91,7 +79,7 @@ def _round_up(n: int, k: int) -> int:
     return -(-n // k) * k
 
 
-def _tp_rules(lay: Layout, d: _Dims, seq_len: int) -> list[str]:
+def _tp_rules(lay: Layout, d: ModelSizes, seq_len: int) -> list[str]:
     t = lay.tp
     if t == 1:
         return []
@@ -136,7 +124,7 @@ def _cp_rules(lay: Layout, seq_len: int) -> list[str]:
     ]
 
 
-def _pp_rules(lay: Layout, d: _Dims, grad_accum: int) -> list[str]:
+def _pp_rules(lay: Layout, d: ModelSizes, grad_accum: int) -> list[str]:
     p, v, sched, L = lay.pp, lay.pp_virtual_stages, lay.pp_schedule, d.n_layers
     out = []
     if p == 1:
@@ -202,7 +190,7 @@ def _ep_rules(lay: Layout, num_experts: int) -> list[str]:
     return out
 
 
-def _model_rules(lay: Layout, d: _Dims, train: BatchShape) -> list[str]:
+def _model_rules(lay: Layout, d: ModelSizes, train: BatchShape) -> list[str]:
     """Every rule that does not involve the world size."""
     return (_tp_rules(lay, d, train.seq_len) + _cp_rules(lay, train.seq_len)
             + _pp_rules(lay, d, train.grad_accum) + _ep_rules(lay, d.num_experts))
@@ -215,7 +203,7 @@ def _factorizations(n: int, parts: int) -> list[tuple[int, ...]]:
     return [(d, *rest) for d in divisors(n) for rest in _factorizations(n // d, parts - 1)]
 
 
-def _suggest(lay: Layout, d: _Dims, train: BatchShape, world: int) -> str:
+def _suggest(lay: Layout, d: ModelSizes, train: BatchShape, world: int) -> str:
     """The valid layout for `world` processes closest to `lay`: fewest doublings/halvings, model-parallel degrees kept
     first."""
 

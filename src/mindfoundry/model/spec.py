@@ -75,6 +75,7 @@ from typing import Literal
 
 import numpy as np
 
+from mindfoundry.config.layout_rules import ModelSizes
 from mindfoundry.config.model_config import ModelConfig
 
 #: Output projections that add into the residual stream; their init std is scaled by 1/sqrt(2L).
@@ -121,6 +122,11 @@ class ModelSpec:
             init_std=m.init_std, num_experts=m.moe.num_experts, moe_top_k=m.moe.top_k, moe_every=m.moe.every,
             moe_aux_loss_weight=m.moe.aux_loss_weight, objective=m.objective, moe_capacity_factor=m.moe.capacity_factor,
         )
+
+    def sizes(self) -> ModelSizes:
+        """The sizes the parallel layout rules divide."""
+        return ModelSizes(self.vocab_size, self.d_model, self.n_layers, self.n_heads, self.n_kv_heads, self.ffn_dim,
+                          self.num_experts)
 
     @property
     def head_dim(self) -> int:

@@ -397,7 +397,7 @@ def plan(spec: ModelSpec, devices: int, device_memory: int, seq: int, global_bat
     """Every feasible layout of `devices` processes for this model and batch, best first (PlanRow.sort_key)."""
     if global_batch % micro_batch:
         raise ValueError(f"global batch {global_batch} is not a multiple of the micro-batch {micro_batch}")
-    layouts = feasible_layouts(spec, Batch(seq, micro_batch, 1), devices, global_batch=global_batch)
+    layouts = feasible_layouts(spec.sizes(), Batch(seq, micro_batch, 1), devices, global_batch=global_batch)
     rows = []
     modes: tuple[Recompute, ...] = ("none", "selective", "full")
     for lay in layouts:
