@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pickle
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
+import pytest
 
 from mindfoundry.config.load import validate
 from mindfoundry.config.parallel_config import Layout
@@ -19,6 +23,27 @@ from mindfoundry.data.execute.stage import Stage, TaskResult
 from mindfoundry.data.execute.workdir import WorkDir
 from mindfoundry.parallel.layout import launch_layout
 from mindfoundry.train.stop import Preempted
+
+T = TypeVar("T")
+
+
+def shared_once(factory: pytest.TempPathFactory, name: str, make: Callable[[Path], T]) -> T:
+    """``make(folder)`` once per test run, its result shared by the xdist workers: the first worker to ask builds it
+    in a folder of the run's temporary root (under a file lock) and the others read its pickled result, instead of
+    each worker building its own copy of an expensive module or session fixture. Without xdist, once per session.
+    What it returns (and what its paths point at) must never be changed by a test."""
+    base = factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the run's root, shared by its workers
+    folder, done = root / f"shared-{name}", root / f"shared-{name}.pickle"
+    with open(root / f"shared-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.is_file():
+            folder.mkdir(exist_ok=True)
+            result = make(folder)
+            done.write_bytes(pickle.dumps(result))
+            return result
+    return pickle.loads(done.read_bytes())
+
 
 #: `--set` overrides that shrink configs/demo.yaml (and demo-mlm.yaml) to a test-sized run on the same corpora.
 DEMO_TEST_SIZE = [

@@ -75,48 +75,51 @@ def cli_dumps(tmp_path_factory, corpus_dir):
     PrecisionDebugger on our torch model (the docs' recipe)."""
     import yaml
 
-    from mf_testing import tiny_run_tree
+    from mf_testing import shared_once, tiny_run_tree
 
-    root = tmp_path_factory.mktemp("msprobe")
-    cfg = root / "run.yaml"
-    cfg.write_text(yaml.safe_dump(tiny_run_tree(corpus_dir, root / "run")))
-    for engine in ("mindspore", "torch"):
-        assert (
-            main(
-                [
-                    "dump",
-                    str(cfg),
-                    "--set",
-                    f"backend={engine}",
-                    "--steps",
-                    "1",
-                    "--format",
-                    "msprobe",
-                    "--mode",
-                    "tensor",
-                    "--directions",
-                    "forward",
-                    "backward",
-                    "params",
-                    "grads",
-                    "--out",
-                    str(root / engine),
-                ]
+    def make(root: Path) -> dict[str, Path]:
+        cfg = root / "run.yaml"
+        cfg.write_text(yaml.safe_dump(tiny_run_tree(corpus_dir, root / "run")))
+        for engine in ("mindspore", "torch"):
+            assert (
+                main(
+                    [
+                        "dump",
+                        str(cfg),
+                        "--set",
+                        f"backend={engine}",
+                        "--steps",
+                        "1",
+                        "--format",
+                        "msprobe",
+                        "--mode",
+                        "tensor",
+                        "--directions",
+                        "forward",
+                        "backward",
+                        "params",
+                        "grads",
+                        "--out",
+                        str(root / engine),
+                    ]
+                )
+                == 0
             )
-            == 0
+        script = root / "recipe.py"
+        script.write_text(recipe())
+        proc = subprocess.run(
+            [sys.executable, str(script), str(cfg), str(root / "vendor")], capture_output=True, text=True, timeout=600
         )
-    script = root / "recipe.py"
-    script.write_text(recipe())
-    proc = subprocess.run(
-        [sys.executable, str(script), str(cfg), str(root / "vendor")], capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (vendor,) = (root / "vendor" / "dump" / "step0").iterdir()  # proc<PID>: msprobe's folder outside a process group
-    return {
-        "mindspore": root / "mindspore" / "step1" / "rank0",
-        "torch": root / "torch" / "step1" / "rank0",
-        "vendor": vendor,
-    }
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        # proc<PID>: msprobe's folder outside a process group
+        (vendor,) = (root / "vendor" / "dump" / "step0").iterdir()
+        return {
+            "mindspore": root / "mindspore" / "step1" / "rank0",
+            "torch": root / "torch" / "step1" / "rank0",
+            "vendor": vendor,
+        }
+
+    return shared_once(tmp_path_factory, "msprobe", make)
 
 
 def test_our_torch_dump_is_what_msprobe_itself_writes(cli_dumps, tmp_path) -> None:

@@ -189,13 +189,16 @@ def torch_dp_reference(corpus_dir: Path, tmp_path_factory) -> list[float]:
     """The 60 losses of an uninterrupted 2-rank data-parallel torch job under torchrun (TORCH_DP)."""
     import yaml
 
-    from mf_testing import tiny_run_tree
+    from mf_testing import shared_once, tiny_run_tree
     from mindfoundry.parallel.launch import free_port
 
-    root = tmp_path_factory.mktemp("torch-dp")
-    (root / "reference.yaml").write_text(yaml.safe_dump(tiny_run_tree(corpus_dir, root / "reference")))
-    assert main(["launch", "train", str(root / "reference.yaml"), *TORCH_DP, "--master-port", str(free_port())]) == 0
-    expected = _losses(root / "reference")
+    def make(root: Path) -> list[float]:
+        (root / "reference.yaml").write_text(yaml.safe_dump(tiny_run_tree(corpus_dir, root / "reference")))
+        port = str(free_port())
+        assert main(["launch", "train", str(root / "reference.yaml"), *TORCH_DP, "--master-port", port]) == 0
+        return _losses(root / "reference")
+
+    expected = shared_once(tmp_path_factory, "torch-dp", make)
     assert len(expected) == 60
     return expected
 

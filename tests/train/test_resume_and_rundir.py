@@ -16,7 +16,7 @@ from safetensors.numpy import load_file
 pytest.importorskip("mindspore")
 pytest.importorskip("torch")
 
-from mf_testing import rewrite_as_rank_slices, tiny_run_tree  # noqa: E402
+from mf_testing import rewrite_as_rank_slices, shared_once, tiny_run_tree  # noqa: E402
 from mindfoundry.report.plots import mixture_rows  # noqa: E402
 from mindfoundry.report.run_data import load_run  # noqa: E402
 from mindfoundry.train.metrics import read_metrics  # noqa: E402
@@ -46,15 +46,18 @@ ENGINES = ["mindspore", "torch"]
 
 @pytest.fixture(scope="module")
 def straight_runs(corpus_dir: Path, tmp_path_factory) -> dict[str, Path]:
-    """6 uninterrupted steps on each engine, shared by the tests below."""
-    root = tmp_path_factory.mktemp("straight")
-    runs = {}
-    for engine in ENGINES:
-        cfg = write_tiny(corpus_dir, root, f"straight-{engine}")
-        proc = cli("train", str(cfg), "--set", f"backend={engine}")
-        assert proc.returncode == 0, proc.stderr
-        runs[engine] = root / f"straight-{engine}"
-    return runs
+    """6 uninterrupted steps on each engine, shared by the tests below (and the test workers)."""
+
+    def make(root: Path) -> dict[str, Path]:
+        runs = {}
+        for engine in ENGINES:
+            cfg = write_tiny(corpus_dir, root, f"straight-{engine}")
+            proc = cli("train", str(cfg), "--set", f"backend={engine}")
+            assert proc.returncode == 0, proc.stderr
+            runs[engine] = root / f"straight-{engine}"
+        return runs
+
+    return shared_once(tmp_path_factory, "straight", make)
 
 
 def write_tiny(corpus_dir: Path, root: Path, name: str) -> Path:
