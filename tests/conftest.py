@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mf_testing import tiny_config, tiny_run_tree
+from mf_testing import shared_once, tiny_config, tiny_run_tree
 from mindfoundry.model.spec import ModelSpec
 
 
@@ -42,22 +42,27 @@ def s3(s3_server, monkeypatch):
 
 @pytest.fixture(scope="session")
 def corpus_dir(tmp_path_factory) -> Path:
-    """~120 real documents: Python stdlib modules as a .jsonl and a folder of .txt files."""
-    root = tmp_path_factory.mktemp("corpus")
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    files = (
-        sorted((stdlib / "email").glob("*.py"))
-        + sorted((stdlib / "json").glob("*.py"))
-        + sorted((stdlib / "logging").glob("*.py"))
-    )
-    with open(root / "code.jsonl", "w", encoding="utf-8") as fh:
-        for f in files:
-            fh.write(json.dumps({"text": f.read_text(encoding="utf-8")}) + "\n")
-    txt = root / "txt"
-    txt.mkdir()
-    for f in sorted((stdlib / "asyncio").glob("*.py"))[:40]:
-        (txt / f"{f.stem}.txt").write_text(f.read_text(encoding="utf-8"), encoding="utf-8")
-    return root
+    """~120 real documents: Python stdlib modules as a .jsonl and a folder of .txt files. One folder for the whole
+    test run, so that every worker's configs name the same files (the runs shared_once shares are then the runs each
+    worker would have made)."""
+
+    def make(root: Path) -> Path:
+        stdlib = Path(sysconfig.get_paths()["stdlib"])
+        files = (
+            sorted((stdlib / "email").glob("*.py"))
+            + sorted((stdlib / "json").glob("*.py"))
+            + sorted((stdlib / "logging").glob("*.py"))
+        )
+        with open(root / "code.jsonl", "w", encoding="utf-8") as fh:
+            for f in files:
+                fh.write(json.dumps({"text": f.read_text(encoding="utf-8")}) + "\n")
+        txt = root / "txt"
+        txt.mkdir()
+        for f in sorted((stdlib / "asyncio").glob("*.py"))[:40]:
+            (txt / f"{f.stem}.txt").write_text(f.read_text(encoding="utf-8"), encoding="utf-8")
+        return root
+
+    return shared_once(tmp_path_factory, "corpus", make)
 
 
 @pytest.fixture

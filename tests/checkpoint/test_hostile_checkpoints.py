@@ -7,18 +7,37 @@ import json
 import shutil
 
 import pytest
+import yaml
 
+from mf_testing import shared_once, tiny_run_tree
 from mindfoundry.checkpoint.directory import find_resumable, list_checkpoints
 from mindfoundry.checkpoint.store import MODEL_FILE, STATE_FILE, CheckpointError, verify_checkpoint
 from mindfoundry.cli.main import main
+from mindfoundry.config.load import load_config, to_yaml
+from mindfoundry.train.rundir import CONFIG_FILE
+
+
+@pytest.fixture(scope="module")
+def trained_once(corpus_dir, tmp_path_factory):
+    """A tiny run trained 6 steps with checkpoints at 3 and 6, once per test run: a folder to copy, never to change."""
+
+    def make(root):
+        cfg = root / "run.yaml"
+        cfg.write_text(yaml.safe_dump(tiny_run_tree(corpus_dir, root / "run", train__steps=6)))
+        assert main(["train", str(cfg)]) == 0
+        return root / "run"
+
+    return shared_once(tmp_path_factory, "hostile-checkpoints", make)
 
 
 @pytest.fixture
-def trained(tiny_run, tmp_path):
-    """A tiny run trained 6 steps with checkpoints at 3 and 6 (its config, run dir)."""
+def trained(trained_once, tiny_run, tmp_path):
+    """:func:`trained_once`'s run in this test's folder, free to tamper with (its config, run dir): the run's
+    config.yaml is the one a run in this folder writes, so the copy is that run."""
     cfg = tiny_run(train__steps=6)
-    assert main(["train", str(cfg)]) == 0
     run = tmp_path / "run"
+    shutil.copytree(trained_once, run, symlinks=True)
+    (run / CONFIG_FILE).write_text(to_yaml(load_config(cfg)))
     assert [p.name for p in list_checkpoints(run)] == ["step_00000003", "step_00000006"]
     return cfg, run
 
@@ -92,7 +111,6 @@ def test_leftovers_of_killed_writers_are_removed_at_start(trained, capsys) -> No
 
 
 def test_a_full_disk_ends_in_one_line_and_keeps_the_earlier_checkpoints(corpus_dir, tmp_path, capsys) -> None:
-    import yaml
 
     from mf_testing import small_disk, tiny_run_tree
 
