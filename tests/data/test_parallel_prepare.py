@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,9 @@ import pytest
 from mindfoundry.config.load import load_config
 from mindfoundry.data.clean import curate
 from mindfoundry.data.execute import resolve_workers
+from mindfoundry.data.execute.stage import Stage, run_task
 from mindfoundry.data.prepare.pipeline import data_identity, prepare_data
+from mindfoundry.data.prepare.results import ReadResult
 
 TIMING_KEYS = {"created", "timings"}
 DEDUP_TIMING_KEYS = {"seconds", "documents_per_second"}
@@ -102,3 +105,31 @@ def _ended(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+class _OneRead(Stage[ReadResult]):
+    """One task that reports a fixed read result (and writes nothing)."""
+
+    name, result_type = "one_read", ReadResult
+
+    def tasks(self) -> int:
+        return 1
+
+    def run(self, task: int, out: Path) -> ReadResult:
+        return ReadResult(documents=5, kept=4, stats={"chars": 120}, files=[{"path": "a.txt", "bytes": 120}],
+                          notes=[], blocks={"normalize": {"seen": 5}}, lines=1, span_documents=3, span_entries=7)
+
+
+def test_a_task_result_is_kept_and_read_back_as_it_was(tmp_path) -> None:
+    """The typed result a task returns is what a resumed `prepare` reads back from its folder, its timing included;
+    a result.json written before a field existed reads back with that field's default."""
+    from mindfoundry.data.execute.workdir import WorkDir
+
+    stage = _OneRead(WorkDir(tmp_path / "work"))
+    result = run_task(stage, 0, own_process=False)
+    assert result.timing is not None and result.timing.pid == os.getpid()
+    assert stage.result(0) == result
+    assert (result.counted("span"), result.counted("line")) == ((3, 7), None)
+    older = {key: value for key, value in result.to_json().items() if not key.startswith("span_")}
+    del older["timing"]["node"]
+    assert ReadResult.from_json(older) == replace(result, span_documents=None, span_entries=None)

@@ -18,7 +18,7 @@ import socket
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -55,10 +55,9 @@ class TaskResult:
 
     @classmethod
     def from_json(cls: type[R], value: dict[str, Any]) -> R:
-        known = {f.name for f in fields(cls)}
+        """The result :meth:`to_json` gave (a field added later takes its default in an older result)."""
         timing = value.get("timing")
-        return cls(**{k: v for k, v in value.items() if k in known and k != "timing"},
-                   timing=Timing(**timing) if timing else None)
+        return cls(**{k: v for k, v in value.items() if k != "timing"}, timing=Timing(**timing) if timing else None)
 
     @classmethod
     def of(cls: type[R], work: WorkDir, stage: str, task: int) -> R:
