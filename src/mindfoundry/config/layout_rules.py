@@ -33,13 +33,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from itertools import product
-from typing import TYPE_CHECKING
 
 from mindfoundry.config.model_config import ModelConfig
 from mindfoundry.config.parallel_config import DEGREES, Batch, BatchShape, Layout, ParallelConfig, Schedule
-
-if TYPE_CHECKING:
-    from mindfoundry.config.schema import RunConfig
+from mindfoundry.config.schema import RunConfig
 
 #: Pipeline schedules that keep at most pp micro-batches in flight and so need at least pp of them.
 ONE_F_ONE_B = ("1F1B", "Interleaved1F1B")
