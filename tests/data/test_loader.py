@@ -43,7 +43,7 @@ def test_rank_slices_partition_the_global_batch(source: OrderedSamples) -> None:
 
 
 def test_feeds_of_the_run_global_batch(source: OrderedSamples) -> None:
-    """The trainer cuts the run's global batch (micro_batch_size * grad_accum * dp, RunConfig.global_batch) into the
+    """The trainer cuts the run's global batch (micro_batch_size * grad_accum * dp, Layout.global_batch) into the
     engine's feeds: 4 data-parallel ranks each read micro-batches of 2; a semi-auto layout with dp=4 feeds every rank
     the
     whole batch (one feed, micro-batches of 8 that its strategies split). It used to feed such a rank micro-batches of
