@@ -239,3 +239,12 @@ def test_config_validate_cli_rejects_a_bad_layout(tmp_path: Path, capsys) -> Non
     err = capsys.readouterr().err
     assert "parallel.tp=3 does not divide model.n_heads=8 (and n_kv_heads=4): use tp in {1, 2, 4}" in err
     assert "Traceback" not in err
+
+
+def test_launching_an_open_dp_shard_without_a_process_count_names_the_flag(capsys) -> None:
+    """dp_shard=-1 and no world_size: `launch` cannot tell how many processes to start; nothing is started."""
+    demo = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
+    assert main(["launch", "train", str(demo), "--set", "parallel.dp_shard=-1", "--set", "optim.clip_norm=1.0"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "config error: parallel.dp_shard=-1 takes what is left of the world size, so the config does not say how many "
+        "processes to start: pass --nproc-per-node (processes on each node) or set parallel.world_size")

@@ -96,10 +96,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.set or [])
     nnodes = args.nnodes
-    try:
-        nproc = args.nproc_per_node or max(cfg.parallel.layout().world_size // nnodes, 1)
-    except ValueError as exc:
-        raise ConfigError(f"{exc} (or pass --nproc-per-node)") from None
+    if not args.nproc_per_node and cfg.parallel.dp_shard == -1 and cfg.parallel.world_size is None:
+        raise ConfigError("parallel.dp_shard=-1 takes what is left of the world size, so the config does not say how "
+                          "many processes to start: pass --nproc-per-node (processes on each node) or set "
+                          "parallel.world_size")
+    nproc = args.nproc_per_node or max(cfg.parallel.layout().world_size // nnodes, 1)
     problems = layout_problems(cfg.parallel, cfg.model, cfg.train, world_size=nproc * nnodes)
     if problems:
         raise ConfigError("the layout does not fit this launch: " + "; ".join(problems))
