@@ -354,8 +354,7 @@ class _StagedRun:
         settings, work, corpus = self.cfg.data.dedup, self.work, self.corpus
         dedup = self._deduplicate(sum(kept)) if settings.enabled else Dedup(work, 0, decided=False)
         for source, summary in enumerate(summaries):
-            if dedup.decided:
-                assert self.decided is not None  # dedup.decided: the decide stage ran
+            if self.decided is not None:  # the decide stage ran
                 summary.dedup = self.decided.report["removed_by_source"].get(summary.src.name, {})
             summary.check_kept(sum(kept[t] for t in corpus.tasks_of(source)) - sum(summary.dedup.values()))
         return dedup
