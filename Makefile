@@ -1,5 +1,6 @@
 # Two set-up commands: `make demo` and `make test`. Each creates .venv and installs what it needs
-# on first use (MindSpore 2.10 CPU wheel, ~0.8 GB download), then runs.
+# on first use (MindSpore 2.10 CPU wheel, ~0.8 GB download), then runs. constraints.txt holds every installed
+# version (what the suite's behaviour depends on): it changes on purpose, with the suite run against it.
 VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
@@ -7,15 +8,15 @@ STAMP := $(VENV)/.mindfoundry-installed
 
 .PHONY: install demo test test-fast bench clean-runs
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[mindspore,torch,demo,dev,eval,ray,s3,zh]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[mindspore,torch,demo,dev,eval,ray,s3,zh]"
 	@# optional: where mindstudio-probe cannot install, its interop tests skip and say so
-	$(PY) -m pip install -q -e ".[mindspore,torch,probe]" || echo "mindstudio-probe did not install: tests/debug/test_msprobe_interop.py will skip"
+	$(PY) -m pip install -q -c constraints.txt -e ".[mindspore,torch,probe]" || echo "mindstudio-probe did not install: tests/debug/test_msprobe_interop.py will skip"
 	@# MindFormers, the judge of `export --format mindformers`: 1.9.0 without its pins (its transformers==4.57.1 would replace
 	@# the transformers the HF-export tests use; 2.0.0, which declares mindspore~=2.10, imports hyper-parallel, not on PyPI)
-	$(PY) -m pip install -q --no-deps mindformers==1.9.0 deprecated wrapt setproctitle ftfy jieba sentencepiece mindpet==1.0.4 \
+	$(PY) -m pip install -q -c constraints.txt --no-deps mindformers==1.9.0 deprecated wrapt setproctitle ftfy jieba sentencepiece mindpet==1.0.4 \
 		tensorboardX rouge-chinese tiktoken || echo "mindformers did not install: tests/checkpoint/test_mindformers_export.py will skip"
 	@touch $(STAMP)
 

@@ -17,7 +17,7 @@ def guarded(tmp_path_factory, corpus_dir):
     server = S3Server(tmp_path_factory.mktemp("s3-auth") / "moto.log")
     bucket = server.bucket("guarded")
     server.upload_tree(corpus_dir, bucket, "corpus")
-    keys = server.require_auth({"rw": ["s3:*"], "ro": ["s3:GetObject", "s3:ListBucket"]})
+    keys = server.require_auth({"rw": ["s3:*"], "ro": ["s3:GetObject", "s3:ListBucket"], "wo": ["s3:PutObject"]})
     yield server, bucket, keys
     server.stop()
 
@@ -81,6 +81,14 @@ def test_each_bad_storage_input_is_one_line(guarded, tiny_run, capsys, monkeypat
     line = one_line(capsys, main(prepare_to(bucket, tiny_run, "e")), ro[1])
     assert line.startswith(f"error: permission denied writing to s3://{bucket}/out-e (AccessDenied)"), line
     assert "the credentials in use may not write there (a bucket policy or read-only credentials)" in line
+    # without s3:ListBucket, S3 answers a missing object's HEAD with 403: whether the output exists cannot be told
+    use(monkeypatch, server, *keys["wo"])
+    line = one_line(capsys, main(prepare_to(bucket, tiny_run, "h")), keys["wo"][1])
+    assert line == (f"error: permission denied looking up s3://{bucket}/out-h/commit.json (403; listing s3://{bucket}: "
+                    "AccessDenied): the credentials in use may not list the bucket (s3:ListBucket), and without that "
+                    "S3 answers 403 for an object that does not exist, so whether it exists cannot be told; grant "
+                    "s3:ListBucket and s3:GetObject on the prefix or choose another location"), line
+    use(monkeypatch, server, *ro)
     # read-only credentials read: the same config with a local output prepares
     assert main(prepare_to(bucket, tiny_run, "f")[:-2]) == 0
     capsys.readouterr()

@@ -191,14 +191,25 @@ class Remote:
             raise explain(exc, self, doing) from None
 
     def _diagnose(self, doing: str) -> None:
-        """Raise the explained error of a listing of this key, when it fails with a code (which a HEAD never has)."""
+        """Raise the explained error of a listing of this key, when it fails with a code (which a HEAD never has).
+
+        S3 answers a HEAD of a missing object with 403, not 404, when the credentials may not list the bucket
+        (s3:ListBucket): a listing refused too means that whether the object exists cannot be told, which is what
+        the user must hear, not "may not read"."""
         if self.protocol not in ("s3", "s3a"):
             return
         bucket, _, prefix = self.key.partition("/")
         try:
             self.fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, MaxKeys=1)
         except Exception as probe:
-            if is_storage_failure(probe) and _code(_chain(probe)) not in (None, "403"):
+            code = _code(_chain(probe)) if is_storage_failure(probe) else None
+            if code in _DENIED:
+                raise StorageError(mask(
+                    f"permission denied {doing} {self.url} (403; listing s3://{bucket}: {code}): the credentials in "
+                    f"use may not list the bucket (s3:ListBucket), and without that S3 answers 403 for an object "
+                    f"that does not exist, so whether it exists cannot be told; grant s3:ListBucket and "
+                    f"s3:GetObject on the prefix or choose another location", self.storage)) from None
+            if code not in (None, "403"):
                 raise explain(probe, self, doing) from None
 
     # -- reading -----------------------------------------------------------------------------------------------
@@ -371,6 +382,8 @@ class StreamFailures(io.RawIOBase):
 
 
 # -- what went wrong ---------------------------------------------------------------------------------------------
+#: The codes of a request the credentials may not make (a HEAD's is the bare status).
+_DENIED = ("AccessDenied", "AllAccessDisabled", "403")
 _CREDENTIAL_CODES = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
                      "TokenRefreshRequired", "InvalidClientTokenId", "AuthorizationHeaderMalformed")
 
@@ -441,7 +454,7 @@ def explain(exc: BaseException, remote: Remote, doing: str) -> StorageError:
     elif code in _CREDENTIAL_CODES:
         message = (f"the storage at {endpoint} refused the credentials ({code}) {where}: check AWS_ACCESS_KEY_ID / "
                    "AWS_SECRET_ACCESS_KEY (or the profile in use) and the endpoint")
-    elif code in ("AccessDenied", "AllAccessDisabled", "403") or (code is None and "PermissionError" in names):
+    elif code in _DENIED or (code is None and "PermissionError" in names):
         verb = "write" if doing.startswith(("writ", "upload", "copy", "delet", "clean")) else "read"
         message = (f"permission denied {where} ({code or first}): the credentials in use may not {verb} there (a "
                    f"bucket policy or read-only credentials); grant {verb} access to the prefix or choose another "
