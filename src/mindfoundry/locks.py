@@ -14,7 +14,6 @@ import fcntl
 import json
 import os
 import socket
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,11 +50,11 @@ def open_lock(path: Path) -> int:
     return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
 
 
-def take(fd: int) -> dict:
+def take(fd: int, command: str) -> dict:
     """Hold an exclusive flock on the open lock file ``fd`` for as long as it stays open, and write this process as
-    its holder; the previous holder's record ({} after a clean release; a killed process leaves its own). Raises
-    :class:`LockHeldError` (and closes ``fd``) when another process holds it, OSError when the file system cannot
-    lock."""
+    its holder (``command``: its command line as it may be shown, secrets left out); the previous holder's record ({}
+    after a clean release; a killed process leaves its own). Raises :class:`LockHeldError` (and closes ``fd``) when
+    another process holds it, OSError when the file system cannot lock."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -64,7 +63,7 @@ def take(fd: int) -> dict:
         raise LockHeldError(holder) from None
     previous = _read(fd)
     holder = {"pid": os.getpid(), "host": socket.gethostname(), "start": time.time(),
-              "command": " ".join(sys.argv)[:300]}
+              "command": command[:300]}
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(holder) + "\n").encode("utf-8"), 0)
     return previous

@@ -313,12 +313,18 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> RunConfig:
     return validate(apply_overrides(read_yaml(path), overrides))
 
 
-def to_yaml(cfg: RunConfig) -> str:
-    """The fully resolved config as YAML (what `config show` prints and runs store), secrets left out
-    (:func:`~mindfoundry.config.storage_config.redacted`)."""
+def public_dump(cfg: RunConfig) -> dict[str, Any]:
+    """The config as a tree that may be written or shown: every secret option replaced
+    (:func:`~mindfoundry.config.storage_config.redacted`). What a run stores, `config show` prints and a resume
+    compares, so a stored config and a live one differ only where the user changed something."""
     tree = cfg.model_dump(mode="json")
     tree["storage"]["options"] = redacted(tree["storage"]["options"])
-    return yaml.safe_dump(tree, sort_keys=False, allow_unicode=True)
+    return tree
+
+
+def to_yaml(cfg: RunConfig) -> str:
+    """The fully resolved config as YAML (what `config show` prints and runs store): :func:`public_dump`."""
+    return yaml.safe_dump(public_dump(cfg), sort_keys=False, allow_unicode=True)
 
 
 #: Keys added after release 0.1.0 (dotted; ``*`` stands for every element of a list) with the default each came

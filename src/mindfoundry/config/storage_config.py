@@ -9,6 +9,7 @@ never written out (``config show``, a run's config.yaml) -- :data:`REDACTED` sta
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Literal
 
@@ -36,6 +37,35 @@ def redacted(options: Any) -> Any:
     if isinstance(options, list):
         return [redacted(v) for v in options]
     return options
+
+
+#: The AWS variables that hold a secret (their values are masked wherever text might quote them).
+SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
+def masked(text: str, secrets: list[str]) -> str:
+    """``text`` with every secret of ``secrets`` and of the AWS variables (:data:`SECRET_VARIABLES`) replaced by
+    :data:`REDACTED` (values under 4 characters are not secrets anyone could recognise, and masking them would
+    mangle the text)."""
+    known = secrets + [os.environ[name] for name in SECRET_VARIABLES if os.environ.get(name)]
+    for secret in sorted(known, key=len, reverse=True):
+        if len(secret) >= 4:
+            text = text.replace(secret, REDACTED)
+    return text
+
+
+def public_command(argv: list[str]) -> str:
+    """A command line as it may be written down (a lock file's holder) or printed: every ``--set`` of the ``storage``
+    section's options (``storage.options.s3.secret=...``, ``storage={options: ...}``) with its value redacted, and
+    the AWS variables' secrets masked."""
+    shown = []
+    for arg in argv:
+        flag = "--set=" if arg.startswith("--set=") else ""
+        key, eq, _ = arg[len(flag):].partition("=")
+        if eq and key.strip().split(".")[:2] in (["storage"], ["storage", "options"]):
+            arg = f"{flag}{key}={REDACTED}"
+        shown.append(arg)
+    return masked(" ".join(shown), [])
 
 
 def without_redacted(options: Any) -> Any:

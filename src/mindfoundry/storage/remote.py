@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from mindfoundry.config.section import url_protocol
-from mindfoundry.config.storage_config import StorageConfig
+from mindfoundry.config.storage_config import StorageConfig, masked
 from mindfoundry.errors import InputMissingError, MindFoundryError
 
 #: The install extra that brings the S3 file system.
@@ -430,12 +430,7 @@ def endpoint_of(storage: StorageConfig) -> str:
 
 def mask(text: str, storage: StorageConfig) -> str:
     """``text`` with every secret the process knows (``storage.options``, the AWS variables) replaced."""
-    secrets = storage.secrets() + [os.environ[name] for name in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
-                                   if os.environ.get(name)]
-    for secret in sorted(secrets, key=len, reverse=True):
-        if len(secret) >= 4:
-            text = text.replace(secret, "<secret>")
-    return text
+    return masked(text, storage.secrets())
 
 
 def explain(exc: BaseException, remote: Remote, doing: str) -> StorageError:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mindfoundry.config.load import excluded_dump, identity_view, tree_hash
+from mindfoundry.config.load import excluded_dump, identity_view, public_dump, tree_hash
 from mindfoundry.config.parallel_config import Layout, ParallelConfig
 from mindfoundry.config.schema import RunConfig
 
@@ -117,7 +117,7 @@ def _accepted(key: str) -> bool:
 def resume_changes(old: RunConfig, new: RunConfig) -> list[Change]:
     """Every key whose value differs from the run's config (``old``) to the resumed one (``new``), in key order; each
     says whether a resume accepts it."""
-    before, after = (_flat(identity_view(c.model_dump(mode="json"))) for c in (old, new))
+    before, after = (_flat(identity_view(public_dump(c))) for c in (old, new))
     keys = sorted(set(before) | set(after))
     return [Change(k, before.get(k), after.get(k), _accepted(k)) for k in keys if before.get(k) != after.get(k)]
 

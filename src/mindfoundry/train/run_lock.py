@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from pathlib import Path
 from typing import Callable
 
 from mindfoundry import locks
+from mindfoundry.config.storage_config import public_command
 from mindfoundry.errors import MindFoundryError
 
 LOCK_FILE = ".lock"
@@ -43,7 +45,7 @@ def acquire(run_dir: Path, log: Callable[[str], None] = print) -> None:
                                   f"({exc.strerror or type(exc).__name__}): choose a folder on a writable disk for "
                                   "run_dir (nothing was written)") from None
     try:
-        previous = locks.take(fd)
+        previous = locks.take(fd, public_command(sys.argv))
     except locks.LockHeldError as held:
         raise RunLockedError(f"run directory '{run_dir}' is being written by {held}: one writer per run; "
                              f"wait for it, stop it, or use another run_dir (nothing was written or moved)") from None

@@ -19,10 +19,12 @@ import json
 import os
 import shutil
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
 from mindfoundry import atomic, locks
+from mindfoundry.config.storage_config import public_command
 from mindfoundry.errors import MindFoundryError
 
 FORMAT = "mindfoundry.prepare-work/1"
@@ -112,7 +114,7 @@ class WorkDir:
             )
         fd = locks.open_lock(self.root / LOCK)
         try:
-            locks.take(fd)
+            locks.take(fd, public_command(sys.argv))
         except locks.LockHeldError as held:
             raise WorkDirError(f"another prepare ({held}) is working in '{self.root}': wait for it to finish, or give "
                                "this config another data.output_dir / data.work_dir") from None
