@@ -9,6 +9,7 @@ import pytest
 
 from mf_testing import tiny_config
 from mindfoundry.config.load import ConfigError, apply_overrides, load_config, validate
+from mindfoundry.config.yaml12 import load_yaml
 
 
 def written(tmp_path: Path, text: str) -> Path:
@@ -48,3 +49,17 @@ def test_a_mapping_given_to_set_merges_into_the_section() -> None:
         cfg.train.micro_batch_size == base["train"]["micro_batch_size"]
         and cfg.train.eval_every == base["train"]["eval_every"]
     )
+
+
+def test_a_key_given_twice_is_an_error_naming_it_and_both_lines(tmp_path: Path) -> None:
+    """A second `checkpoint:` block reset `every` 4 -> 100 and `config validate` said valid (issue #48)."""
+    path = written(tmp_path, "checkpoint:\n  every: 4\ntrain: {steps: 8}\ncheckpoint:\n  every: 100\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value) == (f"config file '{path}' is not valid YAML at line 5, column 1: duplicate key "
+                                 "'checkpoint' (first at line 2, again at line 5): a key is given once in a "
+                                 "mapping; merge the two")
+    with pytest.raises(ConfigError, match=r"duplicate key 'steps' \(first at line 2, again at line 2\)"):
+        load_config(written(tmp_path, "train: {steps: 8, steps: 9}\n"))
+    # a merge key's entries are there to be overridden
+    assert load_yaml("a: &x {b: 1, c: 2}\nd:\n  <<: *x\n  b: 3\n") == {"a": {"b": 1, "c": 2}, "d": {"b": 3, "c": 2}}

@@ -97,6 +97,11 @@ def test_a_refused_change_names_every_key_and_what_a_resume_accepts(tiny_run, ca
             "and the initial weights). A resume accepts changes of train.steps, the global batch and its split, "
             "evaluation") in line, line
     assert "eval_every" not in line  # an accepted change is not a reason to refuse
+    # a debug key that changes what is trained (it was accepted with the debug section: the run switched to copying
+    # its input)
+    assert main(["train", str(config), "--resume", "auto", "--set", "debug.unshifted_labels=true"]) == 2
+    assert ("holds a different run: debug.unshifted_labels False -> True (changes what the model learns (labels "
+            "copied from the inputs))") in error_line(capsys)
 
 
 def test_data_changed_under_a_run_is_refused_naming_what_changed(tiny_run, corpus_dir, tmp_path, capsys) -> None:

@@ -212,6 +212,11 @@ def import_engine(backend: str) -> ModuleType:
         ) from None
 
 
+def check_device(cfg: RunConfig) -> None:
+    """Refuse, in one line, a ``device`` the configured engine cannot reach here (before any data is prepared)."""
+    import_engine(cfg.backend).check_device(cfg.device)
+
+
 def create_backend(cfg: RunConfig, spec: ModelSpec, layout: Layout) -> Backend:
     """The configured engine, built for this model on the launch's layout (resolved and checked once, by
     :func:`mindfoundry.parallel.layout.launch_layout`; the engine refuses only what it cannot run)."""

@@ -23,7 +23,25 @@ BOOL, INT, FLOAT = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.
 
 
 class Yaml12Loader(yaml.SafeLoader):
-    """PyYAML's safe loader with YAML 1.2 core-schema booleans, integers and floats."""
+    """PyYAML's safe loader with YAML 1.2 core-schema booleans, integers and floats, and mappings whose keys are
+    given once."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        """PyYAML keeps the last of two equal keys without a word (a second ``checkpoint:`` block would silently
+        reset the first one's settings): a key given twice is an error naming it and both lines. A merge key's
+        (``<<``) entries may be overridden: that is what it is for."""
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value if isinstance(node, yaml.MappingNode) else ():
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first at line {seen[key]}, again at line {line}): a key is "
+                    "given once in a mapping; merge the two", key_node.start_mark)
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 Yaml12Loader.yaml_implicit_resolvers = {
@@ -51,6 +69,7 @@ def _integer(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
 
 
 Yaml12Loader.add_constructor(INT, _integer)
+
 
 
 def load_yaml(text: str) -> Any:

@@ -32,8 +32,12 @@ RESUME_MUTABLE = ("monitor", "generate", "checkpoint", "backend", "device", "deb
                   "data.output_dir", "data.executor", "data.ray", "data.work_dir", "data.cache_dir",
                   "data.task_bytes", "data.workers")
 
+#: Keys inside :data:`RESUME_MUTABLE`'s sections that change what is trained all the same: refused on resume.
+RESUME_FIXED = ("debug.unshifted_labels",)
+
 #: What a refused change alters, by the longest matching key.
 _REASONS = {
+    "debug.unshifted_labels": "what the model learns (labels copied from the inputs)",
     "model": "the model",
     "data.mixture": "which samples each position draws (a resume would skip or repeat data)",
     "data": "what the prepared data holds",
@@ -89,7 +93,7 @@ class Change:
     @property
     def reason(self) -> str:
         """What a refused change would alter."""
-        matches = [k for k in _REASONS if self.key == k or self.key.startswith(k + ".")]
+        matches = [k for k in _REASONS if _under(self.key, (k,))]
         return _REASONS[max(matches, key=len)] if matches else "what the run is"
 
 
@@ -111,7 +115,11 @@ def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _accepted(key: str) -> bool:
-    return any(key == m or key.startswith(m + ".") for m in RESUME_MUTABLE)
+    return not _under(key, RESUME_FIXED) and _under(key, RESUME_MUTABLE)
+
+
+def _under(key: str, prefixes: tuple[str, ...]) -> bool:
+    return any(key == m or key.startswith(m + ".") for m in prefixes)
 
 
 def resume_changes(old: RunConfig, new: RunConfig) -> list[Change]:

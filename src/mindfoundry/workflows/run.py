@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from rich.console import Console
 
-from mindfoundry.backends.base import create_backend
+from mindfoundry.backends.base import check_device, create_backend
 from mindfoundry.config.parallel_config import Layout
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.masking import TEXTS, masking_for
@@ -43,8 +43,11 @@ def check_launch(cfg: RunConfig) -> Layout:
     and on CPU MemoryFitError when the estimated peak exceeds this machine's memory.
 
     A tp=2 config started as one process is refused here instead of silently training on one device;
-    whether the engine implements the layout is its own check, when the backend is created."""
+    whether the engine implements the layout is its own check, when the backend is created. A device the engine
+    cannot reach is refused here too, before any data is prepared."""
     layout = launch_layout(cfg)
+    if cfg.device not in ("cpu", "auto"):  # (cpu is always there; auto takes what is)
+        check_device(cfg)
     if cfg.device == "cpu":
         check_host_fit(ModelSpec.from_config(cfg.model), layout, cfg.train.micro_batch_size, cfg.train.seq_len,
                        cfg.train.precision, processes=layout.world_size, memory=cfg.memory)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Mapping
 
 import mindspore as ms
+import mindspore.device_context as device_context
 import numpy as np
 from mindspore import Tensor, nn
 
@@ -39,8 +40,21 @@ from mindfoundry.model.spec import ModelSpec, module_boundaries, parameter_shape
 _DEVICE_TARGETS = {"cpu": "CPU", "ascend": "Ascend", "npu": "Ascend", "gpu": "GPU", "cuda": "GPU"}
 
 
+def check_device(device: str) -> None:
+    """Refuse a device this install cannot reach, in one line: MindSpore itself accepts the name and fails in C++ at
+    the first tensor."""
+    if device != "auto":
+        target = _DEVICE_TARGETS[device]
+        if not getattr(device_context, target.lower()).is_available():
+            raise BackendUnavailable(
+                f"device={device!r}: this MindSpore install cannot reach a {target} device (its plugin, driver or "
+                f"the device itself is missing): use device: cpu (or auto), or run on a machine with MindSpore's "
+                f"{target} build and drivers")
+
+
 def configure_context(device: str) -> None:
     """GRAPH_MODE on the requested device ('auto' = whatever MindSpore picks)."""
+    check_device(device)
     ms.set_context(mode=ms.GRAPH_MODE)
     if device != "auto":
         ms.set_device(_DEVICE_TARGETS[device])

@@ -378,5 +378,10 @@ class TorchBackend:
         return full_value(out).float().cpu().numpy()
 
 
+def check_device(device: str) -> None:
+    """Refuse a device this install cannot reach, in one line (:func:`select_device`)."""
+    select_device(device)
+
+
 def create(cfg: RunConfig, spec: ModelSpec, layout: Layout) -> TorchBackend:
     return TorchBackend(cfg, spec, layout)
