@@ -171,8 +171,9 @@ def random_checkpoint(cfg: RunConfig, data, *, seed: int = 3, **model):
         for n, w in init_weights(ModelSpec.from_config(cfg.model), 1).items()
     }
     moments = {f"{k}.{n}": np.zeros_like(w) for n, w in weights.items() for k in ("exp_avg", "exp_avg_sq")}
-    path = save_checkpoint(run, 1, weights, moments, {"adam_step": 1, "consumed_samples": 8, "consumed_tokens": 256},
-                           Retention(), extra_files={"data_manifest.json": data.manifest_bytes})
+    state = {"adam_step": 1, "consumed_samples": 8, "consumed_tokens": 256}
+    path = Path(save_checkpoint(run, 1, weights, moments, state, Retention(),
+                                extra_files={"data_manifest.json": data.manifest_bytes}))
     return path, weights, cfg
 
 
@@ -213,7 +214,7 @@ def rewrite_as_rank_slices(ckpt_dir: Path, parallel: dict, devices: int) -> Path
                 write_rank_slices(folder, arrays, layouts, rank)
             write_strategy(folder, layouts)
 
-    return save_checkpoint(
+    return Path(save_checkpoint(
         Path(ckpt_dir).parent.parent,
         ckpt.state["step"],
         None,
@@ -222,7 +223,7 @@ def rewrite_as_rank_slices(ckpt_dir: Path, parallel: dict, devices: int) -> Path
         Retention(keep_last=100),
         {"data_manifest.json": (Path(ckpt_dir) / "data_manifest.json").read_bytes()},
         writer=writer,
-    )
+    ))
 
 
 @contextmanager

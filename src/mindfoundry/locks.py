@@ -50,13 +50,14 @@ def open_lock(path: Path) -> int:
     return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
 
 
-def take(fd: int, command: str) -> dict:
+def take(fd: int, command: str, *, shared: bool = False) -> dict:
     """Hold an exclusive flock on the open lock file ``fd`` for as long as it stays open, and write this process as
-    its holder (``command``: its command line as it may be shown, secrets left out); the previous holder's record ({}
-    after a clean release; a killed process leaves its own). Raises :class:`LockHeldError` (and closes ``fd``) when
+    its holder (``command``: its command line as it may be shown, secrets left out; ``shared``: a reader's lock, which
+    other readers may hold too and a writer may not); the previous holder's record ({} after a clean release; a
+    killed process leaves its own). Raises :class:`LockHeldError` (and closes ``fd``) when
     another process holds it, OSError when the file system cannot lock."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = _read(fd)
         os.close(fd)

@@ -31,7 +31,7 @@ def run_ckpt(tmp_path: Path, tiny) -> tuple[Path, ModelSpec]:
         for n, s in parameter_shapes(spec).items()
         for k in ("exp_avg", "exp_avg_sq")
     }
-    path = save_checkpoint(run, 5, weights, optim, {"consumed_samples": 40, "consumed_tokens": 640})
+    path = Path(save_checkpoint(run, 5, weights, optim, {"consumed_samples": 40, "consumed_tokens": 640}))
     return path, spec
 
 
@@ -39,7 +39,7 @@ def run_ckpt(tmp_path: Path, tiny) -> tuple[Path, ModelSpec]:
 def test_round_trip(run_ckpt, tmp_path: Path, suffix: str, engine: str) -> None:
     pytest.importorskip(engine)
     path, _ = run_ckpt
-    native = export_checkpoint(path, tmp_path / f"model{suffix}")
+    native = Path(export_checkpoint(path, tmp_path / f"model{suffix}"))
     with pytest.raises(CheckpointError, match="is not a run directory"):
         import_checkpoint(native, tmp_path / "imported")
     (tmp_path / "imported").mkdir()

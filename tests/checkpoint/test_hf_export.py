@@ -34,7 +34,7 @@ def test_transformers_opens_the_export_and_agrees_with_both_engines(
 ) -> None:
     cfg, data = tiny_prepared
     ckpt, weights, cfg = random_checkpoint(cfg, data, **model)
-    out = export_hf(ckpt, tmp_path / "hf")
+    out = Path(export_hf(ckpt, tmp_path / "hf"))
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors",
                                                       "tokenizer.json", "tokenizer_config.json"]
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
@@ -144,7 +144,7 @@ def test_init_from_an_export_round_trips_byte_for_byte(tiny_prepared, tmp_path: 
 
     cfg, data = tiny_prepared
     ckpt, weights, cfg = random_checkpoint(cfg, data, n_kv_heads=1, tie_embeddings=False)
-    first = export_hf(ckpt, tmp_path / "first")
+    first = Path(export_hf(ckpt, tmp_path / "first"))
     spec = ModelSpec.from_config(cfg.model)
     imported = initial_weights(first, spec)
     assert imported.keys() == weights.keys() and all(np.array_equal(imported[n], weights[n]) for n in weights)
@@ -158,15 +158,15 @@ def test_init_from_an_export_round_trips_byte_for_byte(tiny_prepared, tmp_path: 
     assert all(np.array_equal(started[n], weights[n]) for n in weights)
     (tmp_path / "continued").mkdir()
     (tmp_path / "continued" / "config.yaml").write_text(to_yaml(new_run))
-    again = save_checkpoint(
+    again = Path(save_checkpoint(
         tmp_path / "continued",
         1,
         started,
         {f"{k}.{n}": np.zeros_like(w) for n, w in started.items() for k in ("exp_avg", "exp_avg_sq")},
         {"adam_step": 0, "consumed_samples": 0, "consumed_tokens": 0},
         extra_files={"data_manifest.json": data.manifest_bytes},
-    )
-    second = export_hf(again, tmp_path / "second")
+    ))
+    second = Path(export_hf(again, tmp_path / "second"))
     assert (second / "model.safetensors").read_bytes() == (first / "model.safetensors").read_bytes()
     assert (second / "config.json").read_bytes() == (first / "config.json").read_bytes()
 
@@ -190,7 +190,7 @@ def test_init_from_refuses_what_the_model_cannot_represent(
 
     cfg, data = tiny_prepared
     ckpt, _, cfg = random_checkpoint(cfg, data)
-    folder = export_hf(ckpt, tmp_path / "hf")
+    folder = Path(export_hf(ckpt, tmp_path / "hf"))
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(config | edit))
     with pytest.raises(CheckpointError, match=message):
@@ -212,7 +212,7 @@ def test_a_sharded_checkpoint_exports_the_same_bytes(tiny_prepared, tmp_path: Pa
         cfg.model_copy(update={"backend": "torch"}), ModelSpec.from_config(cfg.model), launch_layout(cfg)
     )
     backend.load_weights(weights)
-    sharded = save_checkpoint(
+    sharded = Path(save_checkpoint(
         Path(cfg.run_dir),
         2,
         None,
@@ -221,9 +221,9 @@ def test_a_sharded_checkpoint_exports_the_same_bytes(tiny_prepared, tmp_path: Pa
         Retention(keep_last=2),
         extra_files={"data_manifest.json": data.manifest_bytes},
         writer=backend.save_sharded,
-    )
+    ))
     assert (sharded / "model").is_dir()
-    a, b = export_hf(full, tmp_path / "from-full"), export_hf(sharded, tmp_path / "from-sharded")
+    a, b = Path(export_hf(full, tmp_path / "from-full")), Path(export_hf(sharded, tmp_path / "from-sharded"))
     assert {p.name: p.read_bytes() for p in a.iterdir()} == {p.name: p.read_bytes() for p in b.iterdir()}
 
 

@@ -140,13 +140,13 @@ def test_sharded_checkpoint_folder_loads_as_full_arrays(tmp_path: Path, capsys) 
         for folder, arrays in zip(folders, (weights, moments)):
             _write_cluster(folder, arrays, layouts, devices)
 
-    path = save_checkpoint(tmp_path, 3, None, None, {"adam_step": 3}, Retention(), writer=writer)
+    path = Path(save_checkpoint(tmp_path, 3, None, None, {"adam_step": 3}, Retention(), writer=writer))
     ckpt = load_checkpoint(path)  # rank slices merged without an engine
     assert all(np.array_equal(ckpt.weights[n], a) for n, a in weights.items())
     assert all(np.array_equal(ckpt.optimizer[n], a) for n, a in moments.items())
     # the weights alone, one file: byte for byte the model.safetensors of a full-format checkpoint of the same state
-    full = save_checkpoint(tmp_path / "full", 3, weights, moments, {"adam_step": 3})
-    out = export_checkpoint(path, tmp_path / "weights.safetensors")
+    full = Path(save_checkpoint(tmp_path / "full", 3, weights, moments, {"adam_step": 3}))
+    out = Path(export_checkpoint(path, tmp_path / "weights.safetensors"))
     assert out.read_bytes() == (full / "model.safetensors").read_bytes()
     assert main(["ckpt", "inspect", str(path)]) == 0
     text = capsys.readouterr().out

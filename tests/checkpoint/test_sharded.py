@@ -53,8 +53,8 @@ def fake_writer(folders: tuple[Path, Path]) -> None:
 def test_engine_written_files_are_committed_verified_and_retained(tmp_path: Path) -> None:
     extra = {"data_manifest.json": b"{}\n"}
     for step in (1, 2, 3):
-        path = save_checkpoint(tmp_path, step, None, None, {"consumed_samples": step}, Retention(keep_last=2),
-                               extra_files=extra, writer=fake_writer)
+        path = Path(save_checkpoint(tmp_path, step, None, None, {"consumed_samples": step}, Retention(keep_last=2),
+                               extra_files=extra, writer=fake_writer))
     assert is_sharded(path) and [p.name for p in list_checkpoints(tmp_path)] == ["step_00000002", "step_00000003"]
     files = json.loads((path / "manifest.json").read_text())["files"]
     assert sorted(files) == [
@@ -134,7 +134,7 @@ def saved(tmp_path: Path, make_config):
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text(to_yaml(cfg))
-    path = save_checkpoint(run, 2, None, None, {"adam_step": 2}, writer=backend.save_sharded)
+    path = Path(save_checkpoint(run, 2, None, None, {"adam_step": 2}, writer=backend.save_sharded))
     return cfg, spec, backend, path
 
 
@@ -189,8 +189,8 @@ def test_export_is_the_full_format_file_and_loads_in_both_engines(saved, tmp_pat
     assert ckpt.state["adam_step"] == 2
     for mine, read in ((backend.weights(), ckpt.weights), (backend.optimizer_state(), ckpt.optimizer)):
         assert mine.keys() == read.keys() and all(np.array_equal(mine[k], read[k]) for k in mine)
-    full = save_checkpoint(tmp_path / "full", 2, backend.weights(), backend.optimizer_state(), {"adam_step": 2})
-    out = export_checkpoint(path, tmp_path / "weights.safetensors")
+    full = Path(save_checkpoint(tmp_path / "full", 2, backend.weights(), backend.optimizer_state(), {"adam_step": 2}))
+    out = Path(export_checkpoint(path, tmp_path / "weights.safetensors"))
     assert out.read_bytes() == (full / "model.safetensors").read_bytes()
     assert main(["ckpt", "inspect", str(path)]) == 0 and main(["ckpt", "verify", str(path)]) == 0
     text = capsys.readouterr().out

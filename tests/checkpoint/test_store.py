@@ -24,7 +24,8 @@ def save(run: Path, step: int, keep_last: int = 10) -> Path:
     rng = np.random.default_rng(step)
     weights = {"embed.weight": rng.standard_normal((8, 4)).astype(np.float32), "norm.weight": np.ones(4, np.float32)}
     optim = {f"exp_avg.{k}": np.zeros_like(v) for k, v in weights.items()}
-    return save_checkpoint(run, step, weights, optim, {"consumed_samples": step * 8}, Retention(keep_last=keep_last))
+    state = {"consumed_samples": step * 8}
+    return Path(save_checkpoint(run, step, weights, optim, state, Retention(keep_last=keep_last)))
 
 
 def test_round_trip_and_layout(tmp_path: Path) -> None:
@@ -64,7 +65,8 @@ def test_resume_skips_damaged_and_uncommitted(tmp_path: Path) -> None:
     save(tmp_path, 3)
     newest = save(tmp_path, 6)
     (newest / "optimizer.safetensors").write_bytes(b"garbage")
-    (tmp_path / "checkpoints" / "step_00000009").mkdir()  # e.g. a manifest deleted by hand
+    (tmp_path / "checkpoints" / "step_00000009").mkdir()  # e.g. a manifest deleted by hand: the rest is there
+    (tmp_path / "checkpoints" / "step_00000009" / "model.safetensors").write_bytes(b"weights")
     (tmp_path / "checkpoints" / ".tmp-step_00000012-77").mkdir()  # a crash mid-write: never a candidate
     path, skipped = find_resumable(tmp_path)
     assert path is not None and path.name == "step_00000003"
@@ -104,9 +106,9 @@ def test_fifty_random_corruptions_are_all_detected(tmp_path: Path) -> None:
         weights = {"w": rng.standard_normal((16, 8)).astype(np.float32)}
         extra = {"data_manifest.json": b'{"sources": []}\n'}
         save_checkpoint(run, 1, weights, {"exp_avg.w": weights["w"] * 0}, {"consumed_samples": 8}, extra_files=extra)
-        newest = save_checkpoint(
+        newest = Path(save_checkpoint(
             run, 2, weights, {"exp_avg.w": weights["w"]}, {"consumed_samples": 16}, extra_files=extra
-        )
+        ))
         target = newest / FILES[rng.integers(len(FILES))]
         kind = ["truncate", "flip", "delete"][rng.integers(3)]
         kinds[kind] += 1

@@ -19,7 +19,7 @@ from mindfoundry.data.execute.stage import Stage, run_task
 from mindfoundry.data.prepare.pipeline import data_identity, prepare_data
 from mindfoundry.data.prepare.results import ReadResult
 
-TIMING_KEYS = {"created", "timings"}
+TIMING_KEYS = {"created", "timings", "prepared_by"}  # when it was made, how long it took, by which run
 DEDUP_TIMING_KEYS = {"seconds", "documents_per_second"}
 
 

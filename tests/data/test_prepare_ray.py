@@ -65,7 +65,7 @@ def test_two_ray_nodes_write_what_one_process_writes_and_a_killed_worker_is_retr
         tiny_run("ray", data__executor="ray", data__workers=4, data__ray={"address": two_nodes}, **overrides)
     )
     on_ray.data.sources.append(on_ray.data.sources[0].model_validate(news))
-    killer = KillFirstAttempt(work_dir(on_ray) / "stages" / "read")
+    killer = KillFirstAttempt(Path(work_dir(on_ray)) / "stages" / "read")
     killer.start()
     logs: list[str] = []
     try:

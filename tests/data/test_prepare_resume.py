@@ -18,7 +18,7 @@ from test_parallel_prepare import assert_same_output
 
 from mf_testing import StopAt, small_disk, tiny_run_tree
 from mindfoundry.cli.main import main
-from mindfoundry.config.load import load_config
+from mindfoundry.config.load import ConfigError, load_config
 from mindfoundry.data.execute.workdir import WorkDirError
 from mindfoundry.data.ingest.builtin import read_builtin
 from mindfoundry.data.ingest.files import SourceStats
@@ -79,7 +79,7 @@ def test_prepare_killed_in_two_stages_resumes_to_the_same_bytes(tmp_path, corpus
 
     path = config(tmp_path, corpus_dir, news_files, "killed", workers=2)
     cfg = load_config(path)
-    work = work_dir(cfg)
+    work = Path(work_dir(cfg))
     cmd = [sys.executable, "-m", "mindfoundry.cli", "prepare", str(path)]
     tasks = len(plan_inputs(cfg.data))  # each news file, code.jsonl, the asyncio folder in runs of >= 64 KiB
     assert tasks > FILES
@@ -116,11 +116,9 @@ def test_a_work_dir_that_is_not_ours_or_not_writable_is_refused(tiny_run, tmp_pa
 
     blocked = tmp_path / "file"
     blocked.write_text("a file where the work folder should go")
-    cfg = load_config(tiny_run("blocked", data__work_dir=str(blocked / "work")))
-    with pytest.raises(
-        WorkDirError, match=rf"the prepare work folder '{blocked / 'work'}' is not writable \(.*\): set data.work_dir"
-    ):
-        prepare_data(cfg, log=lambda _: None)
+    with pytest.raises(ConfigError, match=rf"data.work_dir='{blocked / 'work'}' cannot hold a folder: '{blocked}' is "
+                       "a file, not a folder; choose a folder path"):  # refused when the config is read
+        load_config(tiny_run("blocked", data__work_dir=str(blocked / "work")))
 
 
 def test_a_second_prepare_on_the_same_work_dir_is_refused(tiny_run) -> None:
@@ -169,7 +167,7 @@ def test_a_corrupt_compressed_file_is_named_with_the_line_it_broke_at(tiny_run, 
     ):
         prepare_data(cfg, log=lambda _: None)
     assert not Path(cfg.data.output_dir).exists()
-    read = work_dir(cfg) / "stages" / "read"
+    read = Path(work_dir(cfg)) / "stages" / "read"
     assert [p.name for p in read.iterdir()] == []  # nothing half-written is left as if complete
 
 

@@ -14,8 +14,9 @@ from test_parallel_prepare import output_files, without_timings
 
 from mindfoundry.config.load import load_config
 from mindfoundry.data.dataset.prepared import DataError, local_copy
-from mindfoundry.data.prepare.pipeline import prepare_data
-from mindfoundry.storage.commit import COMMIT_FILE, FETCHED
+from mindfoundry.data.prepare.pipeline import prepare_data, work_dir
+from mindfoundry.storage.commit import COMMIT_FILE
+from mindfoundry.storage.location import locate
 
 
 def comparable(manifest: dict[str, Any], urls: dict[str, str]) -> dict[str, Any]:
@@ -72,8 +73,8 @@ def test_prepare_from_s3_to_s3_writes_the_objects_a_local_prepare_writes(s3, tin
         source["files"] = [{k: v for k, v in f.items() if k == "path"} for f in source["files"]]
     assert remote_manifest == comparable(local_manifest, {})
     # the work area is gone, training reads the node-local copy
-    assert not any((tmp_path / "cache" / "work").iterdir())
-    assert data.root == local_copy(cfg) and (data.root / FETCHED).is_file()
+    assert work_dir(cfg).is_below(locate(tmp_path / "cache")) and not work_dir(cfg).exists()
+    assert data.root == local_copy(cfg) and (data.root / COMMIT_FILE).read_bytes() == s3.get(bucket, "data/commit.json")
     assert data.root.is_relative_to(tmp_path / "cache")
 
 
@@ -106,22 +107,35 @@ def test_overwrite_of_a_url_output_keeps_the_old_objects_and_a_cluster_needs_a_u
 
 
 def test_a_work_area_in_a_bucket_is_held_by_one_prepare_at_a_time(s3, tmp_path) -> None:
+    import socket
+    import subprocess
+    import sys
     import time as clock
 
-    from mindfoundry.data.execute.remote_workdir import LEASE, STALE_S, RemoteWorkDir
-    from mindfoundry.data.execute.workdir import WorkDirError
+    from mindfoundry.data.execute.workdir import LOCK, WorkDir, WorkDirError
+    from mindfoundry.storage.claim import STALE_S
     from mindfoundry.storage.remote import Remote
 
     bucket = s3.bucket()
-    root = Remote(f"s3://{bucket}/work")
-    s3.put(bucket, f"work/{LEASE}", json.dumps({"owner": "pid 1 on another-node", "time": clock.time()}).encode())
-    work = RemoteWorkDir(root, str(tmp_path))
-    with pytest.raises(WorkDirError, match=r"another prepare \(pid 1 on another-node\) is working in"):
+    work = WorkDir(Remote(f"s3://{bucket}/work"), str(tmp_path))
+
+    def lease(pid: int, host: str, age: float) -> None:
+        s3.put(bucket, f"work/{LOCK}", json.dumps({"pid": pid, "host": host, "start": 0, "command": "mindfoundry "
+                                                   "prepare other.yaml", "time": clock.time() - age}).encode())
+
+    lease(1, "another-node", 0)
+    with pytest.raises(WorkDirError, match=r"another prepare \(pid 1 on another-node \(started .*: mindfoundry "
+                                           r"prepare other.yaml\)\) is working in"):
         work.claim("identity", "plan", fresh=False, log=lambda _: None)
     # a lease its driver stopped renewing is a dead driver's: taken over, and released at the end
-    s3.put(bucket, f"work/{LEASE}", json.dumps({"owner": "pid 1 on another-node",
-                                                "time": clock.time() - STALE_S - 1}).encode())
+    lease(1, "another-node", STALE_S + 1)
     work.claim("identity", "plan", fresh=False, log=lambda _: None)
-    assert json.loads(s3.get(bucket, f"work/{LEASE}"))["owner"].endswith(f"on {__import__('socket').gethostname()}")
+    held = json.loads(s3.get(bucket, f"work/{LOCK}"))
+    assert (held["pid"], held["host"]) == (__import__("os").getpid(), socket.gethostname())
     work.release()
-    assert s3.keys(bucket, f"work/{LEASE}") == []
+    assert s3.keys(bucket, f"work/{LOCK}") == []
+    # a fresh lease of a process of this host that is gone (a killed prepare) is taken at once, not after STALE_S
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    lease(int(gone.stdout), socket.gethostname(), 29)
+    work.claim("identity", "plan", fresh=False, log=lambda _: None)
+    work.release()

@@ -56,7 +56,7 @@ def test_checkpoint_urls_serve_list_eval_generate_and_export(s3_run, s3, tmp_pat
     assert exported == {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}
     assert sorted(json.loads(s3.get(bucket, "hf/commit.json"))["objects"]) == sorted(exported)
     assert main(["export", f"{url}/step_00000006", "--out", f"s3://{bucket}/hf"]) == 2  # never over objects
-    assert "already holds objects" in capsys.readouterr().err
+    assert "already exists and is not an empty folder" in capsys.readouterr().err
 
 
 def test_secrets_in_the_config_are_never_written_out_or_printed(s3, tiny_run, tmp_path, capsys) -> None:

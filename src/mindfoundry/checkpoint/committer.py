@@ -29,7 +29,6 @@ import numpy as np
 from mindfoundry.checkpoint.directory import CheckpointDir, Retention, last_checkpoint_size, write_checkpoint_files
 from mindfoundry.checkpoint.store import shard_folders, step_dir_name
 from mindfoundry.storage.location import Location
-from mindfoundry.storage.remote import on_io_thread
 
 #: The background work's niceness (Linux; per thread): it takes the cores when training leaves them, so the training
 #: threads are slowed as little as the machine allows.
@@ -91,8 +90,7 @@ class Committer:
                 optimizer: Mapping[str, np.ndarray] | None, state: dict[str, Any], extra_files: dict[str, bytes],
                 tensors_written: bool) -> None:
         yield_cores(threading.get_native_id())
-        if self.directory.remote:  # the uploads run on fsspec's I/O thread
-            on_io_thread(lambda: yield_cores(threading.get_native_id()))
+        self.directory.root.on_io_threads(lambda: yield_cores(threading.get_native_id()))  # a store's uploads
         start = time.perf_counter()
         try:
             write_checkpoint_files(tmp, step, weights, optimizer, state, extra_files, tensors_written=tensors_written,

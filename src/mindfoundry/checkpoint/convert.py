@@ -20,6 +20,8 @@ from mindfoundry.checkpoint.reader import load_checkpoint
 from mindfoundry.checkpoint.run_files import run_config
 from mindfoundry.checkpoint.store import CheckpointError, publish_mode, write_safetensors
 from mindfoundry.errors import MindFoundryError
+from mindfoundry.storage.commit import staged_file
+from mindfoundry.storage.location import Location, locate
 
 NATIVE = {".ckpt": "mindspore", ".pt": "torch"}
 WEIGHTS_ONLY = ".safetensors"
@@ -38,18 +40,20 @@ def _engine_module(suffix: str):
         ) from None
 
 
-def export_checkpoint(ckpt_dir: Path, out: Path) -> Path:
-    """Write checkpoint folder `ckpt_dir` (full or sharded) as `out` (.ckpt, .pt, or .safetensors = the weights
-    alone, byte for byte the full format's model.safetensors); refuses to overwrite."""
+def export_checkpoint(ckpt_dir: Path, out: str | Path | Location) -> Location:
+    """Write checkpoint folder `ckpt_dir` (full or sharded) as the file `out`, a path or a URL (.ckpt, .pt, or
+    .safetensors = the weights alone, byte for byte the full format's model.safetensors); refuses to overwrite."""
+    out = locate(out)
     if out.exists():
         raise CheckpointError(f"{out} already exists: choose another output path")
-    if out.suffix == WEIGHTS_ONLY:
-        write_safetensors(out, load_checkpoint(ckpt_dir).weights)
-        return out
-    module = _engine_module(out.suffix)
+    module = None if out.name.endswith(WEIGHTS_ONLY) else _engine_module(Path(out.name).suffix)
     ckpt = load_checkpoint(ckpt_dir)
-    module.export_native(ckpt.weights, ckpt.optimizer, ckpt.state, out, run_config(Path(ckpt_dir)))
-    publish_mode(out)
+    with staged_file(out) as tmp:
+        if module is None:
+            write_safetensors(tmp, ckpt.weights)
+        else:
+            module.export_native(ckpt.weights, ckpt.optimizer, ckpt.state, tmp, run_config(Path(ckpt_dir)))
+            publish_mode(tmp)
     return out
 
 

@@ -15,7 +15,6 @@ uploads, a step's objects without their marker) are removed at the next start (:
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Callable, Mapping
@@ -28,15 +27,13 @@ import numpy as np
 from mindfoundry import atomic
 from mindfoundry.checkpoint.store import (
     BEST_FILE,
-    DELETING,
+    CHECKPOINT,
     LATEST_FILE,
-    MANIFEST_FILE,
-    MANIFEST_SUM,
     MODEL_FILE,
     OPTIMIZER_FILE,
-    STATE_FILE,
     STEP_DIR,
     CheckpointError,
+    checkpoint_bytes,
     checkpoint_eval,
     read_state,
     shard_folders,
@@ -47,9 +44,10 @@ from mindfoundry.checkpoint.store import (
     write_safetensors,
 )
 from mindfoundry.config.schema import RunConfig
-from mindfoundry.storage.cache import cache_folder, filling
+from mindfoundry.storage.cache import cache_folder
+from mindfoundry.storage.commit import fetch, is_committed, publish, uncommit
+from mindfoundry.storage.local import DELETING
 from mindfoundry.storage.location import Location, locate
-from mindfoundry.storage.remote import ObjectMissingError, Remote
 
 
 @dataclass(frozen=True)
@@ -78,11 +76,10 @@ class CheckpointDir:
     """The committed checkpoints under ``root`` (see the module docstring). ``staging``: the local folder a checkpoint
     for a URL root is written into before its upload; ``cache``: where local copies of its checkpoints are fetched."""
 
-    def __init__(self, root: Location, *, staging: Path | None = None, cache_dir: str | None = None) -> None:
-        self.root = root
-        remote = root.url if isinstance(root, Remote) else str(root)
-        self.staging = staging or cache_folder("staging", remote, cache_dir)
-        self.cache = cache_folder("checkpoints", remote, cache_dir)
+    def __init__(self, root: Path | Location, *, staging: Path | None = None, cache_dir: str | None = None) -> None:
+        self.root = root = locate(root)
+        self.staging = root.staging(staging or cache_folder("staging", str(root), cache_dir))
+        self.cache = cache_folder("checkpoints", str(root), cache_dir)
 
     @classmethod
     def of_run(cls, cfg: RunConfig) -> CheckpointDir:
@@ -90,100 +87,59 @@ class CheckpointDir:
         root = locate(cfg.checkpoint.dir, cfg.storage) if cfg.checkpoint.dir else checkpoints_dir(cfg.run_dir)
         return cls(root, staging=Path(cfg.run_dir) / ".checkpoint-staging", cache_dir=cfg.data.cache_dir)
 
-    @property
-    def remote(self) -> bool:
-        return isinstance(self.root, Remote)
-
     def __str__(self) -> str:
         return str(self.root)
 
     # -- what is there -----------------------------------------------------------------------------------------
     def committed(self) -> list[Location]:
         """The committed checkpoint folders, oldest first (whether each is intact is for :meth:`verify` to say)."""
-        if isinstance(self.root, Remote):
-            names = [n for n in self.root.children() if STEP_DIR.match(n)]
-            return [self.root / n for n in names if (self.root / n / MANIFEST_SUM).is_file()]
-        if not self.root.is_dir():
-            return []
-        return sorted((p for p in self.root.iterdir() if STEP_DIR.match(p.name) and p.is_dir()), key=lambda p: p.name)
+        return [self.root / n for n in self.root.children() if STEP_DIR.match(n) and is_committed(self.root / n,
+                                                                                                     CHECKPOINT)]
 
     def pointer(self, name: str) -> str | None:
         """The folder name ``latest`` or ``best`` points at (None without the pointer)."""
         try:
             return (self.root / name).read_text(encoding="utf-8").strip() or None
-        except (FileNotFoundError, ObjectMissingError):
+        except FileNotFoundError:
             return None
 
     def state(self, checkpoint: Location) -> dict[str, Any]:
         """A checkpoint's trainer_state.json ({} when missing or unreadable)."""
-        if isinstance(checkpoint, Path):
-            return read_state(checkpoint)
-        try:
-            state = json.loads((checkpoint / STATE_FILE).read_bytes())
-        except (ObjectMissingError, ValueError):
-            return {}
-        return state if isinstance(state, dict) else {}
+        return read_state(checkpoint)
 
     # -- writing -----------------------------------------------------------------------------------------------
     def stage(self, step: int) -> Path:
         """A new, empty local folder to write checkpoint ``step`` into before :meth:`commit`."""
-        parent = self.staging if isinstance(self.root, Remote) else self.root
-        tmp = parent / f".tmp-{step_dir_name(step)}-{os.getpid()}"
+        tmp = self.staging / f".tmp-{step_dir_name(step)}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         return tmp
 
     def commit(self, tmp: Path, step: int, retention: Retention) -> Location:
-        """Commit the complete folder ``tmp`` as checkpoint ``step``, point ``latest`` at it, apply retention, point
-        ``best``. Older checkpoints are deleted only once the new one is committed and checked."""
+        """Commit the complete folder ``tmp`` as checkpoint ``step`` (checked first; the same step again replaces
+        the old one), point ``latest`` at it, apply retention, point ``best``. Older checkpoints are deleted only once
+        the new one is committed."""
         final = self.root / step_dir_name(step)
-        if isinstance(final, Remote):
-            self._upload(tmp, final)
-        else:
-            replaced = None
-            if final.exists():  # the same step again (e.g. after a rollback): keep the old one until the swap
-                replaced = self.root / f".old-{final.name}-{os.getpid()}"
-                os.replace(final, replaced)
-            atomic.publish_folder(tmp, final)
-            if replaced is not None:
-                shutil.rmtree(replaced, ignore_errors=True)
-            verify_checkpoint(final)
+        verify_checkpoint(tmp)
+        try:
+            publish(tmp, final, CHECKPOINT)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
         self._point(LATEST_FILE, final.name)
         self.apply_retention(retention)
-        self._point(BEST_FILE, self._best_of(self.committed()))
+        self._point(BEST_FILE, self.best_of(self.committed()))
         return final
-
-    def _upload(self, tmp: Path, final: Remote) -> None:
-        """Every file of ``tmp``, then the manifest and its checksum (the marker) last; the local folder removed."""
-        if (final / MANIFEST_SUM).is_file():  # the same step again: no longer committed before any object changes
-            (final / MANIFEST_SUM).delete()
-        files = sorted((p for p in tmp.rglob("*") if p.is_file()), key=lambda p: p.relative_to(tmp).as_posix())
-        last = (tmp / MANIFEST_FILE, tmp / MANIFEST_SUM)
-        for path in [f for f in files if f not in last] + list(last):
-            (final / path.relative_to(tmp).as_posix()).upload(path)
-        sizes = {f.relative_to(final): f.info()["size"] for f in final.files()}
-        wrong = [p.relative_to(tmp).as_posix() for p in files
-                 if sizes.get(p.relative_to(tmp).as_posix()) != p.stat().st_size]
-        if wrong:
-            raise CheckpointError(f"{final}: {wrong[0]} did not arrive whole (size differs after the upload): the "
-                                  "store lost a write; the checkpoint is not committed")
-        shutil.rmtree(tmp, ignore_errors=True)
 
     def _point(self, pointer: str, name: str | None) -> None:
         """Point ``latest`` or ``best`` at checkpoint folder ``name`` (None: remove the pointer)."""
-        target = self.root / pointer
         if name is None:
-            if isinstance(target, Remote):
-                target.delete()
-            else:
-                target.unlink(missing_ok=True)
-        elif isinstance(target, Remote):
-            target.write_text(name + "\n")
+            (self.root / pointer).delete()
         else:
-            atomic.write_text(target, name + "\n")
+            (self.root / pointer).write_text(name + "\n")
 
-    def _best_of(self, found: list[Location]) -> str | None:
-        """The folder name of the checkpoint with the lowest own validation loss (the earliest of equals), or None."""
+    def best_of(self, found: list[Location]) -> str | None:
+        """What ``best`` points at among ``found``: the folder name of the checkpoint with the lowest own validation
+        loss (the earliest of equals), or None."""
         scored = [(loss, step_of(p.name), p.name) for p in found
                   if (loss := checkpoint_eval(self.state(p))) is not None]
         return min(scored)[2] if scored else None
@@ -195,17 +151,11 @@ class CheckpointDir:
         keep = set(found[-max(retention.keep_last, 1):])
         if retention.keep_every:
             keep |= {p for p in found if step_of(p.name) % retention.keep_every == 0}
-        if retention.keep_best and (best := self._best_of(found)) is not None:
+        if retention.keep_best and (best := self.best_of(found)) is not None:
             keep.add(self.root / best)
         deleted = [p for p in found if p not in keep]
         for path in deleted:
-            if isinstance(path, Remote):  # the marker first: a deletion cut short leaves no committed half
-                (path / MANIFEST_SUM).delete()
-                path.delete_tree()
-            else:
-                doomed = path.with_name(f"{DELETING}{path.name}-{os.getpid()}")
-                os.replace(path, doomed)  # atomic: a kill during the delete leaves a hidden folder, never half a step_N
-                shutil.rmtree(doomed, ignore_errors=True)
+            uncommit(path, CHECKPOINT)  # never leaves half a step_N that looks committed
         return deleted
 
     def clean_interrupted(self) -> list[str]:
@@ -217,42 +167,31 @@ class CheckpointDir:
             for path in sorted(self.staging.glob(".tmp-step_*")):
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path.name)
-        if isinstance(self.root, Remote):
-            if (aborted := self.root.abort_uploads()) > 0:
-                removed.append(f"{aborted} unfinished upload(s)")
-            for name in [n for n in self.root.children() if STEP_DIR.match(n)]:
-                if not (self.root / name / MANIFEST_SUM).is_file():
-                    (self.root / name).delete_tree()
-                    removed.append(f"{name} (objects without a commit marker)")
-            return removed
-        if self.root.is_dir():
-            for path in sorted(p for p in self.root.iterdir()
-                               if p.is_dir() and p.name.startswith((".tmp-step_", ".old-step_", DELETING))):
-                shutil.rmtree(path, ignore_errors=True)
-                removed.append(path.name)
+        if (aborted := self.root.abort_uploads()) > 0:
+            removed.append(f"{aborted} unfinished upload(s)")
+        for name in self.root.children():
+            if name.startswith((".old-step_", DELETING)):
+                (self.root / name).delete_tree()
+                removed.append(name)
+            elif STEP_DIR.match(name) and not is_committed(self.root / name, CHECKPOINT):
+                (self.root / name).delete_tree()
+                removed.append(f"{name} (objects without a commit marker)")
         return removed
 
     # -- reading -----------------------------------------------------------------------------------------------
     def local_copy(self, checkpoint: Location, *, reuse: bool = True) -> Path:
-        """The checkpoint folder on this machine: itself, or for a URL a copy fetched into this node's cache (every
-        file the manifest lists, its manifest checked against the marker; with ``reuse``, a copy whose marker matches
-        is taken as it is)."""
-        if isinstance(checkpoint, Path):
-            return checkpoint
-        into = self.cache / checkpoint.name
-        with filling(into):
-            return fetch_checkpoint(checkpoint, into, reuse=reuse)
+        """The checkpoint folder on this machine: itself, or for a URL a copy fetched into this node's cache, every file
+        checked against the manifest (with ``reuse``, a copy whose marker matches is taken as it is)."""
+        return fetch(checkpoint, self.cache / checkpoint.name, CHECKPOINT, reuse=reuse)
 
     def verify(self, checkpoint: Location) -> dict[str, Any]:
         """:func:`verify_checkpoint` of a committed checkpoint, wherever it is: a URL's objects are fetched afresh
-        (its local copy replaced) and checked; errors name the URL."""
-        if isinstance(checkpoint, Path):
-            return verify_checkpoint(checkpoint)
+        (its local copy replaced) and checked; errors name where it is."""
         local = self.local_copy(checkpoint, reuse=False)
         try:
             return verify_checkpoint(local)
         except CheckpointError as exc:
-            raise CheckpointError(str(exc).replace(str(local), checkpoint.url)) from None
+            raise CheckpointError(str(exc).replace(str(local), str(checkpoint))) from None
 
     def find_resumable(self, before_step: int | None = None) -> tuple[Path | None, list[str]]:
         """The newest checkpoint that verifies (of a step below ``before_step``, when given), as a local folder, and
@@ -272,46 +211,7 @@ class CheckpointDir:
 
     def origin(self, local: Path) -> Location:
         """Where a folder :meth:`find_resumable` returned lives (its URL for a fetched copy), for messages."""
-        return self.root / local.name if isinstance(self.root, Remote) else local
-
-
-def fetch_checkpoint(checkpoint: Remote, into: Path, *, reuse: bool = True) -> Path:
-    """Checkpoint ``checkpoint`` copied to the local folder ``into``: its manifest and marker, and every file the
-    manifest lists (all of them checked by :func:`verify_checkpoint`). With ``reuse``, a copy in ``into`` holding the
-    same marker is kept."""
-    try:
-        marker = (checkpoint / MANIFEST_SUM).read_bytes()
-    except ObjectMissingError:
-        raise CheckpointError(f"{checkpoint}: no {MANIFEST_FILE}/{MANIFEST_SUM}; the checkpoint was never committed "
-                              "(interrupted write)") from None
-    if reuse and (into / MANIFEST_SUM).is_file() and (into / MANIFEST_SUM).read_bytes() == marker:
-        return into
-    tmp = into.parent / f".{into.name}.fetch-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        (checkpoint / MANIFEST_FILE).download(tmp / MANIFEST_FILE)
-        (tmp / MANIFEST_SUM).write_bytes(marker)
-        try:
-            listed = json.loads((tmp / MANIFEST_FILE).read_text(encoding="utf-8"))["files"]
-        except (ValueError, KeyError, TypeError):
-            listed = {}  # verify_checkpoint names what is wrong with it
-        for name in listed if isinstance(listed, dict) else {}:
-            if STEP_DIR.match(name) or name.startswith("/") or ".." in name.split("/"):
-                continue  # not inside the folder: verify_checkpoint refuses it
-            target = tmp / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                (checkpoint / name).download(target)
-            except ObjectMissingError:
-                pass  # verify_checkpoint: "file listed in the manifest is missing"
-        if into.exists():
-            shutil.rmtree(into)
-        atomic.publish_folder(tmp, into)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return into
+        return self.root / local.name
 
 
 def write_checkpoint_files(
@@ -389,26 +289,30 @@ def save_checkpoint(
 
 
 def last_checkpoint_size(directory: CheckpointDir) -> int:
-    """Bytes of the newest local committed checkpoint (what a sharded one needs: the engine writes it), 0 if none."""
-    found = [p for p in directory.committed() if isinstance(p, Path)]
-    return sum(f.stat().st_size for f in found[-1].rglob("*") if f.is_file()) if found else 0
+    """Bytes of the newest committed checkpoint (what a sharded one needs: the engine writes it), 0 if none."""
+    found = directory.committed()
+    return (checkpoint_bytes(found[-1]) or 0) if found else 0
+
+
+def _of_run_dir(run_dir: str | Path) -> CheckpointDir:
+    return CheckpointDir(checkpoints_dir(run_dir))
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """A run directory's committed checkpoint folders, oldest first."""
-    return CheckpointDir(checkpoints_dir(run_dir)).committed()  # type: ignore[return-value]
+    """A run directory's committed checkpoint folders (on this machine), oldest first."""
+    return [Path(str(p)) for p in _of_run_dir(run_dir).committed()]
 
 
 def find_resumable(run_dir: str | Path, before_step: int | None = None) -> tuple[Path | None, list[str]]:
     """:meth:`CheckpointDir.find_resumable` of a run directory's checkpoints."""
-    return CheckpointDir(checkpoints_dir(run_dir)).find_resumable(before_step)
+    return _of_run_dir(run_dir).find_resumable(before_step)
 
 
 def apply_retention(run_dir: str | Path, retention: Retention) -> list[Path]:
     """:meth:`CheckpointDir.apply_retention` of a run directory's checkpoints."""
-    return CheckpointDir(checkpoints_dir(run_dir)).apply_retention(retention)  # type: ignore[return-value]
+    return [Path(str(p)) for p in _of_run_dir(run_dir).apply_retention(retention)]
 
 
 def clean_interrupted(run_dir: str | Path) -> list[str]:
     """:meth:`CheckpointDir.clean_interrupted` of a run directory's checkpoints."""
-    return CheckpointDir(checkpoints_dir(run_dir)).clean_interrupted()
+    return _of_run_dir(run_dir).clean_interrupted()

@@ -13,7 +13,6 @@ safetensors and json only; tests/checkpoint/test_hf_export.py opens them with tr
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -21,10 +20,12 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from mindfoundry.backends.base import check_state_names
-from mindfoundry.checkpoint.handoff import load_hand_off, renamed, staged_folder
-from mindfoundry.checkpoint.store import CheckpointError
+from mindfoundry.checkpoint.handoff import load_hand_off, renamed
+from mindfoundry.checkpoint.store import CheckpointError, publish_mode
 from mindfoundry.data.tokenizer import EOS, PAD
 from mindfoundry.model.spec import ModelSpec, parameter_shapes
+from mindfoundry.storage.commit import staged_folder
+from mindfoundry.storage.location import Location, locate
 
 #: Our parameter names -> transformers' Llama ones: the top-level ones, and a block's (the layer index is kept).
 _TOP = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
@@ -90,9 +91,10 @@ def hf_weights(spec: ModelSpec, weights: Mapping[str, np.ndarray]) -> dict[str, 
     return {hf_name(n): np.ascontiguousarray(w, dtype=np.float32) for n, w in weights.items()}
 
 
-def export_hf(ckpt_dir: str | Path, out: str | Path) -> Path:
-    """Write checkpoint `ckpt_dir` (full or sharded) as a Hugging Face Llama folder `out`; refuses a non-empty `out`."""
-    out = Path(out)
+def export_hf(ckpt_dir: str | Path, out: str | Path | Location) -> Location:
+    """Write checkpoint `ckpt_dir` (full or sharded) as a Hugging Face Llama folder `out` (a folder or a URL);
+    refuses a non-empty `out`."""
+    out = locate(out)
     with staged_folder(out) as tmp:
         model = load_hand_off(Path(ckpt_dir), "hf", "the Llama layout (a LlamaForCausalLM folder)")
         spec, eos, pad = model.spec, model.eos, model.pad
@@ -105,5 +107,6 @@ def export_hf(ckpt_dir: str | Path, out: str | Path) -> Path:
         }
         for name, content in files.items():
             (tmp / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
-        shutil.copyfile(model.tokenizer_path, tmp / "tokenizer.json")
+        model.tokenizer_path.download(tmp / "tokenizer.json")
+        publish_mode(tmp)
     return out

@@ -20,13 +20,12 @@ from safetensors.numpy import load_file
 from mindfoundry.checkpoint.directory import CheckpointDir
 from mindfoundry.checkpoint.hf_export import check_weights, hf_name
 from mindfoundry.checkpoint.reader import load_checkpoint
-from mindfoundry.checkpoint.store import MANIFEST_FILE, MANIFEST_SUM, CheckpointError
+from mindfoundry.checkpoint.store import MANIFEST_FILE, CheckpointError
 from mindfoundry.config.storage_config import StorageConfig
 from mindfoundry.model.spec import ModelSpec, parameter_shapes
-from mindfoundry.storage.cache import cache_folder, filling
-from mindfoundry.storage.commit import fetch, is_committed
+from mindfoundry.storage.cache import cache_folder
+from mindfoundry.storage.commit import fetch
 from mindfoundry.storage.location import locate
-from mindfoundry.storage.remote import Remote
 
 
 def _sizes(spec: ModelSpec) -> dict[str, tuple[str, Any]]:
@@ -121,29 +120,16 @@ def read_hf_folder(folder: Path, spec: ModelSpec) -> dict[str, np.ndarray]:
 def initial_weights(path: str | Path, spec: ModelSpec, storage: StorageConfig | None = None) -> dict[str, np.ndarray]:
     """The weights `model.init_from` names: a checkpoint folder (verified) or a Hugging Face Llama folder; either may
     be a URL (a committed checkpoint or export, fetched into this node's cache and checked)."""
-    where = locate(str(path), storage)
-    path = _local(where) if isinstance(where, Remote) else where
-    if (path / MANIFEST_FILE).is_file():
-        weights = load_checkpoint(path).weights
-        check_weights(spec, weights, str(path))
-        return weights
-    if (path / "config.json").is_file():
-        return read_hf_folder(path, spec)
-    raise CheckpointError(
-        f"model.init_from={str(path)!r} is neither a checkpoint folder (manifest.json) nor a Hugging Face "
-        "folder (config.json): point it at RUN/checkpoints/step_N or an exported folder"
-    )
-
-
-def _local(where: Remote) -> Path:
-    """A checkpoint URL (its manifest.sha256) or an export URL (its commit.json) as a verified local copy."""
-    if (where / MANIFEST_SUM).is_file():
+    where = locate(path, storage)
+    if (where / MANIFEST_FILE).is_file():
         directory = CheckpointDir(where.parent)
         directory.verify(where)
-        return directory.local_copy(where)
-    if is_committed(where):
-        folder = cache_folder("init", where.url)
-        with filling(folder):
-            return fetch(where, folder)
-    raise CheckpointError(f"model.init_from={where} holds neither a committed checkpoint (manifest.sha256) nor a "
-                          "committed export (commit.json): point it at CKPT/step_N or an `export --out` URL")
+        weights = load_checkpoint(directory.local_copy(where), verify=False).weights
+        check_weights(spec, weights, str(where))
+        return weights
+    if (where / "config.json").is_file():
+        return read_hf_folder(fetch(where, cache_folder("init", str(where))), spec)
+    raise CheckpointError(
+        f"model.init_from={str(where)!r} is neither a checkpoint folder (manifest.json) nor a Hugging Face "
+        "folder (config.json): point it at RUN/checkpoints/step_N or an exported folder"
+    )

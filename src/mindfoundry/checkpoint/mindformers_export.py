@@ -21,7 +21,6 @@ tests/checkpoint/test_mindformers_export.py opens the files with MindFormers its
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -29,13 +28,17 @@ import numpy as np
 import yaml
 from safetensors.numpy import save_file
 
-from mindfoundry.checkpoint.handoff import load_hand_off, renamed, staged_folder
+from mindfoundry.checkpoint.handoff import load_hand_off, renamed
 from mindfoundry.checkpoint.hf_export import check_weights
 from mindfoundry.checkpoint.run_files import run_data
+from mindfoundry.checkpoint.store import publish_mode
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.mixture import build_mixture
 from mindfoundry.data.dataset.prepared import load_prepared
 from mindfoundry.model.spec import ModelSpec
+from mindfoundry.storage.commit import staged_folder
+from mindfoundry.storage.local import Local
+from mindfoundry.storage.location import Location, locate
 
 WEIGHTS_DIR, RUN_YAML = "weights", "run_mindformers.yaml"
 
@@ -226,11 +229,14 @@ def mindformers_weights(spec: ModelSpec, weights: Mapping[str, np.ndarray]) -> d
     return {mindformers_name(n): np.ascontiguousarray(w, dtype=np.float32) for n, w in weights.items()}
 
 
-def export_mindformers(ckpt_dir: str | Path, out: str | Path) -> Path:
-    """Write checkpoint `ckpt_dir` as a MindFormers hand-off folder `out`; refuses a non-empty `out` and what
-    MindFormers' Llama cannot hold."""
-    ckpt_dir, out = Path(ckpt_dir), Path(out)
-    with staged_folder(out) as tmp:
+def export_mindformers(ckpt_dir: str | Path, out: str | Path | Location) -> Path:
+    """Write checkpoint `ckpt_dir` as a MindFormers hand-off folder `out` (a local folder: its run YAML names the
+    weights by their path); refuses a non-empty `out` and what MindFormers' Llama cannot hold."""
+    ckpt_dir = Path(ckpt_dir)
+    out = locate(out).local_path("--out of --format mindformers", "the run YAML names its weights by a path that "
+                                 "MindFormers reads from a local disk: export to a folder of the machine that runs "
+                                 "MindFormers")
+    with staged_folder(Local(out)) as tmp:
         model = load_hand_off(ckpt_dir, "mindformers", "MindFormers' LlamaForCausalLM")
         cfg, spec = model.cfg, model.spec
         weights = mindformers_weights(spec, model.weights)
@@ -249,5 +255,6 @@ def export_mindformers(ckpt_dir: str | Path, out: str | Path) -> Path:
         (tmp / RUN_YAML).write_text(
             header + yaml.safe_dump(config, sort_keys=False, allow_unicode=True), encoding="utf-8"
         )
-        shutil.copyfile(model.tokenizer_path, tmp / "tokenizer.json")
+        model.tokenizer_path.download(tmp / "tokenizer.json")
+        publish_mode(tmp)
     return out

@@ -13,63 +13,64 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mindfoundry.checkpoint.directory import CheckpointDir, checkpoints_dir
+from mindfoundry.checkpoint.directory import CheckpointDir
 from mindfoundry.checkpoint.store import MANIFEST_FILE, STEP_DIR, CheckpointError
 from mindfoundry.config.load import read_yaml, validate
 from mindfoundry.config.schema import RunConfig
+from mindfoundry.config.storage_config import StorageConfig
 from mindfoundry.data.dataset.prepared import local_copy
 from mindfoundry.data.tokenizer import load_tokenizer, tokenizer_hash
 from mindfoundry.storage.location import Location, locate
-from mindfoundry.storage.remote import Remote
 
 CONFIG, TOKENIZER = "config.yaml", "tokenizer.json"
 
 
 def _is_step(where: Location) -> bool:
-    return bool(STEP_DIR.match(where.name)) or (isinstance(where, Path) and (where / MANIFEST_FILE).is_file())
+    return bool(STEP_DIR.match(where.name)) or (where / MANIFEST_FILE).is_file()
 
 
-def checkpoint_dir_of(path: str | Path) -> CheckpointDir:
+def checkpoint_dir_of(path: str | Path | Location, storage: StorageConfig | None = None) -> CheckpointDir:
     """The checkpoints a run directory holds (its config's ``checkpoint.dir``, a folder or a URL; else
-    RUN/checkpoints), or a checkpoint.dir given itself."""
-    where = locate(str(path))
-    if isinstance(where, Path) and (where / CONFIG).is_file():
-        cfg = validate(read_yaml(where / CONFIG))
+    RUN/checkpoints), or a checkpoint.dir given itself (a folder or a URL holding step_N folders)."""
+    where = locate(path, storage)
+    if (where / CONFIG).is_file():
+        cfg = validate(read_yaml(where.local_path("the run directory", "a run directory is a folder of this machine "
+                                                                       "(its lock and logs are local)") / CONFIG))
         if cfg.checkpoint.dir is not None:
             return CheckpointDir(locate(cfg.checkpoint.dir, cfg.storage), cache_dir=cfg.data.cache_dir)
-        return CheckpointDir(checkpoints_dir(where))
-    if isinstance(where, Path) and not (where.is_dir() and any(STEP_DIR.match(p.name) for p in where.iterdir())):
-        return CheckpointDir(checkpoints_dir(where))  # a run directory (a folder of step_N is a checkpoint.dir)
+        return CheckpointDir(where / "checkpoints")
+    if not any(STEP_DIR.match(name) for name in where.children()):
+        return CheckpointDir(where / "checkpoints")  # a run directory (a folder of step_N is a checkpoint.dir)
     return CheckpointDir(where)
 
 
-def checkpoints_named(path: str | Path) -> tuple[CheckpointDir, list[Location]]:
+def checkpoints_named(path: str | Path | Location,
+                      storage: StorageConfig | None = None) -> tuple[CheckpointDir, list[Location]]:
     """A checkpoint (RUN/checkpoints/step_N, s3://.../step_N) or every committed checkpoint a run directory or a
     checkpoint.dir holds, with the directory they are in."""
-    where = locate(str(path))
+    where = locate(path, storage)
     if _is_step(where):
         return CheckpointDir(where.parent), [where]
-    directory = checkpoint_dir_of(path)
+    directory = checkpoint_dir_of(where)
     found = directory.committed()
     if not found:
         raise CheckpointError(f"no committed checkpoints under '{directory}'")
     return directory, found
 
 
-def checkpoint_of(path: str | Path) -> Path:
+def checkpoint_of(path: str | Path | Location, storage: StorageConfig | None = None) -> Path:
     """A checkpoint as a local folder: a step folder as given (a URL's fetched into this node's cache, verified), or a
     run directory's (or checkpoint.dir's) newest valid checkpoint."""
-    where = locate(str(path))
+    where = locate(path, storage)
     if _is_step(where):
         directory = CheckpointDir(where.parent)
-        if isinstance(where, Remote):
-            directory.verify(where)
+        directory.verify(where)
         return directory.local_copy(where)
-    found, skipped = checkpoint_dir_of(path).find_resumable()
+    found, skipped = checkpoint_dir_of(where).find_resumable()
     if found is None:
         notes = f" ({'; '.join(skipped)})" if skipped else ""
         raise CheckpointError(
-            f"'{path}' is neither a checkpoint folder nor a run directory with a valid checkpoint{notes}: "
+            f"'{where}' is neither a checkpoint folder nor a run directory with a valid checkpoint{notes}: "
             "pass RUN_DIR, RUN_DIR/checkpoints/step_N or a checkpoint's URL"
         )
     return found
@@ -90,14 +91,13 @@ def _wanted_tokenizer(ckpt_dir: Path) -> str:
     return manifest["tokenizer"]["sha256"]
 
 
-def run_tokenizer(ckpt_dir: Path, cfg: RunConfig) -> Path:
+def run_tokenizer(ckpt_dir: Path, cfg: RunConfig) -> Location:
     """The run's tokenizer.json: the one the checkpoint's data manifest names (by sha256), from the checkpoint itself or
-    the run's data folder."""
+    the run's data folder (a folder or a URL)."""
     ckpt_dir = Path(ckpt_dir)
     want = _wanted_tokenizer(ckpt_dir)
-    candidates = [ckpt_dir / TOKENIZER, ckpt_dir.parent.parent / "data" / TOKENIZER]
-    if not isinstance(locate(cfg.data.output_dir, cfg.storage), Remote):
-        candidates.append(Path(cfg.data.output_dir) / TOKENIZER)
+    candidates = [locate(ckpt_dir / TOKENIZER), locate(ckpt_dir.parent.parent / "data" / TOKENIZER),
+                  locate(cfg.data.output_dir, cfg.storage) / TOKENIZER]
     for path in candidates:
         if path.is_file() and tokenizer_hash(load_tokenizer(path)) == want:
             return path

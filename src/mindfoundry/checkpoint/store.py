@@ -26,6 +26,7 @@ file matches. No pickle anywhere.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -39,6 +40,7 @@ from safetensors.numpy import save_file
 
 from mindfoundry.checkpoint.safetensors_check import SafetensorsHeaderError, check_safetensors
 from mindfoundry.errors import MindFoundryError
+from mindfoundry.storage.base import Location, Seal
 from mindfoundry.storage.commit import sha256_file
 
 MODEL_FILE = "model.safetensors"
@@ -51,7 +53,6 @@ BEST_FILE = "best"
 MODEL_DIR = "model"  # sharded format: the weights' shard files (one per writing rank) ...
 OPTIMIZER_DIR = "optimizer"  # ... and the AdamW moments' (exp_avg.NAME / exp_avg_sq.NAME)
 STEP_DIR = re.compile(r"^step_(\d{8})$")
-DELETING = ".deleting-"  # prefix of a checkpoint folder retention is deleting
 
 
 class CheckpointError(MindFoundryError, RuntimeError):
@@ -141,13 +142,59 @@ def checkpoint_eval(state: Mapping[str, Any]) -> float | None:
     return float(loss) if loss is not None and at is not None and at == state.get("step") else None
 
 
-def read_state(path: Path) -> dict[str, Any]:
-    """A checkpoint folder's trainer_state.json, or {} when it is missing or unreadable (verification names why)."""
+def read_state(path: Path | Location) -> dict[str, Any]:
+    """A checkpoint folder's trainer_state.json (a local folder or a URL), or {} when it is missing or unreadable
+    (verification names why)."""
     try:
-        state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        state = json.loads((path / STATE_FILE).read_bytes())
+    except (OSError, ValueError):
         return {}
     return state if isinstance(state, dict) else {}
+
+
+def checkpoint_bytes(path: Location) -> int | None:
+    """A checkpoint's size (sharded: its shard folders too) as its manifest lists it; None when it cannot be read."""
+    try:
+        manifest = json.loads((path / MANIFEST_FILE).read_bytes())
+        return sum(int(meta["bytes"]) for meta in manifest["files"].values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+class CheckpointSeal(Seal):
+    """How a checkpoint is committed (:mod:`mindfoundry.storage.commit`): ``manifest.json`` lists every file with
+    its sha256, ``manifest.sha256`` -- the marker, written last -- seals the manifest."""
+
+    marker = MANIFEST_SUM
+    listing_name = "the manifest"
+
+    def write(self, folder: Path) -> None:
+        return None  # write_payload wrote the manifest and its checksum
+
+    def listing(self, folder: Location) -> tuple[dict[str, dict[str, Any]], bytes]:
+        try:
+            raw, manifest = (folder / MANIFEST_SUM).read_bytes(), (folder / MANIFEST_FILE).read_bytes()
+        except FileNotFoundError:
+            raise CheckpointError(f"{folder}: no {MANIFEST_FILE}/{MANIFEST_SUM}; the checkpoint was never committed "
+                                  "(interrupted write)") from None
+        expected = raw.decode("utf-8", errors="replace").strip()
+        if hashlib.sha256(manifest).hexdigest() != expected:
+            raise CheckpointError(f"{folder / MANIFEST_FILE}: does not match {MANIFEST_SUM} (manifest or checksum "
+                                  "corrupted)")
+        try:
+            files = json.loads(manifest)["files"]
+            if not isinstance(files, dict):
+                raise TypeError("'files' is not a mapping")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{folder / MANIFEST_FILE}: unreadable manifest ({exc})") from None
+        return {**files, MANIFEST_FILE: {"sha256": expected, "bytes": len(manifest)}}, raw
+
+    def error(self, message: str) -> Exception:
+        return CheckpointError(message)
+
+
+#: The seal of every checkpoint folder.
+CHECKPOINT = CheckpointSeal()
 
 
 def verify_checkpoint(path: str | Path) -> dict[str, Any]:

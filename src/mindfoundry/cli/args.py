@@ -7,6 +7,7 @@ import argparse
 from rich.console import Console
 
 from mindfoundry.config.schema import RunConfig
+from mindfoundry.config.storage_config import StorageConfig
 
 #: Messages and progress go to stderr and never wrap: one problem = one line.
 console = Console(stderr=True, soft_wrap=True)
@@ -37,3 +38,18 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     from mindfoundry.config.load import load_config
 
     return load_config(args.config, args.set or [])
+
+
+def add_storage_arguments(p: argparse.ArgumentParser) -> None:
+    """``--set storage.KEY=VALUE`` for a command that takes paths or URLs but no config."""
+    p.add_argument(
+        "--set", action="append", metavar="storage.KEY=VALUE",
+        help="how URLs are reached, as the config's storage section says it (repeatable), e.g. "
+        "storage.endpoint_url=https://obs.cn-north-4.myhuaweicloud.com; AWS_* variables apply too")
+
+
+def storage_from_args(args: argparse.Namespace) -> StorageConfig:
+    """The storage settings of a command without a config (raises ConfigError naming a bad key)."""
+    from mindfoundry.config.load import storage_settings
+
+    return storage_settings(args.set or [])

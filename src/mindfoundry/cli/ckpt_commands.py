@@ -4,10 +4,7 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import tempfile
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -18,38 +15,29 @@ from mindfoundry.checkpoint.run_files import checkpoint_dir_of, checkpoint_of, c
 from mindfoundry.checkpoint.store import (
     BEST_FILE,
     LATEST_FILE,
-    MANIFEST_FILE,
     MODEL_DIR,
     MODEL_FILE,
     OPTIMIZER_DIR,
     OPTIMIZER_FILE,
     CheckpointError,
+    checkpoint_bytes,
     checkpoint_eval,
     read_state,
-    written_files,
 )
-from mindfoundry.cli.args import console
-from mindfoundry.errors import OutputExistsError
-from mindfoundry.storage.commit import publish
+from mindfoundry.cli.args import add_storage_arguments, console, storage_from_args
 from mindfoundry.storage.location import Location, locate
 
 out = Console()
 
 
 def _size_mb(path: Location) -> float:
-    """A checkpoint's size (sharded: its shard folders too): its files on a local disk, its manifest's sum on a store.
-    """
-    if isinstance(path, Path):
-        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1e6
-    try:
-        manifest = json.loads((path / MANIFEST_FILE).read_bytes())
-        return sum(int(meta["bytes"]) for meta in manifest["files"].values()) / 1e6
-    except (OSError, ValueError, KeyError, TypeError):
-        return float("nan")
+    """A checkpoint's size (sharded: its shard folders too) as its manifest lists it."""
+    size = checkpoint_bytes(path)
+    return float("nan") if size is None else size / 1e6
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    directory, found = checkpoints_named(args.run_dir)
+    directory, found = checkpoints_named(args.run_dir, storage_from_args(args))
     latest, best = directory.pointer(LATEST_FILE), directory.pointer(BEST_FILE)
     table = Table(title=f"checkpoints in {directory} (val loss: measured at that step; blank where no evaluation ran)")
     for col in ("checkpoint", "MB", "consumed samples", "val loss", "status"):
@@ -76,16 +64,22 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_best(args: argparse.Namespace) -> int:
-    """The checkpoint `checkpoints/best` points at, verified, with its validation loss; its path alone on stdout."""
-    directory = checkpoint_dir_of(args.run_dir)
+    """The checkpoint `checkpoints/best` points at, verified, with its validation loss; its path alone on stdout.
+    Without the pointer (a run stopped between writing `latest` and `best`), the committed checkpoint it would name."""
+    directory = checkpoint_dir_of(args.run_dir, storage_from_args(args))
     name = directory.pointer(BEST_FILE)
     if name is None:
-        if not directory.committed():
+        found = directory.committed()
+        if not found:
             raise CheckpointError(f"no committed checkpoints under '{directory}'")
-        raise CheckpointError(
-            f"no checkpoint of {args.run_dir} was evaluated at its own step, so none is best: evaluate where you "
-            "checkpoint (train.eval_every a multiple of checkpoint.every; the last step always is)"
-        )
+        name = directory.best_of(found)
+        if name is None:
+            raise CheckpointError(
+                f"no checkpoint of {args.run_dir} was evaluated at its own step, so none is best: evaluate where you "
+                "checkpoint (train.eval_every a multiple of checkpoint.every; the last step always is)"
+            )
+        console.print(f"no {BEST_FILE} pointer in {directory} (the run stopped before writing it): the best of its "
+                      "committed checkpoints by their own evaluations", highlight=False)
     path = directory.root / name
     directory.verify(path)
     print(path)
@@ -97,7 +91,7 @@ def cmd_best(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     bad = 0
-    directory, found = checkpoints_named(args.path)
+    directory, found = checkpoints_named(args.path, storage_from_args(args))
     for path in found:
         try:
             manifest = directory.verify(path)
@@ -109,7 +103,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    path = checkpoint_of(args.path)
+    path = checkpoint_of(args.path, storage_from_args(args))
     state = read_state(path)
     out.print(
         f"[bold]{path}[/]  step {state.get('step')}  (AdamW updates applied: "
@@ -159,18 +153,26 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_convert(args: argparse.Namespace) -> int:
     from mindfoundry.checkpoint.convert import export_checkpoint, import_checkpoint
 
-    src, dst = Path(args.source), Path(args.dest)
-    written = export_checkpoint(src, dst) if src.is_dir() else import_checkpoint(src, dst)
+    storage = storage_from_args(args)
+    src, dst = locate(args.source, storage), locate(args.dest, storage)
+    if src.is_dir():
+        written = export_checkpoint(checkpoint_of(src), dst)
+    else:
+        native = src.local_path("convert SOURCE", "a .ckpt/.pt file is read from a local disk: copy it here first")
+        written = import_checkpoint(native, dst.local_path("convert DEST", "a checkpoint is imported into a run "
+                                                          "directory, which is a local folder"))
     print_written(written)
     return 0
 
 
-def print_written(path: Path) -> None:
-    """On stdout, what a conversion or export wrote: each file with its size and mode."""
-    files = written_files(path)
-    out.print(f"wrote {path}" + ("" if path.is_file() else f" ({len(files)} files)"), highlight=False)
+def print_written(written: Location) -> None:
+    """On stdout, what a conversion or export wrote: each file with its size (and its mode, on a disk)."""
+    files = written.files() if written.is_dir() else [written]
+    out.print(f"wrote {written}" + ("" if written.is_file() else f" ({len(files)} files)"), highlight=False)
     for f in files:
-        out.print(f"  {f}  {f.stat().st_size:,} bytes  mode {f.stat().st_mode & 0o777:o}", highlight=False)
+        mode = f.permissions()
+        out.print(f"  {f}  {f.size_and_version()[0]:,} bytes" + ("" if mode is None else f"  mode {mode:o}"),
+                  highlight=False)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -178,26 +180,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     from mindfoundry.checkpoint.hf_export import export_hf
     from mindfoundry.checkpoint.mindformers_export import export_mindformers
 
-    out = locate(args.out)
-    if args.format == "safetensors" and not out.name.endswith(WEIGHTS_ONLY):
+    storage = storage_from_args(args)
+    dest = locate(args.out, storage)
+    if args.format == "safetensors" and not dest.name.endswith(WEIGHTS_ONLY):
         raise CheckpointError(f"--format safetensors writes one file: give --out a name ending in {WEIGHTS_ONLY}")
     writers = {"hf": export_hf, "mindformers": export_mindformers, "safetensors": export_checkpoint}
-    if isinstance(out, Path):
-        print_written(writers[args.format](checkpoint_of(args.checkpoint), out))
-        return 0
-    if args.format == "mindformers":
-        raise CheckpointError("--format mindformers writes a run YAML whose paths MindFormers reads from a local disk: "
-                              "export to a folder of the machine that runs MindFormers, not to a URL")
-    if out.exists():
-        raise OutputExistsError(f"{out} already holds objects: choose another --out (nothing was written)")
-    with tempfile.TemporaryDirectory() as tmp:
-        local = writers[args.format](checkpoint_of(args.checkpoint), Path(tmp) / out.name)
-        if local.is_dir():
-            publish(local, out)  # the objects, then commit.json
-        else:
-            out.upload(local)
-        out_count = len(written_files(local))
-    console.print(f"wrote {out} ({out_count} object{'s' if out_count > 1 else ''})", highlight=False)
+    print_written(locate(writers[args.format](checkpoint_of(args.checkpoint, storage), dest)))
     return 0
 
 
@@ -205,10 +193,12 @@ def add_ckpt_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "convert", help="checkpoint folder (full or sharded) <-> MindSpore .ckpt / PyTorch .pt; -> weights .safetensors"
     )
-    p.add_argument("source", help="RUN/checkpoints/step_N folder (export) or a .ckpt/.pt file (import)")
+    p.add_argument("source", help="RUN/checkpoints/step_N folder or URL (export), or a local .ckpt/.pt file (import)")
     p.add_argument(
-        "dest", help="output .ckpt/.pt file or .safetensors (weights alone) (export), or a run directory to import into"
+        "dest", help="output .ckpt/.pt file or .safetensors (weights alone), a path or a URL (export), or a run "
+        "directory to import into"
     )
+    add_storage_arguments(p)
     p.set_defaults(func=cmd_convert)
     p = sub.add_parser(
         "export", help="a checkpoint as a Hugging Face Llama folder (transformers opens it) or merged weights"
@@ -224,8 +214,10 @@ def add_ckpt_commands(sub: argparse._SubParsersAction) -> None:
         help="hf: config.json + model.safetensors (Llama names) + tokenizer; mindformers: weights under MindFormers' "
         "Llama names + a MindFormers run YAML over this run's shards + tokenizer; safetensors: one file, our names",
     )
-    p.add_argument("--out", required=True, help="output folder (hf; must not exist or be empty) or .safetensors file; "
-                   "a URL (s3://...) for hf and safetensors: uploaded, then commit.json")
+    p.add_argument("--out", required=True, help="output folder (hf, mindformers; must not exist or be empty) or "
+                   ".safetensors file; a URL (s3://...) for hf and safetensors: uploaded, then commit.json "
+                   "(mindformers: a local folder, its run YAML names the weights by path)")
+    add_storage_arguments(p)
     p.set_defaults(func=cmd_export)
 
     ckpt = sub.add_parser("ckpt", help="list, verify or inspect checkpoints").add_subparsers(
@@ -233,17 +225,21 @@ def add_ckpt_commands(sub: argparse._SubParsersAction) -> None:
     )
     p = ckpt.add_parser("list", help="a run's checkpoints with size, data position, val loss and status")
     p.add_argument("run_dir", help="RUN_DIR (its checkpoint.dir), or a checkpoint.dir folder or URL")
+    add_storage_arguments(p)
     p.set_defaults(func=cmd_list)
     p = ckpt.add_parser(
         "best", help="print the path of the checkpoint with the lowest validation loss (checkpoints/best)"
     )
     p.add_argument("run_dir", help="RUN_DIR (its checkpoint.dir), or a checkpoint.dir folder or URL")
+    add_storage_arguments(p)
     p.set_defaults(func=cmd_best)
     p = ckpt.add_parser(
         "verify", help="check sizes and sha256 of a checkpoint (or of all of a run's); exit 2 if any is invalid"
     )
     p.add_argument("path", help="RUN_DIR, a checkpoint.dir (folder or URL), or one CKPT/step_N (folder or URL)")
+    add_storage_arguments(p)
     p.set_defaults(func=cmd_verify)
     p = ckpt.add_parser("inspect", help="trainer state and tensor summary of one checkpoint")
     p.add_argument("path", help="CKPT/step_N (folder or URL), or RUN_DIR for its newest valid checkpoint")
+    add_storage_arguments(p)
     p.set_defaults(func=cmd_inspect)

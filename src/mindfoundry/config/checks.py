@@ -7,6 +7,7 @@ has to guess which number to change.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 from mindfoundry.config.parallel_config import split_settings
@@ -75,7 +76,7 @@ def _data_problems(cfg: RunConfig) -> list[str]:
         if (src.builtin is None) == (not src.paths):
             out.append(f"{key} ({src.name}) needs exactly one of 'builtin' or 'paths': set one and remove the other")
     tok = cfg.data.tokenizer.path
-    if tok is not None and not Path(tok).is_file():
+    if tok is not None and url_protocol(tok) is None and not Path(tok).is_file():  # (a URL's object: when it is read)
         out.append(
             f"data.tokenizer.path={tok!r} does not exist: point it at a tokenizer.json or set it to null to train one"
         )
@@ -215,7 +216,7 @@ def _train_problems(cfg: RunConfig) -> list[str]:
             "bidirectional encoder) does not give: remove eval.tasks, or train with model.objective: clm"
         )
     for i, task in enumerate(cfg.eval.tasks):
-        if not Path(task).is_file():
+        if url_protocol(task) is None and not Path(task).is_file():
             out.append(
                 f"eval.tasks[{i}]={task!r} does not exist: give a multiple-choice .jsonl file (docs/evaluation.md) "
                 "or remove it"
@@ -325,10 +326,54 @@ def _memory_problems(cfg: RunConfig) -> list[str]:
     return out
 
 
+#: The keys that name a folder MindFoundry writes, and, for those that cannot be a URL, why.
+FOLDER_KEYS: dict[str, str | None] = {
+    "run_dir": "the run's lock, config, metrics and logs are local files: keep run_dir on a local disk and put "
+    "checkpoint.dir and data.output_dir at URLs",
+    "checkpoint.dir": None,
+    "data.output_dir": None,
+    "data.work_dir": None,
+    "data.cache_dir": "it is this node's cache of what it fetches from URLs",
+    "debug.dump.dir": "the engines' hooks write dumps as local files (copy the folder to storage afterwards)",
+    "monitor.profile.dir": "the engines' profilers write their traces as local files",
+}
+
+
+def _value(cfg: RunConfig, dotted: str) -> object:
+    node: object = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _path_problems(cfg: RunConfig) -> list[str]:
+    """Folders that cannot be: a URL where only a local folder works, a local path under an existing file (or a
+    device, a pipe) that can never hold a folder."""
+    out = []
+    for key, local_only in FOLDER_KEYS.items():
+        value = _value(cfg, key)
+        if not isinstance(value, str):
+            continue
+        if url_protocol(value) is not None:
+            if local_only:
+                out.append(f"{key}={value!r} cannot be a URL: {local_only}")
+            continue
+        path = Path(value.removeprefix("file://"))
+        blocker = next((p for p in (path, *path.parents) if p.exists()), None)
+        if blocker is not None and not blocker.is_dir():
+            out.append(f"{key}={value!r} cannot hold a folder: '{blocker}' is a file, not a folder; choose a folder "
+                       "path")
+        elif blocker is not None and blocker != path and not os.access(blocker, os.W_OK):
+            out.append(f"{key}={value!r} cannot be made: '{blocker}' is not writable (a read-only disk, /proc, "
+                       "another user's folder); choose a folder on a writable disk")
+    return out
+
+
 def cross_field_problems(cfg: RunConfig) -> list[str]:
     """All violated multi-field rules, in section order."""
     return (
-        _model_problems(cfg)
+        _path_problems(cfg)
+        + _model_problems(cfg)
         + _data_problems(cfg)
         + _mixture_problems(cfg)
         + _train_problems(cfg)

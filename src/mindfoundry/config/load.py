@@ -24,7 +24,7 @@ from mindfoundry.config.data_config import TemplatesConfig
 from mindfoundry.config.layout_rules import config_problems
 from mindfoundry.config.parallel_config import RENAMED_KEYS
 from mindfoundry.config.schema import RunConfig, TrainConfig
-from mindfoundry.config.storage_config import redacted
+from mindfoundry.config.storage_config import StorageConfig, redacted
 from mindfoundry.config.yaml12 import load_yaml
 from mindfoundry.errors import MindFoundryError
 
@@ -283,6 +283,21 @@ def validate(tree: dict[str, Any]) -> RunConfig:
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
     return resolve(cfg)
+
+
+def storage_settings(overrides: Iterable[str]) -> StorageConfig:
+    """The ``storage`` section of ``--set storage.KEY=VALUE`` overrides alone: how a command that takes a path or URL
+    but no config (eval, generate, export, convert, ckpt) reaches a URL. Any other key is refused by name."""
+    tree = apply_overrides({}, overrides)
+    others = sorted(set(tree) - {"storage"})
+    if others:
+        raise ConfigError(f"--set {others[0]}: this command takes no config, only storage.* settings (how URLs are "
+                          "reached, e.g. --set storage.endpoint_url=https://obs.cn-north-4.myhuaweicloud.com)")
+    try:
+        return StorageConfig.model_validate(tree.get("storage") or {})
+    except ValidationError as exc:
+        lines = [_describe({**e, "loc": ("storage", *e["loc"])}) for e in exc.errors()]
+        raise ConfigError("invalid storage settings:\n  " + "\n  ".join(lines)) from None
 
 
 def resolve(cfg: RunConfig) -> RunConfig:

@@ -1,32 +1,28 @@
-"""A path as the config gives it: a local folder or file (:class:`~pathlib.Path`) or an object-storage URL
-(:class:`~mindfoundry.storage.remote.Remote`).
-
-Everything that takes a path from the config turns it into a :data:`Location` here, once, with the ``storage``
-settings; below that, code asks ``isinstance(loc, Remote)`` where the two differ (a commit without rename, a fetch
-into the node-local cache) and is otherwise the same.
+"""A path as the config or the command line gives it, turned into a :class:`~mindfoundry.storage.base.Location` once:
+a URL (``s3://...``; any installed fsspec protocol) becomes a :class:`~mindfoundry.storage.remote.Remote` reached with
+the ``storage`` settings, anything else (``file://`` stripped) a :class:`~mindfoundry.storage.local.Local`. This is
+the one place that tells the two apart; everything above works with the Location it is handed.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Union
 
 from mindfoundry.config.section import url_protocol
 from mindfoundry.config.storage_config import StorageConfig
+from mindfoundry.storage.base import Location
+from mindfoundry.storage.local import Local
 from mindfoundry.storage.remote import Remote
 
-Location = Union[Path, Remote]
+__all__ = ["Location", "locate"]
 
 
-def is_url(path: str | Path | Remote) -> bool:
-    """Whether ``path`` names object storage (``s3://...``; ``file://`` is local)."""
-    return isinstance(path, Remote) or (isinstance(path, str) and url_protocol(path) is not None)
-
-
-def locate(path: str | Path | Remote, storage: StorageConfig | None = None) -> Location:
-    """``path`` as a :class:`Remote` (a URL, reached with ``storage``) or a local :class:`Path` (no ``file://``)."""
-    if isinstance(path, (Path, Remote)):
+def locate(path: str | Path | Location, storage: StorageConfig | None = None) -> Location:
+    """``path`` as a :class:`Remote` (a URL, reached with ``storage``) or a :class:`Local` (module docstring)."""
+    if isinstance(path, Location):
         return path
+    if isinstance(path, Path):
+        return Local(path)
     if url_protocol(path) is not None:
         return Remote(path, storage)
-    return Path(path.removeprefix("file://")) if path.startswith("file://") else Path(path)
+    return Local(path.removeprefix("file://"))

@@ -27,19 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from mindfoundry.config.section import url_protocol
-from mindfoundry.config.storage_config import StorageConfig, masked
-from mindfoundry.errors import InputMissingError, MindFoundryError
+from mindfoundry.config.storage_config import StorageConfig
+from mindfoundry.storage.base import Claim, Location, Seal, Version
+from mindfoundry.storage.claim import LeaseClaim
+from mindfoundry.storage.errors import StorageError
+from mindfoundry.storage.failures import DENIED, bucket_missing, error_code, explain, is_storage_failure, mask
 
 #: The install extra that brings the S3 file system.
 S3_EXTRA = "pip install 'mindfoundry[s3]'"
-
-
-class StorageError(MindFoundryError, OSError):
-    """Object storage refused or failed an operation; the message names the URL, the cause and the fix."""
-
-
-class ObjectMissingError(StorageError, InputMissingError):
-    """An object (or every object under a prefix) that should be there is not."""
 
 
 def _strip(url: str) -> str:
@@ -85,16 +80,7 @@ def _quiet_abandoned_requests() -> None:
     fsspec.asyn.get_loop().set_exception_handler(_ignore_abandoned_request)
 
 
-def on_io_thread(call: Callable[[], None]) -> None:
-    """Run ``call`` on fsspec's I/O thread (where s3fs's requests run), without waiting for it."""
-    try:
-        import fsspec.asyn
-    except ImportError:
-        return
-    fsspec.asyn.get_loop().call_soon_threadsafe(call)
-
-
-class Remote:
+class Remote(Location):
     """A URL on object storage and the settings to reach it (see the module docstring)."""
 
     __slots__ = ("url", "storage")
@@ -128,16 +114,14 @@ class Remote:
         head = posixpath.dirname(self.key)
         return Remote(f"{self.protocol}://{head or self.key}", self.storage)
 
-    def with_name(self, name: str) -> Remote:
-        """The URL beside this one named ``name``."""
-        return self.parent / name
-
     def __truediv__(self, part: str | os.PathLike[str]) -> Remote:
         part = str(part).strip("/")
         return Remote(f"{self.url}/{part}" if part else self.url, self.storage)
 
-    def relative_to(self, other: Remote) -> str:
+    def relative_to(self, other: Location) -> str:
         """This URL's path below ``other`` (ValueError when it is not below)."""
+        if not isinstance(other, Remote):
+            raise ValueError(f"{self.url} is not under {other}")
         if self.url == other.url:
             return ""
         if not self.url.startswith(other.url + "/"):
@@ -146,15 +130,6 @@ class Remote:
 
     def __str__(self) -> str:
         return self.url
-
-    def __repr__(self) -> str:
-        return f"Remote({self.url!r})"  # never the settings: they may hold a secret
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Remote) and other.url == self.url
-
-    def __hash__(self) -> int:
-        return hash(self.url)
 
     def __getstate__(self) -> tuple[str, StorageConfig]:
         return self.url, self.storage
@@ -186,9 +161,9 @@ class Remote:
         except Exception as exc:
             if not is_storage_failure(exc):  # a bug keeps its traceback
                 raise
-            if _code(_chain(exc)) == "403":  # a HEAD's bare 403: a listing's answer says whether keys or rights
+            if error_code(exc) == "403":  # a HEAD's bare 403: a listing's answer says whether keys or rights
                 self._diagnose(doing)
-            raise explain(exc, self, doing) from None
+            raise explain(exc, self.url, self.storage, doing) from None
 
     def _diagnose(self, doing: str) -> None:
         """Raise the explained error of a listing of this key, when it fails with a code (which a HEAD never has).
@@ -202,21 +177,33 @@ class Remote:
         try:
             self.fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, MaxKeys=1)
         except Exception as probe:
-            code = _code(_chain(probe)) if is_storage_failure(probe) else None
-            if code in _DENIED:
+            code = error_code(probe) if is_storage_failure(probe) else None
+            if code in DENIED:
                 raise StorageError(mask(
                     f"permission denied {doing} {self.url} (403; listing s3://{bucket}: {code}): the credentials in "
                     f"use may not list the bucket (s3:ListBucket), and without that S3 answers 403 for an object "
                     f"that does not exist, so whether it exists cannot be told; grant s3:ListBucket and "
                     f"s3:GetObject on the prefix or choose another location", self.storage)) from None
             if code not in (None, "403"):
-                raise explain(probe, self, doing) from None
+                raise explain(probe, self.url, self.storage, doing) from None
 
     # -- reading -----------------------------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
         """The object's size and version (``ETag``), FileNotFoundError-style error when it is missing."""
         with self.failures("looking up"):
             return self.fs.info(self.key)
+
+    def absolute(self) -> Remote:
+        return self
+
+    def describe(self) -> str:
+        kind = self._kind()
+        return {"file": "an object", "directory": "a prefix holding objects"}.get(kind or "", "missing")
+
+    def size_and_version(self) -> tuple[int, Version]:
+        info = self.info()
+        version = info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified") or ""
+        return int(info.get("size") or 0), str(version)
 
     def _kind(self) -> str | None:
         """"file", "directory" (a prefix with objects below) or None when nothing is there; a missing bucket is an
@@ -225,7 +212,7 @@ class Remote:
             try:
                 return self.fs.info(self.key).get("type")
             except FileNotFoundError as exc:
-                if "/" not in self.key or _bucket_missing(exc):
+                if "/" not in self.key or bucket_missing(exc):
                     raise
                 return None
 
@@ -238,6 +225,9 @@ class Remote:
 
     def is_dir(self) -> bool:
         return self._kind() == "directory"
+
+    def permissions(self) -> int | None:
+        return None
 
     def read_bytes(self) -> bytes:
         with self.failures("reading"):
@@ -259,7 +249,7 @@ class Remote:
         if not local.exists():  # s3fs writes no file for an empty object
             local.write_bytes(b"")
 
-    def files(self) -> list[Remote]:
+    def files(self) -> list[Location]:
         """Every object under this prefix (at any depth), sorted; none when there are none."""
         with self.failures("listing"):
             found = self.fs.find(self.key, withdirs=False)
@@ -271,12 +261,12 @@ class Remote:
             try:
                 entries = self.fs.ls(self.key, detail=False)
             except FileNotFoundError as exc:
-                if "/" not in self.key or _bucket_missing(exc):
+                if "/" not in self.key or bucket_missing(exc):
                     raise
                 return []
         return sorted({posixpath.basename(e.rstrip("/")) for e in entries if e.rstrip("/") != self.key})
 
-    def glob(self, pattern: str) -> list[Remote]:
+    def glob(self, pattern: str) -> list[Location]:
         """The objects and prefixes matching a glob of the URL's form (``s3://b/p/*.jsonl``, ``**`` recurses)."""
         with self.failures("listing"):
             found = self.fs.glob(pattern.split("://", 1)[1])
@@ -296,10 +286,8 @@ class Remote:
         with self.failures("uploading to"):
             self.fs.put_file(str(local), self.key)
 
-    def copy_to(self, target: Remote) -> None:
-        """This object as ``target`` too, copied inside the store (no bytes through this machine)."""
-        with self.failures("copying"):
-            self.fs.copy(self.key, target.key)
+    def put_file(self, local: Path) -> None:
+        self.upload(local)
 
     def delete(self) -> None:
         """Remove this object (nothing when it is already gone)."""
@@ -316,6 +304,9 @@ class Remote:
             if found:
                 self.fs.rm(found)
 
+    def claim(self, *, shared: bool = False) -> Claim:
+        return Claim() if shared else LeaseClaim(self)
+
     def abort_uploads(self) -> int:
         """Abort the multipart uploads under this prefix that a killed writer left unfinished (their parts cost storage
         and never become objects); return how many. S3 only; other protocols have none to abort."""
@@ -330,6 +321,51 @@ class Remote:
                 fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
                 aborted += 1
         return aborted
+
+    # -- committed folders ---------------------------------------------------------------------------------------
+    def put_folder(self, local: Path, seal: Seal) -> None:
+        if self.exists():  # what was here is no longer committed before any object changes, then gone
+            self.remove_folder(seal)
+        seal.write(local)
+        files = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
+        files.remove(seal.marker)
+        for rel in files:
+            (self / rel).upload(local / rel)
+        sizes = {f.relative_to(self): f.info()["size"] for f in self.files()}
+        wrong = [rel for rel in files if sizes.get(rel) != (local / rel).stat().st_size]
+        if wrong:
+            raise StorageError(f"{self / wrong[0]} did not arrive whole (its size differs after the upload): the store "
+                               f"lost a write; {self} is not committed, write it again")
+        (self / seal.marker).upload(local / seal.marker)
+
+    def move_folder(self, target: Location, seal: Seal) -> None:
+        dest = Remote(str(target), self.storage)
+        for obj in sorted(self.files(), key=lambda o: o.name == seal.marker):  # the marker's copy last
+            with self.failures("copying"):
+                self.fs.copy(Remote(str(obj)).key, (dest / obj.relative_to(self)).key)
+        self.remove_folder(seal)
+
+    def holds_commit(self, seal: Seal) -> bool:
+        return (self / seal.marker).is_file()
+
+    def remove_folder(self, seal: Seal) -> None:
+        (self / seal.marker).delete()
+        self.delete_tree()
+
+    def local_path(self, key: str, why: str) -> Path:
+        raise StorageError(f"{key} cannot be a URL ({self.url}): {why}")
+
+    def local_folder(self) -> Path | None:
+        return None
+
+    def staging(self, elsewhere: Path) -> Path:
+        return elsewhere
+
+    def on_io_threads(self, call: Callable[[], None]) -> None:
+        """``call`` on fsspec's I/O thread, where s3fs's requests run."""
+        import fsspec.asyn
+
+        fsspec.asyn.get_loop().call_soon_threadsafe(call)
 
     def check_reachable(self) -> None:
         """List one object of the bucket: a missing bucket, missing or refused credentials and an unreachable endpoint
@@ -379,99 +415,3 @@ class StreamFailures(io.RawIOBase):
         if not self.closed:
             self._raw.close()
         super().close()
-
-
-# -- what went wrong ---------------------------------------------------------------------------------------------
-#: The codes of a request the credentials may not make (a HEAD's is the bare status).
-_DENIED = ("AccessDenied", "AllAccessDisabled", "403")
-_CREDENTIAL_CODES = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
-                     "TokenRefreshRequired", "InvalidClientTokenId", "AuthorizationHeaderMalformed")
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    """The exception and everything it was raised from or during."""
-    seen: list[BaseException] = []
-    while exc is not None and exc not in seen:
-        seen.append(exc)
-        exc = exc.__cause__ or exc.__context__
-    return seen
-
-
-#: Exception classes (by name: botocore and aiohttp are imported only with s3fs) that mean the store or the way to it
-#: failed, not our code.
-_STORAGE_FAILURES = {"OSError", "BotoCoreError", "ClientError", "TimeoutError"}
-
-
-def is_storage_failure(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what it was raised from) is a failure of the store or the network."""
-    return any(cls.__name__ in _STORAGE_FAILURES for e in _chain(exc) for cls in type(e).__mro__)
-
-
-def _code(chain: list[BaseException]) -> str | None:
-    """The S3 error code of a client error in the chain (``NoSuchBucket``, ``AccessDenied``, ``403`` for a HEAD)."""
-    for exc in chain:
-        error = getattr(exc, "response", None)
-        if isinstance(error, dict) and isinstance(error.get("Error"), dict):
-            return str(error["Error"].get("Code"))
-    return None
-
-
-def _bucket_missing(exc: BaseException) -> bool:
-    """Whether ``exc`` says the bucket itself does not exist (not just the object)."""
-    chain = _chain(exc)
-    return _code(chain) == "NoSuchBucket" or any("bucket does not exist" in str(e).lower() for e in chain)
-
-
-def endpoint_of(storage: StorageConfig) -> str:
-    """The endpoint requests go to, for messages: storage.endpoint_url, AWS_ENDPOINT_URL(_S3), or AWS."""
-    return (storage.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-            or "AWS S3")
-
-
-def mask(text: str, storage: StorageConfig) -> str:
-    """``text`` with every secret the process knows (``storage.options``, the AWS variables) replaced."""
-    return masked(text, storage.secrets())
-
-
-def explain(exc: BaseException, remote: Remote, doing: str) -> StorageError:
-    """The one line a user reads for ``exc`` raised while ``doing`` ``remote`` (see the module docstring)."""
-    chain = _chain(exc)
-    names = {type(e).__name__ for e in chain} | {c.__name__ for e in chain for c in type(e).__mro__}
-    code = _code(chain)
-    endpoint = endpoint_of(remote.storage)
-    where = f"{doing} {remote.url}"
-    retries = remote.storage.retries
-    first = str(chain[-1]).strip().splitlines()[0] if str(chain[-1]).strip() else type(chain[-1]).__name__
-    cls: type[StorageError] = StorageError
-    if "NoCredentialsError" in names or "PartialCredentialsError" in names:
-        message = (f"no credentials for {where}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, "
-                   "~/.aws/credentials, storage.profile)")
-    elif code in _CREDENTIAL_CODES:
-        message = (f"the storage at {endpoint} refused the credentials ({code}) {where}: check AWS_ACCESS_KEY_ID / "
-                   "AWS_SECRET_ACCESS_KEY (or the profile in use) and the endpoint")
-    elif code in _DENIED or (code is None and "PermissionError" in names):
-        verb = "write" if doing.startswith(("writ", "upload", "copy", "delet", "clean")) else "read"
-        message = (f"permission denied {where} ({code or first}): the credentials in use may not {verb} there (a "
-                   f"bucket policy or read-only credentials); grant {verb} access to the prefix or choose another "
-                   "location")
-    elif code == "NoSuchBucket" or (isinstance(exc, FileNotFoundError) and "bucket" in first.lower()):
-        message = (f"bucket '{remote.bucket}' does not exist at {endpoint} ({where}): create it or fix the URL "
-                   "(and storage.endpoint_url / AWS_ENDPOINT_URL)")
-    elif code in ("NoSuchKey", "404") or isinstance(exc, FileNotFoundError):
-        cls = ObjectMissingError
-        message = f"{remote.url} does not exist ({doing} it): check the URL, or restore the object"
-    elif names & {"EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError", "ConnectionRefusedError",
-                  "gaierror", "ClientConnectorDNSError"}:
-        message = (f"cannot reach the storage endpoint {endpoint} ({where}; {first}) after {retries} retries: check "
-                   "storage.endpoint_url / AWS_ENDPOINT_URL and the network")
-    elif names & {"HTTPClientError", "ConnectionClosedError", "ReadTimeoutError", "IncompleteRead",
-                  "ClientPayloadError", "ServerDisconnectedError", "ClientOSError", "ResponseStreamingError",
-                  "FSTimeoutError", "TimeoutError", "ConnectionResetError", "BrokenPipeError"}:
-        message = (f"the connection to {endpoint} kept breaking while {where} ({first}); {retries} retries with "
-                   "backoff did not get through: check the network (or raise storage.retries) and run the command "
-                   "again: nothing was committed half")
-    elif code is not None:
-        message = f"the storage at {endpoint} answered {code} {where} ({first})"
-    else:
-        message = f"{type(chain[-1]).__name__} {where}: {first}"
-    return cls(mask(message, remote.storage))

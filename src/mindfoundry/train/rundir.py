@@ -12,7 +12,7 @@ from mindfoundry.config.load import read_yaml, to_yaml, validate
 from mindfoundry.config.parallel_config import Layout
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.errors import MindFoundryError
-from mindfoundry.storage.remote import Remote
+from mindfoundry.storage.location import locate
 from mindfoundry.train.run_identity import Change, is_this_run, refusal, resume_changes, run_identity
 from mindfoundry.train.run_lock import LOCK_FILE, acquire, release
 
@@ -60,11 +60,9 @@ def claim_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool, layout: Layo
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"run_dir '{run_dir}' is a file, not a folder: choose a folder path")
     checkpoints = CheckpointDir.of_run(cfg)
-    root = checkpoints.root
-    if isinstance(root, Remote) or not root.resolve().is_relative_to(run_dir.resolve()):
+    if not checkpoints.root.is_below(locate(run_dir)):
         # outside the run dir: neither moved aside with it nor claimed by its lock
-        if isinstance(root, Remote):
-            root.check_writable()
+        checkpoints.root.check_writable()
         if checkpoints.committed() and (overwrite or not resume):
             raise RunDirError(f"checkpoint.dir {checkpoints.root} already holds checkpoints: pass --resume auto to "
                               "continue that run, or give this run another checkpoint.dir (--overwrite moves a run "

@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import posixpath
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,10 +31,9 @@ from mindfoundry.data.dataset.indexed import IndexedDataset, ShardError, verify_
 from mindfoundry.data.dataset.packing import PackedSamples
 from mindfoundry.data.tokenizer import load_tokenizer, pad_id, tokenizer_hash
 from mindfoundry.errors import MindFoundryError
-from mindfoundry.storage.cache import cache_folder, filling
-from mindfoundry.storage.commit import fetch, is_committed, sha256_file
+from mindfoundry.storage.cache import cache_folder
+from mindfoundry.storage.commit import fetch, is_committed, refetch, sha256_file
 from mindfoundry.storage.location import Location, locate
-from mindfoundry.storage.remote import Remote
 
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"
@@ -67,36 +67,37 @@ def prepared_location(cfg: RunConfig) -> Location:
 
 
 def is_prepared(where: Location) -> bool:
-    """Whether ``where`` holds finished prepared data (a manifest; on a store, its commit marker)."""
-    return is_committed(where) if isinstance(where, Remote) else (where / MANIFEST).is_file()
+    """Whether ``where`` holds finished prepared data: a committed folder (:mod:`mindfoundry.storage.commit`) with its
+    manifest."""
+    return is_committed(where) and (where / MANIFEST).is_file()
 
 
 def prepared_identity(where: Location) -> str | None:
     """The data identity the finished prepared data at ``where`` was made for; DataError for a damaged manifest."""
-    if isinstance(where, Path):
-        return read_manifest(where)[0].get("identity")
-    try:
-        manifest = json.loads((where / MANIFEST).read_bytes())
-    except ValueError as exc:
-        raise DataError(f"{where / MANIFEST} is not valid JSON ({exc}): it is damaged; re-run `mindfoundry prepare "
-                        "--overwrite`") from None
-    return manifest.get("identity") if isinstance(manifest, dict) else None
+    return read_manifest(where)[0].get("identity")
+
+
+def _cache(cfg: RunConfig) -> Path:
+    return cache_folder("data", str(prepared_location(cfg)), cfg.data.cache_dir)
 
 
 def local_copy(cfg: RunConfig) -> Path:
     """This config's prepared folder on this machine: ``data.output_dir`` itself, or for a URL its node-local copy
     (see the module docstring)."""
-    where = prepared_location(cfg)
-    if isinstance(where, Path):
-        return where
-    folder = cache_folder("data", where.url, cfg.data.cache_dir)
-    with filling(folder):
-        return fetch(where, folder)
+    return fetch(prepared_location(cfg), _cache(cfg))
 
 
-def open_prepared(cfg: RunConfig) -> PreparedData:
-    """:func:`load_prepared` of this config's prepared data, wherever it lives."""
-    return load_prepared(local_copy(cfg), cfg.model.vocab_size)
+def open_prepared(cfg: RunConfig, log: Callable[[str], None] = print) -> PreparedData:
+    """:func:`load_prepared` of this config's prepared data, wherever it lives. A node-local copy found damaged (its
+    shards' sha256 no longer those of the manifest) is dropped and fetched again, once, said in one line."""
+    try:
+        return load_prepared(local_copy(cfg), cfg.model.vocab_size)
+    except DataError as exc:
+        again = refetch(prepared_location(cfg), _cache(cfg))
+        if again is None:
+            raise
+        log(f"this node's copy of {prepared_location(cfg)} was damaged ({exc}): dropped and fetched again")
+        return load_prepared(again, cfg.model.vocab_size)
 
 
 def shard_hash_problems(ds: IndexedDataset, info: dict[str, Any]) -> list[str]:
@@ -110,12 +111,15 @@ def shard_hash_problems(ds: IndexedDataset, info: dict[str, Any]) -> list[str]:
     ]
 
 
-def read_manifest(root: Path) -> tuple[dict[str, Any], bytes]:
-    """The folder's manifest (and its bytes), checked for what training reads; DataError saying how to fix it."""
-    path = root / MANIFEST
-    if not path.is_file():
-        raise DataError(f"no prepared data at '{root}' ({MANIFEST} missing): run `mindfoundry prepare CONFIG` first")
-    raw = path.read_bytes()
+def read_manifest(root: Path | Location) -> tuple[dict[str, Any], bytes]:
+    """The folder's manifest (and its bytes; a folder or a URL), checked for what training reads; DataError saying how
+    to fix it."""
+    path = locate(root) / MANIFEST
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise DataError(f"no prepared data at '{root}' ({MANIFEST} missing): run `mindfoundry prepare CONFIG` "
+                        "first") from None
     redo = "re-run `mindfoundry prepare --overwrite`"
     try:
         manifest = json.loads(raw)

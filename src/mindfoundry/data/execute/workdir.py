@@ -1,15 +1,17 @@
-"""The staged `prepare`'s work area: one folder per stage, one per task, a completion marker per task.
+"""The staged `prepare`'s work area: one folder per stage, one per task, a committed folder per finished task.
 
-Every stage of :mod:`~mindfoundry.data.prepare.pipeline` is a set of independent tasks. A task
-writes into an attempt folder of its own (``task-000012.tmp-HOST-PID``), then its result
-(``result.json``, small: counters and sizes), fsyncs what it wrote and renames the attempt to
-``task-000012``: the rename is the completion marker. So a folder without the ``.tmp-`` suffix is
-always complete, a task killed at any moment leaves only an attempt folder (removed by the next
-run of its stage), and a `prepare` started again skips every task whose folder exists.
+Every stage of :mod:`~mindfoundry.data.prepare.pipeline` is a set of independent tasks. A task writes into an attempt
+folder of its own on this node (``task-000012.tmp-HOST-PID``), then its result (``result.json``, small: counters and
+sizes), and commits it as the task's folder ``stages/STAGE/task-000012`` (:mod:`mindfoundry.storage.commit`: one
+rename on a disk, the objects and then their marker on a store). A task killed at any moment leaves only an attempt
+(removed by the next run of its stage) or objects without a marker; a `prepare` started again skips every committed
+task. On a store (``data.work_dir: s3://...``, workers that share no disk) the attempts and the finished tasks' copies
+live in this node's cache: a later task reads a finished task's files from this node's copy, fetched once and checked
+(the node that wrote them keeps its attempt as that copy).
 
-The area belongs to one data identity (``workdir.json``): a `prepare` of another data config
-finds the old work stale and starts afresh; a folder that holds anything else is refused, never
-cleared. One `prepare` at a time holds the area (an exclusive lock on ``.lock``).
+The area belongs to one data identity (``workdir.json``): a `prepare` of another data config finds the old work stale
+and starts afresh; a folder that holds anything else is refused, never cleared. One `prepare` at a time holds the
+area (a claim on ``.lock``: an flock on a disk, a lease on a store, :mod:`mindfoundry.storage.claim`).
 """
 
 from __future__ import annotations
@@ -19,13 +21,17 @@ import json
 import os
 import shutil
 import socket
-import sys
 from pathlib import Path
 from typing import Any
 
-from mindfoundry import atomic, locks
-from mindfoundry.config.storage_config import public_command
+from mindfoundry import atomic
 from mindfoundry.errors import MindFoundryError
+from mindfoundry.storage.base import Claim
+from mindfoundry.storage.cache import cache_folder
+from mindfoundry.storage.claim import ClaimHeldError, alive
+from mindfoundry.storage.commit import fetch, is_committed, publish
+from mindfoundry.storage.errors import StorageError
+from mindfoundry.storage.location import Location, locate
 
 FORMAT = "mindfoundry.prepare-work/1"
 MARKER = "workdir.json"
@@ -36,22 +42,6 @@ ATTEMPT = ".tmp-"
 
 class WorkDirError(MindFoundryError, RuntimeError):
     """The work area cannot be used: not writable, full, another prepare's, or not ours."""
-
-
-def write_json(path: Path, value: Any) -> None:
-    """``value`` as JSON at ``path``, written aside, fsynced and renamed into place (:mod:`mindfoundry.atomic`)."""
-    atomic.write_text(path, json.dumps(value, ensure_ascii=False, sort_keys=True))
-
-
-def alive(pid: int) -> bool:
-    """Whether a process of this machine runs with that id."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def link_or_copy(source: Path, target: Path) -> None:
@@ -74,18 +64,25 @@ def space_problem(exc: OSError, where: Path) -> WorkDirError | None:
 
 
 class WorkDir:
-    """The work area of one data identity (see the module docstring).
+    """The work area of one data identity at ``root``, a folder or a URL (see the module docstring).
 
-    Only paths travel to the workers (the object pickles as its root); :meth:`claim` (lock, identity,
-    stale work) runs once, in the process that drives the stages.
+    Only the location travels to the workers (the object pickles as it and the cache setting); :meth:`claim` (lock,
+    identity, stale work) runs once, in the process that drives the stages.
     """
 
-    def __init__(self, root: Path) -> None:
-        self.root = Path(root)
-        self._lock: int | None = None  # the descriptor of the locked .lock file, in the driver
+    def __init__(self, root: Path | Location, cache_dir: str | None = None) -> None:
+        self.root = locate(root)
+        self.cache_dir = cache_dir
+        self._claim: Claim | None = None  # the driver's hold on .lock
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"root": self.root, "_lock": None}
+        return {"root": self.root, "cache_dir": self.cache_dir, "_claim": None}
+
+    @property
+    def scratch(self) -> Path:
+        """This node's side of the area, where it writes (what a full disk is reported for): the area itself on a
+        disk, this node's cache for a URL (resolved in this process)."""
+        return self.root.staging(cache_folder("work", str(self.root), self.cache_dir))
 
     # -- the driver's side ---------------------------------------------------------------------
 
@@ -94,46 +91,41 @@ class WorkDir:
         ``plan`` (a digest of the files' list, sizes and times): kept when it already does (resume),
         emptied when it holds other work (another data config, changed files) or ``fresh`` is asked."""
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            probe = self.root / f".probe-{os.getpid()}"
-            probe.write_bytes(b"ok")
-            probe.unlink()
-        except OSError as exc:
-            raise space_problem(exc, self.root) or WorkDirError(
-                f"the prepare work folder '{self.root}' is not writable ({exc.strerror or exc}): "
-                "set data.work_dir to a writable folder (on shared storage for a cluster)") from None
-        marker = self.root / MARKER
-        held = self._read_marker(marker)
-        # the lock, the identity (whole, or half written by a prepare stopped while claiming) and the write probe
+            self.root.check_writable()
+        except StorageError as exc:
+            raise space_problem(exc, Path(str(self.root))) or WorkDirError(
+                f"the prepare work folder '{self.root}' is not writable ({exc.strerror or exc}): set data.work_dir to "
+                "a writable folder (on shared storage for a cluster)") from None
+        held = self._read_marker(self.root / MARKER)
+        # the lock, the identity (whole, or half written by a prepare stopped while claiming)
         claim_files = (LOCK, MARKER, MARKER + atomic.PARTIAL)
-        others = [p for p in self.root.iterdir() if p.name not in claim_files and not p.name.startswith(".probe-")]
+        others = [name for name in self.root.children() if name not in claim_files]
         if held is None and others:
             raise WorkDirError(
                 f"the prepare work folder '{self.root}' holds files that are not a MindFoundry prepare's "
-                f"(e.g. '{others[0].name}'): choose an empty or new folder for data.work_dir"
+                f"(e.g. '{others[0]}'): choose an empty or new folder for data.work_dir"
             )
-        fd = locks.open_lock(self.root / LOCK)
         try:
-            locks.take(fd, public_command(sys.argv))
-        except locks.LockHeldError as held:
-            raise WorkDirError(f"another prepare ({held}) is working in '{self.root}': wait for it to finish, or give "
-                               "this config another data.output_dir / data.work_dir") from None
+            self._claim = (self.root / LOCK).claim()
+        except ClaimHeldError as holder:
+            raise WorkDirError(f"another prepare ({holder}) is working in '{self.root}': wait for it to finish, or "
+                               "give this config another data.output_dir / data.work_dir") from None
         except OSError as exc:
-            os.close(fd)
-            raise WorkDirError(f"the prepare work folder '{self.root}' cannot be locked ({exc.strerror}): choose a "
-                               "folder on a local disk that supports file locks for data.work_dir") from None
-        self._lock = fd
+            raise WorkDirError(f"the prepare work folder '{self.root}' cannot be locked ({exc.strerror or exc}): "
+                               "choose a folder on a local disk that supports file locks for data.work_dir") from None
         stale = self.stale_reason(held, identity, plan, fresh)
         if stale is not None:
             log(f"discarding the earlier prepare's work in {self.root} ({stale})")
-            for path in others:
-                if path.is_dir() and not path.is_symlink():
-                    shutil.rmtree(path)
-                else:
-                    path.unlink()
+            for name in others:
+                (self.root / name).delete_tree()
+            shutil.rmtree(self.scratch / "stages", ignore_errors=True)
         elif others:
             log(f"resuming the prepare in {self.root}: finished tasks are kept")
-        write_json(marker, {"format": FORMAT, "identity": identity, "plan": plan})
+        aborted = self.root.abort_uploads()
+        if aborted:
+            log(f"aborted {aborted} unfinished upload(s) a stopped prepare left in {self.root}")
+        (self.root / MARKER).write_text(json.dumps({"format": FORMAT, "identity": identity, "plan": plan},
+                                                   ensure_ascii=False, sort_keys=True))
 
     @staticmethod
     def stale_reason(held: dict[str, Any] | None, identity: str, plan: str, fresh: bool) -> str | None:
@@ -149,35 +141,31 @@ class WorkDir:
         return None
 
     @staticmethod
-    def _read_marker(marker: Path) -> dict[str, Any] | None:
-        if not marker.is_file():
-            return None
+    def _read_marker(marker: Location) -> dict[str, Any] | None:
         try:
-            held = json.loads(marker.read_text(encoding="utf-8"))
+            held = json.loads(marker.read_bytes())
+        except FileNotFoundError:
+            return None
         except (OSError, ValueError):
             return {"identity": None}  # ours (the name says so) but damaged: stale
         return held if isinstance(held, dict) and held.get("format") == FORMAT else {"identity": None}
 
-    @property
-    def scratch(self) -> Path:
-        """Where this process writes (what a full disk is reported for)."""
-        return self.root
-
     def release(self) -> None:
-        if self._lock is not None:
-            locks.release(self._lock)
-            self._lock = None
+        if self._claim is not None:
+            self._claim.release()
+            self._claim = None
 
     def remove(self) -> None:
-        """Delete the area once its output is in place (the lock goes with it)."""
+        """Delete the area (and this node's copies) once its output is in place (the lock goes with it)."""
         self.release()
-        shutil.rmtree(self.root, ignore_errors=True)
+        self.root.delete_tree()
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
     def clear_attempts(self, stage: str) -> None:
         """Remove what killed attempts of ``stage``'s tasks left. An attempt whose process still runs on this machine
         (a worker of a driver killed alone, finishing its task) is left be: it commits whole or not at all, and the
         task's new attempt does the same (:meth:`commit` keeps whichever finishes first)."""
-        folder = self.stage(stage)
+        folder = self._local_stage(stage)
         if folder.is_dir():
             for path in folder.glob(f"*{ATTEMPT}*"):
                 host, _, pid = path.name.split(ATTEMPT, 1)[1].rpartition("-")
@@ -186,32 +174,46 @@ class WorkDir:
 
     # -- both sides ----------------------------------------------------------------------------
 
-    def stage(self, stage: str) -> Path:
-        return self.root / "stages" / stage
+    def _local_stage(self, stage: str) -> Path:
+        return self.scratch / "stages" / stage
+
+    def _task(self, stage: str, task: int) -> Location:
+        return self.root / "stages" / stage / f"task-{task:06d}"
 
     def task(self, stage: str, task: int) -> Path:
-        """The folder of a finished task (exists only once it finished)."""
-        return self.stage(stage) / f"task-{task:06d}"
+        """The folder of a finished task on this node (a store's fetched once and checked against its marker)."""
+        return fetch(self._task(stage, task), self._local_stage(stage) / f"task-{task:06d}")
 
     def done(self, stage: str, task: int) -> bool:
-        return (self.task(stage, task) / RESULT).is_file()
+        return is_committed(self._task(stage, task))
 
     def result(self, stage: str, task: int) -> dict[str, Any]:
-        return json.loads((self.task(stage, task) / RESULT).read_text(encoding="utf-8"))
+        return json.loads((self._task(stage, task) / RESULT).read_bytes())
 
     def attempt(self, stage: str, task: int) -> Path:
         """A fresh folder for one attempt at a task (its name says which host and process made it)."""
-        path = self.stage(stage) / f"task-{task:06d}{ATTEMPT}{socket.gethostname()}-{os.getpid()}"
+        path = self._local_stage(stage) / f"task-{task:06d}{ATTEMPT}{socket.gethostname()}-{os.getpid()}"
         shutil.rmtree(path, ignore_errors=True)
         path.mkdir(parents=True)
         return path
 
     def commit(self, stage: str, task: int, attempt: Path, result: dict[str, Any]) -> None:
-        """Publish an attempt as the task's output: result written, everything fsynced, one rename."""
+        """Commit an attempt as the task's folder, its result written first; what a store's commit leaves of the
+        attempt becomes this node's copy."""
         (attempt / RESULT).write_text(json.dumps(result, ensure_ascii=False, sort_keys=True), encoding="utf-8")
+        where = self._task(stage, task)
+        if is_committed(where):  # another attempt (a retry after a lost worker) finished first: same bytes
+            shutil.rmtree(attempt)
+            return
         try:
-            atomic.publish_folder(attempt, self.task(stage, task))
+            publish(attempt, where)
         except OSError as exc:
             if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
                 raise
-            shutil.rmtree(attempt)  # another attempt (a retry after a lost worker) finished first: same bytes
+            shutil.rmtree(attempt)  # another attempt finished first
+            return
+        if attempt.exists():
+            try:
+                atomic.publish_folder(attempt, self._local_stage(stage) / f"task-{task:06d}")
+            except OSError:  # a copy is already there
+                shutil.rmtree(attempt, ignore_errors=True)

@@ -27,21 +27,27 @@ import gzip
 import hashlib
 import io
 import json
-import os
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import zstandard
 
 from mindfoundry.config.storage_config import StorageConfig
 from mindfoundry.data.document import Document
-from mindfoundry.data.ingest.listing import DataSourceError, FileLedger, file_version, files_root, resolve_files
+from mindfoundry.data.ingest.listing import (
+    DataSourceError,
+    FileLedger,
+    file_version,
+    files_root,
+    resolve_files,
+    unreadable,
+)
 from mindfoundry.data.ingest.zstd import ZstdReader
-from mindfoundry.storage.location import Location
-from mindfoundry.storage.remote import ObjectMissingError, Remote
+from mindfoundry.storage.location import Location, locate
 
 TxtMode = Literal["file", "line"]
 
@@ -78,30 +84,19 @@ class SourceStats:
         """The numeric counters (what a report shows per source)."""
         return {k: v for k, v in vars(self).items() if isinstance(v, int)}
 
-    def record_file(self, path: Location) -> None:
+    def record_file(self, path: Path | Location) -> None:
         """Hash ``path`` in chunks (bounded memory; an object streamed) and append it to :attr:`files`."""
+        path = locate(path)
         digest = hashlib.sha256()
         size = 0
         try:
-            if isinstance(path, Remote):
-                version = file_version(path)[1]
-                opened = path.open()
-            else:
-                opened = path.open("rb")
-            with opened as fh:
-                if not isinstance(path, Remote):
-                    version = os.fstat(fh.fileno()).st_mtime_ns
+            version = file_version(path)[1]
+            with path.open() as fh:
                 while chunk := fh.read(_HASH_CHUNK):
                     digest.update(chunk)
                     size += len(chunk)
-        except ObjectMissingError as exc:
-            raise DataSourceError(f"cannot read source file '{path}' ({exc}): fix it or remove it from the source's "
-                                  "paths") from None
         except OSError as exc:  # unreadable: permissions, a dangling link, a folder named like a file, an I/O error
-            if isinstance(path, Remote):  # the store's own one-line message (permission, connection) says it all
-                raise
-            raise DataSourceError(f"cannot read source file '{path}' ({exc.strerror or exc}): fix it or remove it "
-                                  f"from the source's paths") from None
+            raise unreadable(path, exc) from None
         if self.ledger is not None:
             self.ledger.check(path, size, version, digest.hexdigest())
         self.files.append({"path": str(path), "sha256": digest.hexdigest(), "bytes": size, "version": version})
@@ -151,15 +146,16 @@ def read_files(
                        stats=stats)
 
 
-def read_listed(files: Sequence[Location], root: Location, *, name: str, category: str, text_field: str = "text",
-                txt_mode: TxtMode = "file", stats: SourceStats) -> Iterator[Document]:
+def read_listed(files: Sequence[Path | Location], root: Path | Location, *, name: str, category: str,
+                text_field: str = "text", txt_mode: TxtMode = "file", stats: SourceStats) -> Iterator[Document]:
     """Stream documents from resolved ``files`` (:func:`resolve_files`), their ids relative to ``root``: a part of
     a source's files read with the ids the whole source would give them (see :func:`read_files`)."""
     if txt_mode not in ("file", "line"):
         raise DataSourceError(f"txt_mode must be 'file' or 'line', got {txt_mode!r}")
     if not name:
         raise DataSourceError("a source needs a non-empty name (it prefixes document ids)")
-    return count_emitted(_read_resolved(list(files), root, name, category, text_field, txt_mode, stats), stats)
+    return count_emitted(_read_resolved([locate(f) for f in files], locate(root), name, category, text_field,
+                                        txt_mode, stats), stats)
 
 
 def _read_resolved(
@@ -174,7 +170,7 @@ def _read_resolved(
     """Read resolved files one at a time, dispatching on the suffix."""
     for path in files:
         stats.record_file(path)
-        relative = path.relative_to(root) if isinstance(path, Remote) else path.relative_to(root).as_posix()
+        relative = path.relative_to(root)
         prefix = f"{name}:{relative}"
         records: Iterator[tuple[int | None, str]]
         if path.name.endswith(".parquet"):
@@ -203,11 +199,12 @@ def _whole_file_record(path: Location, stats: SourceStats) -> Iterator[tuple[Non
         yield None, text
 
 
-def line_records(path: Location, stats: SourceStats) -> Iterator[tuple[int, str]]:
+def line_records(path: Path | Location, stats: SourceStats) -> Iterator[tuple[int, str]]:
     """``(line number, line)`` for every valid-UTF-8 line, without its line terminator.
 
     A UTF-8 byte-order mark (common in files saved on Windows) is dropped from the first line.
     """
+    path = locate(path)
     number = 0
     with _decompression_errors(path, lambda: number), _open_binary(path) as fh:
         for number, raw in enumerate(fh, start=1):
@@ -251,24 +248,25 @@ def _parquet_records(path: Location, text_field: str, stats: SourceStats) -> Ite
     """
     pa, pq = _import_pyarrow()
     try:
-        parquet = pq.ParquetFile(path.open() if isinstance(path, Remote) else path)
-        binary = _parquet_text_as_binary(pa, parquet.schema_arrow, text_field)
-        if isinstance(binary, str):
-            rows = parquet.metadata.num_rows
-            stats.notes.append(
-                f"{path}: skipped all {rows} rows: {binary}; set the source's text_field to the text column"
-            )
-            stats.skipped_missing_text += rows
-            return
-        number = 0
-        for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=[text_field]):
-            # Decoded here, not by Arrow: a string column can still hold invalid UTF-8, to be counted, not fatal.
-            for value in batch.column(0).cast(binary).to_pylist():
-                number += 1
-                if value is None:
-                    stats.skipped_missing_text += 1
-                elif (text := decode(value, stats)) is not None:
-                    yield number, text
+        with path.open() as fh:
+            parquet = pq.ParquetFile(fh)
+            binary = _parquet_text_as_binary(pa, parquet.schema_arrow, text_field)
+            if isinstance(binary, str):
+                rows = parquet.metadata.num_rows
+                stats.notes.append(
+                    f"{path}: skipped all {rows} rows: {binary}; set the source's text_field to the text column"
+                )
+                stats.skipped_missing_text += rows
+                return
+            number = 0
+            for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=[text_field]):
+                # Decoded here, not by Arrow: a string column can still hold invalid UTF-8, to be counted, not fatal.
+                for value in batch.column(0).cast(binary).to_pylist():
+                    number += 1
+                    if value is None:
+                        stats.skipped_missing_text += 1
+                    elif (text := decode(value, stats)) is not None:
+                        yield number, text
     except (pa.ArrowException, OSError) as exc:
         raise DataSourceError(f"{path}: corrupt or unreadable Parquet data ({exc})") from exc
 
@@ -297,7 +295,7 @@ def _import_pyarrow():  # noqa: ANN202 - modules
 
 def _open_binary(path: Location) -> io.BufferedIOBase:
     """The file's bytes, decompressed (``.gz``, ``.zst``), as a stream that closes the file with itself."""
-    raw = path.open() if isinstance(path, Remote) else path.open("rb")
+    raw = path.open()
     if path.name.endswith(".gz"):
         return io.BufferedReader(_Owning(gzip.GzipFile(fileobj=raw, mode="rb"), raw))
     if path.name.endswith(".zst"):

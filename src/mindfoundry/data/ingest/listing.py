@@ -10,21 +10,17 @@ is named, never read as if it were the one listed.
 
 from __future__ import annotations
 
-import glob
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mindfoundry.config.storage_config import StorageConfig
-from mindfoundry.errors import MindFoundryError, describe_path
+from mindfoundry.errors import MindFoundryError
+from mindfoundry.storage.base import Version
+from mindfoundry.storage.errors import ObjectMissingError, StorageError
 from mindfoundry.storage.location import Location, locate
-from mindfoundry.storage.remote import ObjectMissingError, Remote
 
-#: A file's version as listed: its modification time in ns on a local disk, its ETag (which changes with the content)
-#: on object storage.
-Version = int | str
 SUPPORTED_SUFFIXES: tuple[str, ...] = (
     ".txt", ".jsonl", ".txt.gz", ".jsonl.gz", ".txt.zst", ".jsonl.zst", ".parquet",
 )
@@ -64,23 +60,21 @@ class FileLedger:
             raise _changed(path, first, (*now, "?"), "while prepare was reading it")
 
 
-def file_version(path: Location) -> tuple[int, Version]:
+def file_version(path: Path | Location) -> tuple[int, Version]:
     """A file's size and :data:`Version` now (DataSourceError when it cannot be looked up)."""
     try:
-        if isinstance(path, Remote):
-            info = path.info()
-            version = info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified") or ""
-            return int(info.get("size") or 0), str(version)
-        st = path.stat()
-    except ObjectMissingError as exc:
-        raise DataSourceError(f"cannot read source file '{path}' ({exc}): fix it or remove it from the source's "
-                              "paths") from None
+        return locate(path).size_and_version()
     except OSError as exc:
-        if isinstance(path, Remote):  # the store's own one line (permission, connection) says it all
-            raise
-        raise DataSourceError(f"cannot read source file '{path}' ({exc.strerror or exc}): fix it or "
-                              "remove it from the source's paths") from None
-    return st.st_size, st.st_mtime_ns
+        raise unreadable(path, exc) from None
+
+
+def unreadable(path: Location, exc: OSError) -> Exception:
+    """A source file that cannot be read, as the error a user can act on: the store's own one line where it says it
+    all (a permission, a connection), else the file named with the reason."""
+    if isinstance(exc, StorageError) and not isinstance(exc, ObjectMissingError):
+        return exc
+    return DataSourceError(f"cannot read source file '{path}' ({exc.strerror or exc}): fix it or remove it from the "
+                           "source's paths")
 
 
 def _changed(path: Location, first: tuple[int, Version, str | None], now: tuple[int, Version, str],
@@ -102,15 +96,21 @@ def resolve_files(patterns: Sequence[str], storage: StorageConfig | None = None)
 
 def files_root(files: Sequence[Location]) -> Location:
     """The deepest folder holding every file: what document ids are relative to."""
-    remote = [f for f in files if isinstance(f, Remote)]
-    if not remote:
-        return Path(os.path.commonpath([path.parent for path in files]))
-    if len(remote) != len(files) or len({f.protocol for f in remote}) != 1:
-        raise DataSourceError(f"a source's paths mix local files and URLs ({files[0]}, {files[-1]}): give the local "
-                              "files and the objects as two sources")
-    parts = [f.parent.url.split("/") for f in remote]
-    common = os.path.commonprefix(parts)
-    return Remote("/".join(common), remote[0].storage)
+    root = files[0].parent
+    while not all(_below(f, root) for f in files):
+        if root.parent == root:
+            raise DataSourceError(f"a source's paths mix local files and URLs ({files[0]}, {files[-1]}): give the "
+                                  "local files and the objects as two sources")
+        root = root.parent
+    return root
+
+
+def _below(path: Location, root: Location) -> bool:
+    try:
+        path.relative_to(root)
+    except ValueError:
+        return False
+    return True
 
 
 def _resolve_patterns(patterns: Sequence[str], storage: StorageConfig | None) -> list[Location]:
@@ -119,74 +119,35 @@ def _resolve_patterns(patterns: Sequence[str], storage: StorageConfig | None) ->
         raise DataSourceError("no input paths given: pass at least one file, folder or glob")
     ordered: dict[Location, None] = {}
     for pattern in patterns:
-        where = locate(pattern, storage)
-        for path in (_expand_url(where, pattern) if isinstance(where, Remote) else _expand_pattern(pattern)):
+        for path in _expand(locate(pattern, storage).absolute(), pattern):
             ordered.setdefault(path, None)
     return list(ordered)
 
 
-def _expand_url(where: Remote, pattern: str) -> list[Location]:
-    """One URL pattern (an object, a prefix or a glob) as its objects, sorted."""
+def _expand(where: Location, pattern: str) -> list[Location]:
+    """One file, folder or glob (a path or a URL) as its supported files, sorted. An existing path is taken
+    literally even if its name contains glob characters (``[``)."""
     where.check_reachable()  # a missing bucket or refused credentials: one line naming the cause, before listing
-    if _GLOB_MAGIC.search(where.key):
-        matches = where.glob(pattern)
+    if _GLOB_MAGIC.search(str(where)) and not where.exists():
+        matches = where.glob(str(where))
         if not matches:
-            raise DataSourceError(f"glob {pattern!r} matched no objects; check the pattern (use '**' to search "
-                                  "below sub-prefixes)")
+            raise DataSourceError(f"glob {pattern!r} matched no files; check the pattern (relative to the current "
+                                  "directory for a path; use '**' to search sub-folders)")
         files = [f for match in matches for f in ([match] if match.is_file() else match.files())]
         return _require_supported([f for f in files if is_supported(f)], pattern)
+    if where.is_dir():
+        return _require_supported([f for f in where.files() if is_supported(f)], pattern)
     if where.is_file():
         if not is_supported(where):
             raise DataSourceError(
                 f"unsupported file type {pattern!r}: expected one of {', '.join(SUPPORTED_SUFFIXES)}"
             )
         return [where]
-    found = where.files()
-    if not found:
-        raise DataSourceError(f"input path {pattern!r} does not exist (no object under that prefix): fix the URL or "
-                              "remove it from the data config")
-    return _require_supported([f for f in found if is_supported(f)], pattern)
-
-
-def _expand_pattern(pattern: str) -> list[Location]:
-    """Turn one local file/folder/glob pattern into a sorted list of absolute file paths.
-
-    An existing path is taken literally even if its name contains glob characters (``[``).
-    """
-    path = Path(pattern.removeprefix("file://"))
-    pattern = str(path)
-    if not path.exists() and _GLOB_MAGIC.search(pattern):
-        matches = [Path(match) for match in sorted(glob.glob(pattern, recursive=True))]
-        if not matches:
-            raise DataSourceError(
-                f"glob {pattern!r} matched no files; check the pattern "
-                "(relative to the current directory; use '**' to search sub-folders)"
-            )
-        files = [f for match in matches for f in _files_under(match)]
-        return _require_supported(files, pattern)
-    if path.is_dir():
-        return _require_supported(_files_under(path), pattern)
-    if path.is_file():
-        if not is_supported(path):
-            raise DataSourceError(
-                f"unsupported file type {pattern!r}: expected one of {', '.join(SUPPORTED_SUFFIXES)}"
-            )
-        return [Path(os.path.abspath(path))]
-    if path.exists():  # a FIFO, a socket, a device: reading it would block or stream without end
-        raise DataSourceError(f"input path {pattern!r} is {describe_path(path)}, not a file or folder: give the "
+    if where.exists():  # a FIFO, a socket, a device: reading it would block or stream without end
+        raise DataSourceError(f"input path {pattern!r} is {where.describe()}, not a file or folder: give the "
                               "source regular files (copy a stream to a file first)")
-    raise DataSourceError(
-        f"input path {pattern!r} does not exist (relative paths are resolved against "
-        f"{os.getcwd()}); fix the path or remove it from the data config"
-    )
-
-
-def _files_under(path: Path) -> list[Location]:
-    """A file itself, or every supported file below a folder, as sorted absolute paths."""
-    if path.is_file():
-        return [Path(os.path.abspath(path))] if is_supported(path) else []
-    found = (Path(os.path.abspath(p)) for p in path.rglob("*") if p.is_file())
-    return sorted(p for p in found if is_supported(p))
+    raise DataSourceError(f"input path {pattern!r} does not exist (nothing at {where}): fix the path or URL, or "
+                          "remove it from the data config")
 
 
 def _require_supported(files: list[Location], pattern: str) -> list[Location]:

@@ -46,9 +46,8 @@ from mindfoundry.data.dataset.prepared import (
 )
 from mindfoundry.data.execute import create_executor
 from mindfoundry.data.execute.progress import StagesProgress
-from mindfoundry.data.execute.remote_workdir import RemoteWorkDir
 from mindfoundry.data.execute.stage import R, Stage
-from mindfoundry.data.execute.workdir import WorkDir, alive, link_or_copy, space_problem
+from mindfoundry.data.execute.workdir import WorkDir, link_or_copy, space_problem
 from mindfoundry.data.ingest.inputs import plan_inputs
 from mindfoundry.data.prepare.corpus import MERGE, Corpus
 from mindfoundry.data.prepare.corpus import TOKENIZER as TOKENIZER_STAGE
@@ -67,10 +66,11 @@ from mindfoundry.data.prepare.stage_dedup import BandStage, DecideStage, Dedup, 
 from mindfoundry.data.prepare.stage_tokens import MergeStage, ShardStage, TokenizerStage
 from mindfoundry.data.tokenizer import load_tokenizer, tokenizer_hash
 from mindfoundry.errors import MindFoundryError
+from mindfoundry.storage.base import Claim
 from mindfoundry.storage.cache import cache_folder
-from mindfoundry.storage.commit import publish, uncommit
+from mindfoundry.storage.claim import ClaimHeldError, alive
+from mindfoundry.storage.commit import COMMIT, is_committed, publish
 from mindfoundry.storage.location import Location, locate
-from mindfoundry.storage.remote import Remote
 
 #: Keys of the data section that say how `prepare` runs, never what it writes.
 EXECUTION_KEYS = {"output_dir", "mixture", "workers", "executor", "ray", "work_dir", "cache_dir", "task_bytes"}
@@ -102,24 +102,54 @@ def _sha256_json(value: Any) -> str:
 
 
 def work_dir(cfg: RunConfig) -> Location:
-    """Where this config's `prepare` keeps its stages: ``data.work_dir`` (a folder or a URL), else a hidden folder next
-    to a local output, or this node's cache for a URL output."""
+    """Where this config's `prepare` keeps its stages: ``data.work_dir`` (a folder or a URL), else a hidden folder
+    beside the output: next to a local output, in this node's cache for a URL output (on a Ray cluster, whose nodes
+    share no disk, that cannot work: data.work_dir must be a URL there)."""
     if cfg.data.work_dir is not None:
         return locate(cfg.data.work_dir, cfg.storage)
     out = prepared_location(cfg)
-    if isinstance(out, Remote):
-        if cfg.data.executor == "ray" and cfg.data.ray.address != "local":
-            raise DataError(f"data.output_dir is a URL ({out}) and data.executor is ray on a cluster: set "
-                            "data.work_dir to a URL too (e.g. s3://BUCKET/work/NAME), where every node reaches the "
-                            "stages' files; unset, the work area is a folder of this node only")
-        return cache_folder("work", out.url, cfg.data.cache_dir)
-    return out.with_name(f".{out.name}.work")
+    beside = out.parent.staging(cache_folder("work", str(out), cfg.data.cache_dir))
+    if cfg.data.executor == "ray" and cfg.data.ray.address != "local" and not locate(beside).is_below(out.parent):
+        raise DataError(f"data.output_dir is a URL ({out}) and data.executor is ray on a cluster: set "
+                        "data.work_dir to a URL too (e.g. s3://BUCKET/work/NAME), where every node reaches the "
+                        "stages' files; unset, the work area is a folder of this node only")
+    return locate(beside / f".{out.name}.work")
 
 
-def open_work(cfg: RunConfig) -> WorkDir | RemoteWorkDir:
+def open_work(cfg: RunConfig) -> WorkDir:
     """The work area of this config's `prepare` (not yet claimed)."""
-    where = work_dir(cfg)
-    return RemoteWorkDir(where, cfg.data.cache_dir) if isinstance(where, Remote) else WorkDir(where)
+    return WorkDir(work_dir(cfg), cfg.data.cache_dir)
+
+
+def output_lock(out: Location) -> Location:
+    """The lock beside a prepared output: a `prepare` writing it holds it alone, a run training on it shares it."""
+    return out.with_name(f".{out.name}.lock")
+
+
+def claim_output(out: Location, *, shared: bool) -> Claim:
+    """Hold ``out``: alone to write it (``prepare``), shared to read it (a training run, so that no `prepare
+    --overwrite` replaces the data under it); refused in one line naming the process that holds it otherwise."""
+    try:
+        return output_lock(out).claim(shared=shared)
+    except ClaimHeldError as holder:
+        doing = "prepares it" if holder.holder.get("command", "").split(" ")[1:2] == ["prepare"] else "uses it"
+        raise DataError(f"data.output_dir {out} is held by {holder}, which {doing}: one writer at a time, and no "
+                        "prepare while a run trains on it; wait for it to end, or give this config another "
+                        "data.output_dir (nothing was written)") from None
+
+
+def _taken(out: Location) -> str:
+    """Why the committed folder ``out`` is not this config's to reuse or replace (without --overwrite)."""
+    if not is_prepared(out):
+        return (f"data.output_dir {out} holds files that are not prepared data (e.g. '{out.children()[0]}'): choose "
+                "another data.output_dir, or pass --overwrite to move them aside")
+    try:
+        by = json.loads((out / MANIFEST).read_bytes()).get("prepared_by") or {}
+    except (OSError, ValueError, AttributeError):
+        by = {}
+    who = f" (by the run in {by['run_dir']})" if isinstance(by, dict) and by.get("run_dir") else ""
+    return (f"'{out}' holds data prepared from a different data config{who}: pass --overwrite to rebuild it (the old "
+            "folder is moved aside) or set data.output_dir")
 
 
 def prepare_data(cfg: RunConfig, *, overwrite: bool = False, log: Callable[[str], None] = print) -> PreparedData:
@@ -130,11 +160,10 @@ def prepare_data(cfg: RunConfig, *, overwrite: bool = False, log: Callable[[str]
     """
     out = prepared_location(cfg)
     identity = data_identity(cfg)
-    if is_prepared(out) and not overwrite:
-        if prepared_identity(out) != identity:
-            raise DataError(f"'{out}' holds data prepared from a different data config: "
-                            "pass --overwrite to rebuild it (the old folder is moved aside) or set data.output_dir")
-        data = open_prepared(cfg)
+    if is_committed(out) and not overwrite:
+        if not is_prepared(out) or prepared_identity(out) != identity:
+            raise DataError(_taken(out))
+        data = open_prepared(cfg, log)
         try:
             drift = source_drift(cfg, data.manifest)
             note = (f"; warning: its sources changed since it was prepared ({'; '.join(drift)}): training uses the "
@@ -144,24 +173,28 @@ def prepare_data(cfg: RunConfig, *, overwrite: bool = False, log: Callable[[str]
             note = f"; its sources cannot be listed here to check them for changes ({exc})"
         log(f"reusing prepared data in {out}{note}")
         return data
-    if isinstance(out, Remote):
-        out.check_writable()  # before hours of work: the output must be writable
-    corpus = Corpus(cfg.data, tuple(plan_inputs(cfg.data, cfg.storage)), cfg.storage)
-    work = open_work(cfg)
-    plan = _sha256_json([task.to_json() for task in corpus.inputs])
-    work.claim(identity, plan, fresh=overwrite, log=log)
+    out.check_writable()  # before hours of work: the output must be writable
+    claim = claim_output(out, shared=False)
     try:
-        staged = _StagedRun(cfg, corpus, work, log)
-        manifest = {"identity": identity, **staged.run()}
-        _publish(staged, manifest, out, cfg.data.cache_dir)
-    except OSError as exc:
-        problem = space_problem(exc, work.scratch)
-        if problem is None:
-            raise
-        raise problem from None
+        corpus = Corpus(cfg.data, tuple(plan_inputs(cfg.data, cfg.storage)), cfg.storage)
+        work = open_work(cfg)
+        plan = _sha256_json([task.to_json() for task in corpus.inputs])
+        work.claim(identity, plan, fresh=overwrite, log=log)
+        try:
+            staged = _StagedRun(cfg, corpus, work, log)
+            manifest = {"identity": identity, "prepared_by": {"run_dir": str(cfg.run_dir), "name": cfg.name},
+                        **staged.run()}
+            _publish(staged, manifest, out, cfg, overwrite)
+        except OSError as exc:
+            problem = space_problem(exc, work.scratch)
+            if problem is None:
+                raise
+            raise problem from None
+        finally:
+            work.release()
+        work.remove()
     finally:
-        work.release()
-    work.remove()
+        claim.release()
     t, v = manifest["splits"]["train"], manifest["splits"]["validation"]
     log(
         f"prepared {out}: train {t['documents']} docs / {t['tokens']:,} tokens, validation {v['documents']} docs / "
@@ -194,13 +227,13 @@ def source_drift(cfg: RunConfig, manifest: dict[str, Any]) -> list[str]:
     return out
 
 
-def _publish(staged: _StagedRun, manifest: dict[str, Any], out: Location, cache_dir: str | None) -> None:
-    """The output folder, assembled aside from the work area's files (hard links) and committed: renamed into place on
-    a local disk, uploaded and then marked committed on a store. Output that was there is moved aside first."""
-    local_tmp = (out.with_name(f".{out.name}.tmp-{os.getpid()}") if isinstance(out, Path)
-                 else cache_folder("publish", out.url, cache_dir) / f"tmp-{os.getpid()}")
-    if isinstance(out, Path):
-        _remove_stale_assemblies(out)
+def _publish(staged: _StagedRun, manifest: dict[str, Any], out: Location, cfg: RunConfig, overwrite: bool) -> None:
+    """The output folder, assembled aside from the work area's files (hard links) and committed (renamed into place
+    on a disk, uploaded and then marked committed on a store). A committed folder found at ``out`` now (another
+    prepare committed it since this one began) is refused without ``overwrite``, and moved aside with it."""
+    staging = out.parent.staging(cache_folder("publish", str(out), cfg.data.cache_dir))
+    _remove_stale_assemblies(staging, out.name)
+    local_tmp = staging / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(local_tmp, ignore_errors=True)
     try:
         for split in SPLITS:
@@ -212,35 +245,21 @@ def _publish(staged: _StagedRun, manifest: dict[str, Any], out: Location, cache_
         link_or_copy(staged.work.task(MERGE, merge.tasks() - 1) / DROPS_FILE, local_tmp / DROPS_FILE)
         link_or_copy(staged.work.task(TOKENIZER_STAGE, 0) / TOKENIZER, local_tmp / TOKENIZER)
         (local_tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        aside = out.with_name(f"{out.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
-        if isinstance(out, Path):
-            if out.exists():
-                out.rename(aside)
-            out.parent.mkdir(parents=True, exist_ok=True)
-        elif is_prepared(out):
-            _move_aside(out, aside)
-        elif out.exists():  # objects without a marker: what a killed upload of the output left
-            out.abort_uploads()
-            out.delete_tree()
-        publish(local_tmp, out)
+        if is_committed(out):
+            if not overwrite:
+                raise DataError(_taken(out))
+            out.move_folder(out.with_name(f"{out.name}.old-{time.strftime('%Y%m%d-%H%M%S')}"), COMMIT)
+        publish(local_tmp, out)  # (over the objects without a marker that a killed upload of the output left)
     finally:
         shutil.rmtree(local_tmp, ignore_errors=True)
 
 
-def _remove_stale_assemblies(out: Path) -> None:
+def _remove_stale_assemblies(staging: Path, name: str) -> None:
     """Folders ``.NAME.tmp-PID`` that a killed `prepare` left (its process is gone): nothing reads them."""
-    for path in out.parent.glob(f".{out.name}.tmp-*"):
+    for path in staging.glob(f".{name}.tmp-*"):
         pid = path.name.rsplit("-", 1)[-1]
         if pid.isdigit() and not alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _move_aside(out: Remote, aside: Remote) -> None:
-    """Objects under ``out`` copied under ``aside`` inside the store, then removed from ``out`` (its marker first):
-    ``--overwrite`` of a URL output keeps the old data, as it does for a folder."""
-    for obj in out.files():
-        obj.copy_to(aside / obj.relative_to(out))
-    uncommit(out)
 
 
 class _StagedRun:
