@@ -131,3 +131,63 @@ def test_any_installed_fsspec_protocol_is_a_source(tiny_run, tmp_path, corpus_di
         {"name": "asyncio", "paths": ["memory://corpus/txt"]}])), log=lambda _: None)
     for shard in ("train/code.bin", "train/asyncio.bin", "validation/code.bin", "validation/asyncio.bin"):
         assert (remote.root / shard).read_bytes() == (local.root / shard).read_bytes()
+
+
+def test_every_path_flag_and_key_takes_a_url_or_refuses_it_by_name(s3_run, s3, tmp_path, capsys,
+                                                                   monkeypatch) -> None:
+    """The keys and flags that took a path but not a URL, each differently (issue #48): a tokenizer, a MindRecord
+    export, an evaluation's JSON and task file, a conversion, all at URLs; run_dir refused by name; and a command
+    given only a URL reaches the store through --set storage.endpoint_url (no AWS_ENDPOINT_URL)."""
+    config, bucket = s3_run
+    step = f"s3://{bucket}/ckpt/step_00000006"
+    tasks = Path(__file__).resolve().parents[2] / "examples" / "lm_eval" / "mc.jsonl"
+    s3.put(bucket, "tasks/mc.jsonl", tasks.read_bytes())
+    assert main(["eval", step, "--tasks", f"s3://{bucket}/tasks/mc.jsonl", "--json", f"s3://{bucket}/eval.json"]) == 0
+    result = json.loads(s3.get(bucket, "eval.json"))
+    assert result["tasks"]["mc.jsonl"]["overall"]["questions"] == len(tasks.read_text().splitlines())
+    assert main(["convert", step, f"s3://{bucket}/weights.safetensors"]) == 0
+    from safetensors.numpy import load
+
+    weights = load(s3.get(bucket, "weights.safetensors"))
+    assert weights.keys() == load(s3.get(bucket, "ckpt/step_00000006/model.safetensors")).keys()
+    # the run's tokenizer from a URL: a prepare that reuses it writes the same tokenizer.json
+    s3.put(bucket, "tok/tokenizer.json", s3.get(bucket, "ckpt/step_00000006/tokenizer.json"))
+    assert main(["prepare", str(config), "--set", f"data.tokenizer.path=s3://{bucket}/tok/tokenizer.json", "--set",
+                 f"data.output_dir=s3://{bucket}/data-tok", "--set", f"run_dir={tmp_path / 'tok-run'}"]) == 0
+    assert s3.get(bucket, "data-tok/tokenizer.json") == s3.get(bucket, "tok/tokenizer.json")
+    assert main(["data", "mindrecord", str(config), "--out", f"s3://{bucket}/mr"]) == 0
+    committed = json.loads(s3.get(bucket, "mr/commit.json"))["objects"]
+    assert {"train.mindrecord", "train.mindrecord.db", "validation.mindrecord"} <= set(committed)
+    assert not list(Path.cwd().glob("s3:*"))  # nothing written to a local folder named like the URL
+    capsys.readouterr()
+    assert main(["train", str(config), "--set", f"run_dir=s3://{bucket}/run"]) == 2
+    assert (f"run_dir='s3://{bucket}/run' cannot be a URL: the run's lock, config, metrics and logs are local files"
+            in capsys.readouterr().err)
+    # no endpoint in the environment: the flag reaches the store
+    endpoint = s3.endpoint
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    assert main(["ckpt", "list", f"s3://{bucket}/ckpt", "--set", f"storage.endpoint_url={endpoint}"]) == 0
+    assert "step_00000006  (latest)" in capsys.readouterr().out
+    assert main(["ckpt", "list", f"s3://{bucket}/ckpt", "--set", "train.steps=3"]) == 2
+    assert "--set train: this command takes no config, only storage.* settings" in capsys.readouterr().err
+
+
+def test_resume_refuses_when_every_checkpoint_is_invalid_and_touches_nothing(s3_run, s3, capsys) -> None:
+    """It logged "skipping" lines, trained from step 0 and overwrote the invalid steps' objects (issue #48)."""
+    config, bucket = s3_run
+    for step in (3, 6):
+        key = f"ckpt/step_0000000{step}/model.safetensors"
+        blob = bytearray(s3.get(bucket, key))
+        blob[-1] ^= 0x01
+        s3.put(bucket, key, bytes(blob))
+    before = {key: s3.get(bucket, key) for key in s3.keys(bucket)}
+    capsys.readouterr()
+    assert main(["train", str(config), "--resume", "auto", "--set", "train.steps=8"]) == 2
+    line = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+    assert len(line) == 1 and line[0].startswith(f"error: --resume auto found 2 checkpoint(s) in s3://{bucket}/ckpt "
+                                                 "and none verifies: "), line
+    for step in (3, 6):
+        assert (f"s3://{bucket}/ckpt/step_0000000{step}/model.safetensors: sha256 does not match the manifest"
+                in line[0])
+    assert "start over with --overwrite" in line[0]
+    assert {key: s3.get(bucket, key) for key in s3.keys(bucket)} == before

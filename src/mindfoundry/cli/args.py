@@ -48,8 +48,9 @@ def add_storage_arguments(p: argparse.ArgumentParser) -> None:
         "storage.endpoint_url=https://obs.cn-north-4.myhuaweicloud.com; AWS_* variables apply too")
 
 
-def storage_from_args(args: argparse.Namespace) -> StorageConfig:
-    """The storage settings of a command without a config (raises ConfigError naming a bad key)."""
+def storage_from_args(args: argparse.Namespace) -> StorageConfig | None:
+    """The storage settings of a command without a config (raises ConfigError naming a bad key); None when none were
+    given (the defaults, the AWS variables and a run's own settings apply)."""
     from mindfoundry.config.load import storage_settings
 
-    return storage_settings(args.set or [])
+    return storage_settings(args.set) if args.set else None

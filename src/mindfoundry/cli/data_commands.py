@@ -15,6 +15,7 @@ from mindfoundry.cli.args import add_config_arguments, config_from_args
 from mindfoundry.data.clean.droplog import DropSummary
 from mindfoundry.data.dataset.prepared import local_copy
 from mindfoundry.data.document import origin_name
+from mindfoundry.storage.location import locate
 
 EXIT_INVALID_DATA = 2
 # Rich assumes 80 columns when stdout is not a terminal, which would crop the tables in a pipe or log.
@@ -133,7 +134,7 @@ def cmd_mindrecord(args: argparse.Namespace) -> int:
             f"MindRecord export needs {exc.name!r}: pip install 'mindfoundry[mindspore]'"
         ) from None
     cfg = config_from_args(args)
-    out = Path(args.out) if args.out else Path(cfg.run_dir) / "mindrecord"
+    out = locate(args.out if args.out else Path(cfg.run_dir) / "mindrecord", cfg.storage)
     export_mindrecord(local_copy(cfg), out, shards=args.shards)
     Console(stderr=True).print(
         f"wrote {out} ({args.shards} file(s) per split; read with mindspore.dataset.MindDataset)"
@@ -171,7 +172,7 @@ def add_data_commands(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser("mindrecord", help="export the prepared documents to MindRecord files (MindDataset)")
     add_config_arguments(p)
     p.add_argument(
-        "--out", default=None, metavar="DIR", help="output folder (must not exist); default RUN_DIR/mindrecord"
+        "--out", default=None, metavar="DIR", help="output folder or URL (must not exist); default RUN_DIR/mindrecord"
     )
     p.add_argument("--shards", type=_positive_int, default=1, metavar="N", help="MindRecord files per split")
     p.set_defaults(func=cmd_mindrecord)

@@ -13,7 +13,14 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from mindfoundry.cli.args import add_config_arguments, add_max_restarts, config_from_args, console
+from mindfoundry.cli.args import (
+    add_config_arguments,
+    add_max_restarts,
+    add_storage_arguments,
+    config_from_args,
+    console,
+    storage_from_args,
+)
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
@@ -108,7 +115,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     from mindfoundry.workflows.generate import continue_prompt, load_trained
 
-    model = load_trained(args.checkpoint, args.backend, causal_for="generation")
+    model = load_trained(args.checkpoint, args.backend, causal_for="generation", storage=storage_from_args(args))
     out = continue_prompt(model, args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                           top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     if out.used_prompt_tokens < out.prompt_tokens:
@@ -126,16 +133,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     import json
-    from pathlib import Path
 
     from mindfoundry.errors import OutputExistsError
+    from mindfoundry.storage.commit import staged_file
+    from mindfoundry.storage.location import locate
     from mindfoundry.workflows.evaluate import evaluate_model
     from mindfoundry.workflows.generate import load_trained
 
-    if args.json and Path(args.json).exists():
-        raise OutputExistsError(f"{args.json} already exists: choose another --json file (nothing was written)")
-    result = evaluate_model(load_trained(args.checkpoint, args.backend), data=args.data or (), tasks=args.tasks or (),
-                            lm_eval=args.lm_eval or ())
+    storage = storage_from_args(args)
+    json_out = locate(args.json, storage) if args.json else None
+    if json_out is not None and json_out.exists():
+        raise OutputExistsError(f"{json_out} already exists: choose another --json file (nothing was written)")
+    result = evaluate_model(load_trained(args.checkpoint, args.backend, storage=storage), data=args.data or (),
+                            tasks=args.tasks or (), lm_eval=args.lm_eval or ())
     table = Table(title=f"evaluation of {result['checkpoint']}",
                   caption="validation: every batch of the held-out split (train's evaluations score a fixed sample of "
                           "train.eval_samples samples, so their loss differs a little)")
@@ -162,8 +172,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         out.print(rows)
     for task, metrics in result.get("lm_eval", {}).items():
         out.print(f"lm-eval {task}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()), highlight=False)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    if json_out is not None:
+        with staged_file(json_out) as tmp:
+            tmp.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return 0
 
 
@@ -231,6 +242,7 @@ def add_train_commands(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", choices=["mindspore", "torch"], default=None, help="engine (default: the run's)")
+    add_storage_arguments(p)
     p.add_argument(
         "--json", action="store_true", help="one JSON object: prompt, completion, token_ids of the new tokens"
     )
@@ -250,7 +262,7 @@ def add_train_commands(sub: argparse._SubParsersAction) -> None:
         "--tasks",
         nargs="+",
         metavar="TASK.jsonl",
-        help="multiple-choice tasks: question, choices, answer[, subject] per line",
+        help="multiple-choice tasks (paths or URLs): question, choices, answer[, subject] per line",
     )
     p.add_argument(
         "--lm-eval",
@@ -260,9 +272,11 @@ def add_train_commands(sub: argparse._SubParsersAction) -> None:
         "(e.g. examples/lm_eval/mindfoundry_mc.yaml; needs the eval extra)",
     )
     p.add_argument(
-        "--json", metavar="OUT", default=None, help="also write every number to this JSON file (must not exist)"
+        "--json", metavar="OUT", default=None, help="also write every number to this JSON file, a path or a URL (must "
+        "not exist)"
     )
     p.add_argument("--backend", choices=["mindspore", "torch"], default=None, help="engine (default: the run's)")
+    add_storage_arguments(p)
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("smoke", help="a few dozen real steps with pass/fail checks before the big run")

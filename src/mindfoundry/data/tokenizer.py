@@ -98,12 +98,18 @@ def with_mask_token(tokenizer: Tokenizer, vocab_size: int) -> Tokenizer:
 def load_tokenizer(path: str | Location, storage: StorageConfig | None = None) -> Tokenizer:
     """Load a ``tokenizer.json`` (a file, or an object reached with ``storage``), checking it is valid and defines the
     ``EOS`` special token."""
+    return read_tokenizer(path, storage)[0]
+
+
+def read_tokenizer(path: str | Location, storage: StorageConfig | None = None) -> tuple[Tokenizer, bytes]:
+    """:func:`load_tokenizer`, and the file's bytes as they were read (what a run keeps: the file may change later)."""
     path = locate(path, storage)
     if not path.is_file():
         raise InputMissingError(
             f"tokenizer file {path} does not exist; train one first or fix the tokenizer path"
         )
-    raw = path.read_text(encoding="utf-8")
+    data = path.read_bytes()
+    raw = data.decode("utf-8")
     try:
         json.loads(raw)
     except ValueError as exc:
@@ -114,7 +120,7 @@ def load_tokenizer(path: str | Location, storage: StorageConfig | None = None) -
         raise TokenizerError(f"{path} is not a Hugging Face tokenizer file: {exc}") from exc
     eos_id(tokenizer)
     tokenizer.encode_special_tokens = True
-    return tokenizer
+    return tokenizer, data
 
 
 def tokenizer_hash(tokenizer: Tokenizer) -> str:

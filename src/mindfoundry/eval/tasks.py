@@ -25,8 +25,10 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from mindfoundry.backends.base import Backend
+from mindfoundry.config.storage_config import StorageConfig
 from mindfoundry.errors import MindFoundryError
 from mindfoundry.model.spec import PAD_ID
+from mindfoundry.storage.location import Location, locate
 
 
 class TaskError(MindFoundryError, ValueError):
@@ -41,12 +43,14 @@ class Question:
     subject: str
 
 
-def read_tasks(path: str | Path) -> list[Question]:
-    path = Path(path)
+def read_tasks(path: str | Path | Location, storage: StorageConfig | None = None) -> list[Question]:
+    """The questions of a task file (a path, or a URL reached with ``storage``); TaskError naming the line that is
+    not one."""
+    path = locate(path, storage)
     if not path.is_file():
         raise TaskError(f"task file {path} does not exist")
     out = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
         where = f"{path}:{number}"

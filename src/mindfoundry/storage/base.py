@@ -24,16 +24,15 @@ from typing import Any
 Version = int | str
 
 
-class Claim:
+class Claim(ABC):
     """A held claim on a location (:meth:`Location.claim`; the kinds are :mod:`.claim`'s): :meth:`release` gives it
     up (a process that dies drops it too). ``previous``: the record of the holder this claim was taken over from ({}
-    when there was none or it ended cleanly). This base class is the claim a reader of a store holds: none (it reads
-    a verified copy of its own, which no writer can change under it)."""
+    when there was none or it ended cleanly)."""
 
     previous: dict[str, Any] = {}
 
-    def release(self) -> None:
-        return None
+    @abstractmethod
+    def release(self) -> None: ...
 
 
 class Seal(ABC):
@@ -224,7 +223,7 @@ class Location(ABC):
     @abstractmethod
     def claim(self, *, shared: bool = False) -> Claim:
         """Hold this file as the lock of what it guards (:mod:`.claim`): an flock on a disk, a renewed lease on a store;
-        ``shared``: a reader's claim, which other readers may hold and a writer may not (none on a store). Raises
+        ``shared``: a reader's claim, which other readers may hold and a writer may not. Raises
         :class:`~mindfoundry.storage.claim.ClaimHeldError` naming the live holder."""
 
     @abstractmethod

@@ -3,10 +3,11 @@ process that died.
 
 On a disk a claim is an ``flock`` on a lock file (:mod:`mindfoundry.locks`): the kernel drops it when its process
 dies, however it dies; readers may share it (``shared``), a writer excludes them. A store has no lock: a claim is a
-lease object naming its holder (pid, host, start, command) and the time it was last renewed; the holder renews it
-every :data:`RENEW_S` seconds while it works. Another process takes a lease over at once when its holder is a process
-of this host that is gone, and after :data:`STALE_S` seconds without renewal when the holder is on another host
-(whose processes this one cannot see). The command a holder records is the public one: secrets left out.
+lease object naming its holder (pid, host, start, command) and the time it was last renewed (a writer's; each reader
+has one of its own beside it); the holder renews it every :data:`RENEW_S` seconds while it works. Another process
+takes a lease over at once when its holder is a process of this host that is gone, and after :data:`STALE_S` seconds
+without renewal when the holder is on another host (whose processes this one cannot see). The command a holder
+records is the public one: secrets left out.
 """
 
 from __future__ import annotations
@@ -76,21 +77,26 @@ class FileClaim(Claim):
 
 
 class LeaseClaim(Claim):
-    """A claim on a store: the lease object ``lease``, renewed by a thread until :meth:`release` (see the module
-    docstring)."""
+    """A claim on a store: the lease object ``lease`` (a writer's) or one object per reader beside it
+    (``LEASE.readers/HOST-PID``, ``shared``), renewed by a thread until :meth:`release` (see the module docstring). A
+    writer is refused while a live reader or writer holds a lease; a reader while a live writer does."""
 
-    def __init__(self, lease: Location) -> None:
-        self.lease = lease
-        try:
-            held = json.loads(lease.read_bytes())
-        except (FileNotFoundError, ValueError):
-            held = None
+    def __init__(self, lease: Location, *, shared: bool) -> None:
         me = _me()
-        if isinstance(held, dict) and not _gone(held, me):
+        held = _record(lease)
+        if held is not None and not _gone(held, me):
             raise ClaimHeldError(held)
-        self.previous = held if isinstance(held, dict) else {}
+        readers = lease.with_name(lease.name + ".readers")
+        if shared:
+            self.lease = readers / f"{me['host']}-{me['pid']}"
+        else:
+            for name in readers.children():
+                reader = _record(readers / name)
+                if reader is not None and not _gone(reader, me):
+                    raise ClaimHeldError(reader)
+            self.lease, self.previous = lease, held or {}
         record = dict(me, time=time.time())
-        lease.write_text(json.dumps(record))
+        self.lease.write_text(json.dumps(record))
         self._stop = threading.Event()
         threading.Thread(target=self._renew, args=(record,), name="mindfoundry-lease", daemon=True).start()
 
@@ -108,6 +114,15 @@ class LeaseClaim(Claim):
                 self.lease.delete()
             except OSError:
                 pass  # unreachable now: the lease goes stale and the next claim takes it over
+
+
+def _record(lease: Location) -> dict[str, Any] | None:
+    """The holder a lease object names (None when there is none, or it is not one)."""
+    try:
+        record = json.loads(lease.read_bytes())
+    except (FileNotFoundError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def _gone(held: dict[str, Any], me: dict[str, Any]) -> bool:

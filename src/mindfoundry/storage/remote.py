@@ -305,7 +305,7 @@ class Remote(Location):
                 self.fs.rm(found)
 
     def claim(self, *, shared: bool = False) -> Claim:
-        return Claim() if shared else LeaseClaim(self)
+        return LeaseClaim(self, shared=shared)
 
     def abort_uploads(self) -> int:
         """Abort the multipart uploads under this prefix that a killed writer left unfinished (their parts cost storage

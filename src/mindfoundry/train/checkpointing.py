@@ -66,7 +66,7 @@ class RunCheckpoints:
     def files(self) -> dict[str, bytes]:
         """The small files every checkpoint carries (see the module docstring)."""
         return {DATA_MANIFEST: self.data.manifest_bytes, RUN_CONFIG: to_yaml(self.cfg).encode("utf-8"),
-                RUN_TOKENIZER: (self.data.root / TOKENIZER).read_bytes()}
+                RUN_TOKENIZER: self.data.tokenizer_bytes}
 
     def save(self, step: int, state: Callable[[], Mapping[str, Any]]) -> Location | None:
         """Snapshot step ``step`` (collective) and start its commit (rank 0; the other ranks get None). ``state``

@@ -18,9 +18,13 @@ from typing import Callable
 from mindfoundry import locks
 from mindfoundry.config.storage_config import public_command
 from mindfoundry.errors import MindFoundryError
+from mindfoundry.storage.base import Claim
+from mindfoundry.storage.claim import ClaimHeldError
+from mindfoundry.storage.location import Location
 
 LOCK_FILE = ".lock"
 _held: dict[Path, int] = {}  # run dir (resolved) -> open descriptor of its locked file, in this process
+_claims: dict[str, Claim] = {}  # checkpoint.dir outside the run dir -> this process's claim on it
 
 
 class RunLockedError(MindFoundryError, RuntimeError):
@@ -60,6 +64,19 @@ def acquire(run_dir: Path, log: Callable[[str], None] = print) -> None:
     _held[key] = fd
 
 
+def claim_checkpoints(root: Location) -> None:
+    """Hold a ``checkpoint.dir`` outside the run directory until this process ends: one run writes it at a time (two
+    runs started together on one checkpoint.dir overwrote each other's checkpoints). A lock file there on a disk, a
+    lease object on a store (:mod:`mindfoundry.storage.claim`)."""
+    if str(root) in _claims:
+        return
+    try:
+        _claims[str(root)] = (root / LOCK_FILE).claim()
+    except ClaimHeldError as held:
+        raise RunLockedError(f"checkpoint.dir {root} is being written by {held}: one run per checkpoint.dir; wait for "
+                             "it, stop it, or give this run another checkpoint.dir (nothing was written)") from None
+
+
 def release(run_dir: Path) -> None:
     """Give up RUN_DIR's lock (before moving the folder aside, or when the command is done)."""
     fd = _held.pop(Path(run_dir).resolve(), None)
@@ -71,3 +88,6 @@ def release_all() -> None:
     """Every lock this process holds: the end of a command (the CLI's, or a test's in-process call)."""
     for key in list(_held):
         release(key)
+    for claim in _claims.values():
+        claim.release()
+    _claims.clear()

@@ -14,7 +14,7 @@ from mindfoundry.config.schema import RunConfig
 from mindfoundry.errors import MindFoundryError
 from mindfoundry.storage.location import locate
 from mindfoundry.train.run_identity import Change, is_this_run, refusal, resume_changes, run_identity
-from mindfoundry.train.run_lock import LOCK_FILE, acquire, release
+from mindfoundry.train.run_lock import LOCK_FILE, acquire, claim_checkpoints, release
 
 CONFIG_FILE = "config.yaml"
 HASH_FILE = "config.sha256"
@@ -61,8 +61,9 @@ def claim_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool, layout: Layo
         raise RunDirError(f"run_dir '{run_dir}' is a file, not a folder: choose a folder path")
     checkpoints = CheckpointDir.of_run(cfg)
     if not checkpoints.root.is_below(locate(run_dir)):
-        # outside the run dir: neither moved aside with it nor claimed by its lock
+        # outside the run dir: neither moved aside with it nor claimed by its lock, so claimed on its own
         checkpoints.root.check_writable()
+        claim_checkpoints(checkpoints.root)
         if checkpoints.committed() and (overwrite or not resume):
             raise RunDirError(f"checkpoint.dir {checkpoints.root} already holds checkpoints: pass --resume auto to "
                               "continue that run, or give this run another checkpoint.dir (--overwrite moves a run "

@@ -106,7 +106,7 @@ class Trainer:
                             Keyed("anomaly", self.anomaly),
                             Keyed("health", self.health), self.evals]
         #: eval.tasks, read now so that a malformed file stops the run before its first step
-        self.tasks = {Path(path).stem: read_tasks(path) for path in cfg.eval.tasks}
+        self.tasks = {Path(path).stem: read_tasks(path, cfg.storage) for path in cfg.eval.tasks}
         # `mindfoundry dump --resume auto`: another run's directory to resume from, at a step below resume_before
         self.resume_from: Path | None = None
         self.resume_before: int | None = None
@@ -121,6 +121,12 @@ class Trainer:
             self.console.print(f"removed {leftover}: what an interrupted checkpoint write or deletion left behind")
         path, origin, skipped = (self.checkpoints.resumable(self.resume_from, self.resume_before) if resume
                                  else (None, None, []))
+        if path is None and skipped:  # every committed checkpoint is damaged: never a silent start from step 0
+            raise CheckpointError(
+                f"--resume auto found {len(skipped)} checkpoint(s) in {self.checkpoints.directory} and none verifies: "
+                f"{'; '.join(skipped)}. Nothing was changed: restore them (a copy, the bucket's versions), or start "
+                "over with --overwrite (a run directory's checkpoints are moved aside with it; another checkpoint.dir "
+                "must be emptied or changed first)")
         for note in skipped:
             self.console.print(f"[yellow]skipping checkpoint: {note}[/]")
         if path is None:

@@ -57,7 +57,8 @@ def evaluate_model(model: TrainedModel, *, data: Sequence[str] = (), tasks: Sequ
             masking_for(cfg, model.tokenizer, TEXTS),
         ).to_dict("")
     for path in tasks:
-        out.setdefault("tasks", {})[Path(path).name] = score_tasks(model.backend, model.tokenizer, read_tasks(path),
+        out.setdefault("tasks", {})[Path(path).name] = score_tasks(model.backend, model.tokenizer,
+                                                                   read_tasks(path, cfg.storage),
                                                                    cfg.model.max_seq_len)
     if lm_eval:
         try:

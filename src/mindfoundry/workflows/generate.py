@@ -18,6 +18,7 @@ from mindfoundry.checkpoint.run_files import checkpoint_of, run_config, run_toke
 from mindfoundry.checkpoint.store import CheckpointError
 from mindfoundry.config.parallel_config import Layout, ParallelConfig
 from mindfoundry.config.schema import RunConfig
+from mindfoundry.config.storage_config import StorageConfig
 from mindfoundry.data.tokenizer import eos_id, load_tokenizer
 from mindfoundry.eval.sampling import GenerationError, fit_prompt, generate
 from mindfoundry.model.spec import ModelSpec
@@ -33,11 +34,15 @@ class TrainedModel:
     tokenizer: Tokenizer
 
 
-def load_trained(path: str | Path, engine: str | None = None, *, causal_for: str | None = None) -> TrainedModel:
+def load_trained(path: str | Path, engine: str | None = None, *, causal_for: str | None = None,
+                 storage: StorageConfig | None = None) -> TrainedModel:
     """The checkpoint at `path` (or a run's newest) in one process of `engine` (default: the run's); with `causal_for`
-    (what needs it), an ObjectiveError before anything is loaded when the model is not a causal LM."""
-    ckpt = checkpoint_of(path)
+    (what needs it), an ObjectiveError before anything is loaded when the model is not a causal LM. ``storage``: how
+    URLs are reached (the checkpoint's own URL, and then the run's data and tasks) instead of the run's settings."""
+    ckpt = checkpoint_of(path, storage)
     cfg = run_config(ckpt)
+    if storage is not None:
+        cfg = cfg.model_copy(update={"storage": storage})
     if causal_for is not None:
         cfg.model.require_causal(causal_for)
     cfg = cfg.model_copy(update={"backend": engine or cfg.backend, "parallel": ParallelConfig()})

@@ -19,8 +19,8 @@ from mindfoundry.backends.base import check_device, create_backend
 from mindfoundry.config.parallel_config import Layout
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.masking import TEXTS, masking_for
-from mindfoundry.data.dataset.prepared import PreparedData
-from mindfoundry.data.prepare.pipeline import prepare_data, wait_for_prepared
+from mindfoundry.data.dataset.prepared import PreparedData, prepared_location
+from mindfoundry.data.prepare.pipeline import claim_output, prepare_data, wait_for_prepared
 from mindfoundry.data.tokenizer import eos_id
 from mindfoundry.eval.fill_mask import fill_masks
 from mindfoundry.eval.sampling import generate
@@ -112,13 +112,18 @@ def train(cfg: RunConfig, *, resume: bool, overwrite: bool, stop_at_step: int | 
         data = prepare_data(cfg, log=console.print)
     else:  # the others wait for its atomic prepare and then only read
         run_dir, data = Path(cfg.run_dir), wait_for_prepared(cfg)
-    spec = ModelSpec.from_config(cfg.model)
-    console.print(
-        f"model: {num_parameters(spec):,} parameters, {flops_per_token(spec, cfg.train.seq_len):,} FLOPs/token; "
-        f"backend {cfg.backend}; run dir {run_dir}"
-    )
-    trainer = Trainer(cfg, data, run_dir, layout, console)
-    return TrainedRun(trainer, data, trainer.run(resume=resume, stop_at_step=stop_at_step))
+    # while this run trains, a `prepare --overwrite` of its data is refused, naming this process
+    reading = claim_output(prepared_location(cfg), shared=True)
+    try:
+        spec = ModelSpec.from_config(cfg.model)
+        console.print(
+            f"model: {num_parameters(spec):,} parameters, {flops_per_token(spec, cfg.train.seq_len):,} FLOPs/token; "
+            f"backend {cfg.backend}; run dir {run_dir}"
+        )
+        trainer = Trainer(cfg, data, run_dir, layout, console)
+        return TrainedRun(trainer, data, trainer.run(resume=resume, stop_at_step=stop_at_step))
+    finally:
+        reading.release()
 
 
 def samples(cfg: RunConfig, trained: TrainedRun) -> list[dict[str, str]]:

@@ -22,8 +22,6 @@ so a crash never leaves a half-written export that looks complete; an existing O
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -31,10 +29,11 @@ from typing import Any
 import numpy as np
 from mindspore.mindrecord import FileWriter
 
-from mindfoundry import atomic
 from mindfoundry.data.dataset.prepared import SPLITS, read_manifest
 from mindfoundry.data.dataset.validate import open_shard
 from mindfoundry.errors import OutputExistsError
+from mindfoundry.storage.commit import staged_folder
+from mindfoundry.storage.location import Location, locate
 
 __all__ = ["EXPORT_MANIFEST", "SCHEMA", "export_mindrecord", "mindrecord_files"]
 
@@ -56,26 +55,20 @@ def mindrecord_files(out_dir: str | Path, split: str) -> list[Path]:
     return [Path(out_dir) / name for name in manifest["splits"][split]["files"]]
 
 
-def export_mindrecord(prepared_data_dir: str | Path, out_dir: str | Path, shards: int = 1) -> Path:
-    """Write every document of both splits into MindRecord files under ``out_dir``; return it."""
+def export_mindrecord(prepared_data_dir: str | Path, out_dir: str | Path | Location, shards: int = 1) -> Location:
+    """Write every document of both splits into MindRecord files under ``out_dir`` (a folder, or a URL: written on
+    this node, then committed there); return it."""
     if shards < 1:
         raise ValueError(f"shards must be >= 1, got {shards}")
-    root, out = Path(prepared_data_dir), Path(out_dir)
+    root, out = Path(prepared_data_dir), locate(out_dir)
     if out.exists():
         raise OutputExistsError(f"'{out}' already exists: choose another output folder or delete it first")
     manifest, _ = read_manifest(root)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with staged_folder(out) as tmp:
         splits = {split: _write_split(root, manifest, split, tmp, shards) for split in SPLITS}
         summary = {"format": "mindfoundry.mindrecord/1", "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                    "data_identity": manifest["identity"], "schema": SCHEMA, "shards": shards, "splits": splits}
         (tmp / EXPORT_MANIFEST).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-        atomic.publish_folder(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

@@ -29,7 +29,7 @@ from tokenizers import Tokenizer
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.indexed import IndexedDataset, ShardError, verify_tokens
 from mindfoundry.data.dataset.packing import PackedSamples
-from mindfoundry.data.tokenizer import load_tokenizer, pad_id, tokenizer_hash
+from mindfoundry.data.tokenizer import pad_id, read_tokenizer, tokenizer_hash
 from mindfoundry.errors import MindFoundryError
 from mindfoundry.storage.cache import cache_folder
 from mindfoundry.storage.commit import fetch, is_committed, refetch, sha256_file
@@ -51,6 +51,7 @@ class PreparedData:
     manifest_sha256: str
     manifest_bytes: bytes  # copied into every checkpoint, so provenance travels with the weights
     tokenizer: Tokenizer
+    tokenizer_bytes: bytes  # tokenizer.json as the run read it: every checkpoint carries these, whatever the file holds
     shards: dict[str, list[IndexedDataset]]
 
     def packed(self, split: str, seq_len: int) -> PackedSamples:
@@ -201,7 +202,7 @@ def load_prepared(root: str | Path, vocab_size: int) -> PreparedData:
     trained on)."""
     root = Path(root)
     manifest, raw = read_manifest(root)
-    tokenizer = load_tokenizer(root / TOKENIZER)
+    tokenizer, tokenizer_bytes = read_tokenizer(root / TOKENIZER)
     if tokenizer_hash(tokenizer) != manifest["tokenizer"]["sha256"]:
         raise DataError(
             f"{root / TOKENIZER} does not match the manifest's tokenizer hash: re-run `mindfoundry prepare --overwrite`"
@@ -233,4 +234,4 @@ def load_prepared(root: str | Path, vocab_size: int) -> PreparedData:
             except ShardError as exc:
                 raise DataError(str(exc)) from None
             shards[split].append(ds)
-    return PreparedData(root, manifest, hashlib.sha256(raw).hexdigest(), raw, tokenizer, shards)
+    return PreparedData(root, manifest, hashlib.sha256(raw).hexdigest(), raw, tokenizer, tokenizer_bytes, shards)

@@ -132,10 +132,9 @@ def claim_output(out: Location, *, shared: bool) -> Claim:
     try:
         return output_lock(out).claim(shared=shared)
     except ClaimHeldError as holder:
-        doing = "prepares it" if holder.holder.get("command", "").split(" ")[1:2] == ["prepare"] else "uses it"
-        raise DataError(f"data.output_dir {out} is held by {holder}, which {doing}: one writer at a time, and no "
-                        "prepare while a run trains on it; wait for it to end, or give this config another "
-                        "data.output_dir (nothing was written)") from None
+        raise DataError(f"data.output_dir {out} is held by {holder}: one prepare writes it at a time, and none while "
+                        "a run trains on it; wait for it to end, or give this config another data.output_dir "
+                        "(nothing was written)") from None
 
 
 def _taken(out: Location) -> str:
