@@ -191,3 +191,19 @@ def test_resume_refuses_when_every_checkpoint_is_invalid_and_touches_nothing(s3_
                 in line[0])
     assert "start over with --overwrite" in line[0]
     assert {key: s3.get(bucket, key) for key in s3.keys(bucket)} == before
+
+
+@pytest.mark.parametrize("argv, argument, why", [
+    (["train", "s3://b/run.yaml"], "config", "the config file is read from a local disk"),
+    (["compare", "s3://b/dump", "/tmp/b"], "dump_a", "the engines' hooks write dumps as local files"),
+    (["locate", "s3://b/dump"], "dump", "the engines' hooks write dumps as local files"),
+    (["report", "s3://b/run"], "run_dir", "a run directory is a local folder"),
+    (["launch", "train", "configs/demo.yaml", "--log-dir", "s3://b/logs"], "--log-dir", "the launcher writes each "
+                                                                                       "rank's log as a local file"),
+])
+def test_a_flag_only_a_local_disk_serves_refuses_a_url_by_name(argv, argument, why, capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    url = next(a for a in argv if "://" in a)
+    assert f"error: argument {argument}: cannot be a URL ({url}): {why}" in capsys.readouterr().err

@@ -33,6 +33,8 @@ from mindfoundry.storage.location import Location
 #: The background work's niceness (Linux; per thread): it takes the cores when training leaves them, so the training
 #: threads are slowed as little as the machine allows.
 BACKGROUND_NICE = 19
+#: The name of a commit's thread (then its step): the program's exit looks for one still running.
+COMMIT_THREAD = "mindfoundry-commit-"
 
 
 def yield_cores(native_thread_id: int) -> None:
@@ -80,7 +82,7 @@ class Committer:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
         self.in_flight = step
-        self._thread = threading.Thread(target=self._commit, name=f"mindfoundry-commit-{step}", daemon=True,
+        self._thread = threading.Thread(target=self._commit, name=f"{COMMIT_THREAD}{step}", daemon=True,
                                         args=(tmp, step, weights, optimizer, dict(state), dict(extra_files),
                                               writer is not None))
         self._thread.start()

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from rich.console import Console
 
 from mindfoundry.config.schema import RunConfig
+from mindfoundry.config.section import url_protocol
 from mindfoundry.config.storage_config import StorageConfig
 
 #: Messages and progress go to stderr and never wrap: one problem = one line.
@@ -26,8 +28,21 @@ def add_max_restarts(p: argparse.ArgumentParser, what: str) -> None:
                    help=f"restart {what} up to N times from the newest valid checkpoint when it crashes or is killed")
 
 
+def local_path(why: str) -> Callable[[str], str]:
+    """An argparse type for a path that only a local disk can serve: a URL is refused naming the argument and ``why``
+    (argparse exits 2 with the message)."""
+
+    def checked(text: str) -> str:
+        if url_protocol(text) is not None:
+            raise argparse.ArgumentTypeError(f"cannot be a URL ({text}): {why}")
+        return text
+
+    return checked
+
+
 def add_config_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="YAML run config, e.g. configs/demo.yaml")
+    p.add_argument("config", type=local_path("the config file is read from a local disk: copy it here first"),
+                   help="YAML run config, e.g. configs/demo.yaml")
     p.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable), e.g. train.steps=10"
     )

@@ -13,11 +13,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mindfoundry.cli.args import add_config_arguments, config_from_args, console
+from mindfoundry.cli.args import add_config_arguments, config_from_args, console, local_path
 from mindfoundry.config.load import ConfigError
 from mindfoundry.debug.compare import Thresholds
 from mindfoundry.debug.dump_folders import FORMATS
 from mindfoundry.workflows.align import AlignThresholds
+
+#: Why a dump folder cannot be a URL.
+DUMPS_LOCAL = "the engines' hooks write dumps as local files, and the tools read them there (copy a dump here first)"
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
@@ -121,19 +124,19 @@ def add_debug_commands(sub: argparse._SubParsersAction) -> None:
         "--modules", nargs="+", metavar="PATTERN", help="module-name patterns, e.g. 'layers.1.*' (default: all)"
     )
     p.add_argument("--directions", nargs="+", choices=["forward", "backward", "params", "grads", "optimizer"])
-    p.add_argument("--out", help="dump folder (default RUN_DIR/dump)")
+    p.add_argument("--out", type=local_path(DUMPS_LOCAL), help="dump folder (default RUN_DIR/dump)")
     p.add_argument("--resume", choices=["auto", "none"], default="none",
                    help="auto: start from the run's newest valid checkpoint instead of the initial weights")
     p.set_defaults(func=cmd_dump)
 
     p = sub.add_parser("locate", help="name the first NaN/Inf tensor (in execution order) of each step of a dump")
-    p.add_argument("dump", help="dump folder (a step{N}/rank{R} folder or a dump root)")
+    p.add_argument("dump", type=local_path(DUMPS_LOCAL), help="dump folder (a step{N}/rank{R} folder or a dump root)")
     p.set_defaults(func=cmd_locate)
 
     p = sub.add_parser("compare", help="compare two dumps: cosine, max abs/rel error, RMSE, verdicts, first divergence")
-    p.add_argument("dump_a", help="dump folder (a step{N}/rank{R} folder or a dump root)")
-    p.add_argument("dump_b", help="the reference dump (e.g. the PyTorch baseline)")
-    p.add_argument("--out", help="report folder (default: next to DUMP_A)")
+    p.add_argument("dump_a", type=local_path(DUMPS_LOCAL), help="dump folder (a step{N}/rank{R} folder or a dump root)")
+    p.add_argument("dump_b", type=local_path(DUMPS_LOCAL), help="the reference dump (e.g. the PyTorch baseline)")
+    p.add_argument("--out", type=local_path(DUMPS_LOCAL), help="report folder (default: next to DUMP_A)")
     p.add_argument("--cosine", type=float, default=Thresholds.cosine_error,
                    help=f"error when a tensor's cosine is below this ({Thresholds.cosine_error})")
     p.add_argument("--rel-error", type=float, default=Thresholds.rel_error,
@@ -154,7 +157,7 @@ def add_debug_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--mode", choices=["statistics", "tensor"], default="tensor", help="dump mode (tensor: full metrics; default)"
     )
-    p.add_argument("--out", help="output folder (default RUN_DIR/align/A-vs-B)")
+    p.add_argument("--out", type=local_path(DUMPS_LOCAL), help="output folder (default RUN_DIR/align/A-vs-B)")
     p.add_argument(
         "--loss-abs", type=float, default=0.005, help="first-step loss passes when the abs error is below this ..."
     )

@@ -14,7 +14,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from mindfoundry.cli.args import add_max_restarts, console
+from mindfoundry.cli.args import add_max_restarts, console, local_path
 from mindfoundry.config.load import ConfigError, load_config
 from mindfoundry.config.parallel_config import ParallelConfig
 
@@ -58,7 +58,8 @@ def add_parallel_commands(sub: argparse._SubParsersAction) -> None:
         "launch", help="run train/run on N processes per node with torchrun (torch) or msrun (mindspore)"
     )
     p.add_argument("command", choices=["train", "run"], help="the mindfoundry command every rank runs")
-    p.add_argument("config", help="YAML run config; its parallel section sets the layout")
+    p.add_argument("config", type=local_path("the config file is read from a local disk: copy it here first"),
+                   help="YAML run config; its parallel section sets the layout")
     p.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable; passed to every rank)"
     )
@@ -73,7 +74,8 @@ def add_parallel_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--node-rank", type=int, default=0, help="this node's rank, 0 on the master node")
     p.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (default 127.0.0.1)")
     p.add_argument("--master-port", type=int, default=29500, help="a free port on node 0 (default 29500)")
-    p.add_argument("--log-dir", default=None, help="per-rank logs (default RUN_DIR-logs, beside the run directory)")
+    p.add_argument("--log-dir", default=None, type=local_path("the launcher writes each rank's log as a local file"),
+                   help="per-rank logs (default RUN_DIR-logs, beside the run directory)")
     p.add_argument(
         "--resume",
         choices=["auto", "none"],
