@@ -16,7 +16,7 @@ from mindfoundry.config.load import load_config
 from mindfoundry.data.dataset.prepared import DataError, local_copy
 from mindfoundry.data.prepare.pipeline import prepare_data, work_dir
 from mindfoundry.storage.commit import COMMIT_FILE
-from mindfoundry.storage.location import locate
+from mindfoundry.storage.resolve import locate
 
 
 def comparable(manifest: dict[str, Any], urls: dict[str, str]) -> dict[str, Any]:

@@ -14,7 +14,8 @@ import yaml
 
 from mindfoundry.cli.main import main
 from mindfoundry.data.prepare import pipeline
-from mindfoundry.storage.location import Location, locate
+from mindfoundry.storage.location import Location
+from mindfoundry.storage.resolve import locate
 from mindfoundry.train.trainer import Trainer
 
 

@@ -21,7 +21,8 @@ from mindfoundry.checkpoint.run_files import run_config
 from mindfoundry.checkpoint.store import CheckpointError, publish_mode, write_safetensors
 from mindfoundry.errors import MindFoundryError
 from mindfoundry.storage.commit import staged_file
-from mindfoundry.storage.location import Location, locate
+from mindfoundry.storage.location import Location
+from mindfoundry.storage.resolve import locate
 
 NATIVE = {".ckpt": "mindspore", ".pt": "torch"}
 WEIGHTS_ONLY = ".safetensors"

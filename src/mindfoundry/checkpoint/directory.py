@@ -46,8 +46,9 @@ from mindfoundry.checkpoint.store import (
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.storage.cache import cache_folder
 from mindfoundry.storage.commit import fetch, is_committed, publish, uncommit
-from mindfoundry.storage.local import DELETING
-from mindfoundry.storage.location import Location, locate
+from mindfoundry.storage.local_path import DELETING
+from mindfoundry.storage.location import Location
+from mindfoundry.storage.resolve import locate
 
 
 @dataclass(frozen=True)

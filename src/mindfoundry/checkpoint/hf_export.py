@@ -25,7 +25,8 @@ from mindfoundry.checkpoint.store import CheckpointError, publish_mode
 from mindfoundry.data.tokenizer import EOS, PAD
 from mindfoundry.model.spec import ModelSpec, parameter_shapes
 from mindfoundry.storage.commit import staged_folder
-from mindfoundry.storage.location import Location, locate
+from mindfoundry.storage.location import Location
+from mindfoundry.storage.resolve import locate
 
 #: Our parameter names -> transformers' Llama ones: the top-level ones, and a block's (the layer index is kept).
 _TOP = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",

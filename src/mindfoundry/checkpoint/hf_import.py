@@ -25,7 +25,7 @@ from mindfoundry.config.storage_config import StorageConfig
 from mindfoundry.model.spec import ModelSpec, parameter_shapes
 from mindfoundry.storage.cache import cache_folder
 from mindfoundry.storage.commit import fetch
-from mindfoundry.storage.location import locate
+from mindfoundry.storage.resolve import locate
 
 
 def _sizes(spec: ModelSpec) -> dict[str, tuple[str, Any]]:

@@ -37,8 +37,9 @@ from mindfoundry.data.dataset.mixture import build_mixture
 from mindfoundry.data.dataset.prepared import load_prepared
 from mindfoundry.model.spec import ModelSpec
 from mindfoundry.storage.commit import staged_folder
-from mindfoundry.storage.local import Local
-from mindfoundry.storage.location import Location, locate
+from mindfoundry.storage.local_path import Local
+from mindfoundry.storage.location import Location
+from mindfoundry.storage.resolve import locate
 
 WEIGHTS_DIR, RUN_YAML = "weights", "run_mindformers.yaml"
 

@@ -20,7 +20,8 @@ from mindfoundry.config.schema import RunConfig
 from mindfoundry.config.storage_config import StorageConfig
 from mindfoundry.data.dataset.prepared import local_copy
 from mindfoundry.data.tokenizer import load_tokenizer, tokenizer_hash
-from mindfoundry.storage.location import Location, locate
+from mindfoundry.storage.location import Location
+from mindfoundry.storage.resolve import locate
 
 CONFIG, TOKENIZER = "config.yaml", "tokenizer.json"
 

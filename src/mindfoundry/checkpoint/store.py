@@ -40,8 +40,8 @@ from safetensors.numpy import save_file
 
 from mindfoundry.checkpoint.safetensors_check import SafetensorsHeaderError, check_safetensors
 from mindfoundry.errors import MindFoundryError
-from mindfoundry.storage.base import Location, Seal
 from mindfoundry.storage.commit import sha256_file
+from mindfoundry.storage.location import Location, Seal
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"

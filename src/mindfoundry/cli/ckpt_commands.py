@@ -25,7 +25,8 @@ from mindfoundry.checkpoint.store import (
     read_state,
 )
 from mindfoundry.cli.args import add_storage_arguments, console, storage_from_args
-from mindfoundry.storage.location import Location, locate
+from mindfoundry.storage.location import Location
+from mindfoundry.storage.resolve import locate
 
 out = Console()
 

@@ -15,7 +15,7 @@ from mindfoundry.cli.args import add_config_arguments, config_from_args
 from mindfoundry.data.clean.droplog import DropSummary
 from mindfoundry.data.dataset.prepared import local_copy
 from mindfoundry.data.document import origin_name
-from mindfoundry.storage.location import locate
+from mindfoundry.storage.resolve import locate
 
 EXIT_INVALID_DATA = 2
 # Rich assumes 80 columns when stdout is not a terminal, which would crop the tables in a pipe or log.

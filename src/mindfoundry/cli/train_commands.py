@@ -136,7 +136,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from mindfoundry.errors import OutputExistsError
     from mindfoundry.storage.commit import staged_file
-    from mindfoundry.storage.location import locate
+    from mindfoundry.storage.resolve import locate
     from mindfoundry.workflows.evaluate import evaluate_model
     from mindfoundry.workflows.generate import load_trained
 

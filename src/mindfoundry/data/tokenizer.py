@@ -27,7 +27,8 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 from mindfoundry.config.storage_config import StorageConfig
 from mindfoundry.errors import InputMissingError, MindFoundryError
 from mindfoundry.model.spec import PAD_ID
-from mindfoundry.storage.location import Location, locate
+from mindfoundry.storage.location import Location
+from mindfoundry.storage.resolve import locate
 
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"

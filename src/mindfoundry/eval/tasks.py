@@ -28,7 +28,8 @@ from mindfoundry.backends.base import Backend
 from mindfoundry.config.storage_config import StorageConfig
 from mindfoundry.errors import MindFoundryError
 from mindfoundry.model.spec import PAD_ID
-from mindfoundry.storage.location import Location, locate
+from mindfoundry.storage.location import Location
+from mindfoundry.storage.resolve import locate
 
 
 class TaskError(MindFoundryError, ValueError):

@@ -23,7 +23,7 @@ from typing import Any
 
 from mindfoundry import locks
 from mindfoundry.config.storage_config import public_command
-from mindfoundry.storage.base import Claim, Location
+from mindfoundry.storage.location import Claim, Location
 
 #: The holder renews its lease this often; a lease of another host's process this much older is a dead holder's.
 RENEW_S, STALE_S = 30.0, 180.0

@@ -6,10 +6,10 @@ folder: objects become visible one by one, and a writer killed half way leaves s
 by uploading its objects first and a small marker last, which holds (or seals) the sha256 and size of every object; a
 reader takes nothing without the marker and checks every object it fetches against it -- an object changed, cut short
 or deleted since the commit is found, not trained on. Removing a committed folder deletes its marker first, so a
-removal cut short never leaves something that looks committed. (:class:`~mindfoundry.storage.base.Location`'s
+removal cut short never leaves something that looks committed. (:class:`~mindfoundry.storage.location.Location`'s
 ``put_folder``, ``holds_commit`` and ``remove_folder`` are each medium's part of it.)
 
-One kind of folder differs from another only in its :class:`~mindfoundry.storage.base.Seal`: prepared data, an
+One kind of folder differs from another only in its :class:`~mindfoundry.storage.location.Seal`: prepared data, an
 export and a `prepare` task are sealed by :data:`COMMIT` (``commit.json``, the listing itself); a checkpoint by its
 own manifest and ``manifest.sha256`` (:mod:`mindfoundry.checkpoint.store`).
 
@@ -30,9 +30,9 @@ from typing import Any
 
 from mindfoundry import atomic
 from mindfoundry.errors import OutputExistsError
-from mindfoundry.storage.base import Location, Seal
 from mindfoundry.storage.cache import cache_folder, filling
-from mindfoundry.storage.errors import ObjectMissingError, StorageError
+from mindfoundry.storage.failures import ObjectMissingError, StorageError
+from mindfoundry.storage.location import Location, Seal
 
 COMMIT_FILE = "commit.json"
 FORMAT = "mindfoundry.commit/1"

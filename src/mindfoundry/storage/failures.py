@@ -1,4 +1,5 @@
-"""What went wrong with a request to a store, as the one line a user reads: missing bucket, no credentials, refused
+"""What storage raises (:class:`StorageError`: one line naming the place, the cause and the fix), and what went wrong
+with a request to a store, as the one line a user reads: missing bucket, no credentials, refused
 credentials, permission denied, unreachable endpoint, a connection that kept breaking after the retries, a missing
 object -- each with the URL, what was being done and what to do, and never a secret."""
 
@@ -7,12 +8,21 @@ from __future__ import annotations
 import os
 
 from mindfoundry.config.storage_config import StorageConfig, masked
-from mindfoundry.storage.errors import ObjectMissingError, StorageError
+from mindfoundry.errors import InputMissingError, MindFoundryError
 
 #: The codes of a request the credentials may not make (a HEAD's is the bare status).
 DENIED = ("AccessDenied", "AllAccessDisabled", "403")
 _CREDENTIAL_CODES = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
                      "TokenRefreshRequired", "InvalidClientTokenId", "AuthorizationHeaderMalformed")
+
+
+class StorageError(MindFoundryError, OSError):
+    """A store or a disk refused or failed an operation; the message names the location, the cause and the fix."""
+
+
+class ObjectMissingError(StorageError, InputMissingError):
+    """An object (or every object under a prefix) that should be there is not."""
+
 
 
 def _chain(exc: BaseException) -> list[BaseException]:

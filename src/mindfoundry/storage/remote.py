@@ -28,10 +28,17 @@ from typing import Any
 
 from mindfoundry.config.section import url_protocol
 from mindfoundry.config.storage_config import StorageConfig
-from mindfoundry.storage.base import Claim, Location, Seal, Version
 from mindfoundry.storage.claim import LeaseClaim
-from mindfoundry.storage.errors import StorageError
-from mindfoundry.storage.failures import DENIED, bucket_missing, error_code, explain, is_storage_failure, mask
+from mindfoundry.storage.failures import (
+    DENIED,
+    StorageError,
+    bucket_missing,
+    error_code,
+    explain,
+    is_storage_failure,
+    mask,
+)
+from mindfoundry.storage.location import Claim, Location, Seal, Version
 
 #: The install extra that brings the S3 file system.
 S3_EXTRA = "pip install 'mindfoundry[s3]'"

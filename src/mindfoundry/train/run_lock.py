@@ -18,9 +18,8 @@ from typing import Callable
 from mindfoundry import locks
 from mindfoundry.config.storage_config import public_command
 from mindfoundry.errors import MindFoundryError
-from mindfoundry.storage.base import Claim
 from mindfoundry.storage.claim import ClaimHeldError
-from mindfoundry.storage.location import Location
+from mindfoundry.storage.location import Claim, Location
 
 LOCK_FILE = ".lock"
 _held: dict[Path, int] = {}  # run dir (resolved) -> open descriptor of its locked file, in this process

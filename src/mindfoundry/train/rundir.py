@@ -12,7 +12,7 @@ from mindfoundry.config.load import read_yaml, to_yaml, validate
 from mindfoundry.config.parallel_config import Layout
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.errors import MindFoundryError
-from mindfoundry.storage.location import locate
+from mindfoundry.storage.resolve import locate
 from mindfoundry.train.run_identity import Change, is_this_run, refusal, resume_changes, run_identity
 from mindfoundry.train.run_lock import LOCK_FILE, acquire, claim_checkpoints, release
 

@@ -33,7 +33,8 @@ from mindfoundry.data.dataset.prepared import SPLITS, read_manifest
 from mindfoundry.data.dataset.validate import open_shard
 from mindfoundry.errors import OutputExistsError
 from mindfoundry.storage.commit import staged_folder
-from mindfoundry.storage.location import Location, locate
+from mindfoundry.storage.location import Location
+from mindfoundry.storage.resolve import locate
 
 __all__ = ["EXPORT_MANIFEST", "SCHEMA", "export_mindrecord", "mindrecord_files"]
 

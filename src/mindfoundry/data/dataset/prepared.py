@@ -33,7 +33,8 @@ from mindfoundry.data.tokenizer import pad_id, read_tokenizer, tokenizer_hash
 from mindfoundry.errors import MindFoundryError
 from mindfoundry.storage.cache import cache_folder
 from mindfoundry.storage.commit import fetch, is_committed, refetch, sha256_file
-from mindfoundry.storage.location import Location, locate
+from mindfoundry.storage.location import Location
+from mindfoundry.storage.resolve import locate
 
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"

@@ -26,12 +26,12 @@ from typing import Any
 
 from mindfoundry import atomic
 from mindfoundry.errors import MindFoundryError
-from mindfoundry.storage.base import Claim
 from mindfoundry.storage.cache import cache_folder
 from mindfoundry.storage.claim import ClaimHeldError, alive
 from mindfoundry.storage.commit import fetch, is_committed, publish
-from mindfoundry.storage.errors import StorageError
-from mindfoundry.storage.location import Location, locate
+from mindfoundry.storage.failures import StorageError
+from mindfoundry.storage.location import Claim, Location
+from mindfoundry.storage.resolve import locate
 
 FORMAT = "mindfoundry.prepare-work/1"
 MARKER = "workdir.json"

@@ -47,7 +47,8 @@ from mindfoundry.data.ingest.listing import (
     unreadable,
 )
 from mindfoundry.data.ingest.zstd import ZstdReader
-from mindfoundry.storage.location import Location, locate
+from mindfoundry.storage.location import Location
+from mindfoundry.storage.resolve import locate
 
 TxtMode = Literal["file", "line"]
 

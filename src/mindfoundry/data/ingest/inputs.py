@@ -24,7 +24,7 @@ from mindfoundry.data.document import Document
 from mindfoundry.data.ingest.builtin import read_builtin
 from mindfoundry.data.ingest.files import SourceStats, read_listed
 from mindfoundry.data.ingest.listing import FileLedger, Version, file_version, files_root, resolve_files
-from mindfoundry.storage.location import locate
+from mindfoundry.storage.resolve import locate
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from mindfoundry.config.storage_config import StorageConfig
 from mindfoundry.errors import MindFoundryError
-from mindfoundry.storage.base import Version
-from mindfoundry.storage.errors import ObjectMissingError, StorageError
-from mindfoundry.storage.location import Location, locate
+from mindfoundry.storage.failures import ObjectMissingError, StorageError
+from mindfoundry.storage.location import Location, Version
+from mindfoundry.storage.resolve import locate
 
 SUPPORTED_SUFFIXES: tuple[str, ...] = (
     ".txt", ".jsonl", ".txt.gz", ".jsonl.gz", ".txt.zst", ".jsonl.zst", ".parquet",

@@ -66,11 +66,11 @@ from mindfoundry.data.prepare.stage_dedup import BandStage, DecideStage, Dedup, 
 from mindfoundry.data.prepare.stage_tokens import MergeStage, ShardStage, TokenizerStage
 from mindfoundry.data.tokenizer import load_tokenizer, tokenizer_hash
 from mindfoundry.errors import MindFoundryError
-from mindfoundry.storage.base import Claim
 from mindfoundry.storage.cache import cache_folder
 from mindfoundry.storage.claim import ClaimHeldError, alive
 from mindfoundry.storage.commit import COMMIT, is_committed, publish
-from mindfoundry.storage.location import Location, locate
+from mindfoundry.storage.location import Claim, Location
+from mindfoundry.storage.resolve import locate
 
 #: Keys of the data section that say how `prepare` runs, never what it writes.
 EXECUTION_KEYS = {"output_dir", "mixture", "workers", "executor", "ray", "work_dir", "cache_dir", "task_bytes"}

@@ -1,4 +1,4 @@
-"""A :class:`~mindfoundry.storage.base.Location` on this machine's disk: a path, written through
+"""A :class:`~mindfoundry.storage.location.Location` on this machine's disk: a path, written through
 :mod:`mindfoundry.atomic` (aside, fsynced, renamed), so a reader sees a file or a folder whole or not at all."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 
 from mindfoundry import atomic
 from mindfoundry.errors import describe_path
-from mindfoundry.storage.base import Claim, Location, Seal, Version
 from mindfoundry.storage.claim import FileClaim
-from mindfoundry.storage.errors import StorageError
+from mindfoundry.storage.failures import StorageError
+from mindfoundry.storage.location import Claim, Location, Seal, Version
 
 #: Prefix of a folder :meth:`Local.remove_folder` is deleting (a kill mid-delete leaves only a hidden folder).
 DELETING = ".deleting-"
