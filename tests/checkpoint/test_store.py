@@ -218,6 +218,13 @@ def test_ckpt_list_shows_each_checkpoints_own_evaluation_and_ckpt_best_prints_it
     captured = capsys.readouterr()
     assert captured.out == f"{tmp_path / 'checkpoints' / 'step_00000004'}\n"
     assert "best: step_00000004, validation loss 1.2500 (sha256 verified)" in captured.err
+    # a run killed between writing `latest` and `best`: the committed checkpoints' own evaluations still say (it said
+    # no checkpoint was evaluated)
+    (tmp_path / "checkpoints" / "best").unlink()
+    assert main(["ckpt", "best", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == f"{tmp_path / 'checkpoints' / 'step_00000004'}\n"
+    assert "no best pointer in" in captured.err and "best: step_00000004, validation loss 1.2500" in captured.err
 
 
 def test_ckpt_best_without_an_evaluated_checkpoint_says_why(tmp_path: Path, capsys) -> None:

@@ -13,7 +13,7 @@ import pytest
 from test_parallel_prepare import output_files, without_timings
 
 from mindfoundry.config.load import load_config
-from mindfoundry.data.dataset.prepared import DataError, local_copy
+from mindfoundry.data.dataset.prepared import DataError, local_copy, open_prepared
 from mindfoundry.data.prepare.pipeline import prepare_data, work_dir
 from mindfoundry.storage.commit import COMMIT_FILE
 from mindfoundry.storage.resolve import locate
@@ -88,6 +88,17 @@ def test_a_second_prepare_reuses_the_committed_output_and_a_restart_its_local_co
     again = prepare_data(cfg, log=logs.append)
     assert logs == [f"reusing prepared data in s3://{bucket}/data"]
     assert again.root == copy and (copy / "train").stat().st_mtime_ns == stamp  # not fetched again
+    # a shard of this node's copy damaged on its disk: dropped and fetched again, said in one line (its advice was
+    # `prepare --overwrite`, which rebuilds the bucket's data)
+    shard = next((copy / "train").glob("*.bin"))
+    raw = bytearray(shard.read_bytes())
+    raw[10] ^= 0x01
+    shard.write_bytes(bytes(raw))
+    logs.clear()
+    fetched = open_prepared(cfg, logs.append)
+    assert len(logs) == 1 and logs[0].startswith(f"this node's copy of s3://{bucket}/data was damaged ("), logs
+    assert "changed since it was prepared" in logs[0] and logs[0].endswith("dropped and fetched again")
+    assert (fetched.root / "train" / shard.name).read_bytes() == s3.get(bucket, f"data/train/{shard.name}")
 
 
 def test_overwrite_of_a_url_output_keeps_the_old_objects_and_a_cluster_needs_a_url_work_dir(s3, tiny_run) -> None:
