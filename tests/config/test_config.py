@@ -54,6 +54,15 @@ BAD = [
         "data.tokenizer.path='/nonexistent/tokenizer.json' does not exist",
     ),
     (with_("data.validation_fraction", 0.7), "data.validation_fraction=0.7: Input should be less than 0.5"),
+    # a folder that can never be (issue #48: it passed validation and --dry-run, then a traceback at the first save)
+    (with_("checkpoint.dir", f"{__file__}/ckpt"),
+     f"checkpoint.dir='{__file__}/ckpt' cannot hold a folder: '{__file__}' is a file, not a folder"),
+    (with_("checkpoint.dir", "/proc/self/ckpt"),
+     "checkpoint.dir='/proc/self/ckpt' cannot be made: '/proc/self' is not writable"),
+    (with_("run_dir", "s3://bucket/run"), "run_dir='s3://bucket/run' cannot be a URL: the run's lock, config, metrics "
+                                          "and logs are local files"),
+    (with_("data.cache_dir", "s3://bucket/cache"), "data.cache_dir='s3://bucket/cache' cannot be a URL: it is this "
+                                                    "node's cache"),
     (
         with_("model.d_model", 260) | {"model": {"d_model": 260, "n_heads": 20}},
         "model.d_model/model.n_heads = 13 is odd",

@@ -8,7 +8,6 @@ from collections.abc import Callable
 from rich.console import Console
 
 from mindfoundry.config.schema import RunConfig
-from mindfoundry.config.section import url_protocol
 from mindfoundry.config.storage_config import StorageConfig
 
 #: Messages and progress go to stderr and never wrap: one problem = one line.
@@ -33,8 +32,13 @@ def local_path(why: str) -> Callable[[str], str]:
     (argparse exits 2 with the message)."""
 
     def checked(text: str) -> str:
-        if url_protocol(text) is not None:
-            raise argparse.ArgumentTypeError(f"cannot be a URL ({text}): {why}")
+        from mindfoundry.storage.failures import StorageError
+        from mindfoundry.storage.resolve import locate
+
+        try:
+            locate(text).local_path("it", why)
+        except StorageError as exc:
+            raise argparse.ArgumentTypeError(str(exc).removeprefix("it ")) from None
         return text
 
     return checked

@@ -101,12 +101,6 @@ class Local(Location):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         atomic.write_bytes(self.path, data)
 
-    def upload(self, local: Path) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        aside = self.path.with_name(self.path.name + atomic.PARTIAL)
-        shutil.copyfile(local, aside)
-        atomic.publish_files([(aside, self.path)])
-
     def put_file(self, local: Path) -> None:
         atomic.publish_files([(local, self.path)])
 

@@ -172,10 +172,6 @@ class Location(ABC):
         self.write_bytes(text.encode("utf-8"))
 
     @abstractmethod
-    def upload(self, local: Path) -> None:
-        """A copy of the local file ``local`` as this file (visible whole or not at all)."""
-
-    @abstractmethod
     def put_file(self, local: Path) -> None:
         """The local file ``local``, written in full, as this file: renamed into place on a disk (``local`` is gone;
         it must be on the same disk: see :meth:`staging`), uploaded to a store."""
