@@ -15,9 +15,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "mindfoundry"
 #: replaced, a checkpoint step replaced or deleted), and a shard's two files renamed in order.
 MOVES_ASIDE = {
     ("train/rundir.py", "run_dir.rename(aside)"),
-    ("data/prepare/pipeline.py", "out.rename("),
-    ("checkpoint/directory.py", "os.replace(final, replaced)"),
-    ("checkpoint/directory.py", "os.replace(path, doomed)"),
+    ("storage/local_path.py", "os.replace(self.path, target)"),  # a committed folder moved aside, or renamed
 }
 
 

@@ -138,14 +138,13 @@ class Local(Location):
         if self.path.is_dir() and not any(self.path.iterdir()):
             self.path.rmdir()  # an empty folder made beforehand holds nothing to keep
         elif self.path.exists():  # kept until the new folder is in place: a kill in between loses neither
-            replaced = self.path.with_name(f"{DELETING}{self.path.name}-{os.getpid()}")
-            os.replace(self.path, replaced)
+            replaced = self._aside()
         atomic.publish_folder(local, self.path)
         if replaced is not None:
             shutil.rmtree(replaced, ignore_errors=True)
 
     def move_folder(self, target: Location, seal: Seal) -> None:
-        os.replace(self.path, target.local_path("a folder moved from a disk", "it is renamed on the same disk"))
+        self._rename(target.local_path("a folder moved from a disk", "it is renamed on the same disk"))
 
     def holds_commit(self, seal: Seal) -> bool:
         return self.path.is_dir() and any(self.path.iterdir())
@@ -153,9 +152,17 @@ class Local(Location):
     def remove_folder(self, seal: Seal) -> None:
         if not self.path.exists():
             return
+        shutil.rmtree(self._aside(), ignore_errors=True)  # a kill during the delete leaves a hidden folder, never half
+
+    def _aside(self) -> Path:
+        """This folder renamed to a hidden name beside it (being replaced or deleted); that name."""
         doomed = self.path.with_name(f"{DELETING}{self.path.name}-{os.getpid()}")
-        os.replace(self.path, doomed)  # atomic: a kill during the delete leaves a hidden folder, never half of one
-        shutil.rmtree(doomed, ignore_errors=True)
+        self._rename(doomed)
+        return doomed
+
+    def _rename(self, target: Path) -> None:
+        """The one rename of a committed folder (moved aside, or to a new name): atomic on one disk."""
+        os.replace(self.path, target)
 
     def claim(self, *, shared: bool = False) -> Claim:
         return FileClaim(self.path, shared=shared)

@@ -8,6 +8,7 @@ generations, summary.json and the HTML report.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,14 +108,14 @@ def train(cfg: RunConfig, *, resume: bool, overwrite: bool, stop_at_step: int | 
             cfg, ModelSpec.from_config(cfg.model), layout
         )  # it must not claim the run dir that rank 0 claims
         raise SystemExit(0)  # not reached: MindSpore ends the scheduler process when the job ends
-    if launched_rank() == 0:  # under torchrun/msrun one process claims the run dir and prepares the data
-        run_dir = claim_run_dir(cfg, resume=resume, overwrite=overwrite, layout=layout, log=console.print)
-        data = prepare_data(cfg, log=console.print)
-    else:  # the others wait for its atomic prepare and then only read
-        run_dir, data = Path(cfg.run_dir), wait_for_prepared(cfg)
-    # while this run trains, a `prepare --overwrite` of its data is refused, naming this process
-    reading = claim_output(prepared_location(cfg), shared=True)
-    try:
+    with contextlib.ExitStack() as held:
+        if launched_rank() == 0:  # under torchrun/msrun one process claims the run dir and prepares the data
+            run_dir = claim_run_dir(cfg, resume=resume, overwrite=overwrite, layout=layout, log=console.print)
+            data = prepare_data(cfg, log=console.print)
+            # and holds the data while the job trains: a `prepare --overwrite` of it is refused, naming this process
+            held.callback(claim_output(prepared_location(cfg), shared=True).release)
+        else:  # the others wait for its atomic prepare and then only read
+            run_dir, data = Path(cfg.run_dir), wait_for_prepared(cfg)
         spec = ModelSpec.from_config(cfg.model)
         console.print(
             f"model: {num_parameters(spec):,} parameters, {flops_per_token(spec, cfg.train.seq_len):,} FLOPs/token; "
@@ -122,8 +123,6 @@ def train(cfg: RunConfig, *, resume: bool, overwrite: bool, stop_at_step: int | 
         )
         trainer = Trainer(cfg, data, run_dir, layout, console)
         return TrainedRun(trainer, data, trainer.run(resume=resume, stop_at_step=stop_at_step))
-    finally:
-        reading.release()
 
 
 def samples(cfg: RunConfig, trained: TrainedRun) -> list[dict[str, str]]:
