@@ -2,15 +2,16 @@
 resume from.
 
 A checkpoint is written into a local folder first (:meth:`CheckpointDir.stage`: beside the checkpoints on a local
-disk, in a node-local staging folder for a URL) and then committed (:meth:`CheckpointDir.commit`): on a local disk by
-one rename of the complete folder; on object storage, which has no rename, by uploading every file and the manifest,
-and ``manifest.sha256`` -- the commit marker -- last. Either way a folder without its marker was never committed and
-is never taken (:meth:`committed` lists only committed ones), and retention deletes the marker first.
+disk, in a node-local staging folder for a URL), checked, and committed by the one commit protocol
+(:mod:`mindfoundry.storage.commit`, sealed by :data:`~mindfoundry.checkpoint.store.CHECKPOINT`: its manifest, and
+``manifest.sha256`` as the marker): one rename on a disk; on a store every object, then the marker last. A folder that
+was never committed is never taken (:meth:`committed`), and retention removes a checkpoint so that half of one never
+looks committed.
 
-Reading a checkpoint on object storage means reading a local copy (:meth:`local_copy`): every file fetched into this
-node's cache and checked against the manifest, so a changed, cut or deleted object is found, and resuming falls back
-to the previous checkpoint (:meth:`find_resumable`). Interrupted writes (temporary folders, unfinished multipart
-uploads, a step's objects without their marker) are removed at the next start (:meth:`clean_interrupted`).
+Reading a checkpoint at a URL means reading a local copy (:meth:`local_copy`): every file fetched into this node's cache
+and checked against the manifest, so a changed, cut or deleted object is found, and resuming falls back to the previous
+checkpoint (:meth:`find_resumable`). Interrupted writes (temporary folders, unfinished multipart uploads, a step's
+objects without their marker) are removed at the next start (:meth:`clean_interrupted`).
 """
 
 from __future__ import annotations
