@@ -93,7 +93,7 @@ class WorkDir:
         try:
             self.root.check_writable()
         except StorageError as exc:
-            raise space_problem(exc, Path(str(self.root))) or WorkDirError(
+            raise space_problem(exc, self.scratch) or WorkDirError(
                 f"the prepare work folder '{self.root}' is not writable ({exc.strerror or exc}): set data.work_dir to "
                 "a writable folder (on shared storage for a cluster)") from None
         held = self._read_marker(self.root / MARKER)
