@@ -1,0 +1,107 @@
+"""Images decoded the same way everywhere and judged before they are kept: every hostile input a drop with its reason,
+never a traceback or a hang; the perceptual hash close for copies of a real photo, far for other images."""
+
+from __future__ import annotations
+
+import io
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image, ImageEnhance
+
+from mindfoundry.data.images.decode import ImageLimits, ImageRejected, decode, square
+from mindfoundry.data.images.hashes import hamming, perceptual_hash, pixel_key
+
+SITE = Path(sysconfig.get_paths()["purelib"])
+#: Real photos that ship inside installed packages (nothing downloaded).
+PHOTOS = [SITE / "matplotlib/mpl-data/sample_data/grace_hopper.jpg", SITE / "sklearn/datasets/images/flower.jpg",
+          SITE / "sklearn/datasets/images/china.jpg"]
+LIMITS = ImageLimits(min_side=16, max_aspect=4.0, max_pixels=4_000_000)
+
+
+def encoded(image: Image.Image, fmt: str, **options) -> bytes:
+    out = io.BytesIO()
+    image.save(out, fmt, **options)
+    return out.getvalue()
+
+
+def rejected(data: bytes, limits: ImageLimits = LIMITS) -> tuple[str, str]:
+    with pytest.raises(ImageRejected) as caught:
+        decode(data, limits)
+    return caught.value.reason, caught.value.detail
+
+
+def test_hostile_files_are_drops_with_their_reason() -> None:
+    photo = PHOTOS[0].read_bytes()
+    assert rejected(b"") == ("empty", "0 bytes")
+    assert rejected(b"<html>not an image</html>")[0] == "undecodable"
+    assert rejected(photo[: len(photo) // 3])[0] == "truncated"  # a JPEG cut in its scan data
+    png = encoded(Image.new("RGB", (400, 300), (10, 20, 30)), "PNG")
+    assert rejected(png[:100])[0] == "truncated"
+    # a decompression bomb: a 20000 x 20000 PNG of one colour is 0.4 GB decoded and ~100 KB on disk
+    bomb = encoded(Image.new("1", (20_000, 20_000)), "PNG")
+    reason, detail = rejected(bomb)
+    assert reason == "too_many_pixels" and "refused before decoding" in detail and len(bomb) < 200_000
+    assert rejected(encoded(Image.new("1", (3000, 3000)), "PNG")) == (
+        "too_many_pixels", "3000x3000 = 9,000,000 pixels > max_pixels 4,000,000 (refused before decoding)")
+    assert rejected(encoded(Image.new("RGB", (12, 40)), "PNG")) == ("too_small", "12x40: the shorter side is under "
+                                                                     "min_side 16")
+    assert rejected(encoded(Image.new("RGB", (400, 50)), "PNG")) == ("aspect", "400x50: 8.00:1 exceeds max_aspect 4")
+
+
+def test_every_mode_becomes_the_same_rgb() -> None:
+    """A JPEG named .png decodes as the JPEG it is; CMYK, 16-bit, palette, alpha and animated images become RGB
+    uint8 by one rule each."""
+    photo = decode(PHOTOS[0].read_bytes(), LIMITS)
+    assert photo.format == "JPEG" and photo.pixels.dtype == np.uint8 and photo.pixels.shape == (600, 512, 3)
+    cmyk = decode(encoded(Image.new("CMYK", (20, 20), (0, 255, 0, 0)), "JPEG", quality=100), LIMITS)
+    assert cmyk.pixels.shape == (20, 20, 3) and abs(int(cmyk.pixels[10, 10, 1]) - 0) <= 2  # magenta: no green
+    wide = np.full((20, 20), 40_000, np.uint16)  # a 16-bit greyscale PNG keeps its top 8 bits
+    assert set(np.unique(decode(encoded(Image.fromarray(wide), "PNG"), LIMITS).pixels)) == {40_000 // 256}
+    rgba = Image.new("RGBA", (20, 20), (255, 0, 0, 0))  # fully transparent red: white on the page
+    assert (decode(encoded(rgba, "PNG"), LIMITS).pixels == 255).all()
+    palette = Image.new("P", (20, 20), 1)
+    palette.putpalette([0, 0, 0, 0, 0, 255] + [0] * 762)
+    palette.info["transparency"] = 0
+    assert (decode(encoded(palette, "PNG"), LIMITS).pixels[0, 0] == [0, 0, 255]).all()
+    frames = [Image.new("RGB", (20, 20), color) for color in ((255, 0, 0), (0, 255, 0))]
+    gif = io.BytesIO()
+    frames[0].save(gif, "GIF", save_all=True, append_images=frames[1:])
+    animated = decode(gif.getvalue(), LIMITS)
+    assert animated.frames == 2 and tuple(animated.pixels[5, 5]) == (255, 0, 0)  # the first frame
+    sideways = Image.new("RGB", (40, 20), (0, 0, 0))
+    exif = sideways.getexif()
+    exif[0x0112] = 6  # "rotate 90 CW to view"
+    assert decode(encoded(sideways, "JPEG", exif=exif), LIMITS).pixels.shape == (40, 20, 3)  # upright
+
+
+def test_square_is_pil_bicubic_of_the_shorter_side_then_the_centre() -> None:
+    pixels = decode(PHOTOS[2].read_bytes(), LIMITS).pixels  # 427 x 640
+    out = square(pixels, 32)
+    expected = Image.fromarray(pixels).resize((48, 32), Image.Resampling.BICUBIC).crop((8, 0, 40, 32))
+    assert out.shape == (32, 32, 3) and np.array_equal(out, np.asarray(expected))
+
+
+def test_a_copy_hashes_near_and_another_image_far() -> None:
+    """Measured on the three photos: a halved, JPEG-30, 5%-cropped, brightened or channel-swapped copy is within 12
+    bits (most within 4); two different photos are 28 or more apart."""
+    hashes = []
+    for path in PHOTOS:
+        pixels = decode(path.read_bytes(), LIMITS).pixels
+        image = Image.fromarray(pixels)
+        h, w = pixels.shape[:2]
+        copies = [np.asarray(image.resize((w // 2, h // 2))),
+                  decode(encoded(image, "JPEG", quality=30), LIMITS).pixels,
+                  pixels[h // 20:h - h // 20, w // 20:w - w // 20],
+                  np.asarray(ImageEnhance.Brightness(image).enhance(1.3)),
+                  pixels[:, :, [2, 0, 1]]]
+        base = perceptual_hash(pixels)
+        distances = hamming(np.uint64(base), np.array([perceptual_hash(c) for c in copies], np.uint64))
+        assert distances.max() <= 12, (path.name, distances)  # measured 12 at most (china.jpg, cropped)
+        hashes.append(base)
+        assert pixel_key(pixels) != pixel_key(copies[0]) and pixel_key(pixels) == pixel_key(pixels.copy())
+    hashes = np.array(hashes, np.uint64)
+    apart = [int(hamming(hashes[i], hashes[j])) for i in range(3) for j in range(i + 1, 3)]
+    assert min(apart) >= 28, apart
