@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from mindfoundry.config.clean import CLEAN_BLOCKS, CleanConfig, SourceCleanConfig
+from mindfoundry.config.image_config import ImagesConfig
 from mindfoundry.config.section import Section, checked_path
 
 # : The built-in sources (real text shipped in PyPI packages, read by mindfoundry.data.ingest.builtin) and their
@@ -124,8 +125,17 @@ class SourceConfig(Section):
     category: str | None = Field(
         None, description="Data category (e.g. news, code). Defaults to the built-in's category or the source name."
     )
+    modality: Literal["text", "image_text", "image"] = Field(
+        "text", description="What the source holds: text documents; image-caption pairs (WebDataset tars, "
+        ".jsonl/.parquet rows with an image and a caption, folders of images with sidecar .txt captions); or images "
+        "alone. Images are curated by data.images.")
     text_field: str = Field(
-        "text", min_length=1, description="Field holding the text in .jsonl records and .parquet rows."
+        "text", min_length=1, description="Field holding the text in .jsonl records and .parquet rows (for image "
+        "sources: the caption; in a WebDataset tar the .txt member, else this field of the .json member)."
+    )
+    image_field: str = Field(
+        "image", min_length=1, description="Field holding the image in .jsonl records and .parquet rows of an image "
+        "source: a path relative to the record's file, or the encoded bytes."
     )
     txt_mode: Literal["file", "line"] = Field(
         "file", description="For .txt: one document per file or per non-empty line."
@@ -232,6 +242,10 @@ class DataConfig(Section):
     dedup: DedupConfig = Field(
         default_factory=DedupConfig,
         description="Exact and near-duplicate removal over the whole corpus, before the split.",
+    )
+    images: ImagesConfig = Field(
+        default_factory=ImagesConfig,
+        description="How the images of image sources are checked, deduplicated, split and written.",
     )
     workers: int = Field(
         1,

@@ -21,6 +21,7 @@ from mindfoundry.config.aliases import canonical
 from mindfoundry.config.checks import cross_field_problems
 from mindfoundry.config.clean import JunkConfig, LanguageConfig
 from mindfoundry.config.data_config import TemplatesConfig
+from mindfoundry.config.image_config import ImagesConfig
 from mindfoundry.config.layout_rules import config_problems
 from mindfoundry.config.parallel_config import RENAMED_KEYS
 from mindfoundry.config.schema import RunConfig, TrainConfig
@@ -355,6 +356,9 @@ ADDED_KEYS: dict[str, Any] = {
     "data.dedup.templates": TemplatesConfig().model_dump(mode="json"),
     "data.clean.junk": JunkConfig().model_dump(mode="json"),
     "data.clean.language": LanguageConfig().model_dump(mode="json"),
+    "data.images": ImagesConfig().model_dump(mode="json"),
+    "data.sources.*.modality": "text",
+    "data.sources.*.image_field": "image",
     "data.sources.*.clean.language": None,
     "data.sources.*.clean.junk": None,
     "data.clean.nfkc.fold": "width",
