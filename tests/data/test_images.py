@@ -4,7 +4,9 @@ never a traceback or a hang; the perceptual hash close for copies of a real phot
 from __future__ import annotations
 
 import io
+import json
 import sysconfig
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -105,3 +107,62 @@ def test_a_copy_hashes_near_and_another_image_far() -> None:
     hashes = np.array(hashes, np.uint64)
     apart = [int(hamming(hashes[i], hashes[j])) for i in range(3) for j in range(i + 1, 3)]
     assert min(apart) >= 28, apart
+
+
+def _tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _samples(files: list[Path], root: Path, **source) -> list:
+    from mindfoundry.config.data_config import SourceConfig
+    from mindfoundry.data.images.sources import image_samples
+    from mindfoundry.data.ingest.files import SourceStats
+    from mindfoundry.storage.resolve import locate
+
+    src = SourceConfig(name="s", paths=[str(root)], **source)
+    return list(image_samples([locate(f) for f in files], locate(root), src, SourceStats()))
+
+
+def test_webdataset_records_and_folders_give_pairs_and_name_what_is_missing(tmp_path) -> None:
+    jpeg, png = PHOTOS[0].read_bytes(), encoded(Image.new("RGB", (32, 32), (1, 2, 3)), "PNG")
+    shard = _tar(tmp_path / "00000.tar", [
+        ("000000000.jpg", jpeg), ("000000000.txt", b"a woman in uniform"), ("000000000.json", b'{"caption": "x"}'),
+        ("000000001.png", png), ("000000001.json", b'{"caption": "a dark square"}'),
+        ("000000002.txt", b"a caption and no image")])
+    got = _samples([shard], tmp_path, modality="image_text", text_field="caption")
+    assert [(s.key, s.caption, s.problem and s.problem[0]) for s in got] == [
+        ("s:00000.tar:000000000", "a woman in uniform", None), ("s:00000.tar:000000001", "a dark square", None),
+        ("s:00000.tar:000000002", None, "no_image")]
+    assert got[0].data == jpeg and got[1].data == png and got[1].record == 1
+    cut = tmp_path / "cut" / "00001.tar"
+    cut.parent.mkdir()
+    cut.write_bytes(shard.read_bytes()[: len(jpeg) // 2 + 2048])  # the first member's data cut short
+    damaged = _samples([cut], cut.parent, modality="image_text", text_field="caption")
+    assert [s.problem[0] for s in damaged] == ["corrupt_tar"]
+    # LLaVA-style records: a path relative to the record's file, the caption in the last turn
+    (tmp_path / "llava" / "imgs").mkdir(parents=True)
+    (tmp_path / "llava" / "imgs" / "a.jpg").write_bytes(jpeg)
+    rows = [{"image": "imgs/a.jpg", "conversations": [{"value": "<image>"}, {"value": "a portrait"}]},
+            {"image": "../00000.tar", "conversations": [{"value": "x"}, {"value": "escapes"}]},
+            {"image": "imgs/none.jpg", "conversations": [{"value": "x"}, {"value": "missing"}]}]
+    (tmp_path / "llava" / "chat.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    got = _samples([tmp_path / "llava" / "chat.jsonl"], tmp_path / "llava", modality="image_text",
+                   text_field="conversations.-1.value")
+    assert [(s.caption, s.problem and s.problem[0]) for s in got] == [
+        ("a portrait", None), (None, "outside_source"), (None, "missing_image")]
+    assert got[0].data == jpeg and got[0].key == "s:chat.jsonl:1"
+    # a folder of images with sidecar captions
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "a.png").write_bytes(png)
+    (tmp_path / "folder" / "a.txt").write_text("a dark square\n")
+    (tmp_path / "folder" / "b.jpg").write_bytes(jpeg)
+    files = [tmp_path / "folder" / "a.png", tmp_path / "folder" / "b.jpg"]
+    got = _samples(files, tmp_path / "folder", modality="image_text")
+    assert [(s.key, s.caption, s.problem and s.problem[0]) for s in got] == [
+        ("s:a.png", "a dark square", None), ("s:b.jpg", None, "no_caption")]
+    assert [s.problem for s in _samples(files, tmp_path / "folder", modality="image")] == [None, None]
