@@ -166,3 +166,21 @@ def test_webdataset_records_and_folders_give_pairs_and_name_what_is_missing(tmp_
     assert [(s.key, s.caption, s.problem and s.problem[0]) for s in got] == [
         ("s:a.png", "a dark square", None), ("s:b.jpg", None, "no_caption")]
     assert [s.problem for s in _samples(files, tmp_path / "folder", modality="image")] == [None, None]
+
+
+def test_near_pairs_are_every_pair_within_the_distance_and_clusters_follow_them() -> None:
+    """Against the brute force on 600 random hashes with planted copies (1 to 10 bits flipped)."""
+    from mindfoundry.data.images.clusters import components, first_copies, near_pairs
+
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 2**63, 400, dtype=np.uint64)
+    flips = [np.uint64(sum(1 << int(b) for b in rng.choice(64, k, replace=False))) for k in rng.integers(1, 11, 200)]
+    hashes = np.concatenate([base, base[:200] ^ np.array(flips, np.uint64)])
+    for distance in (0, 5, 8, 12):
+        first, second = near_pairs(hashes, distance)
+        i, j = np.triu_indices(len(hashes), 1)
+        within = hamming(hashes[i], hashes[j]) <= distance
+        assert set(zip(first.tolist(), second.tolist())) == set(zip(i[within].tolist(), j[within].tolist()))
+    labels = components(5, np.array([3, 1]), np.array([4, 3]))
+    assert labels.tolist() == [0, 1, 2, 1, 1]
+    assert first_copies(np.array([7, 3, 7, 3, 9], np.uint64)).tolist() == [0, 1, 0, 1, 4]
