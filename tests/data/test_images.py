@@ -184,3 +184,67 @@ def test_near_pairs_are_every_pair_within_the_distance_and_clusters_follow_them(
     labels = components(5, np.array([3, 1]), np.array([4, 3]))
     assert labels.tolist() == [0, 1, 2, 1, 1]
     assert first_copies(np.array([7, 3, 7, 3, 9], np.uint64)).tolist() == [0, 1, 0, 1, 4]
+
+
+@pytest.fixture(scope="module")
+def image_corpus(tmp_path_factory) -> Path:
+    """Real photos and icons shipped in installed packages, as a folder with sidecar captions and a WebDataset tar:
+    copies (resized, re-encoded) of some, and hostile files among them."""
+    root = tmp_path_factory.mktemp("images")
+    icons = sorted((SITE / "matplotlib/mpl-data/images").glob("*.png"))
+    folder = root / "folder"
+    folder.mkdir()
+    for path in icons[:20]:
+        (folder / path.name).write_bytes(path.read_bytes())
+        (folder / f"{path.stem}.txt").write_text(f"the {path.stem.replace('_', ' ')} icon")
+    photo = Image.open(PHOTOS[0])
+    members = []
+    for i, path in enumerate(PHOTOS):
+        members += [(f"{i:09d}.jpg", path.read_bytes()), (f"{i:09d}.txt", f"photo number {i}".encode())]
+    members += [("000000003.jpg", encoded(photo.resize((256, 300)), "JPEG", quality=40)),  # a near copy of photo 0
+                ("000000003.txt", b"a smaller copy"),
+                ("000000004.png", b"not a png at all"), ("000000004.txt", b"broken"),
+                ("000000005.txt", b"a caption without its image")]
+    _tar(root / "00000.tar", members)
+    return root
+
+
+def test_prepare_curates_images_into_shards_webdataset_reads(tiny_run, image_corpus, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # the packaged webdataset builder, nothing from the hub
+    from mindfoundry.config.load import load_config
+    from mindfoundry.data.clean.droplog import read_drops
+    from mindfoundry.data.prepare.pipeline import prepare_data
+
+    cfg = load_config(tiny_run("images", data__sources=[
+        {"name": "icons", "paths": [str(image_corpus / "folder")], "modality": "image_text"},
+        {"name": "photos", "paths": [str(image_corpus / "00000.tar")], "modality": "image_text"}],
+        data__images={"size": 32, "min_side": 16}, data__validation_fraction=0.3))
+    logs: list[str] = []
+    data = prepare_data(cfg, log=logs.append)
+    images = data.manifest["images"]
+    by_name = {s["name"]: s for s in images["sources"]}
+    assert by_name["photos"]["read"] == 6 and by_name["photos"]["dropped"] == {"no_image": 1, "undecodable": 1}
+    assert images["dedup"]["near"] >= 1  # the smaller JPEG of photo 0
+    drops = [line for line in read_drops(data.root / "drops.jsonl.gz") if line["block"] == "image"]
+    assert {(d["source"], d["reason"]) for d in drops} >= {("photos", "no_image"), ("photos", "undecodable"),
+                                                           ("photos", "near")}
+    total = sum(images["splits"][split]["images"] for split in ("train", "validation"))
+    assert total == sum(s["kept"] for s in images["sources"])
+    pixels = np.load(data.root / "images" / "train" / "icons.pixels.npy")
+    assert pixels.dtype == np.uint8 and pixels.shape[1:] == (32, 32, 3)
+    assert logs and any(line.startswith("images: read ") for line in logs)
+    # the real readers: webdataset and Hugging Face datasets read the tars; the pixels are what prepare decoded
+    import webdataset as wds
+
+    tars = sorted(str(p) for p in (data.root / "images" / "train" / "icons").glob("*.tar"))
+    samples = list(wds.WebDataset(tars, shardshuffle=False, empty_check=False).decode("rgb8"))
+    assert len(samples) == len(pixels)
+    for sample, row in zip(samples, pixels, strict=True):
+        image = sample.get("png", sample.get("jpg"))
+        assert np.array_equal(square(image, 32), row)
+        assert sample["txt"].startswith("the ") and sample["json"]["source"] == "icons"
+    from datasets import load_dataset
+
+    hf = load_dataset("webdataset", data_files={"train": tars}, split="train")
+    assert len(hf) == len(pixels) and hf[0]["txt"] == samples[0]["txt"]
+    assert np.array_equal(square(np.asarray(hf[0]["png"].convert("RGB")), 32), pixels[0])

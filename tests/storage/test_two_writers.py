@@ -14,6 +14,7 @@ import yaml
 
 from mindfoundry.cli.main import main
 from mindfoundry.data.prepare import pipeline
+from mindfoundry.storage.commit import COMMIT
 from mindfoundry.storage.location import Location
 from mindfoundry.storage.resolve import locate
 from mindfoundry.train.trainer import Trainer
@@ -74,11 +75,11 @@ def test_a_prepare_never_replaces_another_runs_output(tiny_run, where, monkeypat
     assert snapshot(out) == before
     # committed while the second ran its stages (it found nothing at its start): refused when it publishes
     (out.parent / "aside").delete_tree()
-    out.move_folder(out.parent / "aside", pipeline.COMMIT)
+    out.move_folder(out.parent / "aside", COMMIT)
     claim = pipeline.claim_output
 
     def first_commits_meanwhile(location, *, shared):
-        (out.parent / "aside").move_folder(out, pipeline.COMMIT)
+        (out.parent / "aside").move_folder(out, COMMIT)
         return claim(location, shared=shared)
 
     monkeypatch.setattr(pipeline, "claim_output", first_commits_meanwhile)

@@ -21,7 +21,8 @@ from mindfoundry.config.parallel_config import Layout
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.masking import TEXTS, masking_for
 from mindfoundry.data.dataset.prepared import PreparedData, prepared_location
-from mindfoundry.data.prepare.pipeline import claim_output, prepare_data, wait_for_prepared
+from mindfoundry.data.prepare.output import claim_output
+from mindfoundry.data.prepare.pipeline import prepare_data, wait_for_prepared
 from mindfoundry.data.tokenizer import eos_id
 from mindfoundry.eval.fill_mask import fill_masks
 from mindfoundry.eval.sampling import generate

@@ -38,6 +38,8 @@ from mindfoundry.storage.resolve import locate
 
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"
+#: The folder of the curated images: images/SPLIT/SOURCE/NNNNN.tar (WebDataset), SOURCE.pixels.npy, SOURCE.captions.*
+IMAGES = "images"
 SPLITS = ("train", "validation")
 
 

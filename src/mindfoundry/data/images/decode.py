@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+#: The EXIF tag of a photo's orientation (1: stored upright).
+ORIENTATION = 0x0112
 #: Modes whose transparency is composited on white.
 _ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
 
@@ -52,11 +54,14 @@ class ImageRejected(Exception):
 @dataclass(frozen=True)
 class Decoded:
     """An image as every later step sees it: ``pixels`` (height, width, 3) uint8 RGB, upright; ``format`` as the
-    bytes say (JPEG, PNG, WEBP, GIF, BMP, ...); ``frames`` in the file (only the first is kept)."""
+    bytes say (JPEG, PNG, WEBP, GIF, BMP, ...); ``frames`` in the file (only the first is kept); ``plain``: the file
+    is an RGB still image stored upright, so any reader's plain decode gives these pixels (its bytes can be handed on
+    as they are)."""
 
     pixels: np.ndarray
     format: str
     frames: int
+    plain: bool
 
 
 def decode(data: bytes, limits: ImageLimits) -> Decoded:
@@ -82,9 +87,11 @@ def decode(data: bytes, limits: ImageLimits) -> Decoded:
         image.load()
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
         raise ImageRejected("truncated", f"{image.format} {width}x{height}: {exc}") from None
+    upright = image.getexif().get(ORIENTATION, 1) == 1
+    plain = image.mode == "RGB" and frames == 1 and upright
     pixels = rgb_pixels(ImageOps.exif_transpose(image))
     _check_sizes(pixels.shape[1], pixels.shape[0], limits)
-    return Decoded(pixels, image.format or "unknown", frames)
+    return Decoded(pixels, image.format or "unknown", frames, plain)
 
 
 def rgb_pixels(image: Image.Image) -> np.ndarray:

@@ -33,8 +33,9 @@ from mindfoundry.storage.location import Location
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp")
 RECORD_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet")
 TAR_SUFFIXES = (".tar",)
-#: The files an image source reads (anything else under its paths is left alone, a sidecar caption included).
-SUFFIXES = IMAGE_SUFFIXES + RECORD_SUFFIXES + TAR_SUFFIXES
+#: The files an image source reads, in either case (anything else under its paths is left alone, a sidecar caption
+#: included).
+SUFFIXES = tuple(s for suffix in IMAGE_SUFFIXES + RECORD_SUFFIXES + TAR_SUFFIXES for s in (suffix, suffix.upper()))
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,9 +21,17 @@ from typing import Any
 from mindfoundry.config.data_config import DataConfig, SourceConfig
 from mindfoundry.config.storage_config import StorageConfig
 from mindfoundry.data.document import Document
+from mindfoundry.data.images.sources import SUFFIXES
 from mindfoundry.data.ingest.builtin import read_builtin
 from mindfoundry.data.ingest.files import SourceStats, read_listed
-from mindfoundry.data.ingest.listing import FileLedger, Version, file_version, files_root, resolve_files
+from mindfoundry.data.ingest.listing import (
+    SUPPORTED_SUFFIXES,
+    FileLedger,
+    Version,
+    file_version,
+    files_root,
+    resolve_files,
+)
 from mindfoundry.storage.resolve import locate
 
 
@@ -46,13 +54,15 @@ MIN_TASK_BYTES = 1 << 20
 MAX_TASK_BYTES = 64 << 20
 
 
-def plan_inputs(data: DataConfig, storage: StorageConfig | None = None) -> list[InputTask]:
-    """The read tasks of every source, in corpus order (a bad path is an error here, before any work); URLs are
-    reached with ``storage``."""
+def plan_inputs(data: DataConfig, storage: StorageConfig | None = None) -> tuple[list[InputTask], list[InputTask]]:
+    """The read tasks of every text source and of every image source, each in corpus order (a bad path is an error
+    here, before any work); URLs are reached with ``storage``. Both kinds are cut by one ``data.task_bytes``."""
     listed = [_listed_files(src, storage) for src in data.sources]
     size = data.task_bytes if data.task_bytes is not None else auto_task_bytes(
         sum(entry[1] for files, _ in listed for entry in files))
-    return [task for index, (files, root) in enumerate(listed) for task in _grouped(data, index, files, root, size)]
+    tasks = [task for index, (files, root) in enumerate(listed) for task in _grouped(data, index, files, root, size)]
+    text = [task for task in tasks if data.sources[task.source].modality == "text"]
+    return text, [task for task in tasks if data.sources[task.source].modality != "text"]
 
 
 def auto_task_bytes(total: int) -> int:
@@ -65,7 +75,7 @@ def _listed_files(src: SourceConfig, storage: StorageConfig | None) -> tuple[lis
     """A file source's files as listed now (path, size, version) and their root; none for a built-in."""
     if src.builtin is not None:
         return [], ""
-    files = resolve_files(src.paths, storage)
+    files = resolve_files(src.paths, storage, SUFFIXES if src.modality != "text" else SUPPORTED_SUFFIXES)
     return [(str(path), *file_version(path)) for path in files], str(files_root(files))
 
 

@@ -85,13 +85,16 @@ def _changed(path: Location, first: tuple[int, Version, str | None], now: tuple[
                            f"(no output was written; the work done on the old file is discarded)")
 
 
-def resolve_files(patterns: Sequence[str], storage: StorageConfig | None = None) -> list[Location]:
-    """Every file the patterns name, in reading order (see :func:`read_files`); DataSourceError for a bad pattern."""
+def resolve_files(patterns: Sequence[str], storage: StorageConfig | None = None,
+                  suffixes: tuple[str, ...] = SUPPORTED_SUFFIXES) -> list[Location]:
+    """Every file the patterns name whose name ends in one of ``suffixes`` (a text source's by default; an image
+    source's are :data:`mindfoundry.data.images.sources.SUFFIXES`), in reading order (see :func:`read_files`);
+    DataSourceError for a bad pattern."""
     if isinstance(patterns, str):
         raise DataSourceError(
             f"patterns must be a list of paths, not a single string: use [{patterns!r}]"
         )
-    return _resolve_patterns(patterns, storage)
+    return _resolve_patterns(patterns, storage, suffixes)
 
 
 def files_root(files: Sequence[Location]) -> Location:
@@ -113,18 +116,19 @@ def _below(path: Location, root: Location) -> bool:
     return True
 
 
-def _resolve_patterns(patterns: Sequence[str], storage: StorageConfig | None) -> list[Location]:
+def _resolve_patterns(patterns: Sequence[str], storage: StorageConfig | None,
+                      suffixes: tuple[str, ...]) -> list[Location]:
     """Expand every pattern to files, keeping pattern order and dropping repeats."""
     if not patterns:
         raise DataSourceError("no input paths given: pass at least one file, folder or glob")
     ordered: dict[Location, None] = {}
     for pattern in patterns:
-        for path in _expand(locate(pattern, storage).absolute(), pattern):
+        for path in _expand(locate(pattern, storage).absolute(), pattern, suffixes):
             ordered.setdefault(path, None)
     return list(ordered)
 
 
-def _expand(where: Location, pattern: str) -> list[Location]:
+def _expand(where: Location, pattern: str, suffixes: tuple[str, ...]) -> list[Location]:
     """One file, folder or glob (a path or a URL) as its supported files, sorted. An existing path is taken
     literally even if its name contains glob characters (``[``)."""
     where.check_reachable()  # a missing bucket or refused credentials: one line naming the cause, before listing
@@ -134,13 +138,13 @@ def _expand(where: Location, pattern: str) -> list[Location]:
             raise DataSourceError(f"glob {pattern!r} matched no files; check the pattern (relative to the current "
                                   "directory for a path; use '**' to search sub-folders)")
         files = [f for match in matches for f in ([match] if match.is_file() else match.files())]
-        return _require_supported([f for f in files if is_supported(f)], pattern)
+        return _require_supported([f for f in files if is_supported(f, suffixes)], pattern, suffixes)
     if where.is_dir():
-        return _require_supported([f for f in where.files() if is_supported(f)], pattern)
+        return _require_supported([f for f in where.files() if is_supported(f, suffixes)], pattern, suffixes)
     if where.is_file():
-        if not is_supported(where):
+        if not is_supported(where, suffixes):
             raise DataSourceError(
-                f"unsupported file type {pattern!r}: expected one of {', '.join(SUPPORTED_SUFFIXES)}"
+                f"unsupported file type {pattern!r}: expected one of {', '.join(suffixes)}"
             )
         return [where]
     if where.exists():  # a FIFO, a socket, a device: reading it would block or stream without end
@@ -150,15 +154,15 @@ def _expand(where: Location, pattern: str) -> list[Location]:
                           "remove it from the data config")
 
 
-def _require_supported(files: list[Location], pattern: str) -> list[Location]:
+def _require_supported(files: list[Location], pattern: str, suffixes: tuple[str, ...]) -> list[Location]:
     if not files:
         raise DataSourceError(
-            f"{pattern!r} contains no readable files: expected {', '.join(SUPPORTED_SUFFIXES)}"
+            f"{pattern!r} contains no readable files: expected {', '.join(suffixes)}"
         )
     return files
 
 
-def is_supported(path: Location) -> bool:
-    return path.name.endswith(SUPPORTED_SUFFIXES)
+def is_supported(path: Location, suffixes: tuple[str, ...] = SUPPORTED_SUFFIXES) -> bool:
+    return path.name.endswith(suffixes)
 
 

@@ -17,8 +17,10 @@ from mindfoundry.config.storage_config import StorageConfig
 from mindfoundry.data.ingest.inputs import InputTask
 
 # The stages, in the order they run (each a folder of the work area).
-READ, BOILERPLATE, TEMPLATES, CLEAN, EXACT, BANDS, PAIRS, DECIDE, TOKENIZER, SHARDS, MERGE = (
-    "read", "boilerplate", "templates", "clean", "exact", "bands", "pairs", "decide", "tokenizer", "shards", "merge")
+READ, BOILERPLATE, TEMPLATES, CLEAN, EXACT, BANDS, PAIRS, DECIDE = (
+    "read", "boilerplate", "templates", "clean", "exact", "bands", "pairs", "decide")
+IMAGE_READ, IMAGE_DEDUP = "image_read", "image_dedup"
+TOKENIZER, SHARDS, MERGE, IMAGE_SHARDS = "tokenizer", "shards", "merge", "image_shards"
 
 ROW_BITS = 32
 
@@ -48,12 +50,32 @@ def task_refs(task: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Corpus:
-    """The data config and its read tasks (:func:`~mindfoundry.data.ingest.inputs.plan_inputs`), and how their URLs
-    are reached."""
+    """The data config, its text read tasks (``inputs``, :func:`~mindfoundry.data.ingest.inputs.plan_inputs`) and
+    image read tasks (``images``), and how their URLs are reached. A read task's ``source`` is its index in
+    ``data.sources``, whatever its modality."""
 
     data: DataConfig
     inputs: tuple[InputTask, ...]
     storage: StorageConfig = field(default_factory=StorageConfig)
+    images: tuple[InputTask, ...] = ()
+
+    @property
+    def text_sources(self) -> list[int]:
+        """The indices of the text sources, in config order."""
+        return [i for i, src in enumerate(self.data.sources) if src.modality == "text"]
+
+    @property
+    def image_sources(self) -> list[int]:
+        """The indices of the image sources (``image_text`` and ``image``), in config order."""
+        return [i for i, src in enumerate(self.data.sources) if src.modality != "text"]
+
+    def image_source(self, task: int) -> SourceConfig:
+        """The source image read task ``task`` reads."""
+        return self.data.sources[self.images[task].source]
+
+    def image_tasks_of(self, source: int) -> list[int]:
+        """The image read tasks of source number ``source``, in order."""
+        return [t for t, task in enumerate(self.images) if task.source == source]
 
     def source(self, task: int) -> SourceConfig:
         """The source read task ``task`` reads."""

@@ -20,20 +20,16 @@ import hashlib
 import json
 import os
 import resource
-import shutil
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, get_args
 
 import mindfoundry
 from mindfoundry.config.load import identity_view
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.clean.curate import clean_profile
-from mindfoundry.data.clean.droplog import DROPS_FILE
 from mindfoundry.data.dataset.indexed import dtype_for_vocab
 from mindfoundry.data.dataset.prepared import (
-    MANIFEST,
     SPLITS,
     TOKENIZER,
     DataError,
@@ -47,29 +43,37 @@ from mindfoundry.data.dataset.prepared import (
 from mindfoundry.data.execute import create_executor
 from mindfoundry.data.execute.progress import StagesProgress
 from mindfoundry.data.execute.stage import R, Stage
-from mindfoundry.data.execute.workdir import WorkDir, link_or_copy, space_problem
+from mindfoundry.data.execute.workdir import WorkDir, space_problem
 from mindfoundry.data.ingest.inputs import plan_inputs
-from mindfoundry.data.prepare.corpus import MERGE, Corpus
 from mindfoundry.data.prepare.corpus import TOKENIZER as TOKENIZER_STAGE
+from mindfoundry.data.prepare.corpus import Corpus
 from mindfoundry.data.prepare.keyruns import MAX_PARTITIONS, partitions
 from mindfoundry.data.prepare.manifest import SourceSummary, cleaning, source_line
+from mindfoundry.data.prepare.output import claim_output, publish_output, taken_reason
 from mindfoundry.data.prepare.results import (
     BoilerplateResult,
     CountedKind,
     DecideResult,
+    ImageShardResult,
     MergeResult,
     ReadResult,
     TokenizerResult,
 )
 from mindfoundry.data.prepare.stage_clean import BoilerplateStage, CleanStage, ReadStage, TemplateStage
 from mindfoundry.data.prepare.stage_dedup import BandStage, DecideStage, Dedup, ExactStage, PairStage
+from mindfoundry.data.prepare.stage_images import (
+    ImageCuration,
+    ImageDedupStage,
+    ImageReadStage,
+    ImageShardStage,
+    images_manifest,
+)
 from mindfoundry.data.prepare.stage_tokens import MergeStage, ShardStage, TokenizerStage
 from mindfoundry.data.tokenizer import load_tokenizer, tokenizer_hash
 from mindfoundry.errors import MindFoundryError
 from mindfoundry.storage.cache import cache_folder
-from mindfoundry.storage.claim import ClaimHeldError, alive
-from mindfoundry.storage.commit import COMMIT, is_committed, publish
-from mindfoundry.storage.location import Claim, Location
+from mindfoundry.storage.commit import is_committed
+from mindfoundry.storage.location import Location
 from mindfoundry.storage.resolve import locate
 
 #: Keys of the data section that say how `prepare` runs, never what it writes.
@@ -121,36 +125,6 @@ def open_work(cfg: RunConfig) -> WorkDir:
     return WorkDir(work_dir(cfg), cfg.data.cache_dir)
 
 
-def output_lock(out: Location) -> Location:
-    """The lock beside a prepared output: a `prepare` writing it holds it alone, a run training on it shares it."""
-    return out.with_name(f".{out.name}.lock")
-
-
-def claim_output(out: Location, *, shared: bool) -> Claim:
-    """Hold ``out``: alone to write it (``prepare``), shared to read it (a training run, so that no `prepare
-    --overwrite` replaces the data under it); refused in one line naming the process that holds it otherwise."""
-    try:
-        return output_lock(out).claim(shared=shared)
-    except ClaimHeldError as holder:
-        raise DataError(f"data.output_dir {out} is held by {holder}: one prepare writes it at a time, and none while "
-                        "a run trains on it; wait for it to end, or give this config another data.output_dir "
-                        "(nothing was written)") from None
-
-
-def _taken(out: Location) -> str:
-    """Why the committed folder ``out`` is not this config's to reuse or replace (without --overwrite)."""
-    if not is_prepared(out):
-        return (f"data.output_dir {out} holds files that are not prepared data (e.g. '{out.children()[0]}'): choose "
-                "another data.output_dir, or pass --overwrite to move them aside")
-    try:
-        by = json.loads((out / MANIFEST).read_bytes()).get("prepared_by") or {}
-    except (OSError, ValueError, AttributeError):
-        by = {}
-    who = f" (by the run in {by['run_dir']})" if isinstance(by, dict) and by.get("run_dir") else ""
-    return (f"'{out}' holds data prepared from a different data config{who}: pass --overwrite to rebuild it (the old "
-            "folder is moved aside) or set data.output_dir")
-
-
 def prepare_data(cfg: RunConfig, *, overwrite: bool = False, log: Callable[[str], None] = print) -> PreparedData:
     """Prepare cfg.data.output_dir (a folder or a URL), or reuse it when it already holds data for this exact config.
 
@@ -161,7 +135,7 @@ def prepare_data(cfg: RunConfig, *, overwrite: bool = False, log: Callable[[str]
     identity = data_identity(cfg)
     if is_committed(out) and not overwrite:
         if not is_prepared(out) or prepared_identity(out) != identity:
-            raise DataError(_taken(out))
+            raise DataError(taken_reason(out))
         data = open_prepared(cfg, log)
         try:
             drift = source_drift(cfg, data.manifest)
@@ -175,15 +149,16 @@ def prepare_data(cfg: RunConfig, *, overwrite: bool = False, log: Callable[[str]
     out.check_writable()  # before hours of work: the output must be writable
     claim = claim_output(out, shared=False)
     try:
-        corpus = Corpus(cfg.data, tuple(plan_inputs(cfg.data, cfg.storage)), cfg.storage)
+        text, images = plan_inputs(cfg.data, cfg.storage)
+        corpus = Corpus(cfg.data, tuple(text), cfg.storage, tuple(images))
         work = open_work(cfg)
-        plan = _sha256_json([task.to_json() for task in corpus.inputs])
+        plan = _sha256_json([task.to_json() for task in (*corpus.inputs, *corpus.images)])
         work.claim(identity, plan, fresh=overwrite, log=log)
         try:
             staged = _StagedRun(cfg, corpus, work, log)
             manifest = {"identity": identity, "prepared_by": {"run_dir": str(cfg.run_dir), "name": cfg.name},
                         **staged.run()}
-            _publish(staged, manifest, out, cfg, overwrite)
+            publish_output(work, corpus, manifest, out, cfg, overwrite)
         except OSError as exc:
             problem = space_problem(exc, work.scratch)
             if problem is None:
@@ -206,12 +181,13 @@ def source_drift(cfg: RunConfig, manifest: dict[str, Any]) -> list[str]:
     """How each file source differs now from what the prepared data was made of (files added, removed, changed in
     size or version), listed again: [] when nothing changed."""
     listed: dict[int, dict[str, tuple[int, Any]]] = {}
-    for task in plan_inputs(cfg.data, cfg.storage):
+    for task in (task for tasks in plan_inputs(cfg.data, cfg.storage) for task in tasks):
         listed.setdefault(task.source, {}).update({path: (size, version) for path, size, version in task.files})
+    entries = {e.get("name"): e for e in [*manifest.get("sources", []), *manifest.get("images", {}).get("sources", [])]}
     out = []
-    for index, entry in enumerate(manifest.get("sources", [])[:len(cfg.data.sources)]):
-        src = cfg.data.sources[index]
-        if src.builtin is not None:
+    for index, src in enumerate(cfg.data.sources):
+        entry = entries.get(src.name)
+        if src.builtin is not None or entry is None:
             continue
         before = {f["path"]: (f.get("bytes"), f.get("version")) for f in entry.get("files", [])}
         now = listed.get(index, {})
@@ -224,41 +200,6 @@ def source_drift(cfg: RunConfig, manifest: dict[str, Any]) -> list[str]:
         if what:
             out.append(f"{entry.get('name')}: {what}")
     return out
-
-
-def _publish(staged: _StagedRun, manifest: dict[str, Any], out: Location, cfg: RunConfig, overwrite: bool) -> None:
-    """The output folder, assembled aside from the work area's files (hard links) and committed (renamed into place
-    on a disk, uploaded and then marked committed on a store). A committed folder found at ``out`` now (another
-    prepare committed it since this one began) is refused without ``overwrite``, and moved aside with it."""
-    staging = out.parent.staging(cache_folder("publish", str(out), cfg.data.cache_dir))
-    _remove_stale_assemblies(staging, out.name)
-    local_tmp = staging / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(local_tmp, ignore_errors=True)
-    try:
-        for split in SPLITS:
-            (local_tmp / split).mkdir(parents=True)
-        merge = staged.stages[MERGE]
-        for task in range(merge.tasks() - 1):  # (source, split) in order: task-N/SPLIT/SOURCE.bin|idx
-            for shard in sorted(staged.work.task(MERGE, task).glob("*/*")):
-                link_or_copy(shard, local_tmp / shard.parent.name / shard.name)
-        link_or_copy(staged.work.task(MERGE, merge.tasks() - 1) / DROPS_FILE, local_tmp / DROPS_FILE)
-        link_or_copy(staged.work.task(TOKENIZER_STAGE, 0) / TOKENIZER, local_tmp / TOKENIZER)
-        (local_tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        if is_committed(out):
-            if not overwrite:
-                raise DataError(_taken(out))
-            out.move_folder(out.with_name(f"{out.name}.old-{time.strftime('%Y%m%d-%H%M%S')}"), COMMIT)
-        publish(local_tmp, out)  # (over the objects without a marker that a killed upload of the output left)
-    finally:
-        shutil.rmtree(local_tmp, ignore_errors=True)
-
-
-def _remove_stale_assemblies(staging: Path, name: str) -> None:
-    """Folders ``.NAME.tmp-PID`` that a killed `prepare` left (its process is gone): nothing reads them."""
-    for path in staging.glob(f".{name}.tmp-*"):
-        pid = path.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not alive(int(pid)):
-            shutil.rmtree(path, ignore_errors=True)
 
 
 class _StagedRun:
@@ -278,16 +219,19 @@ class _StagedRun:
             self.log(f"prepare: {len(self.corpus.inputs)} read tasks over {len(self.cfg.data.sources)} sources, "
                      f"{executor.describe()}")
             self.executor, self.progress = executor, progress
-            summaries, kept = self._clean()
-            dedup = self._dedup(summaries, kept)
-            tokenizer, merged = self._tokens(summaries, dedup)
+            summaries, kept = self._clean() if self.corpus.inputs else ({}, [])
+            dedup = self._dedup(summaries, kept) if self.corpus.inputs else Dedup(self.work, 0, decided=False)
+            images = self._images()
+            tokenizer, merged = self._tokens(summaries, dedup, images)
+            image_shards = [] if images is None else self._run(ImageShardStage(
+                self.work, self.corpus, self.work.task(TOKENIZER_STAGE, 0) / TOKENIZER, self.cfg.model.vocab_size))
         driver = resource.getrusage(resource.RUSAGE_SELF)
-        return self._manifest(summaries, merged, tokenizer, dedup, {
+        return self._manifest(summaries, merged, tokenizer, dedup, images, image_shards, {
             "executor": executor.describe(), "stages": self.timings, "total_s": round(time.perf_counter() - start, 2),
             "driver_cpu_s": round(driver.ru_utime + driver.ru_stime - cpu.ru_utime - cpu.ru_stime, 2),
             "driver_peak_rss_mib": round(driver.ru_maxrss / 1024, 1)})
 
-    def _clean(self) -> tuple[list[SourceSummary], list[int]]:
+    def _clean(self) -> tuple[dict[int, SourceSummary], list[int]]:
         """The read, boilerplate and clean stages: per source what was read and what every block did; the documents
         each read task kept."""
         work, corpus = self.work, self.corpus
@@ -316,7 +260,20 @@ class _StagedRun:
         self.sign_seconds = sum(result.sign_seconds for result in clean)
         return summaries, [result.kept for result in clean]
 
-    def _tokens(self, summaries: list[SourceSummary], dedup: Dedup) -> tuple[TokenizerResult, list[MergeResult]]:
+    def _images(self) -> ImageCuration | None:
+        """The image read and dedup stages (before the tokenizer, which learns from the training captions too); None
+        without image sources."""
+        if not self.corpus.images:
+            return None
+        read = self._run(ImageReadStage(self.work, self.corpus))
+        decided = self._run(ImageDedupStage(self.work, self.corpus, self.cfg.seed))[0]
+        self.log(f"images: read {sum(r.read for r in read)}, kept {decided.kept} after checks and dedup (removed "
+                 f"{decided.exact} exact and {decided.near} near copies); {decided.clusters} clusters, "
+                 f"{decided.validation} images held out")
+        return ImageCuration(read, decided)
+
+    def _tokens(self, summaries: dict[int, SourceSummary], dedup: Dedup,
+                images: ImageCuration | None) -> tuple[TokenizerResult, list[MergeResult]]:
         """The tokenizer, shards and merge stages; the tokenizer's result and the merged shards."""
         work, corpus = self.work, self.corpus
         options = {
@@ -356,22 +313,24 @@ class _StagedRun:
                                         nodes=len({t.node or t.host for t in timing}))
         return done
 
-    def _summaries(self, read: list[ReadResult]) -> list[SourceSummary]:
-        """Per source, what its read tasks read (a source that read nothing is an error here, before more work)."""
+    def _summaries(self, read: list[ReadResult]) -> dict[int, SourceSummary]:
+        """Per text source (by its index in data.sources), what its read tasks read (a source that read nothing is
+        an error here, before more work)."""
         data = self.cfg.data
-        summaries = [SourceSummary(src, clean_profile(data, src)) for src in data.sources]
+        summaries = {i: SourceSummary(data.sources[i], clean_profile(data, data.sources[i]))
+                     for i in self.corpus.text_sources}
         for t, result in enumerate(read):
             summaries[self.corpus.inputs[t].source].add_read(result)
-        for summary in summaries:
+        for summary in summaries.values():
             summary.check_read()
         return summaries
 
-    def _dedup(self, summaries: list[SourceSummary], kept: list[int]) -> Dedup:
+    def _dedup(self, summaries: dict[int, SourceSummary], kept: list[int]) -> Dedup:
         """The dedup stages that the settings ask for; where their decisions are. A source that cleaning and dedup
         emptied is an error here, before the tokenizer."""
         settings, work, corpus = self.cfg.data.dedup, self.work, self.corpus
         dedup = self._deduplicate(sum(kept)) if settings.enabled else Dedup(work, 0, decided=False)
-        for source, summary in enumerate(summaries):
+        for source, summary in summaries.items():
             if self.decided is not None:  # the decide stage ran
                 summary.dedup = self.decided.report["removed_by_source"].get(summary.src.name, {})
             summary.check_kept(sum(kept[t] for t in corpus.tasks_of(source)) - sum(summary.dedup.values()))
@@ -416,24 +375,26 @@ class _StagedRun:
         else:
             self.log(f"trained byte-level BPE: {result.vocab_size} tokens in {result.seconds:.1f}s")
 
-    def _manifest(self, summaries: list[SourceSummary], merged: list[MergeResult], tokenizer: TokenizerResult,
-                  dedup: Dedup, timings: dict[str, Any]) -> dict[str, Any]:
+    def _manifest(self, summaries: dict[int, SourceSummary], merged: list[MergeResult], tokenizer: TokenizerResult,
+                  dedup: Dedup, images: ImageCuration | None, image_shards: list[ImageShardResult],
+                  timings: dict[str, Any]) -> dict[str, Any]:
         cfg = self.cfg
         totals = {split: {"documents": 0, "tokens": 0, "bytes": 0, "chars": 0, "shards": []} for split in SPLITS}
-        for summary in summaries:
+        for summary in summaries.values():
             for split in SPLITS:
                 for key in ("documents", "tokens", "bytes", "chars"):
                     totals[split][key] += summary.splits[split][key]
         for result in merged[:-1]:  # (source, split) in order; the last task is the drop log
             assert result.shard is not None  # a shard task's
             totals[result.shard["path"].split("/", 1)[0]]["shards"].append(result.shard)
-        entries = [summary.entry() for summary in summaries]
+        entries = [summary.entry() for summary in summaries.values()]
         for entry in entries:
             self.log(source_line(entry))
-        for summary in summaries:
+        for summary in summaries.values():
             if (warning := summary.rule_warning()) is not None:
                 self.log(warning)
-        _check_splits(totals, cfg)
+        image_section = images_manifest(self.corpus, images, image_shards) if images is not None else None
+        _check_splits(totals, image_section, cfg)
         tok = load_tokenizer(self.work.task(TOKENIZER_STAGE, 0) / TOKENIZER)
         data_section = _data_section(cfg)
         dedup_report = self.decided.report if self.decided is not None else {"enabled": False}
@@ -452,17 +413,21 @@ class _StagedRun:
             "data_config_sha256": _sha256_json(data_section),
             "sources": entries,
             "splits": totals,
-            "cleaning": cleaning(summaries),
+            "cleaning": cleaning(list(summaries.values())),
             "dedup": dedup_report,
-            "notes": [note for summary in summaries for note in summary.notes],
+            "notes": [note for summary in summaries.values() for note in summary.notes],
+            **({"images": image_section} if image_section is not None else {}),
             "timings": timings,
         }
 
 
-def _check_splits(totals: dict[str, Any], cfg: RunConfig) -> None:
-    if totals["train"]["documents"] == 0:
+def _check_splits(totals: dict[str, Any], images: dict[str, Any] | None, cfg: RunConfig) -> None:
+    """Refuse a split that holds nothing: no training document or image, no validation one."""
+    held = {split: totals[split]["documents"] + (images["splits"][split]["images"] if images else 0)
+            for split in SPLITS}
+    if held["train"] == 0:
         raise DataError("the corpus is empty after reading: no training documents; check data.sources")
-    if cfg.data.validation_fraction > 0 and totals["validation"]["documents"] == 0:
+    if cfg.data.validation_fraction > 0 and held["validation"] == 0:
         raise DataError(
             f"no document fell into the validation split (data.validation_fraction={cfg.data.validation_fraction}): "
             "raise the fraction or add documents"

@@ -130,3 +130,37 @@ class MergeResult(TaskResult):
 
     shard: dict[str, Any] | None = None
     file: str | None = None
+
+
+@dataclass(frozen=True)
+class ImageReadResult(TaskResult):
+    """An image read task: the samples it read and kept, the reasons of those it did not keep, and the bytes it stored
+    for the WebDataset tars."""
+
+    read: int
+    kept: int
+    reasons: dict[str, int]
+    stored_bytes: int
+
+
+@dataclass(frozen=True)
+class ImageDedupResult(TaskResult):
+    """Image dedup over the whole corpus: the images kept, the exact and near copies removed (and by source), the
+    clusters of the split and the images held out."""
+
+    kept: int
+    exact: int
+    near: int
+    clusters: int
+    validation: int
+    removed_by_source: dict[str, int]
+
+
+@dataclass(frozen=True)
+class ImageShardResult(TaskResult):
+    """One image source's shards of one split: where they are (relative to the data folder) and their sha256."""
+
+    source: str
+    split: str
+    images: int
+    shards: dict[str, Any]

@@ -23,8 +23,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tokenizers import Tokenizer
-
 from mindfoundry.data.clean.curate import CHUNK_DOCUMENTS, dedup_event
 from mindfoundry.data.clean.droplog import DROPS_FILE, assemble, read_numbered, write_part
 from mindfoundry.data.dataset.indexed import dtype_for_vocab
@@ -40,7 +38,8 @@ from mindfoundry.data.prepare.results import MergeResult, ShardResult, Tokenizer
 from mindfoundry.data.prepare.split import split_documents
 from mindfoundry.data.prepare.stage_clean import DOCS, EVENTS
 from mindfoundry.data.prepare.stage_dedup import CleanedDocuments, Dedup
-from mindfoundry.data.tokenizer import encode_batch, load_tokenizer, train_tokenizer, with_mask_token
+from mindfoundry.data.prepare.stage_images import TRAIN, image_drop_parts, kept_captions
+from mindfoundry.data.tokenizer import encode_batch, load_tokenizer, train_tokenizer, with_mask_token, worker_tokenizer
 
 PART = "drops.jsonl"
 
@@ -122,24 +121,15 @@ class TokenizerStage(_TokenStage[TokenizerResult]):
                 yield text
 
     def _training_texts(self, source: int) -> Iterator[str]:
+        """The training split's texts of source number ``source``: its documents, or an image source's captions."""
+        if self.corpus.data.sources[source].modality != "text":
+            for task in self.corpus.image_tasks_of(source):
+                yield from kept_captions(self.work, self.corpus, task, TRAIN)
+            return
         fraction = self.corpus.data.validation_fraction
         for task in self.corpus.tasks_of(source):
             docs = (doc for _, doc in self.kept(task))
             yield from (doc.text for split, doc in split_documents(docs, self.seed, fraction) if split == "train")
-
-
-#: The tokenizer a worker process loaded, by (path, size, modification time): one per process, not per task, since
-#: every Tokenizer that encodes keeps ~18 MB after it is dropped (tokenizers 0.23; measured: +18 MB per task).
-_LOADED: dict[tuple[str, int, int], Tokenizer] = {}
-
-
-def _tokenizer(path: Path) -> Tokenizer:
-    st = path.stat()
-    key = (str(path), st.st_size, st.st_mtime_ns)
-    if key not in _LOADED:
-        _LOADED.clear()
-        _LOADED[key] = load_tokenizer(path)
-    return _LOADED[key]
 
 
 class ShardStage(_TokenStage[ShardResult]):
@@ -151,7 +141,7 @@ class ShardStage(_TokenStage[ShardResult]):
         return len(self.corpus.inputs)
 
     def run(self, task: int, out: Path) -> ShardResult:
-        tok = _tokenizer(self.work.task(TOKENIZER_STAGE, 0) / TOKENIZER)
+        tok = worker_tokenizer(self.work.task(TOKENIZER_STAGE, 0) / TOKENIZER)
         writers = {split: IndexedDatasetWriter(out / split, dtype_for_vocab(self.vocab_size)) for split in SPLITS}
         counts = {split: {"documents": 0, "tokens": 0, "bytes": 0, "chars": 0} for split in SPLITS}
         fraction = self.corpus.data.validation_fraction
@@ -201,13 +191,14 @@ class MergeStage(Stage[MergeResult]):
         self.corpus = corpus
 
     def tasks(self) -> int:
-        return len(self.corpus.data.sources) * len(SPLITS) + 1
+        return len(self.corpus.text_sources) * len(SPLITS) + 1
 
     def run(self, task: int, out: Path) -> MergeResult:
         if task == self.tasks() - 1:
-            assemble((self.work.task(SHARDS, t) / PART for t in range(len(self.corpus.inputs))), out / DROPS_FILE)
+            self._drop_log(out)
             return MergeResult(file=DROPS_FILE)
-        source, split_index = divmod(task, len(SPLITS))
+        index, split_index = divmod(task, len(SPLITS))
+        source = self.corpus.text_sources[index]
         split, name = SPLITS[split_index], self.corpus.data.sources[source].name
         tasks = self.corpus.tasks_of(source)
         if len(tasks) == 1:  # the part is the shard: linked, not copied
@@ -219,3 +210,13 @@ class MergeStage(Stage[MergeResult]):
             info = concatenate_shards([self.work.task(SHARDS, t) / split for t in tasks], out / split / name).to_dict()
         del info["path_prefix"]  # a path of the work area; "path" is relative to the data folder
         return MergeResult(shard=dict(info, path=f"{split}/{name}"))
+
+    def _drop_log(self, out: Path) -> None:
+        """The drop log: the text read tasks' parts, then the image read tasks' lines, in corpus order."""
+        images = [out / f"image-part-{t:06d}" for t in range(len(self.corpus.images))]
+        for t, part in enumerate(images):
+            write_part(part, image_drop_parts(self.work, self.corpus, t))
+        texts = [self.work.task(SHARDS, t) / PART for t in range(len(self.corpus.inputs))]
+        assemble([*texts, *images], out / DROPS_FILE)
+        for part in images:
+            part.unlink()
