@@ -48,6 +48,10 @@ BAD = [
         "data.sources[1].name='a' is used twice",
     ),
     ({"data": {"sources": [{"name": "a"}]}}, "data.sources[0] (a) needs exactly one of 'builtin' or 'paths'"),
+    ({"data": {"sources": [{"name": "a", "builtin": "reviews", "modality": "image_text"}]}},
+     "data.sources[0].modality='image_text': the built-in 'reviews' is text; give an image source its paths"),
+    ({"data": {"sources": [{"name": "a", "paths": ["x"], "modality": "image", "max_documents": 5}]}},
+     "data.sources[0]: max_documents and max_bytes cap text sources"),
     ({"model": {}}, "missing required key 'data'"),
     (
         with_("data.tokenizer.path", "/nonexistent/tokenizer.json"),

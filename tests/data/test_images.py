@@ -248,3 +248,27 @@ def test_prepare_curates_images_into_shards_webdataset_reads(tiny_run, image_cor
     hf = load_dataset("webdataset", data_files={"train": tars}, split="train")
     assert len(hf) == len(pixels) and hf[0]["txt"] == samples[0]["txt"]
     assert np.array_equal(square(np.asarray(hf[0]["png"].convert("RGB")), 32), pixels[0])
+
+
+def test_text_and_image_sources_prepare_together(tiny_run, corpus_dir, image_corpus, capsys) -> None:
+    """Text sources keep their shards and mixture; the image source's captions join the tokenizer's training text;
+    `data validate` and `data inspect` read the folder."""
+    from mindfoundry.cli.main import main
+    from mindfoundry.config.load import load_config
+    from mindfoundry.data.prepare.pipeline import prepare_data
+
+    config = tiny_run("mixed", data__sources=[
+        {"name": "code", "paths": [str(corpus_dir / "code.jsonl")]},
+        {"name": "icons", "paths": [str(image_corpus / "folder")], "modality": "image_text", "category": "pictures"}],
+        data__mixture={"weights": {"code": 1}}, data__images={"size": 16})
+    data = prepare_data(load_config(config), log=lambda _: None)
+    assert [s["name"] for s in data.manifest["sources"]] == ["code"]
+    assert [s["name"] for s in data.manifest["images"]["sources"]] == ["icons"]
+    assert [info["path"] for info in data.manifest["splits"]["train"]["shards"]] == ["train/code"]
+    text_only = prepare_data(load_config(tiny_run("text-only", data__sources=[
+        {"name": "code", "paths": [str(corpus_dir / "code.jsonl")]}])), log=lambda _: None)
+    assert data.manifest["tokenizer"]["sha256"] != text_only.manifest["tokenizer"]["sha256"]  # the captions counted
+    assert data.manifest["splits"]["train"]["documents"] == text_only.manifest["splits"]["train"]["documents"]
+    assert main(["data", "validate", str(config)]) == 0
+    assert main(["data", "inspect", str(config)]) == 0
+    capsys.readouterr()

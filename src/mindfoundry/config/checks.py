@@ -75,6 +75,12 @@ def _data_problems(cfg: RunConfig) -> list[str]:
         seen.add(src.name)
         if (src.builtin is None) == (not src.paths):
             out.append(f"{key} ({src.name}) needs exactly one of 'builtin' or 'paths': set one and remove the other")
+        if src.builtin is not None and src.modality != "text":
+            out.append(f"{key}.modality={src.modality!r}: the built-in {src.builtin!r} is text; give an image source "
+                       "its paths (WebDataset tars, .jsonl/.parquet records, image folders)")
+        if src.modality != "text" and (src.max_documents is not None or src.max_bytes is not None):
+            out.append(f"{key}: max_documents and max_bytes cap text sources; an image source reads all its files "
+                       "(narrow its paths instead)")
     tok = cfg.data.tokenizer.path
     if tok is not None and url_protocol(tok) is None and not Path(tok).is_file():  # (a URL's object: when it is read)
         out.append(
@@ -241,7 +247,8 @@ def _mixture_problems(cfg: RunConfig) -> list[str]:
         return []
     sources: dict[str, list[str]] = {}
     for src in cfg.data.sources:
-        sources.setdefault(src.resolved_category(), []).append(src.name)
+        if src.modality == "text":  # the mixture draws the text samples; images are the image trainers'
+            sources.setdefault(src.resolved_category(), []).append(src.name)
     out = []
     for name, weight in mix.weights.items():
         key = f"data.mixture.weights.{name}"
