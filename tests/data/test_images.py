@@ -272,3 +272,22 @@ def test_text_and_image_sources_prepare_together(tiny_run, corpus_dir, image_cor
     assert main(["data", "validate", str(config)]) == 0
     assert main(["data", "inspect", str(config)]) == 0
     capsys.readouterr()
+    # MindRecord: MindSpore's own reader returns every image's bytes and caption ids as prepare wrote them
+    ms_dataset = pytest.importorskip("mindspore.dataset")
+    from mindfoundry.backends.mindspore.mindrecord import export_mindrecord, mindrecord_files
+    from mindfoundry.data.dataset.validate import open_shard
+
+    out = export_mindrecord(data.root, data.root.parent / "mr")
+    export = json.loads((Path(out) / "export.json").read_text())
+    files = [str(Path(out) / name) for name in export["images"]["train"]["files"]]
+    rows = list(ms_dataset.MindDataset(files, shuffle=False).create_dict_iterator(output_numpy=True))
+    pixels = np.load(data.root / "images" / "train" / "icons.pixels.npy")
+    captions = open_shard(data.root / "images" / "train" / "icons.captions")
+    assert len(rows) == len(pixels) == len(captions) > 0
+    for index, row in enumerate(rows):
+        image = np.asarray(Image.open(io.BytesIO(bytes(row["image"]))).convert("RGB"))
+        assert np.array_equal(square(image, 16), pixels[index])
+        assert np.array_equal(row["caption"], captions[index]) and str(row["source"]) == "icons"
+    assert export["images"]["train"]["page_size"] < 1 << 25 and sum(
+        (Path(out) / f).stat().st_size for f in export["images"]["train"]["files"]) < 4 << 20
+    assert mindrecord_files(out, "train")  # the text rows are exported as before
