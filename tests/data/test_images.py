@@ -204,7 +204,9 @@ def image_corpus(tmp_path_factory) -> Path:
     members += [("000000003.jpg", encoded(photo.resize((256, 300)), "JPEG", quality=40)),  # a near copy of photo 0
                 ("000000003.txt", b"a smaller copy"),
                 ("000000004.png", b"not a png at all"), ("000000004.txt", b"broken"),
-                ("000000005.txt", b"a caption without its image")]
+                ("000000005.txt", b"a caption without its image"),
+                ("000000006.png", encoded(Image.fromarray(np.tile(np.arange(64, dtype=np.uint8), (64, 1))), "PNG")),
+                ("000000006.txt", "一张从左到右由黑渐白的灰度图片，用来测试语言规则".encode())]  # language drops it
     _tar(root / "00000.tar", members)
     return root
 
@@ -218,16 +220,20 @@ def test_prepare_curates_images_into_shards_webdataset_reads(tiny_run, image_cor
     cfg = load_config(tiny_run("images", data__sources=[
         {"name": "icons", "paths": [str(image_corpus / "folder")], "modality": "image_text"},
         {"name": "photos", "paths": [str(image_corpus / "00000.tar")], "modality": "image_text"}],
-        data__images={"size": 32, "min_side": 16}, data__validation_fraction=0.3))
+        data__images={"size": 32, "min_side": 16}, data__validation_fraction=0.3,
+        data__clean={"language": {"keep": ["en"]}}))
     logs: list[str] = []
     data = prepare_data(cfg, log=logs.append)
     images = data.manifest["images"]
     by_name = {s["name"]: s for s in images["sources"]}
-    assert by_name["photos"]["read"] == 6 and by_name["photos"]["dropped"] == {"no_image": 1, "undecodable": 1}
+    assert by_name["photos"]["read"] == 7
+    assert by_name["photos"]["dropped"] == {"caption_language": 1, "no_image": 1, "undecodable": 1}
     assert images["dedup"]["near"] >= 1  # the smaller JPEG of photo 0
     drops = [line for line in read_drops(data.root / "drops.jsonl.gz") if line["block"] == "image"]
     assert {(d["source"], d["reason"]) for d in drops} >= {("photos", "no_image"), ("photos", "undecodable"),
                                                            ("photos", "near")}
+    language = [line for line in read_drops(data.root / "drops.jsonl.gz") if line["block"] == "language"]
+    assert len(language) == 1 and language[0]["path"] == "00000.tar" and language[0]["record"] == 6
     total = sum(images["splits"][split]["images"] for split in ("train", "validation"))
     assert total == sum(s["kept"] for s in images["sources"])
     pixels = np.load(data.root / "images" / "train" / "icons.pixels.npy")

@@ -170,9 +170,11 @@ def prepare_data(cfg: RunConfig, *, overwrite: bool = False, log: Callable[[str]
     finally:
         claim.release()
     t, v = manifest["splits"]["train"], manifest["splits"]["validation"]
+    images = manifest.get("images", {}).get("splits")
+    held = f"; images: train {images['train']['images']}, validation {images['validation']['images']}" if images else ""
     log(
         f"prepared {out}: train {t['documents']} docs / {t['tokens']:,} tokens, validation {v['documents']} docs / "
-        f"{v['tokens']:,} tokens"
+        f"{v['tokens']:,} tokens{held}"
     )
     return open_prepared(cfg)
 

@@ -33,16 +33,20 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from mindfoundry.config.data_config import DataConfig, SourceConfig
+from mindfoundry.data.clean.curate import clean_chunk, clean_profile, clean_settings
 from mindfoundry.data.clean.droplog import read_numbered, write_numbered
+from mindfoundry.data.clean.profiles import CleaningPipeline, build_pipeline
 from mindfoundry.data.dataset.indexed import dtype_for_vocab
 from mindfoundry.data.dataset.prepared import SPLITS
 from mindfoundry.data.dataset.shard_writer import IndexedDatasetWriter
+from mindfoundry.data.document import Document
 from mindfoundry.data.execute.stage import Stage
 from mindfoundry.data.execute.workdir import WorkDir
 from mindfoundry.data.images.clusters import components, first_copies, near_pairs
 from mindfoundry.data.images.decode import ImageLimits, ImageRejected, decode, square
 from mindfoundry.data.images.hashes import hamming, perceptual_hash, pixel_key
-from mindfoundry.data.images.sources import image_samples
+from mindfoundry.data.images.sources import ImageSample, image_samples
 from mindfoundry.data.ingest.files import SourceStats
 from mindfoundry.data.ingest.listing import FileLedger
 from mindfoundry.data.prepare.corpus import IMAGE_DEDUP, IMAGE_READ, IMAGE_SHARDS, Corpus
@@ -65,6 +69,21 @@ def drop_line(sample_key: str, path: str, record: int, source: str, reason: str,
     return {"source": source, "path": path, "record": record, "block": "image", "reason": reason, "action": "drop",
             "value": None, "threshold": None, "excerpt": detail[:200], "key": sample_key,
             "chars": len(caption or ""), **extra}
+
+
+#: The text cleaner's blocks that judge a caption: what a short text can be judged by (length, repetition and quality
+#: rules are for documents).
+CAPTION_SECTIONS = ("mojibake", "control_chars", "nfkc", "junk", "language")
+
+
+def caption_pipeline(data: DataConfig, src: SourceConfig) -> CleaningPipeline:
+    """The blocks a source's captions go through (its settings, the prose profile; none when cleaning is off), each
+    keeping a drop-log line of what it drops or edits."""
+    profile = "none" if clean_profile(data, src) == "none" else "prose"
+    pipeline = build_pipeline(clean_settings(data, src), profile, sections=CAPTION_SECTIONS)
+    for block in pipeline.blocks:
+        block.log_events = True
+    return pipeline
 
 
 def clean_caption(text: str | None) -> str | None:
@@ -92,6 +111,7 @@ class ImageReadStage(Stage[ImageReadResult]):
         for path, size, version in listed.files:
             stats.ledger.expect(locate(path, storage), size, version)
         files = [locate(path, storage) for path, _, _ in listed.files]
+        captions = caption_pipeline(self.corpus.data, src)
         reasons: Counter[str] = Counter()
         keys, hashes, offsets, lines = [], [], [0], []
         read = 0
@@ -100,6 +120,12 @@ class ImageReadStage(Stage[ImageReadResult]):
             for ordinal, sample in enumerate(image_samples(files, locate(listed.root, storage), src, stats)):
                 read += 1
                 caption = clean_caption(sample.caption)
+                if sample.problem is None and caption is not None:
+                    caption, events = self._judged(captions, caption, sample, src, ordinal)
+                    lines.extend(events)
+                    if caption is None:
+                        reasons[f"caption_{events[-1][1]['block']}"] += 1
+                        continue
                 try:
                     if sample.problem is not None:
                         raise ImageRejected(*sample.problem)
@@ -129,6 +155,15 @@ class ImageReadStage(Stage[ImageReadResult]):
         write_numbered(out / EVENTS, lines)
         return ImageReadResult(documents=read, read=read, kept=len(keys), reasons=dict(reasons),
                                stored_bytes=offsets[-1])
+
+    @staticmethod
+    def _judged(pipeline: CleaningPipeline, caption: str, sample: ImageSample, src: SourceConfig,
+                ordinal: int) -> tuple[str | None, list[tuple[int, dict[str, Any]]]]:
+        """The caption as the text cleaner leaves it (None: dropped, the pair with it) and its drop-log lines."""
+        doc = Document(text=caption, id=sample.key, source=src.name, category=src.resolved_category(),
+                       path=sample.path, record=sample.record)
+        kept, events = clean_chunk(pipeline, [(ordinal, doc)])
+        return (kept[0][1].text if kept else None), events
 
 
 def _png(pixels: np.ndarray) -> bytes:
