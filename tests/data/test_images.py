@@ -297,3 +297,33 @@ def test_text_and_image_sources_prepare_together(tiny_run, corpus_dir, image_cor
     assert export["images"]["train"]["page_size"] < 1 << 25 and sum(
         (Path(out) / f).stat().st_size for f in export["images"]["train"]["files"]) < 4 << 20
     assert mindrecord_files(out, "train")  # the text rows are exported as before
+
+
+def test_llava_style_records_prepare_as_pairs(tiny_run, image_corpus, tmp_path) -> None:
+    """LLaVA's layout as it ships: an image path relative to the records' file, the caption in the assistant's
+    turn; only the config names the fields."""
+    from mindfoundry.config.load import load_config
+    from mindfoundry.data.prepare.pipeline import prepare_data
+
+    llava = tmp_path / "llava"
+    (llava / "images").mkdir(parents=True)
+    icons = sorted((image_corpus / "folder").glob("*.png"))
+    with open(llava / "blip_laion_cc_sbu.jsonl", "w", encoding="utf-8") as fh:
+        for i, icon in enumerate(icons):
+            (llava / "images" / icon.name).write_bytes(icon.read_bytes())
+            fh.write(json.dumps({"id": f"{i:09d}", "image": f"images/{icon.name}", "conversations": [
+                {"from": "human", "value": "<image>\nRender a clear and concise summary of the photo."},
+                {"from": "gpt", "value": (icon.with_suffix(".txt")).read_text()}]}) + "\n")
+    cfg = load_config(tiny_run("llava", data__sources=[
+        {"name": "llava", "paths": [str(llava / "blip_laion_cc_sbu.jsonl")], "modality": "image_text",
+         "text_field": "conversations.-1.value"}], data__images={"size": 16}, data__validation_fraction=0.3))
+    data = prepare_data(cfg, log=lambda _: None)
+    source = data.manifest["images"]["sources"][0]
+    assert source["read"] == len(icons) and source["dropped"] == {}
+    import webdataset as wds
+
+    tars = sorted(str(p) for split in ("train", "validation") for p in (data.root / "images" / split / "llava").glob(
+        "*.tar"))
+    captions = {s["json"]["id"]: s["txt"] for s in wds.WebDataset(tars, shardshuffle=False, empty_check=False).decode()}
+    assert len(captions) == source["kept"] and all(text.startswith("the ") for text in captions.values())
+    assert set(captions) <= {f"llava:blip_laion_cc_sbu.jsonl:{i + 1}" for i in range(len(icons))}
