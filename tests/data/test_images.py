@@ -327,3 +327,28 @@ def test_llava_style_records_prepare_as_pairs(tiny_run, image_corpus, tmp_path) 
     captions = {s["json"]["id"]: s["txt"] for s in wds.WebDataset(tars, shardshuffle=False, empty_check=False).decode()}
     assert len(captions) == source["kept"] and all(text.startswith("the ") for text in captions.values())
     assert set(captions) <= {f"llava:blip_laion_cc_sbu.jsonl:{i + 1}" for i in range(len(icons))}
+
+
+def test_a_shard_img2dataset_wrote_prepares_as_it_is(tiny_run) -> None:
+    """tests/fixtures/img2dataset/00000.tar, written by img2dataset 1.47.0 from local files (its README): every
+    sample read with its own caption, the icon it holds at two sizes kept once."""
+    from mindfoundry.config.load import load_config
+    from mindfoundry.data.prepare.pipeline import prepare_data
+
+    shard = Path(__file__).resolve().parents[1] / "fixtures" / "img2dataset" / "00000.tar"
+    cfg = load_config(tiny_run("img2dataset", data__sources=[{"name": "laion", "paths": [str(shard)],
+                                                              "modality": "image_text"}],
+                               data__images={"size": 16, "min_side": 8}, data__validation_fraction=0.3))
+    data = prepare_data(cfg, log=lambda _: None)
+    source = data.manifest["images"]["sources"][0]
+    with tarfile.open(shard) as tar:
+        captions = {m.name.split(".")[0]: tar.extractfile(m).read().decode() for m in tar if m.name.endswith(".txt")}
+    assert source["read"] == len(captions) == 19 and source["dropped"] == {}
+    assert source["dedup_removed"] >= 1 and source["kept"] == 19 - source["dedup_removed"]
+    import webdataset as wds
+
+    ours = [s for split in ("train", "validation") for s in wds.WebDataset(
+        sorted(str(p) for p in (data.root / "images" / split / "laion").glob("*.tar")), shardshuffle=False,
+        empty_check=False).decode()]
+    assert len(ours) == source["kept"]
+    assert all(s["txt"] == captions[s["json"]["id"].rsplit(":", 1)[1]] for s in ours)
