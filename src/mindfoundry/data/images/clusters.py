@@ -60,3 +60,40 @@ def first_copies(keys: np.ndarray) -> np.ndarray:
     first = np.full(inverse.max() + 1 if len(inverse) else 0, len(keys), dtype=np.int64)
     np.minimum.at(first, inverse, np.arange(len(keys)))
     return first[inverse]
+
+
+def copies_of(keys: np.ndarray, hashes: np.ndarray, *, exact: bool, near: bool,
+              near_distance: int) -> tuple[np.ndarray, np.ndarray]:
+    """Which image each image (in corpus order) is a copy of -- itself when it is kept -- and, for a near copy, the
+    bits between the two (-1 otherwise): exact copies (equal pixel keys) of the first; then among the rest, a near
+    copy within ``near_distance`` of the nearest earlier image that is kept."""
+    count = len(keys)
+    kept_by = first_copies(keys) if exact else np.arange(count)
+    bits = np.full(count, -1)
+    if near:
+        alive = np.flatnonzero(kept_by == np.arange(count))
+        first, second = near_pairs(hashes[alive], near_distance)
+        for later, (earlier, apart) in _nearest_kept_earlier(first, second, hamming(
+                hashes[alive[first]], hashes[alive[second]])).items():
+            kept_by[alive[later]], bits[alive[later]] = alive[earlier], apart
+    return kept_by, bits
+
+
+def _nearest_kept_earlier(first: np.ndarray, second: np.ndarray, apart: np.ndarray) -> dict[int, tuple[int, int]]:
+    """In corpus order, each item within reach of an earlier item that is kept is dropped, for the nearest such item
+    (the earliest of equals): {dropped: (kept, bits)}. Not transitive: a copy of a dropped copy is judged against
+    the kept ones alone, so a chain of small changes never drops an image far from everything kept."""
+    dropped: dict[int, tuple[int, int]] = {}
+    order = np.lexsort((first, apart, second))  # by the later item, then the nearest, then the earliest
+    for i in order:
+        later, earlier = int(second[i]), int(first[i])
+        if later not in dropped and earlier not in dropped:
+            dropped[later] = (earlier, int(apart[i]))
+    return dropped
+
+
+def split_clusters(hashes: np.ndarray, kept: np.ndarray, split_distance: int) -> np.ndarray:
+    """For each kept image (indices ``kept``), the first image of its cluster within ``split_distance``: what decides
+    its side of the split."""
+    first, second = near_pairs(hashes[kept], split_distance)
+    return kept[components(len(kept), first, second)]

@@ -87,8 +87,7 @@ def decode(data: bytes, limits: ImageLimits) -> Decoded:
         image.load()
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
         raise ImageRejected("truncated", f"{image.format} {width}x{height}: {exc}") from None
-    upright = image.getexif().get(ORIENTATION, 1) == 1
-    plain = image.mode == "RGB" and frames == 1 and upright
+    plain = frames == 1 and image.getexif().get(ORIENTATION, 1) == 1 and _plain_mode(image)
     pixels = rgb_pixels(ImageOps.exif_transpose(image))
     _check_sizes(pixels.shape[1], pixels.shape[0], limits)
     return Decoded(pixels, image.format or "unknown", frames, plain)
@@ -107,6 +106,18 @@ def rgb_pixels(image: Image.Image) -> np.ndarray:
         background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         image = Image.alpha_composite(background, rgba)
     return np.asarray(image.convert("RGB"), dtype=np.uint8).copy()
+
+
+def _plain_mode(image: Image.Image) -> bool:
+    """Whether a reader's own ``convert("RGB")`` of the image gives :func:`rgb_pixels`: RGB, greyscale, 1-bit and
+    palette images without transparency, and images whose alpha is opaque everywhere."""
+    if image.mode in ("RGB", "L", "1"):
+        return True
+    if image.mode == "P":
+        return "transparency" not in image.info
+    if image.mode in _ALPHA_MODES:
+        return image.getchannel("A").getextrema()[0] == 255
+    return False
 
 
 def _check_sizes(width: int, height: int, limits: ImageLimits) -> None:

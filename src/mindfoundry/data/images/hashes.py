@@ -36,7 +36,9 @@ def _dct_matrix(n: int) -> np.ndarray:
 
 def perceptual_hash(pixels: np.ndarray) -> int:
     """The 64-bit DCT hash of RGB pixels (see the module docstring), as an unsigned integer."""
-    grey = Image.fromarray(pixels).convert("L").resize((THUMB, THUMB), Image.Resampling.LANCZOS)
+    # reducing_gap: a large image is first shrunk by whole factors (box averages), then resampled: the same thumbnail
+    # to within rounding, in a fraction of the time
+    grey = Image.fromarray(pixels).convert("L").resize((THUMB, THUMB), Image.Resampling.LANCZOS, reducing_gap=2.0)
     dct = _dct_matrix(THUMB)
     low = (dct @ np.asarray(grey, dtype=np.float64) @ dct.T)[:LOW, :LOW].ravel()
     bits = low > np.median(low)

@@ -43,9 +43,9 @@ from mindfoundry.data.dataset.shard_writer import IndexedDatasetWriter
 from mindfoundry.data.document import Document
 from mindfoundry.data.execute.stage import Stage
 from mindfoundry.data.execute.workdir import WorkDir
-from mindfoundry.data.images.clusters import components, first_copies, near_pairs
+from mindfoundry.data.images.clusters import copies_of, split_clusters
 from mindfoundry.data.images.decode import ImageLimits, ImageRejected, decode, square
-from mindfoundry.data.images.hashes import hamming, perceptual_hash, pixel_key
+from mindfoundry.data.images.hashes import perceptual_hash, pixel_key
 from mindfoundry.data.images.sources import ImageSample, image_samples
 from mindfoundry.data.ingest.files import SourceStats
 from mindfoundry.data.ingest.listing import FileLedger
@@ -167,8 +167,9 @@ class ImageReadStage(Stage[ImageReadResult]):
 
 
 def _png(pixels: np.ndarray) -> bytes:
+    """Pixels as a PNG, compressed fast (the tars are for reading; level 1 takes a fifth of the default's time)."""
     out = io.BytesIO()
-    Image.fromarray(pixels).save(out, "PNG")
+    Image.fromarray(pixels).save(out, "PNG", compress_level=1)
     return out.getvalue()
 
 
@@ -197,24 +198,15 @@ class ImageDedupStage(Stage[ImageDedupResult]):
         every_key = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
         hashes = np.concatenate([np.load(folder / HASHES) for folder in reads]) if reads else np.zeros(0, np.uint64)
         count = len(every_key)
-        kept_by = np.arange(count)  # the image each one is a copy of (itself when it is kept)
-        distance = np.full(count, -1)
-        if settings.exact:
-            kept_by = first_copies(every_key)
-        if settings.near:
-            alive = np.flatnonzero(kept_by == np.arange(count))
-            first, second = near_pairs(hashes[alive], settings.near_distance)
-            cluster = alive[components(len(alive), first, second)]
-            copies = cluster != alive
-            kept_by[alive[copies]] = cluster[copies]
-            distance[alive[copies]] = hamming(hashes[alive[copies]], hashes[cluster[copies]])
+        kept_by, distance = copies_of(every_key, hashes, exact=settings.exact, near=settings.near,
+                                      near_distance=settings.near_distance)
         kept = np.flatnonzero(kept_by == np.arange(count))
-        first, second = near_pairs(hashes[kept], settings.split_distance)
-        groups = kept[components(len(kept), first, second)]
+        groups = split_clusters(hashes, kept, settings.split_distance)
         sides = np.full(count, DROPPED, dtype=np.int8)
         sides[kept] = [VALIDATION if self._held_out(int(every_key[g])) else TRAIN for g in groups]
         starts = np.cumsum([0, *sizes])
-        metas = [_metas(folder) for folder in reads]
+        dropped = np.flatnonzero(kept_by != np.arange(count))
+        metas = _some_metas(reads, starts, np.concatenate([dropped, kept_by[dropped]]))
         removed: Counter[str] = Counter()
         for t, folder in enumerate(reads):
             low, high = starts[t], starts[t + 1]
@@ -238,11 +230,10 @@ class ImageDedupStage(Stage[ImageDedupResult]):
         digest = hashlib.sha256(struct.pack("<QQ", self.seed & (2**64 - 1), key)).digest()
         return int.from_bytes(digest[:8], "little") / 2**64 < self.corpus.data.validation_fraction
 
-    def _line(self, metas: list[list[dict[str, Any]]], starts: np.ndarray, task: int, row: int, twin: int, kind: str,
+    def _line(self, metas: dict[int, dict[str, Any]], starts: np.ndarray, task: int, row: int, twin: int, kind: str,
               distance: int) -> tuple[int, dict[str, Any]]:
-        meta = metas[task][row]
+        meta, other = metas[int(starts[task]) + row], metas[twin]
         twin_task = int(np.searchsorted(starts, twin, side="right") - 1)
-        other = metas[twin_task][twin - starts[twin_task]]
         src = self.corpus.image_source(task).name
         line = drop_line(meta["key"], meta["path"], meta["record"], src, kind,
                          f"a copy of {other['key']}" + (f" ({distance} bits apart)" if kind == "near" else ""),
@@ -251,6 +242,21 @@ class ImageDedupStage(Stage[ImageDedupResult]):
         if kind == "near":
             line.update(value=distance, threshold=self.corpus.data.images.near_distance)
         return meta["ordinal"], line
+
+
+def _some_metas(reads: list[Path], starts: np.ndarray, wanted: np.ndarray) -> dict[int, dict[str, Any]]:
+    """The metadata of the images numbered ``wanted`` (corpus-wide), read task by task: only those are held (a
+    drop-log line names the image and its kept twin), never the whole corpus's."""
+    wanted_set, found = set(wanted.tolist()), {}
+    tasks = set((np.searchsorted(starts, wanted, side="right") - 1).tolist())
+    for t, folder in enumerate(reads):
+        if t not in tasks:
+            continue
+        with open(folder / META, encoding="utf-8") as fh:
+            for row, line in enumerate(fh):
+                if int(starts[t]) + row in wanted_set:
+                    found[int(starts[t]) + row] = json.loads(line)
+    return found
 
 
 def _metas(folder: Path) -> list[dict[str, Any]]:

@@ -1,0 +1,51 @@
+"""Real images the project never tuned on, for the image benches: Noto Color Emoji's bitmaps and the GIMP manual's
+figures, fetched from the Debian archive (a package registry, never a hub) and unpacked into a cache.
+
+    .venv/bin/python bench/image_sources.py --fetch      # apt-get download + dpkg-deb -x into the cache
+
+- emoji (fonts-noto-color-emoji, OFL-1.1): 3,926 colour bitmaps (136 x 128 PNG) from the font's CBDT table, read
+  with fontTools; skin-tone variants of one emoji are grouped (they are near copies by design).
+- gimp (gimp-help-en, GFDL-1.2+): the manual's figures: screenshots, dialogs, photos before and after a filter (PNG,
+  JPEG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from curation_sources import CACHE, fetch
+
+PACKAGES = ("fonts-noto-color-emoji", "gimp-help-en")
+#: A skin-tone modifier in a glyph name (u1F44B_1F3FB: waving hand, light skin tone).
+_SKIN_TONE = re.compile(r"_1F3F[B-F]", re.IGNORECASE)
+
+
+def fetch_images(cache: Path = CACHE) -> None:
+    fetch(cache, PACKAGES)
+
+
+def emoji(cache: Path = CACHE) -> list[tuple[str, str, bytes]]:
+    """(glyph name, group, PNG bytes) of every colour emoji bitmap, in glyph-name order; the group is the name
+    without its skin-tone modifiers."""
+    from fontTools.ttLib import TTFont
+
+    font = TTFont(next((cache / "fonts-noto-color-emoji").rglob("NotoColorEmoji.ttf")))
+    strike = font["CBDT"].strikeData[0]
+    return [(name, _SKIN_TONE.sub("", name), strike[name].imageData) for name in sorted(strike)]
+
+
+def gimp_figures(cache: Path = CACHE) -> list[Path]:
+    """The GIMP manual's figures (PNG and JPEG), in path order."""
+    root = cache / "gimp-help-en"
+    return sorted(p for p in root.rglob("*") if p.suffix.lower() in (".png", ".jpg", ".jpeg") and p.is_file())
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--fetch", action="store_true", help="download and unpack the packages")
+    args = parser.parse_args()
+    if args.fetch:
+        fetch_images()
+    print(f"emoji: {len(emoji())} bitmaps; gimp: {len(gimp_figures())} figures (in {CACHE})")
