@@ -162,6 +162,10 @@ def test_webdataset_records_and_folders_give_pairs_and_name_what_is_missing(tmp_
     (tmp_path / "folder" / "a.txt").write_text("a dark square\n")
     (tmp_path / "folder" / "b.jpg").write_bytes(jpeg)
     files = [tmp_path / "folder" / "a.png", tmp_path / "folder" / "b.jpg"]
+    (tmp_path / "named").mkdir()
+    (tmp_path / "named" / "photo.png").write_bytes(jpeg)  # a JPEG named .png: read as what its bytes are
+    named = _samples([tmp_path / "named" / "photo.png"], tmp_path / "named", modality="image")
+    assert named[0].problem is None and decode(named[0].data, LIMITS).format == "JPEG"
     got = _samples(files, tmp_path / "folder", modality="image_text")
     assert [(s.key, s.caption, s.problem and s.problem[0]) for s in got] == [
         ("s:a.png", "a dark square", None), ("s:b.jpg", None, "no_caption")]
