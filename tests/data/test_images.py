@@ -281,7 +281,8 @@ def test_text_and_image_sources_prepare_together(tiny_run, corpus_dir, image_cor
     assert data.manifest["splits"]["train"]["documents"] == text_only.manifest["splits"]["train"]["documents"]
     assert main(["data", "validate", str(config)]) == 0
     assert main(["data", "inspect", str(config)]) == 0
-    capsys.readouterr()
+    assert "icons" in capsys.readouterr().out  # validate's table has a row per image source and split
+
     # MindRecord: MindSpore's own reader returns every image's bytes and caption ids as prepare wrote them
     ms_dataset = pytest.importorskip("mindspore.dataset")
     from mindfoundry.backends.mindspore.mindrecord import export_mindrecord, mindrecord_files
@@ -301,6 +302,14 @@ def test_text_and_image_sources_prepare_together(tiny_run, corpus_dir, image_cor
     assert export["images"]["train"]["page_size"] < 1 << 25 and sum(
         (Path(out) / f).stat().st_size for f in export["images"]["train"]["files"]) < 4 << 20
     assert mindrecord_files(out, "train")  # the text rows are exported as before
+    # a flipped pixel byte of the shard: `data validate` names the file
+    shard = data.root / "images" / "train" / "icons.pixels.npy"
+    raw = bytearray(shard.read_bytes())
+    raw[-1] ^= 0x01
+    shard.write_bytes(bytes(raw))
+    assert main(["data", "validate", str(config)]) == 2
+    assert f"error: {shard}: changed since it was prepared (sha256 differs from the manifest)" in (
+        capsys.readouterr().err)
 
 
 def test_llava_style_records_prepare_as_pairs(tiny_run, image_corpus, tmp_path) -> None:

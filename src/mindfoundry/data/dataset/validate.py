@@ -23,8 +23,9 @@ from rich import box
 from rich.table import Table
 
 from mindfoundry.data.dataset.indexed import IndexedDataset, ShardError
-from mindfoundry.data.dataset.prepared import SPLITS, TOKENIZER, DataError, read_manifest, shard_hash_problems
+from mindfoundry.data.dataset.prepared import IMAGES, SPLITS, TOKENIZER, DataError, read_manifest, shard_hash_problems
 from mindfoundry.data.tokenizer import eos_id, load_tokenizer, tokenizer_hash
+from mindfoundry.storage.commit import sha256_file
 
 __all__ = ["ShardReport", "ValidationReport", "open_shard", "render_validation", "validate_prepared"]
 
@@ -109,7 +110,46 @@ def validate_prepared(
             _check_shard(folder, info, source["splits"][split], shard, hashes[split])
             report.shards.append(shard)
     report.problems += _split_problems(manifest, report.shards, hashes, seq_len)
+    for split in SPLITS if "images" in manifest else ():
+        for entry in manifest["images"]["splits"][split]["shards"]:
+            report.shards.append(_check_images(folder, split, entry, manifest["images"]["settings"]["size"]))
     return report
+
+
+def _check_images(folder: _Folder, split: str, entry: dict[str, Any], size: int) -> ShardReport:
+    """One image source's shards of one split: the pixel shard's bytes, dtype and shape, the tars' bytes, and the
+    captions (one per image, ids in range, each ending with EOS)."""
+    images = folder.root / IMAGES
+    pixels = images / entry["pixels"]
+    shard = ShardReport(split, entry["source"], "images", str(pixels), documents=entry["images"])
+    if not pixels.is_file():
+        shard.problems.append("missing: re-run `mindfoundry prepare --overwrite`")
+        return shard
+    if sha256_file(pixels) != entry["pixels_sha256"]:
+        shard.problems.append("changed since it was prepared (sha256 differs from the manifest): re-run "
+                              "`mindfoundry prepare --overwrite`")
+    else:
+        array = np.load(pixels, mmap_mode="r")
+        if array.dtype != np.uint8 or array.shape != (entry["images"], size, size, 3):
+            shard.problems.append(f"holds {array.dtype} {array.shape}, the manifest says uint8 "
+                                  f"({entry['images']}, {size}, {size}, 3)")
+    for tar in entry["tars"]:
+        path = images / tar["path"]
+        if not path.is_file() or sha256_file(path) != tar["sha256"]:
+            shard.problems.append(f"{tar['path']} is missing or changed since it was prepared (sha256): re-run "
+                                  "`mindfoundry prepare --overwrite`")
+    if "captions" in entry:
+        try:
+            captions = IndexedDataset(images / entry["captions"]["path"])
+        except ShardError as exc:
+            shard.problems.append(f"captions cannot be opened: {exc}")
+            return shard
+        shard.tokens = captions.num_tokens
+        if len(captions) != entry["images"]:
+            shard.problems.append(f"{len(captions)} captions for {entry['images']} images")
+        shard.problems += [f"captions: {p}" for p in shard_hash_problems(captions, entry["captions"])]
+        shard.problems += [f"captions: {p}" for p in _token_problems(captions, folder.vocab, folder.eos)]
+    return shard
 
 
 @dataclass(frozen=True)
