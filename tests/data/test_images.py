@@ -280,8 +280,12 @@ def test_text_and_image_sources_prepare_together(tiny_run, corpus_dir, image_cor
     assert data.manifest["tokenizer"]["sha256"] != text_only.manifest["tokenizer"]["sha256"]  # the captions counted
     assert data.manifest["splits"]["train"]["documents"] == text_only.manifest["splits"]["train"]["documents"]
     assert main(["data", "validate", str(config)]) == 0
-    assert main(["data", "inspect", str(config)]) == 0
     assert "icons" in capsys.readouterr().out  # validate's table has a row per image source and split
+    assert main(["data", "inspect", str(config)]) == 0
+    shown = capsys.readouterr().out
+    kept = data.manifest["images"]["sources"][0]["kept"]
+    assert "images (16 px pixel shards)" in shown and any(
+        line.split()[:4] == ["icons", "image_text", "20", str(kept)] for line in shown.splitlines()), shown
 
     # MindRecord: MindSpore's own reader returns every image's bytes and caption ids as prepare wrote them
     ms_dataset = pytest.importorskip("mindspore.dataset")

@@ -46,6 +46,7 @@ class InspectReport:
     shares: dict[str, dict[str, float]] | None = None  # category -> raw / target / realised share of training samples
     planned: int = 0  # the training samples the realised shares are counted over
     languages: dict[str, dict[str, int]] | None = None  # source -> language -> characters (data.clean.language)
+    images: dict[str, Any] | None = None  # the manifest's images section, for image sources
 
 
 def mixture_shares(data: PreparedData, mixture: MixtureConfig | None, *, seq_len: int, seed: int, shuffle: bool,
@@ -91,7 +92,8 @@ def inspect_prepared(root: str | Path, *, per_category: int = 3, max_chars: int 
     lengths = np.concatenate(train_lengths) if train_lengths else np.empty(0, dtype=np.int64)
     removals = {s["name"]: _removal_counters(s) for s in manifest["sources"]}
     languages = {s["name"]: s["languages"] for s in manifest["sources"] if s.get("languages")}
-    return InspectReport(root, samples, tokens, length_histogram(lengths), removals, languages=languages or None)
+    return InspectReport(root, samples, tokens, length_histogram(lengths), removals, languages=languages or None,
+                         images=manifest.get("images"))
 
 
 def _preview(text: str, max_chars: int) -> str:
@@ -138,6 +140,23 @@ def render_inspect(report: InspectReport, console: Console) -> None:
     console.print(_removal_table(report.removals))
     if report.languages:
         console.print(_language_table(report.languages))
+    if report.images:
+        console.print(_image_table(report.images))
+
+
+def _image_table(images: dict[str, Any]) -> Table:
+    """Per image source: read, kept, removed as copies, each split's images, and why the others were dropped."""
+    held = {(entry["source"], split): entry["images"] for split in SPLITS
+            for entry in images["splits"][split]["shards"]}
+    table = Table(title=f"images ({images['settings']['size']} px pixel shards)", box=box.SIMPLE_HEAD)
+    for col in ("source", "modality", "read", "kept", "copies removed", *SPLITS, "dropped (reason: images)"):
+        table.add_column(col)
+    for source in images["sources"]:
+        name = source["name"]
+        table.add_row(name, source["modality"], f"{source['read']:,}", f"{source['kept']:,}",
+                      f"{source['dedup_removed']:,}", *(f"{held.get((name, split), 0):,}" for split in SPLITS),
+                      ", ".join(f"{reason}: {count:,}" for reason, count in source["dropped"].items()) or "-")
+    return table
 
 
 def _token_table(tokens: dict[str, dict[str, int]], shares: dict[str, dict[str, float]] | None, planned: int) -> Table:
