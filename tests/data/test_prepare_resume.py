@@ -81,7 +81,7 @@ def test_prepare_killed_in_two_stages_resumes_to_the_same_bytes(tmp_path, corpus
     cfg = load_config(path)
     work = Path(work_dir(cfg))
     cmd = [sys.executable, "-m", "mindfoundry.cli", "prepare", str(path)]
-    tasks = len(plan_inputs(cfg.data))  # each news file, code.jsonl, the asyncio folder in runs of >= 64 KiB
+    tasks = len(plan_inputs(cfg.data)[0])  # text read tasks: each news file, code.jsonl, asyncio in runs of >= 64 KiB
     assert tasks > FILES
     kill_when(cmd, work, "read", 3, tasks)
     kept_reads = {
