@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mindfoundry.config.data_config import SourceConfig
-from mindfoundry.data.ingest.files import SourceStats, line_records
+from mindfoundry.data.ingest.files import SourceStats, json_records
 from mindfoundry.storage.location import Location
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp")
@@ -179,14 +179,7 @@ def _records(path: Location, src: SourceConfig, stats: SourceStats) -> Iterator[
             for batch in parquet.iter_batches(batch_size=256, columns=columns):
                 yield from batch.to_pylist()
         return
-    for _, line in line_records(path, stats):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            row = None
-        yield row if isinstance(row, dict) else None
+    yield from (record for _, record in json_records(path, stats))
 
 
 def field(record: Any, dotted: str) -> Any:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import zstandard
 
@@ -216,17 +216,23 @@ def line_records(path: Path | Location, stats: SourceStats) -> Iterator[tuple[in
                 yield number, text
 
 
-def _jsonl_records(path: Location, text_field: str, stats: SourceStats) -> Iterator[tuple[int, str]]:
-    """``(line number, text)`` for every JSON line that holds a string under ``text_field``."""
+def json_records(path: Location, stats: SourceStats) -> Iterator[tuple[int, dict[str, Any] | None]]:
+    """``(line number, record)`` for every non-blank line of a .jsonl file; None for a line that is not a JSON
+    object."""
     for number, line in line_records(path, stats):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except ValueError:
-            stats.skipped_bad_json += 1
-            continue
-        if not isinstance(record, dict):
+            record = None
+        yield number, record if isinstance(record, dict) else None
+
+
+def _jsonl_records(path: Location, text_field: str, stats: SourceStats) -> Iterator[tuple[int, str]]:
+    """``(line number, text)`` for every JSON line that holds a string under ``text_field``."""
+    for number, record in json_records(path, stats):
+        if record is None:
             stats.skipped_bad_json += 1
             continue
         text = record.get(text_field)
