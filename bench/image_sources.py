@@ -4,7 +4,9 @@ figures, fetched from the Debian archive (a package registry, never a hub) and u
     .venv/bin/python bench/image_sources.py --fetch      # apt-get download + dpkg-deb -x into the cache
 
 - emoji (fonts-noto-color-emoji, OFL-1.1): 3,926 colour bitmaps (136 x 128 PNG) from the font's CBDT table, read
-  with fontTools; skin-tone variants of one emoji are grouped (they are near copies by design).
+  with fontTools; skin-tone variants of one emoji are grouped (they are near copies by design): by the sequence a
+  glyph stands for (its code point, or the components of the ligature that makes it, GSUB), skin-tone modifiers
+  left out; the five skin-tone swatches are one group.
 - gimp (gimp-help-en, GFDL-1.2+): the manual's figures: screenshots, dialogs, photos before and after a filter (PNG,
   JPEG).
 """
@@ -18,7 +20,8 @@ from pathlib import Path
 from curation_sources import CACHE, fetch
 
 PACKAGES = ("fonts-noto-color-emoji", "gimp-help-en")
-#: A skin-tone modifier in a glyph name (u1F44B_1F3FB: waving hand, light skin tone).
+#: The skin-tone modifiers' glyphs (U+1F3FB..U+1F3FF), as the font names them, and a modifier in a glyph name.
+_TONES = {f"u1F3F{c}" for c in "BCDEF"}
 _SKIN_TONE = re.compile(r"_1F3F[B-F]", re.IGNORECASE)
 
 
@@ -33,7 +36,25 @@ def emoji(cache: Path = CACHE) -> list[tuple[str, str, bytes]]:
 
     font = TTFont(next((cache / "fonts-noto-color-emoji").rglob("NotoColorEmoji.ttf")))
     strike = font["CBDT"].strikeData[0]
-    return [(name, _SKIN_TONE.sub("", name), strike[name].imageData) for name in sorted(strike)]
+    made_of = _ligatures(font)
+
+    def group(name: str) -> str:
+        parts = [p for p in made_of.get(name, [name]) if p not in _TONES]
+        return "skin-tone" if not parts else _SKIN_TONE.sub("", "+".join(parts))
+
+    return [(name, group(name), strike[name].imageData) for name in sorted(strike)]
+
+
+def _ligatures(font: object) -> dict[str, list[str]]:
+    """{ligature glyph: the glyphs it is made of} from the font's GSUB ligature lookups."""
+    made_of: dict[str, list[str]] = {}
+    for lookup in font["GSUB"].table.LookupList.Lookup:
+        for table in lookup.SubTable:
+            table = getattr(table, "ExtSubTable", table)
+            for first, ligatures in getattr(table, "ligatures", {}).items():
+                for ligature in ligatures:
+                    made_of.setdefault(ligature.LigGlyph, [first, *ligature.Component])
+    return made_of
 
 
 def gimp_figures(cache: Path = CACHE) -> list[Path]:

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image, ImageEnhance
+from PIL import Image, ImageDraw, ImageEnhance
 
 from mindfoundry.data.images.decode import ImageLimits, ImageRejected, decode, square
-from mindfoundry.data.images.hashes import hamming, perceptual_hash, pixel_key
+from mindfoundry.data.images.hashes import fingerprint, hamming, pixel_key
+from mindfoundry.data.images.likeness import likeness
 
 SITE = Path(sysconfig.get_paths()["purelib"])
 #: Real photos that ship inside installed packages (nothing downloaded).
@@ -86,27 +87,49 @@ def test_square_is_pil_bicubic_of_the_shorter_side_then_the_centre() -> None:
     assert out.shape == (32, 32, 3) and np.array_equal(out, np.asarray(expected))
 
 
-def test_a_copy_hashes_near_and_another_image_far() -> None:
-    """Measured on the three photos: a halved, JPEG-30, 5%-cropped, brightened or channel-swapped copy is within 12
-    bits (most within 4); two different photos are 28 or more apart."""
-    hashes = []
+def _disc(colour: tuple[int, int, int]) -> np.ndarray:
+    image = Image.new("RGB", (96, 96), "white")
+    ImageDraw.Draw(image).ellipse((16, 20, 80, 76), fill=colour)
+    return np.asarray(image)
+
+
+def test_copies_are_dropped_at_the_default_settings_and_look_alikes_are_not() -> None:
+    """The copies of three real photos -- halved, JPEG-30, 5% cut off every side, 20% brighter, 40% less saturated
+    -- are dropped as near copies of their photo at the default near_distance and near_likeness; the photo with its
+    channels swapped (another colour) and the other photos are kept; a red disc's paler copy is dropped, the same
+    disc in blue or green (the same hash) is kept."""
+    from mindfoundry.config.image_config import ImagesConfig
+    from mindfoundry.data.images.clusters import copies_of, near_candidates
+
+    images = []
     for path in PHOTOS:
         pixels = decode(path.read_bytes(), LIMITS).pixels
         image = Image.fromarray(pixels)
         h, w = pixels.shape[:2]
-        copies = [np.asarray(image.resize((w // 2, h // 2))),
-                  decode(encoded(image, "JPEG", quality=30), LIMITS).pixels,
-                  pixels[h // 20:h - h // 20, w // 20:w - w // 20],
-                  np.asarray(ImageEnhance.Brightness(image).enhance(1.3)),
-                  pixels[:, :, [2, 0, 1]]]
-        base = perceptual_hash(pixels)
-        distances = hamming(np.uint64(base), np.array([perceptual_hash(c) for c in copies], np.uint64))
-        assert distances.max() <= 12, (path.name, distances)  # measured 12 at most (china.jpg, cropped)
-        hashes.append(base)
-        assert pixel_key(pixels) != pixel_key(copies[0]) and pixel_key(pixels) == pixel_key(pixels.copy())
-    hashes = np.array(hashes, np.uint64)
-    apart = [int(hamming(hashes[i], hashes[j])) for i in range(3) for j in range(i + 1, 3)]
-    assert min(apart) >= 28, apart
+        images += [pixels, np.asarray(image.resize((w // 2, h // 2))),
+                   decode(encoded(image, "JPEG", quality=30), LIMITS).pixels,
+                   pixels[h // 20:h - h // 20, w // 20:w - w // 20],
+                   np.asarray(ImageEnhance.Brightness(image).enhance(1.2)),
+                   np.asarray(ImageEnhance.Color(image).enhance(0.6)), pixels[:, :, [2, 0, 1]]]
+    images += [_disc((220, 30, 30)), _disc((220, 90, 90)), _disc((30, 30, 220)), _disc((30, 160, 30))]
+    found = [fingerprint(p) for p in images]
+    assert len({f.hashes[0] for f in found[-4:]}) == 1  # the discs: one hash, so the looks decide
+    settings = ImagesConfig()
+    looks, hashes = np.stack([f.look for f in found]), np.array([f.hashes for f in found], np.uint64)
+    copies = copies_of(np.array([pixel_key(p) for p in images], np.uint64),
+                       near_candidates(hashes, looks.__getitem__, settings.near_distance),
+                       exact=True, near_likeness=settings.near_likeness)
+    photo_copies = {7 * photo + k: 7 * photo for photo in range(3) for k in range(1, 6)}
+    expected = np.arange(len(images))
+    expected[list(photo_copies)] = list(photo_copies.values())
+    expected[22] = 21  # the paler disc
+    assert copies.kept_by.tolist() == expected.tolist()
+    # measured: copies 0.975 (grace_hopper, cut) to 1.0 alike; swapped channels 0.022-0.156; a paler disc 1.0,
+    # blue and green discs 0.011
+    dropped = copies.likeness[list(photo_copies)]
+    assert dropped.min() >= settings.near_likeness and copies.likeness[22] > 0.99
+    others = likeness(looks[[0, 0, 7, 21, 21]], looks[[6, 7, 14, 23, 24]])
+    assert others.max() < 0.2, others
 
 
 def _tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
@@ -173,8 +196,9 @@ def test_webdataset_records_and_folders_give_pairs_and_name_what_is_missing(tmp_
 
 
 def test_near_pairs_are_every_pair_within_the_distance_and_clusters_follow_them() -> None:
-    """Against the brute force on 600 random hashes with planted copies (1 to 10 bits flipped)."""
-    from mindfoundry.data.images.clusters import components, first_copies, near_pairs
+    """Against the brute force on 600 random hashes with planted copies (1 to 10 bits flipped), alone and as the
+    whole and centre hashes of 300 images."""
+    from mindfoundry.data.images.clusters import components, first_copies, hash_pairs, near_pairs
 
     rng = np.random.default_rng(0)
     base = rng.integers(0, 2**63, 400, dtype=np.uint64)
@@ -185,6 +209,15 @@ def test_near_pairs_are_every_pair_within_the_distance_and_clusters_follow_them(
         i, j = np.triu_indices(len(hashes), 1)
         within = hamming(hashes[i], hashes[j]) <= distance
         assert set(zip(first.tolist(), second.tolist())) == set(zip(i[within].tolist(), j[within].tolist()))
+    # with centre hashes: a pair is the whole hash of one near the whole or a centre hash of the other
+    centres = np.stack([hashes[:300], hashes[300:], hashes[::-1][:300]], axis=1)
+    first, second, bits = hash_pairs(centres, 8)
+    assert len(first) >= 100  # the planted copies as centre hashes (measured 260 pairs)
+    i, j = np.triu_indices(300, 1)
+    apart = np.min([hamming(centres[i, 0], centres[j, 0])] + [hamming(centres[a, k], centres[b, 0])
+                                                               for k in (1, 2) for a, b in ((i, j), (j, i))], axis=0)
+    assert list(zip(first.tolist(), second.tolist(), bits.tolist())) == list(zip(
+        i[apart <= 8].tolist(), j[apart <= 8].tolist(), apart[apart <= 8].tolist()))
     labels = components(5, np.array([3, 1]), np.array([4, 3]))
     assert labels.tolist() == [0, 1, 2, 1, 1]
     assert first_copies(np.array([7, 3, 7, 3, 9], np.uint64)).tolist() == [0, 1, 0, 1, 4]

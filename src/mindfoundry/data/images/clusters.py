@@ -1,5 +1,5 @@
-"""Which images are copies of which: exact copies by pixel key, near copies by perceptual hash, and the clusters the
-train/validation split keeps on one side.
+"""Which images are copies of which: exact copies by pixel key, near copies by perceptual hashes then looks
+(:mod:`mindfoundry.data.images.likeness`), and the clusters the train/validation split keeps on one side.
 
 Near copies are found exactly, not sampled: a pair within ``distance`` bits agrees on at least one of ``distance + 1``
 bands of the 64-bit hash (pigeonhole), so images are grouped by each band's value and only the pairs inside a group
@@ -10,9 +10,13 @@ these bands as key runs across tasks, as the text dedup does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 
 from mindfoundry.data.images.hashes import hamming
+from mindfoundry.data.images.likeness import likeness
 
 BITS = 64
 
@@ -62,33 +66,81 @@ def first_copies(keys: np.ndarray) -> np.ndarray:
     return first[inverse]
 
 
-def copies_of(keys: np.ndarray, hashes: np.ndarray, *, exact: bool, near: bool,
-              near_distance: int) -> tuple[np.ndarray, np.ndarray]:
+def hash_pairs(hashes: np.ndarray, distance: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(first, second, bits)``: every pair of images ``first < second`` whose whole hash (column 0 of ``hashes``,
+    n x crops) is within ``distance`` bits of the other's whole or centre hash, each pair once with its fewest bits."""
+    count, crops = hashes.shape
+    flat = np.ascontiguousarray(hashes, dtype=np.uint64).reshape(-1)
+    a, b = near_pairs(flat, distance)
+    useful = (a // crops != b // crops) & ((a % crops == 0) | (b % crops == 0))
+    a, b = a[useful], b[useful]
+    bits = hamming(flat[a], flat[b])
+    first, second = np.minimum(a // crops, b // crops), np.maximum(a // crops, b // crops)
+    order = np.lexsort((bits, second, first))
+    codes = first[order] * count + second[order]
+    once = np.concatenate([[True], codes[1:] != codes[:-1]]) if len(codes) else np.zeros(0, bool)
+    return first[order][once], second[order][once], bits[order][once]
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Pairs of images ``first < second`` whose hashes are near (:func:`hash_pairs`), with the bits between them and
+    the likeness of their looks."""
+
+    first: np.ndarray
+    second: np.ndarray
+    bits: np.ndarray
+    likeness: np.ndarray
+
+
+def near_candidates(hashes: np.ndarray, looks_of: Callable[[np.ndarray], np.ndarray], distance: int,
+                    chunk: int = 2048) -> Candidates:
+    """The pairs within ``distance`` bits (:func:`hash_pairs`) and their likeness. ``looks_of(indices)`` gives the
+    looks of those images, asked ``chunk`` pairs at a time so that only the looks of candidate pairs are ever
+    held."""
+    first, second, bits = hash_pairs(hashes, distance)
+    score = [likeness(looks_of(first[s:s + chunk]), looks_of(second[s:s + chunk]))
+             for s in range(0, len(first), chunk)]
+    return Candidates(first, second, bits, np.concatenate(score) if score else np.zeros(0))
+
+
+@dataclass(frozen=True)
+class NearCopies:
     """Which image each image (in corpus order) is a copy of -- itself when it is kept -- and, for a near copy, the
-    bits between the two (-1 otherwise): exact copies (equal pixel keys) of the first; then among the rest, a near
-    copy within ``near_distance`` of the nearest earlier image that is kept."""
+    likeness of the two and their hashes' bits apart (-1 otherwise)."""
+
+    kept_by: np.ndarray
+    likeness: np.ndarray
+    bits: np.ndarray
+
+
+def copies_of(keys: np.ndarray, near: Candidates | None, *, exact: bool, near_likeness: float) -> NearCopies:
+    """Exact copies (equal pixel keys, when ``exact``) of the first; then among the rest, a near copy (a candidate
+    pair at least ``near_likeness`` alike; none when ``near`` is None) of the most alike earlier image that is
+    kept."""
     count = len(keys)
     kept_by = first_copies(keys) if exact else np.arange(count)
-    bits = np.full(count, -1)
-    if near:
-        alive = np.flatnonzero(kept_by == np.arange(count))
-        first, second = near_pairs(hashes[alive], near_distance)
-        for later, (earlier, apart) in _nearest_kept_earlier(first, second, hamming(
-                hashes[alive[first]], hashes[alive[second]])).items():
-            kept_by[alive[later]], bits[alive[later]] = alive[earlier], apart
-    return kept_by, bits
+    alike, bits = np.full(count, -1.0), np.full(count, -1)
+    if near is not None:
+        alive = kept_by == np.arange(count)
+        copy = np.flatnonzero((near.likeness >= near_likeness) & alive[near.first] & alive[near.second])
+        for later, (earlier, index) in _most_alike_kept_earlier(near.first[copy], near.second[copy],
+                                                                near.likeness[copy]).items():
+            kept_by[later] = earlier
+            alike[later], bits[later] = near.likeness[copy[index]], near.bits[copy[index]]
+    return NearCopies(kept_by, alike, bits)
 
 
-def _nearest_kept_earlier(first: np.ndarray, second: np.ndarray, apart: np.ndarray) -> dict[int, tuple[int, int]]:
-    """In corpus order, each item within reach of an earlier item that is kept is dropped, for the nearest such item
-    (the earliest of equals): {dropped: (kept, bits)}. Not transitive: a copy of a dropped copy is judged against
+def _most_alike_kept_earlier(first: np.ndarray, second: np.ndarray, alike: np.ndarray) -> dict[int, tuple[int, int]]:
+    """In corpus order, each item alike an earlier item that is kept is dropped, for the most alike such item (the
+    earliest of equals): {dropped: (kept, pair index)}. Not transitive: a copy of a dropped copy is judged against
     the kept ones alone, so a chain of small changes never drops an image far from everything kept."""
     dropped: dict[int, tuple[int, int]] = {}
-    order = np.lexsort((first, apart, second))  # by the later item, then the nearest, then the earliest
+    order = np.lexsort((first, -alike, second))  # by the later item, then the most alike, then the earliest
     for i in order:
         later, earlier = int(second[i]), int(first[i])
         if later not in dropped and earlier not in dropped:
-            dropped[later] = (earlier, int(apart[i]))
+            dropped[later] = (earlier, int(i))
     return dropped
 
 

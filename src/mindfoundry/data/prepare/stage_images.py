@@ -3,11 +3,12 @@ split by near-duplicate cluster and written as shards, staged and resumable like
 
 1. :class:`ImageReadStage`, a task per image read task: every sample of its files decoded once
    (:mod:`mindfoundry.data.images.decode`), judged (decode check, size, aspect, bomb limit, caption), hashed (exact
-   pixel key, perceptual hash) and kept as: the square uint8 pixels the trainers read (``pixels.u8``), the bytes a
-   WebDataset sample holds (the file's own bytes when any reader decodes them to these pixels, else a PNG of them),
-   the captions and where each sample came from; a drop-log line for every sample it does not keep.
+   pixel key, perceptual hashes and look) and kept as: the square uint8 pixels the trainers read (``pixels.u8``),
+   the bytes a WebDataset sample holds (the file's own bytes when any reader decodes them to these pixels, else a
+   PNG of them), the captions and where each sample came from; a drop-log line for every sample it does not keep.
 2. :class:`ImageDedupStage`, one task over every kept image, in corpus order: exact copies (equal pixels) and near
-   copies (perceptual hashes within ``near_distance``) dropped, the first copy kept; the rest clustered within
+   copies (perceptual hashes within ``near_distance`` and looks ``near_likeness`` alike,
+   :mod:`mindfoundry.data.images.clusters`) dropped, the first copy kept; the rest clustered within
    ``split_distance`` and each cluster sent to one side of the split by a keyed hash of its first image (variants of
    an image never land on both sides).
 3. :class:`ImageShardStage`, a task per (image source, split), after the tokenizer (which learns from the training
@@ -43,9 +44,10 @@ from mindfoundry.data.dataset.shard_writer import IndexedDatasetWriter
 from mindfoundry.data.document import Document
 from mindfoundry.data.execute.stage import Stage
 from mindfoundry.data.execute.workdir import WorkDir
-from mindfoundry.data.images.clusters import copies_of, split_clusters
+from mindfoundry.data.images.clusters import copies_of, near_candidates, split_clusters
 from mindfoundry.data.images.decode import ImageLimits, ImageRejected, decode, square
-from mindfoundry.data.images.hashes import perceptual_hash, pixel_key
+from mindfoundry.data.images.hashes import HASH_CROPS, fingerprint, pixel_key
+from mindfoundry.data.images.likeness import LOOK_BYTES
 from mindfoundry.data.images.sources import ImageSample, image_samples
 from mindfoundry.data.ingest.files import SourceStats
 from mindfoundry.data.ingest.listing import FileLedger
@@ -55,8 +57,8 @@ from mindfoundry.data.tokenizer import encode_batch, worker_tokenizer
 from mindfoundry.storage.commit import sha256_file
 from mindfoundry.storage.resolve import locate
 
-PIXELS, STORED, STORED_INDEX, META, KEYS, HASHES, EVENTS = (
-    "pixels.u8", "stored.bin", "stored.idx.npy", "meta.jsonl", "keys.npy", "phash.npy", "events.jsonl")
+PIXELS, STORED, STORED_INDEX, META, KEYS, HASHES, LOOKS, EVENTS = (
+    "pixels.u8", "stored.bin", "stored.idx.npy", "meta.jsonl", "keys.npy", "phash.npy", "looks.u8", "events.jsonl")
 #: Samples per WebDataset tar (img2dataset's default).
 TAR_SAMPLES = 10_000
 #: The split decision of each kept image of a read task: dropped by dedup, or the side it is on.
@@ -116,7 +118,7 @@ class ImageReadStage(Stage[ImageReadResult]):
         keys, hashes, offsets, lines = [], [], [0], []
         read = 0
         with open(out / PIXELS, "wb") as pixels, open(out / STORED, "wb") as stored, \
-                open(out / META, "w", encoding="utf-8") as meta:
+                open(out / LOOKS, "wb") as looks, open(out / META, "w", encoding="utf-8") as meta:
             for ordinal, sample in enumerate(image_samples(files, locate(listed.root, storage), src, stats)):
                 read += 1
                 caption = clean_caption(sample.caption)
@@ -144,13 +146,15 @@ class ImageReadStage(Stage[ImageReadResult]):
                 stored.write(kept_bytes)
                 offsets.append(offsets[-1] + len(kept_bytes))
                 keys.append(pixel_key(decoded.pixels))
-                hashes.append(perceptual_hash(decoded.pixels))
+                found = fingerprint(decoded.pixels)
+                hashes.append(found.hashes)
+                looks.write(found.look.tobytes())
                 height, width = decoded.pixels.shape[:2]
                 meta.write(json.dumps({"key": sample.key, "caption": caption, "path": sample.path,
                                        "record": sample.record, "ordinal": ordinal, "width": width, "height": height,
                                        "ext": _extension(kept_bytes)}, ensure_ascii=False) + "\n")
         np.save(out / KEYS, np.array(keys, dtype=np.uint64))
-        np.save(out / HASHES, np.array(hashes, dtype=np.uint64))
+        np.save(out / HASHES, np.array(hashes, dtype=np.uint64).reshape(-1, len(HASH_CROPS)))
         np.save(out / STORED_INDEX, np.array(offsets, dtype=np.int64))
         write_numbered(out / EVENTS, lines)
         return ImageReadResult(documents=read, read=read, kept=len(keys), reasons=dict(reasons),
@@ -196,15 +200,17 @@ class ImageDedupStage(Stage[ImageDedupResult]):
         keys = [np.load(folder / KEYS) for folder in reads]
         sizes = [len(k) for k in keys]
         every_key = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
-        hashes = np.concatenate([np.load(folder / HASHES) for folder in reads]) if reads else np.zeros(0, np.uint64)
+        hashes = (np.concatenate([np.load(folder / HASHES) for folder in reads]) if reads
+                  else np.zeros((0, len(HASH_CROPS)), np.uint64))
         count = len(every_key)
-        kept_by, distance = copies_of(every_key, hashes, exact=settings.exact, near=settings.near,
-                                      near_distance=settings.near_distance)
+        starts = np.cumsum([0, *sizes])
+        near = (near_candidates(hashes, _Looks(reads, starts), settings.near_distance) if settings.near else None)
+        copies = copies_of(every_key, near, exact=settings.exact, near_likeness=settings.near_likeness)
+        kept_by = copies.kept_by
         kept = np.flatnonzero(kept_by == np.arange(count))
-        groups = split_clusters(hashes, kept, settings.split_distance)
+        groups = split_clusters(hashes[:, 0], kept, settings.split_distance)
         sides = np.full(count, DROPPED, dtype=np.int8)
         sides[kept] = [VALIDATION if self._held_out(int(every_key[g])) else TRAIN for g in groups]
-        starts = np.cumsum([0, *sizes])
         dropped = np.flatnonzero(kept_by != np.arange(count))
         metas = _some_metas(reads, starts, np.concatenate([dropped, kept_by[dropped]]))
         removed: Counter[str] = Counter()
@@ -214,9 +220,10 @@ class ImageDedupStage(Stage[ImageDedupResult]):
             lines = []
             for row in np.flatnonzero(kept_by[low:high] != np.arange(low, high)):
                 twin = int(kept_by[low + row])
-                kind = "near" if distance[low + row] >= 0 else "exact"
+                kind = "near" if copies.bits[low + row] >= 0 else "exact"
                 removed[f"{kind}:{self.corpus.image_source(t).name}"] += 1
-                lines.append(self._line(metas, starts, t, int(row), twin, kind, int(distance[low + row])))
+                lines.append(self._line(metas, starts, t, int(row), twin, kind, float(copies.likeness[low + row]),
+                                        int(copies.bits[low + row])))
             write_numbered(out / f"{EVENTS}-{t:06d}", lines)
         clusters = len(set(groups.tolist()))
         return ImageDedupResult(documents=count, kept=len(kept), exact=sum(v for k, v in removed.items()
@@ -231,17 +238,35 @@ class ImageDedupStage(Stage[ImageDedupResult]):
         return int.from_bytes(digest[:8], "little") / 2**64 < self.corpus.data.validation_fraction
 
     def _line(self, metas: dict[int, dict[str, Any]], starts: np.ndarray, task: int, row: int, twin: int, kind: str,
-              distance: int) -> tuple[int, dict[str, Any]]:
+              alike: float, bits: int) -> tuple[int, dict[str, Any]]:
         meta, other = metas[int(starts[task]) + row], metas[twin]
         twin_task = int(np.searchsorted(starts, twin, side="right") - 1)
         src = self.corpus.image_source(task).name
         line = drop_line(meta["key"], meta["path"], meta["record"], src, kind,
-                         f"a copy of {other['key']}" + (f" ({distance} bits apart)" if kind == "near" else ""),
+                         f"a copy of {other['key']}" + (f" (likeness {alike:.3f}, hashes {bits} bits apart)"
+                                                        if kind == "near" else ""),
                          meta["caption"], kept={"source": self.corpus.image_source(twin_task).name,
                                                 "path": other["path"], "record": other["record"]})
         if kind == "near":
-            line.update(value=distance, threshold=self.corpus.data.images.near_distance)
+            line.update(value=round(alike, 4), threshold=self.corpus.data.images.near_likeness)
         return meta["ordinal"], line
+
+
+class _Looks:
+    """The looks of any images (numbered corpus-wide) read from the read tasks' files as they are asked for."""
+
+    def __init__(self, reads: list[Path], starts: np.ndarray) -> None:
+        self.starts = starts
+        self.files = [np.memmap(folder / LOOKS, dtype=np.uint8, mode="r").reshape(-1, LOOK_BYTES)
+                      if starts[t + 1] > starts[t] else None for t, folder in enumerate(reads)]
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray:
+        tasks = np.searchsorted(self.starts, rows, side="right") - 1
+        out = np.empty((len(rows), LOOK_BYTES), np.uint8)
+        for t in np.unique(tasks):
+            chosen = tasks == t
+            out[chosen] = self.files[t][rows[chosen] - self.starts[t]]
+        return out
 
 
 def _some_metas(reads: list[Path], starts: np.ndarray, wanted: np.ndarray) -> dict[int, dict[str, Any]]:
