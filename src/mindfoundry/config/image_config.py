@@ -27,10 +27,10 @@ class ImagesConfig(Section):
         12, ge=0, le=32, description="Bits (of the 64-bit DCT hashes: the whole image's against the other's whole "
         "or centre) within which two images are compared as possible near copies.")
     near_likeness: float = Field(
-        0.81, ge=0.0, le=1.0, description="How alike the looks of two images within near_distance must be for the "
+        0.82, ge=0.0, le=1.0, description="How alike the looks of two images within near_distance must be for the "
         "later to be dropped (luma up to brightness and contrast, colour up to saturation, after a small crop). 12 "
-        "and 0.81, chosen on half of a bench of real images with resized, re-encoded, cropped and recoloured copies, "
-        "give precision 0.991 and recall 0.970 on the other half (bench/image_dedup_quality.py).")
+        "and 0.82, chosen on half of a bench of real images with resized, re-encoded, cropped and recoloured copies, "
+        "give precision 0.991 and recall 0.965 on the other half (bench/image_dedup_quality.py).")
     split_distance: int = Field(
         12, ge=0, le=32, description="Bits within which images count as one cluster for the train/validation split "
         "(variants of one image: sizes, skin tones, colours): a cluster is never on both sides.")

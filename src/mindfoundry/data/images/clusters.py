@@ -94,7 +94,7 @@ class Candidates:
 
 
 def near_candidates(hashes: np.ndarray, looks_of: Callable[[np.ndarray], np.ndarray], distance: int,
-                    chunk: int = 2048) -> Candidates:
+                    chunk: int = 512) -> Candidates:
     """The pairs within ``distance`` bits (:func:`hash_pairs`) and their likeness. ``looks_of(indices)`` gives the
     looks of those images, asked ``chunk`` pairs at a time so that only the looks of candidate pairs are ever
     held."""

@@ -58,12 +58,12 @@ def fingerprint(pixels: np.ndarray) -> Fingerprint:
     """The hashes and the look of RGB pixels (see the module docstring)."""
     # reducing_gap: a large image is first shrunk by whole factors (box averages), then resampled: the same
     # thumbnail to within rounding, in a fraction of the time
-    reduced = Image.fromarray(pixels).resize((_REDUCED, _REDUCED), Image.Resampling.LANCZOS, reducing_gap=2.0)
+    reduced = Image.fromarray(pixels).resize((_REDUCED, _REDUCED), Image.Resampling.BOX)
     grey = reduced.convert("L")
     hashes = []
     for keep in HASH_CROPS:
         margin = _REDUCED * (1 - keep) / 2
-        thumb = grey.resize((THUMB, THUMB), Image.Resampling.LANCZOS,
+        thumb = grey.resize((THUMB, THUMB), Image.Resampling.BOX,
                             box=(margin, margin, _REDUCED - margin, _REDUCED - margin))
         hashes.append(_dct_hash(np.asarray(thumb, dtype=np.float64)))
     return Fingerprint(tuple(hashes), look(reduced))
