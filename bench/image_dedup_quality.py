@@ -30,7 +30,14 @@ import numpy as np
 from PIL import Image, ImageEnhance
 
 from image_sources import emoji, gimp_figures
-from mindfoundry.data.images.clusters import Candidates, copies_of, near_candidates, near_pairs, split_clusters
+from mindfoundry.data.images.clusters import (
+    Candidates,
+    copies_of,
+    first_copies,
+    near_candidates,
+    near_pairs,
+    split_clusters,
+)
 from mindfoundry.data.images.decode import ImageLimits, ImageRejected, decode
 from mindfoundry.data.images.hashes import fingerprint, pixel_key
 
@@ -131,15 +138,21 @@ def items(images: list[tuple[str, np.ndarray]]) -> list[Item]:
 
 
 def candidates(group: list[Item], distance: int) -> Candidates:
-    """The pairs `prepare`'s dedup judges (the function its stage runs), with their likeness."""
+    """The pairs `prepare`'s dedup judges among the images that are no exact copy (the function its stage runs),
+    with their likeness."""
     hashes = np.array([it.hashes for it in group], np.uint64)
     looks = np.stack([it.look for it in group])
-    return near_candidates(hashes, looks.__getitem__, distance)
+    exact = exact_twins(group)
+    return near_candidates(hashes, looks.__getitem__, distance, among=np.flatnonzero(exact == np.arange(len(group))))
+
+
+def exact_twins(group: list[Item]) -> np.ndarray:
+    return first_copies(np.array([it.key for it in group], np.uint64))
 
 
 def kept_by_of(group: list[Item], near: Candidates, alike: float) -> np.ndarray:
     """What `prepare`'s dedup decides for the images at likeness ``alike`` (the function its stage runs)."""
-    return copies_of(np.array([it.key for it in group], np.uint64), near, exact=True, near_likeness=alike).kept_by
+    return copies_of(exact_twins(group), near, alike).kept_by
 
 
 def score(group: list[Item], near: Candidates, alike: float) -> dict[str, float]:

@@ -1,6 +1,6 @@
-"""Images per second per core of `prepare`'s image read stage (decode, checks, exact key, perceptual hashes and look, the square
-pixels, the stored bytes, the captions through the text cleaner) beside a plain PIL loop doing the same per-image
-work, and peak memory of the image stages at 1x, 4x and 8x the images.
+"""Images per second per core of `prepare`'s image read stage (decode, checks, exact key, perceptual hashes and
+look, the square pixels, the stored bytes, the captions through the text cleaner) beside a plain PIL loop doing the
+same per-image work, and peak memory of the image stages at 1x, 4x and 8x the images.
 
     .venv/bin/python bench/image_sources.py --fetch
     .venv/bin/python bench/image_throughput.py [--images 2000]

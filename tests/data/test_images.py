@@ -99,7 +99,7 @@ def test_copies_are_dropped_at_the_default_settings_and_look_alikes_are_not() ->
     channels swapped (another colour) and the other photos are kept; a red disc's paler copy is dropped, the same
     disc in blue or green (the same hash) is kept."""
     from mindfoundry.config.image_config import ImagesConfig
-    from mindfoundry.data.images.clusters import copies_of, near_candidates
+    from mindfoundry.data.images.clusters import copies_of, first_copies, near_candidates
 
     images = []
     for path in PHOTOS:
@@ -116,9 +116,8 @@ def test_copies_are_dropped_at_the_default_settings_and_look_alikes_are_not() ->
     assert len({f.hashes[0] for f in found[-4:]}) == 1  # the discs: one hash, so the looks decide
     settings = ImagesConfig()
     looks, hashes = np.stack([f.look for f in found]), np.array([f.hashes for f in found], np.uint64)
-    copies = copies_of(np.array([pixel_key(p) for p in images], np.uint64),
-                       near_candidates(hashes, looks.__getitem__, settings.near_distance),
-                       exact=True, near_likeness=settings.near_likeness)
+    copies = copies_of(first_copies(np.array([pixel_key(p) for p in images], np.uint64)),
+                       near_candidates(hashes, looks.__getitem__, settings.near_distance), settings.near_likeness)
     photo_copies = {7 * photo + k: 7 * photo for photo in range(3) for k in range(1, 6)}
     expected = np.arange(len(images))
     expected[list(photo_copies)] = list(photo_copies.values())

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from test_images import image_corpus  # noqa: F401 (the fixture)
 from test_parallel_prepare import output_files
 from test_prepare_s3 import s3_objects
 
@@ -54,3 +55,29 @@ def test_ray_nodes_sharing_only_a_bucket_write_what_one_local_process_writes(s3,
     for disk in disks:
         assert any((disk / "work").rglob("result.json")), f"{disk} was not used"
     assert s3.keys(bucket, "work/") == []
+
+
+def test_image_sources_in_a_bucket_curated_on_ray_nodes_equal_a_local_prepare(s3, nodes_without_shared_disk, tiny_run,
+                                                                               image_corpus) -> None:  # noqa: F811 (the fixture)
+    """The image stages (read, dedup across tasks, shards) on two Ray nodes, the images, the work area and the output
+    in the bucket: every output object equals what the local executor writes from local files."""
+    sources = [("icons", "folder", "folder"), ("photos", "00000.tar", "00000.tar")]
+
+    def config(name: str, root: str, **extra):
+        return load_config(tiny_run(name, data__sources=[
+            {"name": source, "paths": [f"{root}/{path}"], "modality": "image_text"} for source, path, _ in sources],
+            data__images={"size": 16}, data__validation_fraction=0.3, data__task_bytes=2**14, **extra))
+
+    local = prepare_data(config("images-local", str(image_corpus)), log=lambda _: None)
+    bucket = s3.bucket()
+    s3.upload_tree(image_corpus, bucket, "corpus")
+    address, _ = nodes_without_shared_disk
+    on_ray = prepare_data(config("images-ray", f"s3://{bucket}/corpus", data__executor="ray", data__workers=4,
+                                 data__ray={"address": address}, data__work_dir=f"s3://{bucket}/work",
+                                 data__output_dir=f"s3://{bucket}/data"), log=lambda _: None)
+    ours = output_files(Path(local.root))
+    theirs = s3_objects(s3, bucket, "data")
+    assert any(name.endswith(".tar") for name in ours) and any(name.endswith(".pixels.npy") for name in ours)
+    assert theirs.keys() == ours.keys() and all(theirs[name] == blob for name, blob in ours.items())
+    assert on_ray.manifest["images"]["dedup"] == local.manifest["images"]["dedup"]
+    assert on_ray.manifest["timings"]["stages"]["image_read"]["tasks"] > 1  # the folder cut into several tasks

@@ -94,11 +94,13 @@ class Candidates:
 
 
 def near_candidates(hashes: np.ndarray, looks_of: Callable[[np.ndarray], np.ndarray], distance: int,
-                    chunk: int = 512) -> Candidates:
-    """The pairs within ``distance`` bits (:func:`hash_pairs`) and their likeness. ``looks_of(indices)`` gives the
-    looks of those images, asked ``chunk`` pairs at a time so that only the looks of candidate pairs are ever
-    held."""
-    first, second, bits = hash_pairs(hashes, distance)
+                    among: np.ndarray | None = None, chunk: int = 512) -> Candidates:
+    """The pairs of the images ``among`` (indices; every image when None) within ``distance`` bits
+    (:func:`hash_pairs`) and their likeness. ``looks_of(indices)`` gives the looks of those images, asked ``chunk``
+    pairs at a time so that only the looks of candidate pairs are ever held."""
+    among = np.arange(len(hashes)) if among is None else among
+    first, second, bits = hash_pairs(np.asarray(hashes)[among], distance)
+    first, second = among[first], among[second]
     score = [likeness(looks_of(first[s:s + chunk]), looks_of(second[s:s + chunk]))
              for s in range(0, len(first), chunk)]
     return Candidates(first, second, bits, np.concatenate(score) if score else np.zeros(0))
@@ -114,12 +116,12 @@ class NearCopies:
     bits: np.ndarray
 
 
-def copies_of(keys: np.ndarray, near: Candidates | None, *, exact: bool, near_likeness: float) -> NearCopies:
-    """Exact copies (equal pixel keys, when ``exact``) of the first; then among the rest, a near copy (a candidate
-    pair at least ``near_likeness`` alike; none when ``near`` is None) of the most alike earlier image that is
-    kept."""
-    count = len(keys)
-    kept_by = first_copies(keys) if exact else np.arange(count)
+def copies_of(exact: np.ndarray, near: Candidates | None, near_likeness: float) -> NearCopies:
+    """Given each image's exact twin (:func:`first_copies`, or itself), among the images that are no exact copy a
+    near copy (a candidate pair at least ``near_likeness`` alike; none when ``near`` is None) of the most alike
+    earlier image that is kept."""
+    count = len(exact)
+    kept_by = np.array(exact, dtype=np.int64)
     alike, bits = np.full(count, -1.0), np.full(count, -1)
     if near is not None:
         alive = kept_by == np.arange(count)

@@ -44,7 +44,7 @@ from mindfoundry.data.dataset.shard_writer import IndexedDatasetWriter
 from mindfoundry.data.document import Document
 from mindfoundry.data.execute.stage import Stage
 from mindfoundry.data.execute.workdir import WorkDir
-from mindfoundry.data.images.clusters import copies_of, near_candidates, split_clusters
+from mindfoundry.data.images.clusters import copies_of, first_copies, near_candidates, split_clusters
 from mindfoundry.data.images.decode import ImageLimits, ImageRejected, decode, square
 from mindfoundry.data.images.hashes import HASH_CROPS, fingerprint, pixel_key
 from mindfoundry.data.images.likeness import LOOK_BYTES
@@ -204,8 +204,10 @@ class ImageDedupStage(Stage[ImageDedupResult]):
                   else np.zeros((0, len(HASH_CROPS)), np.uint64))
         count = len(every_key)
         starts = np.cumsum([0, *sizes])
-        near = (near_candidates(hashes, _Looks(reads, starts), settings.near_distance) if settings.near else None)
-        copies = copies_of(every_key, near, exact=settings.exact, near_likeness=settings.near_likeness)
+        exact = first_copies(every_key) if settings.exact else np.arange(count)
+        near = (near_candidates(hashes, _Looks(reads, starts), settings.near_distance,
+                                among=np.flatnonzero(exact == np.arange(count))) if settings.near else None)
+        copies = copies_of(exact, near, settings.near_likeness)
         kept_by = copies.kept_by
         kept = np.flatnonzero(kept_by == np.arange(count))
         groups = split_clusters(hashes[:, 0], kept, settings.split_distance)
