@@ -6,7 +6,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mindfoundry-installed
 
-.PHONY: install demo test test-fast bench clean-runs
+.PHONY: install demo demo-images test test-fast bench clean-runs
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,13 @@ install: $(STAMP)
 # --resume auto makes a second `make demo` continue (or just re-evaluate) the same run.
 demo: $(STAMP)
 	$(VENV)/bin/mindfoundry run configs/demo.yaml --resume auto
+
+# The image demo corpus (Noto Color Emoji with their Unicode CLDR names, from Debian packages fetched once with
+# apt-get download) curated into WebDataset tars, pixel shards and caption token ids.
+demo-images: $(STAMP)
+	$(VENV)/bin/mindfoundry data demo-images
+	$(VENV)/bin/mindfoundry prepare configs/demo-images.yaml
+	$(VENV)/bin/mindfoundry data inspect configs/demo-images.yaml
 
 # Two workers (pytest-xdist) on this project's 2-core machine: most test time is single-threaded (graph compiles,
 # process start-up, waiting on launched ranks), so the suite takes ~0.6 of its serial time. --maxschedchunk 1 hands out

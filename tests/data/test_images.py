@@ -3,8 +3,10 @@ never a traceback or a hang; the perceptual hash close for copies of a real phot
 
 from __future__ import annotations
 
+import base64
 import io
 import json
+import re
 import sysconfig
 import tarfile
 from pathlib import Path
@@ -318,6 +320,21 @@ def test_text_and_image_sources_prepare_together(tiny_run, corpus_dir, image_cor
     kept = data.manifest["images"]["sources"][0]["kept"]
     assert "images (16 px pixel shards)" in shown and any(
         line.split()[:4] == ["icons", "image_text", "20", str(kept)] for line in shown.splitlines()), shown
+    # the run's HTML report: the image table and a contact sheet of what the trainers read, captions beside
+    from mindfoundry.report.render import write_report
+
+    run = data.root.parent
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 5.0, "lr": 1e-3, "tokens": 64}) + "\n")
+    html = write_report(run).read_text(encoding="utf-8")
+    tiles = re.findall(r'<figure class="tile"><img alt="([^"]*)" src="data:image/png;base64,([^"]+)">', html)
+    pixels = np.load(data.root / "images" / "train" / "icons.pixels.npy")
+    assert len(tiles) == min(24, len(pixels)) + min(24, data.manifest["images"]["splits"]["validation"]["images"])
+    first = np.asarray(Image.open(io.BytesIO(base64.b64decode(tiles[0][1]))))
+    assert np.array_equal(first, pixels[0].repeat(4, axis=0).repeat(4, axis=1))  # 16 px drawn at 64, nearest
+    import webdataset as wds
+
+    tar = sorted(str(p) for p in (data.root / "images" / "train" / "icons").glob("*.tar"))[0]
+    assert tiles[0][0] == next(iter(wds.WebDataset(tar, shardshuffle=False, empty_check=False)))["txt"].decode()
 
     # MindRecord: MindSpore's own reader returns every image's bytes and caption ids as prepare wrote them
     ms_dataset = pytest.importorskip("mindspore.dataset")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from mindfoundry.cli.args import add_config_arguments, config_from_args
+from mindfoundry.cli.args import add_config_arguments, config_from_args, local_path
 from mindfoundry.data.clean.droplog import DropSummary
 from mindfoundry.data.dataset.prepared import local_copy
 from mindfoundry.data.document import origin_name
@@ -142,6 +142,18 @@ def cmd_mindrecord(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demo_images(args: argparse.Namespace) -> int:
+    """Write the image demo corpus (Noto emoji with their CLDR names) from Debian packages fetched into the cache."""
+    from mindfoundry.data.images.demo_corpus import write_corpus
+    from mindfoundry.storage.cache import cache_root
+
+    out = Path(args.out)
+    count = write_corpus(cache_root() / "debian", out, limit=args.limit)
+    print(f"{out / 'emoji' / '00000.tar'}: {count} emoji with their English CLDR names (Chinese in each .json); "
+          "prepare it with configs/demo-images.yaml")
+    return 0
+
+
 def add_data_commands(subparsers: argparse._SubParsersAction) -> None:
     """Register `data validate|inspect|drops|mindrecord` on the main parser's subcommands."""
     data = subparsers.add_parser("data", help="validate, inspect or export prepared data (after `prepare`)")
@@ -176,3 +188,11 @@ def add_data_commands(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--shards", type=_positive_int, default=1, metavar="N", help="MindRecord files per split")
     p.set_defaults(func=cmd_mindrecord)
+
+    p = sub.add_parser("demo-images", help="write the image demo corpus: Noto Color Emoji with their Unicode CLDR "
+                       "names, from Debian packages (apt-get download, once, into the cache)")
+    p.add_argument("--out", type=local_path("the corpus is written with tarfile on a disk"),
+                   default="corpora/demo-images", metavar="DIR",
+                   help="where the corpus goes (default corpora/demo-images; kept if it is there)")
+    p.add_argument("--limit", type=_positive_int, default=None, metavar="N", help="at most N emoji")
+    p.set_defaults(func=cmd_demo_images)

@@ -17,6 +17,7 @@ from typing import Any, Iterable, Sequence
 from mindfoundry.data.prepare.manifest import language_mix
 from mindfoundry.monitor.health import HealthConfig
 from mindfoundry.report import plots
+from mindfoundry.report.contact_sheet import contact_sheets
 from mindfoundry.report.run_data import RunData, load_run
 
 SECTIONS = (
@@ -35,6 +36,9 @@ SECTIONS = (
 )
 
 CSS = """
+.sheet { display: flex; flex-wrap: wrap; gap: 6px; }
+.tile { margin: 0; width: 96px; font-size: 11px; line-height: 1.2; }
+.tile img { width: 64px; height: 64px; image-rendering: pixelated; display: block; }
 body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, 'PingFang SC', 'Microsoft YaHei', 'Noto Sans CJK SC',
        'WenQuanYi Zen Hei', sans-serif; margin: 0 auto; max-width: 1140px;
        padding: 0 20px 40px; color: #1d1d1f; line-height: 1.45; }
@@ -252,8 +256,28 @@ def _data_table(run: RunData) -> str:
 def _data(runs: Sequence[RunData]) -> str:
     png = plots.mixture_plot(runs)
     return _img(png, "data mixture by category", "No data manifest and no mixture records.") + "".join(
-        _data_table(r) for r in runs
+        _data_table(r) + _images(r) for r in runs
     )
+
+
+def _images(run: RunData) -> str:
+    """Each image source: what was read, kept and removed, then its contact sheet per split (when the prepared
+    folder is at hand)."""
+    images = (run.manifest or {}).get("images")
+    if not images:
+        return ""
+    rows = [[s["name"], s["modality"], _num(s["read"], ","), _num(s["kept"], ","), _num(s["dedup_removed"], ","),
+             ", ".join(f"{k}: {v}" for k, v in s["dropped"].items()) or "–"] for s in images["sources"]]
+    html = f"<p><b>{_e(run.label)}</b>: images ({images['settings']['size']} px pixel shards)</p>" + _table(
+        ["source", "modality", "read", "kept", "copies removed", "dropped (reason: images)"], rows, numeric_from=2)
+    if run.data_dir is None:
+        return html + "<p class=\"note\">The prepared folder is not at hand: no contact sheet.</p>"
+    for source, split, tiles in contact_sheets(run.data_dir, images):
+        figures = "".join(
+            f"<figure class=\"tile\"><img alt=\"{_e(t.caption or source)}\" src=\"data:image/png;base64,{t.png}\">"
+            f"<figcaption>{_e(t.caption or '')}</figcaption></figure>" for t in tiles)
+        html += f"<h3>{_e(source)}: {_e(split)}, first {len(tiles)}</h3><div class=\"sheet\">{figures}</div>"
+    return html
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

@@ -37,6 +37,7 @@ class RunData:
     config_text: str = ""
     config: dict[str, Any] = field(default_factory=dict)
     manifest: dict[str, Any] | None = None
+    data_dir: Path | None = None
     summary: dict[str, Any] | None = None
     trainer_state: dict[str, Any] | None = None
 
@@ -80,13 +81,14 @@ def _newest_checkpoint_file(run_dir: Path, name: str) -> dict[str, Any] | None:
     return None
 
 
-def _manifest(run_dir: Path, config: dict[str, Any]) -> dict[str, Any] | None:
+def _manifest(run_dir: Path, config: dict[str, Any]) -> tuple[dict[str, Any] | None, Path | None]:
+    """The data manifest and the prepared folder it is in (None when only a checkpoint's copy is left)."""
     output_dir = (config.get("data") or {}).get("output_dir")
     for folder in ([Path(output_dir)] if output_dir else []) + [run_dir / "data"]:
         found = _json(folder / "manifest.json")
         if found is not None:
-            return found
-    return _newest_checkpoint_file(run_dir, "data_manifest.json")
+            return found, folder
+    return _newest_checkpoint_file(run_dir, "data_manifest.json"), None
 
 
 def _health(records: list[Record], config: dict[str, Any]) -> list[Record]:
@@ -112,9 +114,10 @@ def load_run(run_dir: str | Path) -> RunData:
         raise MetricsError(f"'{path / METRICS_FILE}' has no training step yet: nothing to report")
     config_text = (path / "config.yaml").read_text(encoding="utf-8") if (path / "config.yaml").is_file() else ""
     config = (yaml.safe_load(config_text) if config_text else None) or {}
+    manifest, data_dir = _manifest(path, config)
     return RunData(
         path=path, label=path.resolve().name, steps=steps, evals=eval_records(records), details=detail_records(records),
         events=event_records(records), health=_health(records, config), config_text=config_text, config=config,
-        manifest=_manifest(path, config), summary=_json(path / "summary.json"),
+        manifest=manifest, data_dir=data_dir, summary=_json(path / "summary.json"),
         trainer_state=_newest_checkpoint_file(path, "trainer_state.json"),
     )

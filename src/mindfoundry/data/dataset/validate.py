@@ -280,7 +280,9 @@ def _split_problems(manifest: dict[str, Any], shards: list[ShardReport], hashes:
         if listed != (total["documents"], total["tokens"]):
             out.append(f"manifest.json: the {split} totals ({total['documents']} documents / {total['tokens']} tokens) "
                        f"differ from the sum of its shard entries ({listed[0]} / {listed[1]})")
-    if seq_len is not None and _num_samples(sum(s.tokens for s in shards if s.split == "train"), seq_len) == 0:
+    text = manifest.get("sources")  # image sources alone train on the image shards, not on text samples
+    if text and seq_len is not None and _num_samples(sum(s.tokens for s in shards if s.split == "train"),
+                                                     seq_len) == 0:
         out.append(f"the train split is too small for one sample of seq_len={seq_len}: add data or lower train.seq_len")
     leaked = sum(n for h, n in hashes["validation"].items() if h in hashes["train"])
     if leaked:
