@@ -395,8 +395,8 @@ def test_mindspore_accepts_the_context_and_builds_the_step(tmp_path: Path) -> No
 
 
 #: Each shipped config's data-parallel and tensor-parallel degrees and whether it shards the optimizer state.
-SHIPPED_PLANS = {"demo-mlm.yaml": (1, 1, False), "demo.yaml": (1, 1, False), "llama-13b.yaml": (1, 8, False),
-                 "llama-1b.yaml": (8, 1, True)}
+SHIPPED_PLANS = {"demo-images.yaml": (1, 1, False), "demo-mlm.yaml": (1, 1, False), "demo.yaml": (1, 1, False),
+                 "llama-13b.yaml": (1, 8, False), "llama-1b.yaml": (8, 1, True)}
 
 
 def test_the_shipped_configs_are_all_planned() -> None:

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from mindfoundry.atomic import fsync_path, publish_files, publish_folder
 from mindfoundry.errors import InputMissingError
 
 PACKAGES = ("fonts-noto-color-emoji", "unicode-cldr-core")
@@ -54,7 +55,7 @@ def fetch(cache: Path) -> Path:
                     f"{debs}") from None
         deb = sorted(debs.glob(f"{name}_*.deb"))[-1]
         subprocess.run(["dpkg-deb", "-x", str(deb), str(cache / f"{name}.partial")], check=True)
-        (cache / f"{name}.partial").rename(cache / name)
+        publish_folder(cache / f"{name}.partial", cache / name)
     return cache
 
 
@@ -123,5 +124,6 @@ def write_corpus(cache: Path, out: Path, limit: int | None = None) -> int:
                 info.size, info.mtime, info.mode = len(blob), 0, 0o644
                 tar.addfile(info, io.BytesIO(blob))
             count += 1
-    partial.rename(shard)
+    fsync_path(partial)
+    publish_files([(partial, shard)])
     return count
