@@ -56,6 +56,7 @@ ENGINE_MIRROR = {
     "model.py",
     "native.py",
     "probe_hooks.py",
+    "vision.py",
     "train_step.py",
 }
 ENGINES = ["src/mindfoundry/backends/mindspore", "src/mindfoundry/backends/torch"]

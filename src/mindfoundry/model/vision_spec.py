@@ -1,0 +1,181 @@
+"""Framework-free description of the vision models: a ViT encoder and, for ``objective: mae``, the masked
+autoencoder's light decoder (He et al. 2021) -- parameter names and shapes, the fixed position embeddings, the mask
+from per-sample noise, the pixel input and the MAE target. Both engines build their modules from
+:class:`VisionSpec` with exactly these names, ``[out, in]`` linear layouts (the patch embedding a conv kernel
+``[d_model, 3, p, p]``), so one safetensors file loads into either; Hugging Face ``ViTMAEForPreTraining`` is the
+same arithmetic under other names (``checkpoint/hf_export.vit_mae_names``).
+
+Parameter naming scheme (C = d_model, F = ffn_dim, Cd / Fd the decoder's, P = patch_size^2 * 3)::
+
+    vision.patch_embed.weight                 [C, 3, p, p]   (+ .bias [C])
+    vision.cls_token                          [1, 1, C]
+    vision.layers.{i}.norm1.weight|bias       [C]
+    vision.layers.{i}.attn.{q,k,v,o}_proj.weight  [C, C]     (+ .bias [C])
+    vision.layers.{i}.norm2.weight|bias       [C]
+    vision.layers.{i}.mlp.fc1.weight          [F, C]         (+ .bias [F])
+    vision.layers.{i}.mlp.fc2.weight          [C, F]         (+ .bias [C])
+    vision.norm.weight|bias                   [C]
+    mae.embed.weight                          [Cd, C]        (+ .bias [Cd])
+    mae.mask_token                            [1, 1, Cd]
+    mae.layers.{i}.*                          the block above at Cd, Fd
+    mae.norm.weight|bias                      [Cd]
+    mae.pred.weight                           [P, Cd]        (+ .bias [P])
+
+A block is pre-norm: x + attn(LayerNorm(x)), then x + fc2(GELU(fc1(LayerNorm(x)))), GELU exact (erf), attention
+softmax(q k^T / sqrt(head_dim)) v over all tokens. The position embeddings are fixed (2-D sine-cosine, the cls
+token's row zero), computed here and never trained. The mask is a function of noise: a sample's patches sorted by
+their noise, the first ``kept`` visible, the rest masked -- the noise itself a function of (seed, sample position)
+(:func:`mae_noise`), so both engines, every layout and every resume mask alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+#: The per-channel mean and standard deviation the pixels are normalised with (ImageNet's, as Hugging Face's
+#: ViT image processors do), so an exported model's preprocessor is the standard one.
+PIXEL_MEAN = (0.485, 0.456, 0.406)
+PIXEL_STD = (0.229, 0.224, 0.225)
+#: Added to a patch's variance before its square root in the normalised-pixel target (MAE's).
+TARGET_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """The ViT encoder and the MAE decoder (see the module docstring)."""
+
+    image_size: int
+    patch_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    ffn_dim: int
+    decoder_d_model: int
+    decoder_layers: int
+    decoder_heads: int
+    decoder_ffn_dim: int
+    mask_ratio: float = 0.75
+    norm_eps: float = 1e-12
+    channels: int = 3
+
+    @property
+    def grid(self) -> int:
+        """Patches per side."""
+        return self.image_size // self.patch_size
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid * self.grid
+
+    @property
+    def patch_dim(self) -> int:
+        """Values per patch: its pixels times the channels."""
+        return self.patch_size * self.patch_size * self.channels
+
+    @property
+    def kept(self) -> int:
+        """Visible patches per sample (Hugging Face's rounding: down)."""
+        return int(self.num_patches * (1 - self.mask_ratio))
+
+
+def _block_shapes(prefix: str, width: int, ffn: int) -> dict[str, tuple[int, ...]]:
+    shapes: dict[str, tuple[int, ...]] = {f"{prefix}.norm1.weight": (width,), f"{prefix}.norm1.bias": (width,)}
+    for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        shapes[f"{prefix}.attn.{proj}.weight"] = (width, width)
+        shapes[f"{prefix}.attn.{proj}.bias"] = (width,)
+    shapes |= {f"{prefix}.norm2.weight": (width,), f"{prefix}.norm2.bias": (width,),
+               f"{prefix}.mlp.fc1.weight": (ffn, width), f"{prefix}.mlp.fc1.bias": (ffn,),
+               f"{prefix}.mlp.fc2.weight": (width, ffn), f"{prefix}.mlp.fc2.bias": (width,)}
+    return shapes
+
+
+def vision_parameter_shapes(spec: VisionSpec) -> dict[str, tuple[int, ...]]:
+    """Every trained parameter of the encoder and the MAE decoder, in module order."""
+    c, cd, p = spec.d_model, spec.decoder_d_model, spec.patch_size
+    shapes: dict[str, tuple[int, ...]] = {"vision.patch_embed.weight": (c, spec.channels, p, p),
+                                          "vision.patch_embed.bias": (c,), "vision.cls_token": (1, 1, c)}
+    for i in range(spec.n_layers):
+        shapes |= _block_shapes(f"vision.layers.{i}", c, spec.ffn_dim)
+    shapes |= {"vision.norm.weight": (c,), "vision.norm.bias": (c,), "mae.embed.weight": (cd, c),
+               "mae.embed.bias": (cd,), "mae.mask_token": (1, 1, cd)}
+    for i in range(spec.decoder_layers):
+        shapes |= _block_shapes(f"mae.layers.{i}", cd, spec.decoder_ffn_dim)
+    shapes |= {"mae.norm.weight": (cd,), "mae.norm.bias": (cd,), "mae.pred.weight": (spec.patch_dim, cd),
+               "mae.pred.bias": (spec.patch_dim,)}
+    return shapes
+
+
+def init_vision_weights(spec: VisionSpec, seed: int) -> dict[str, np.ndarray]:
+    """Initial weights (float32), from ``seed`` alone: MAE's -- linear and conv weights Xavier-uniform, biases zero,
+    norms one, the cls and mask tokens normal(0, 0.02)."""
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for name, shape in vision_parameter_shapes(spec).items():
+        if name.endswith(("cls_token", "mask_token")):
+            value = rng.normal(0.0, 0.02, shape)
+        elif name.endswith(".bias"):
+            value = np.zeros(shape)
+        elif len(shape) == 1:
+            value = np.ones(shape)
+        else:
+            fan_out, fan_in = shape[0], int(np.prod(shape[1:]))
+            bound = math.sqrt(6.0 / (fan_in + fan_out))
+            value = rng.uniform(-bound, bound, shape)
+        weights[name] = value.astype(np.float32)
+    return weights
+
+
+def position_embeddings(width: int, grid: int) -> np.ndarray:
+    """The fixed (1 + grid^2, width) 2-D sine-cosine embeddings, the cls token's row zero, each patch's row
+    ``[sin(w) | cos(w) | sin(h) | cos(h)]`` of its column w and row h over ``width / 4`` frequencies
+    (``1 / 10000^(k / (width/4))``): MAE's layout, which Hugging Face keeps."""
+    if width % 4:
+        raise ValueError(f"width {width} is not a multiple of 4")
+    omega = 1.0 / 10000.0 ** (np.arange(width // 4, dtype=np.float64) / (width // 4))
+    rows, cols = np.meshgrid(np.arange(grid, dtype=np.float64), np.arange(grid, dtype=np.float64), indexing="ij")
+    by_col, by_row = np.outer(cols.ravel(), omega), np.outer(rows.ravel(), omega)
+    table = np.concatenate([np.sin(by_col), np.cos(by_col), np.sin(by_row), np.cos(by_row)], axis=1)
+    return np.concatenate([np.zeros((1, width)), table]).astype(np.float32)
+
+
+def mae_noise(seed: int, positions: np.ndarray, num_patches: int) -> np.ndarray:
+    """(len(positions), num_patches) float32 uniform noise, each row a function of (``seed``, that sample's
+    position in the training order) alone."""
+    rows = []
+    for position in np.asarray(positions, dtype=np.int64).ravel():
+        digest = hashlib.sha256(f"mae-mask:{seed}:{int(position)}".encode()).digest()
+        rows.append(np.random.default_rng(int.from_bytes(digest[:8], "little")).random(num_patches))
+    return np.asarray(rows, dtype=np.float32).reshape(len(rows), num_patches)
+
+
+@dataclass(frozen=True)
+class Mask:
+    """A batch's mask: the visible patches (``keep``, B x kept, in noise order), where each patch lands back
+    (``restore``, B x L) and the masked patches (``masked``, B x L float32, 1 = masked)."""
+
+    keep: np.ndarray
+    restore: np.ndarray
+    masked: np.ndarray
+
+
+def mask_from_noise(noise: np.ndarray, kept: int) -> Mask:
+    """The mask of per-patch noise: the ``kept`` patches of least noise visible (a stable sort, as torch's argsort
+    of distinct floats)."""
+    shuffle = np.argsort(noise, axis=1, kind="stable")
+    restore = np.argsort(shuffle, axis=1, kind="stable")
+    masked = np.ones(noise.shape, np.float32)
+    masked[:, :kept] = 0
+    return Mask(shuffle[:, :kept].astype(np.int32), restore.astype(np.int32),
+                np.take_along_axis(masked, restore, axis=1))
+
+
+def pixel_values(pixels: np.ndarray) -> np.ndarray:
+    """uint8 pixel shards (B x H x W x 3) as the encoder's float32 input (B x 3 x H x W), normalised with
+    :data:`PIXEL_MEAN` and :data:`PIXEL_STD`."""
+    x = np.asarray(pixels, dtype=np.float32) / 255.0
+    x = (x - np.asarray(PIXEL_MEAN, np.float32)) / np.asarray(PIXEL_STD, np.float32)
+    return np.ascontiguousarray(x.transpose(0, 3, 1, 2))

@@ -1,0 +1,114 @@
+"""The vision models (:mod:`mindfoundry.model.vision_spec`): the MAE loss of our torch and MindSpore modules on the
+same weights, pixels and mask, against each other and against transformers' ViTMAEForPreTraining given our mask as
+``noise``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from mindfoundry.model.vision_spec import (
+    VisionSpec,
+    init_vision_weights,
+    mae_noise,
+    mask_from_noise,
+    pixel_values,
+    vision_parameter_shapes,
+)
+
+SPEC = VisionSpec(image_size=32, patch_size=8, d_model=32, n_layers=2, n_heads=4, ffn_dim=64, decoder_d_model=16,
+                  decoder_layers=1, decoder_heads=2, decoder_ffn_dim=32)
+SITE = Path(np.__file__).parents[1]
+
+
+def _batch() -> np.ndarray:
+    """Four real images at 32 x 32 (the photos scikit-learn and matplotlib ship, resized)."""
+    from PIL import Image
+
+    paths = [SITE / "sklearn/datasets/images/china.jpg", SITE / "sklearn/datasets/images/flower.jpg",
+             SITE / "matplotlib/mpl-data/sample_data/grace_hopper.jpg",
+             SITE / "matplotlib/mpl-data/sample_data/Minduka_Present_Blue_Pack.png"]
+    return np.stack([np.asarray(Image.open(p).convert("RGB").resize((32, 32), Image.Resampling.BICUBIC))
+                     for p in paths])
+
+
+def _torch_loss(weights: dict[str, np.ndarray], pixels: np.ndarray, noise: np.ndarray,
+                grads: bool = False) -> float | tuple[float, dict[str, np.ndarray]]:
+    """Our torch MAE's loss (and, with ``grads``, each parameter's gradient) on ``weights``."""
+    import torch
+
+    from mindfoundry.backends.torch.vision import MAE
+
+    model = MAE(SPEC)
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()}, strict=True)
+    mask = mask_from_noise(noise, SPEC.kept)
+    loss = model(torch.from_numpy(pixel_values(pixels)), torch.from_numpy(mask.keep),
+                 torch.from_numpy(mask.restore), torch.from_numpy(mask.masked))
+    if not grads:
+        return float(loss.detach())
+    loss.backward()
+    return float(loss.detach()), {name: p.grad.numpy() for name, p in model.named_parameters()}
+
+
+def test_the_mask_is_a_function_of_seed_and_position() -> None:
+    noise = mae_noise(7, np.array([3, 4, 3]), SPEC.num_patches)
+    assert np.array_equal(noise[0], noise[2]) and not np.array_equal(noise[0], noise[1])
+    mask = mask_from_noise(noise, SPEC.kept)
+    assert SPEC.kept == 4 and mask.keep.shape == (3, 4) and mask.masked.sum(axis=1).tolist() == [12, 12, 12]
+    visible = np.zeros_like(mask.masked)
+    np.put_along_axis(visible, mask.keep.astype(np.int64), 1, axis=1)
+    assert np.array_equal(visible, 1 - mask.masked)  # the kept patches are exactly the unmasked ones
+
+
+def test_torch_mae_loss_equals_transformers_vitmae_given_our_mask_as_noise() -> None:
+    import torch
+    from transformers import ViTMAEConfig, ViTMAEForPreTraining
+
+    from mindfoundry.checkpoint.hf_vision import vit_mae_config, vit_mae_weights
+
+    weights = init_vision_weights(SPEC, seed=3)
+    assert {k: v.shape for k, v in weights.items()} == vision_parameter_shapes(SPEC)
+    pixels, noise = _batch(), mae_noise(11, np.arange(4), SPEC.num_patches)
+    ours = _torch_loss(weights, pixels, noise)
+    hf = ViTMAEForPreTraining(ViTMAEConfig(**vit_mae_config(SPEC))).eval()
+    exported = vit_mae_weights(SPEC, weights)
+    missing, unexpected = hf.load_state_dict({k: torch.from_numpy(v) for k, v in exported.items()}, strict=False)
+    assert not missing and not unexpected
+    with torch.no_grad():
+        theirs = float(hf(pixel_values=torch.from_numpy(pixel_values(pixels)), noise=torch.from_numpy(noise)).loss)
+    assert 0.5 < ours < 3.0
+    assert abs(ours - theirs) <= 1e-6 * abs(theirs), (ours, theirs)  # measured: equal (1.1524234)
+
+
+def test_mindspore_mae_loss_equals_torch_on_the_same_weights_and_mask() -> None:
+    import mindspore as ms
+
+    from mindfoundry.backends.mindspore.vision import MAE
+
+    weights = init_vision_weights(SPEC, seed=5)
+    pixels, noise = _batch(), mae_noise(2, np.arange(10, 14), SPEC.num_patches)
+    model = MAE(SPEC)
+    assert {p.name: tuple(p.shape) for p in model.get_parameters()} == vision_parameter_shapes(SPEC)
+    ms.load_param_into_net(model, {k: ms.Parameter(ms.Tensor(v), name=k) for k, v in weights.items()}, strict_load=True)
+    mask = mask_from_noise(noise, SPEC.kept)
+    ours = float(model(ms.Tensor(pixel_values(pixels)), ms.Tensor(mask.keep), ms.Tensor(mask.restore),
+                       ms.Tensor(mask.masked)).asnumpy())
+    theirs, torch_grads = _torch_loss(weights, pixels, noise, grads=True)
+    assert abs(ours - theirs) <= 1e-6 * abs(theirs), (ours, theirs)  # measured: equal
+    # the gradients too, in GRAPH mode as training compiles it
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        params = model.trainable_params()
+        loss, grads = ms.value_and_grad(model, None, params)(
+            ms.Tensor(pixel_values(pixels)), ms.Tensor(mask.keep), ms.Tensor(mask.restore), ms.Tensor(mask.masked))
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    assert abs(float(loss.asnumpy()) - theirs) <= 1e-6 * abs(theirs)
+    worst = max(float(np.abs(g.asnumpy() - torch_grads[p.name]).max() / (np.abs(torch_grads[p.name]).max() + 1e-12))
+                for p, g in zip(params, grads, strict=True))
+    # each gradient against the largest of any parameter: a key projection's bias has a zero gradient (a softmax
+    # does not see a constant added to every key's score) which both engines leave as float32 noise
+    scale = max(float(np.abs(g).max()) for g in torch_grads.values())
+    worst = max(float(np.abs(g.asnumpy() - torch_grads[p.name]).max()) for p, g in zip(params, grads, strict=True))
+    assert worst <= 1e-6 * scale, (worst, scale)  # measured 4.7e-7 of the scale
