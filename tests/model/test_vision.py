@@ -8,14 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mindfoundry.model.vision_spec import (
-    VisionSpec,
-    init_vision_weights,
-    mae_noise,
-    mask_from_noise,
-    pixel_values,
-    vision_parameter_shapes,
-)
+from mindfoundry.data.dataset.image_masking import mae_noise, mask_from_noise
+from mindfoundry.model.vision_spec import VisionSpec, init_vision_weights, pixel_values, vision_parameter_shapes
 
 SPEC = VisionSpec(image_size=32, patch_size=8, d_model=32, n_layers=2, n_heads=4, ffn_dim=64, decoder_d_model=16,
                   decoder_layers=1, decoder_heads=2, decoder_ffn_dim=32)

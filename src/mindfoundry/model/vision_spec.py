@@ -23,14 +23,14 @@ Parameter naming scheme (C = d_model, F = ffn_dim, Cd / Fd the decoder's, P = pa
 
 A block is pre-norm: x + attn(LayerNorm(x)), then x + fc2(GELU(fc1(LayerNorm(x)))), GELU exact (erf), attention
 softmax(q k^T / sqrt(head_dim)) v over all tokens. The position embeddings are fixed (2-D sine-cosine, the cls
-token's row zero), computed here and never trained. The mask is a function of noise: a sample's patches sorted by
-their noise, the first ``kept`` visible, the rest masked -- the noise itself a function of (seed, sample position)
-(:func:`mae_noise`), so both engines, every layout and every resume mask alike.
+token's row zero), computed here and never trained. The mask comes from the data layer
+(:mod:`mindfoundry.data.dataset.image_masking`): a sample's patches sorted by noise that is a function of (seed,
+sample position), the first :attr:`VisionSpec.kept` visible, so both engines, every layout and every resume mask
+alike.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 
@@ -140,37 +140,6 @@ def position_embeddings(width: int, grid: int) -> np.ndarray:
     by_col, by_row = np.outer(cols.ravel(), omega), np.outer(rows.ravel(), omega)
     table = np.concatenate([np.sin(by_col), np.cos(by_col), np.sin(by_row), np.cos(by_row)], axis=1)
     return np.concatenate([np.zeros((1, width)), table]).astype(np.float32)
-
-
-def mae_noise(seed: int, positions: np.ndarray, num_patches: int) -> np.ndarray:
-    """(len(positions), num_patches) float32 uniform noise, each row a function of (``seed``, that sample's
-    position in the training order) alone."""
-    rows = []
-    for position in np.asarray(positions, dtype=np.int64).ravel():
-        digest = hashlib.sha256(f"mae-mask:{seed}:{int(position)}".encode()).digest()
-        rows.append(np.random.default_rng(int.from_bytes(digest[:8], "little")).random(num_patches))
-    return np.asarray(rows, dtype=np.float32).reshape(len(rows), num_patches)
-
-
-@dataclass(frozen=True)
-class Mask:
-    """A batch's mask: the visible patches (``keep``, B x kept, in noise order), where each patch lands back
-    (``restore``, B x L) and the masked patches (``masked``, B x L float32, 1 = masked)."""
-
-    keep: np.ndarray
-    restore: np.ndarray
-    masked: np.ndarray
-
-
-def mask_from_noise(noise: np.ndarray, kept: int) -> Mask:
-    """The mask of per-patch noise: the ``kept`` patches of least noise visible (a stable sort, as torch's argsort
-    of distinct floats)."""
-    shuffle = np.argsort(noise, axis=1, kind="stable")
-    restore = np.argsort(shuffle, axis=1, kind="stable")
-    masked = np.ones(noise.shape, np.float32)
-    masked[:, :kept] = 0
-    return Mask(shuffle[:, :kept].astype(np.int32), restore.astype(np.int32),
-                np.take_along_axis(masked, restore, axis=1))
 
 
 def pixel_values(pixels: np.ndarray) -> np.ndarray:

@@ -2,8 +2,8 @@
 decoder, with the parameter names and layouts of :mod:`mindfoundry.model.vision_spec` (Cell paths give the
 names).
 
-The mask arrives from the data layer as indices (:class:`mindfoundry.model.vision_spec.Mask`), so no random number
-is drawn here. Shapes in comments: B batch, L patches, K visible patches, C width, P values per patch.
+The mask arrives from the data layer as indices (:class:`mindfoundry.data.dataset.image_masking.Mask`), so no
+random number is drawn here. Shapes in comments: B batch, L patches, K visible patches, C width, P values per patch.
 """
 
 from __future__ import annotations
