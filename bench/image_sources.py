@@ -5,8 +5,9 @@ figures, fetched from the Debian archive (a package registry, never a hub) and u
 
 - emoji (fonts-noto-color-emoji, OFL-1.1): 3,926 colour bitmaps (136 x 128 PNG) from the font's CBDT table, read
   with fontTools; skin-tone variants of one emoji are grouped (they are near copies by design): by the sequence a
-  glyph stands for (its code point, or the components of the ligature that makes it, GSUB), skin-tone modifiers
-  left out; the five skin-tone swatches are one group.
+  glyph stands for (its code point, or the characters of the ligature that makes it, GSUB:
+  `mindfoundry.data.images.demo_corpus.glyph_sequences`), skin-tone modifiers left out; the five skin-tone swatches
+  are one group.
 - gimp (gimp-help-en, GFDL-1.2+): the manual's figures: screenshots, dialogs, photos before and after a filter (PNG,
   JPEG).
 """
@@ -14,15 +15,13 @@ figures, fetched from the Debian archive (a package registry, never a hub) and u
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
 from curation_sources import CACHE, fetch
 
 PACKAGES = ("fonts-noto-color-emoji", "gimp-help-en")
-#: The skin-tone modifiers' glyphs (U+1F3FB..U+1F3FF), as the font names them, and a modifier in a glyph name.
-_TONES = {f"u1F3F{c}" for c in "BCDEF"}
-_SKIN_TONE = re.compile(r"_1F3F[B-F]", re.IGNORECASE)
+#: The skin-tone modifiers (U+1F3FB..U+1F3FF) and the emoji-style variation selector.
+_TONES_AND_STYLE = {chr(code) for code in range(0x1F3FB, 0x1F400)} | {"\ufe0f"}
 
 
 def fetch_images(cache: Path = CACHE) -> None:
@@ -30,31 +29,23 @@ def fetch_images(cache: Path = CACHE) -> None:
 
 
 def emoji(cache: Path = CACHE) -> list[tuple[str, str, bytes]]:
-    """(glyph name, group, PNG bytes) of every colour emoji bitmap, in glyph-name order; the group is the name
-    without its skin-tone modifiers."""
+    """(glyph name, group, PNG bytes) of every colour emoji bitmap, in glyph-name order; the group is the character
+    sequence the glyph stands for (the demo corpus's reading of the font) without skin-tone modifiers."""
     from fontTools.ttLib import TTFont
+
+    from mindfoundry.data.images.demo_corpus import glyph_sequences
 
     font = TTFont(next((cache / "fonts-noto-color-emoji").rglob("NotoColorEmoji.ttf")))
     strike = font["CBDT"].strikeData[0]
-    made_of = _ligatures(font)
+    sequences = glyph_sequences(font)
 
     def group(name: str) -> str:
-        parts = [p for p in made_of.get(name, [name]) if p not in _TONES]
-        return "skin-tone" if not parts else _SKIN_TONE.sub("", "+".join(parts))
+        if name not in sequences:
+            return name
+        kept = "".join(c for c in sequences[name][0] if c not in _TONES_AND_STYLE)
+        return kept or "skin-tone"
 
     return [(name, group(name), strike[name].imageData) for name in sorted(strike)]
-
-
-def _ligatures(font: object) -> dict[str, list[str]]:
-    """{ligature glyph: the glyphs it is made of} from the font's GSUB ligature lookups."""
-    made_of: dict[str, list[str]] = {}
-    for lookup in font["GSUB"].table.LookupList.Lookup:
-        for table in lookup.SubTable:
-            table = getattr(table, "ExtSubTable", table)
-            for first, ligatures in getattr(table, "ligatures", {}).items():
-                for ligature in ligatures:
-                    made_of.setdefault(ligature.LigGlyph, [first, *ligature.Component])
-    return made_of
 
 
 def gimp_figures(cache: Path = CACHE) -> list[Path]:

@@ -65,7 +65,7 @@ def emoji(cache: Path) -> Iterator[Emoji]:
 
     font = TTFont(next((cache / "fonts-noto-color-emoji").rglob("NotoColorEmoji.ttf")))
     english, chinese = _names(cache, "en"), _names(cache, "zh")
-    sequences = _sequences(font)
+    sequences = glyph_sequences(font)
     strike = font["CBDT"].strikeData[0]
     for glyph in sorted(strike):
         named = [s for s in (s.replace(_EMOJI_STYLE, "") for s in sequences.get(glyph, [])) if s in english]
@@ -73,7 +73,7 @@ def emoji(cache: Path) -> Iterator[Emoji]:
             yield Emoji(named[0], strike[glyph].imageData, english[named[0]], chinese.get(named[0]))
 
 
-def _sequences(font: object) -> dict[str, list[str]]:
+def glyph_sequences(font: object) -> dict[str, list[str]]:
     """{glyph: the character sequences it stands for}: the cmap's code point, else every GSUB ligature that makes
     it (the font makes some ZWJ sequences from their characters in both orders)."""
     by_code = {glyph: chr(code) for code, glyph in font.getBestCmap().items()}
