@@ -292,6 +292,25 @@ def test_prepare_curates_images_into_shards_webdataset_reads(tiny_run, image_cor
     hf = load_dataset("webdataset", data_files={"train": tars}, split="train")
     assert len(hf) == len(pixels) and hf[0]["txt"] == samples[0]["txt"]
     assert np.array_equal(square(np.asarray(hf[0]["png"].convert("RGB")), 32), pixels[0])
+    # what the trainers read: every source's pixel shard as one set, in a seeded order per epoch, captions beside
+    from mindfoundry.data.dataset.image_samples import ImageBatches, open_image_samples
+    from mindfoundry.data.dataset.prepared import DataError
+    from mindfoundry.data.tokenizer import read_tokenizer
+
+    train = open_image_samples(data.root, data.manifest, "train")
+    assert train.sources == ["icons", "photos"] and len(train) == images["splits"]["train"]["images"]
+    photos = np.load(data.root / "images" / "train" / "photos.pixels.npy")
+    assert np.array_equal(train.get_pixels(np.arange(len(train))), np.concatenate([pixels, photos]))
+    tokenizer, _ = read_tokenizer(data.root / "tokenizer.json")
+    assert tokenizer.decode(train.get_captions(np.array([0]))[0].tolist()) == samples[0]["txt"]
+    batches = ImageBatches(train, seed=3)
+    first, indices = batches.get_batch(0, len(train))
+    assert sorted(indices.tolist()) == list(range(len(train))) and indices.tolist() != list(range(len(train)))
+    assert np.array_equal(first, train.get_pixels(indices))
+    assert np.array_equal(batches.get_batch(5, 3)[0], first[5:8])  # a position's image, however the batch is cut
+    np.save(data.root / "images" / "train" / "photos.pixels.npy", photos[:1])  # a shard that lost rows
+    with pytest.raises(DataError, match=r"photos.pixels.npy' is uint8 \(1, 32, 32, 3\), the manifest says"):
+        open_image_samples(data.root, data.manifest, "train")
 
 
 def test_text_and_image_sources_prepare_together(tiny_run, corpus_dir, image_corpus, capsys) -> None:
