@@ -106,3 +106,28 @@ def test_mindspore_mae_loss_equals_torch_on_the_same_weights_and_mask() -> None:
     scale = max(float(np.abs(g).max()) for g in torch_grads.values())
     worst = max(float(np.abs(g.asnumpy() - torch_grads[p.name]).max()) for p, g in zip(params, grads, strict=True))
     assert worst <= 1e-6 * scale, (worst, scale)  # measured 4.7e-7 of the scale
+
+
+def test_the_mae_size_and_flops_are_what_torch_counts() -> None:
+    """The parameter count against torch's module and transformers' (less its two fixed position tables); the
+    forward FLOPs against torch's FlopCounterMode on transformers' ViTMAE (the same arithmetic)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import ViTMAEConfig, ViTMAEForPreTraining
+
+    from mindfoundry.backends.torch.vision import MAE
+    from mindfoundry.checkpoint.hf_vision import vit_mae_config
+    from mindfoundry.model.vision_spec import mae_flops_per_image, vision_num_parameters
+
+    model = MAE(SPEC)
+    assert vision_num_parameters(SPEC) == sum(p.numel() for p in model.parameters())
+    hf = ViTMAEForPreTraining(ViTMAEConfig(**vit_mae_config(SPEC)))
+    fixed = (1 + SPEC.num_patches) * (SPEC.d_model + SPEC.decoder_d_model)
+    assert vision_num_parameters(SPEC) == sum(p.numel() for p in hf.state_dict().values()) - fixed
+    # transformers' eager attention is plain matmuls, which the counter sees (torch's CPU sdpa kernel it does not)
+    eager = ViTMAEForPreTraining(ViTMAEConfig(**vit_mae_config(SPEC), attn_implementation="eager")).eval()
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        eager(pixel_values=torch.from_numpy(pixel_values(_batch()[:2])),
+              noise=torch.from_numpy(mae_noise(0, np.arange(2), SPEC.num_patches)))
+    assert counter.get_total_flops() == 2 * mae_flops_per_image(SPEC)

@@ -109,6 +109,31 @@ def vision_parameter_shapes(spec: VisionSpec) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def vision_num_parameters(spec: VisionSpec) -> int:
+    """Trained parameters of the encoder and the MAE decoder (the position embeddings are fixed, not counted)."""
+    return sum(int(np.prod(shape)) for shape in vision_parameter_shapes(spec).values())
+
+
+def _blocks_flops(tokens: int, width: int, ffn: int, layers: int) -> int:
+    """Forward FLOPs (a multiply-add is 2) of ``layers`` blocks over ``tokens`` tokens: four projections, scores
+    and their weighted sum over every pair of tokens, the two MLP matrices (norms, biases and the softmax left
+    out, as is usual)."""
+    return layers * 2 * tokens * (4 * width * width + 2 * tokens * width + 2 * width * ffn)
+
+
+def mae_flops_per_image(spec: VisionSpec) -> int:
+    """Forward FLOPs of one image through the MAE: the patch embedding of every patch (the mask is applied after
+    it), the encoder over the cls token and the visible patches, the decoder over the cls token and every patch,
+    the prediction of every token; the training step takes three times as many (backward twice the forward)."""
+    visible, every = spec.kept + 1, spec.num_patches + 1
+    c, cd = spec.d_model, spec.decoder_d_model
+    return (2 * spec.num_patches * c * spec.patch_dim
+            + _blocks_flops(visible, c, spec.ffn_dim, spec.n_layers)
+            + 2 * visible * c * cd
+            + _blocks_flops(every, cd, spec.decoder_ffn_dim, spec.decoder_layers)
+            + 2 * every * cd * spec.patch_dim)
+
+
 def init_vision_weights(spec: VisionSpec, seed: int) -> dict[str, np.ndarray]:
     """Initial weights (float32), from ``seed`` alone: MAE's -- linear and conv weights Xavier-uniform, biases zero,
     norms one, the cls and mask tokens normal(0, 0.02)."""
