@@ -4,8 +4,10 @@
 Near copies are found exactly, not sampled: a pair within ``distance`` bits agrees on at least one of ``distance + 1``
 bands of the 64-bit hash (pigeonhole), so images are grouped by each band's value and only the pairs inside a group
 are compared. The cost grows with the square of the images that share a band value (about N^2 / 2^(64 / (distance +
-1)) per band for unrelated images): right for the 10^5 images of one `prepare` here; a corpus of many millions wants
-these bands as key runs across tasks, as the text dedup does.
+1)) per band for unrelated images). Measured on the bench's real hashes (three per image): 8,000 images in 9 s at
+distance 12 (1.7 s at 8), 16,000 in 35 s, 32,000 in 129 s (21 s at 8): right for the 10^4 images of one `prepare`
+here, not for millions, which want multi-index hashing (longer bands probed within a radius) or these bands as key
+runs across tasks, as the text dedup does.
 """
 
 from __future__ import annotations
