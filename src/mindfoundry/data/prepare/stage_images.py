@@ -255,19 +255,20 @@ class ImageDedupStage(Stage[ImageDedupResult]):
 
 
 class _Looks:
-    """The looks of any images (numbered corpus-wide) read from the read tasks' files as they are asked for."""
+    """The looks of any images (numbered corpus-wide), read from the read tasks' files as they are asked for: each
+    file mapped for one call only, so a corpus of many read tasks never holds a descriptor per task."""
 
     def __init__(self, reads: list[Path], starts: np.ndarray) -> None:
-        self.starts = starts
-        self.files = [np.memmap(folder / LOOKS, dtype=np.uint8, mode="r").reshape(-1, LOOK_BYTES)
-                      if starts[t + 1] > starts[t] else None for t, folder in enumerate(reads)]
+        self.reads, self.starts = reads, starts
 
     def __call__(self, rows: np.ndarray) -> np.ndarray:
         tasks = np.searchsorted(self.starts, rows, side="right") - 1
         out = np.empty((len(rows), LOOK_BYTES), np.uint8)
         for t in np.unique(tasks):
             chosen = tasks == t
-            out[chosen] = self.files[t][rows[chosen] - self.starts[t]]
+            looks = np.memmap(self.reads[t] / LOOKS, dtype=np.uint8, mode="r").reshape(-1, LOOK_BYTES)
+            out[chosen] = looks[rows[chosen] - self.starts[t]]
+            del looks
         return out
 
 
