@@ -69,11 +69,6 @@ def fingerprint(pixels: np.ndarray) -> Fingerprint:
     return Fingerprint(tuple(hashes), look(reduced))
 
 
-def perceptual_hash(pixels: np.ndarray) -> int:
-    """The 64-bit DCT hash of the whole image (see the module docstring), as an unsigned integer."""
-    return fingerprint(pixels).hashes[0]
-
-
 def _dct_hash(grey: np.ndarray) -> int:
     dct = _dct_matrix(THUMB)
     low = (dct @ grey @ dct.T)[:LOW, :LOW].ravel()
