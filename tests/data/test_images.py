@@ -382,6 +382,8 @@ def test_text_and_image_sources_prepare_together(tiny_run, corpus_dir, image_cor
     assert main(["data", "validate", str(config)]) == 2
     assert f"error: {shard}: changed since it was prepared (sha256 differs from the manifest)" in (
         capsys.readouterr().err)
+    (data.root / "images" / "train" / "icons.pixels.npy").unlink()  # the folder changed since: the report says so
+    assert "No contact sheet: the prepared images cannot be read" in write_report(run).read_text(encoding="utf-8")
 
 
 def test_llava_style_records_prepare_as_pairs(tiny_run, image_corpus, tmp_path) -> None:

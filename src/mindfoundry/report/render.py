@@ -11,6 +11,7 @@ import datetime as dt
 import html
 import json
 import statistics
+import tarfile
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -270,9 +271,13 @@ def _images(run: RunData) -> str:
              ", ".join(f"{k}: {v}" for k, v in s["dropped"].items()) or "–"] for s in images["sources"]]
     html = f"<p><b>{_e(run.label)}</b>: images ({images['settings']['size']} px pixel shards)</p>" + _table(
         ["source", "modality", "read", "kept", "copies removed", "dropped (reason: images)"], rows, numeric_from=2)
-    if run.data_dir is None:
+    try:
+        sheets = contact_sheets(run.data_dir, images) if run.data_dir is not None else None
+    except (OSError, ValueError, tarfile.TarError) as exc:  # a prepared folder changed since: the report still renders
+        return html + f"<p class=\"note\">No contact sheet: the prepared images cannot be read ({_e(exc)}).</p>"
+    if sheets is None:
         return html + "<p class=\"note\">The prepared folder is not at hand: no contact sheet.</p>"
-    for source, split, tiles in contact_sheets(run.data_dir, images):
+    for source, split, tiles in sheets:
         figures = "".join(
             f"<figure class=\"tile\"><img alt=\"{_e(t.caption or source)}\" src=\"data:image/png;base64,{t.png}\">"
             f"<figcaption>{_e(t.caption or '')}</figcaption></figure>" for t in tiles)
