@@ -48,6 +48,9 @@ def test_the_demo_corpus_is_the_emoji_with_their_cldr_names_and_prepares(tmp_pat
     # colours); 2,155 kept, 59 held out by cluster
     assert images["sources"][0]["read"] == count and images["dedup"]["exact"] == 6
     assert images["splits"]["train"]["images"] + images["splits"]["validation"]["images"] == images["dedup"]["kept"]
+    # the source's own figures add up, exact and near copies both counted (only the near ones were, before)
+    assert images["sources"][0]["dedup_removed"] == images["dedup"]["exact"] + images["dedup"]["near"]
+    assert images["sources"][0]["kept"] == images["dedup"]["kept"]
     assert main(["data", "validate", str(path)]) == 0
 
 

@@ -135,9 +135,10 @@ def render_inspect(report: InspectReport, console: Console) -> None:
         console.print(f"[bold]{category}[/]")
         for text in texts:
             console.print(Text(f"  • {text}"), soft_wrap=True)
-    console.print(_token_table(report.tokens, report.shares, report.planned))
-    console.print(_histogram(report.histogram))
-    console.print(_removal_table(report.removals))
+    if report.tokens or not report.images:  # text sources, or nothing at all (say so with the empty tables)
+        console.print(_token_table(report.tokens, report.shares, report.planned))
+        console.print(_histogram(report.histogram))
+        console.print(_removal_table(report.removals))
     if report.languages:
         console.print(_language_table(report.languages))
     if report.images:

@@ -215,7 +215,8 @@ class ImageDedupStage(Stage[ImageDedupResult]):
         sides[kept] = [VALIDATION if self._held_out(int(every_key[g])) else TRAIN for g in groups]
         dropped = np.flatnonzero(kept_by != np.arange(count))
         metas = _some_metas(reads, starts, np.concatenate([dropped, kept_by[dropped]]))
-        removed: Counter[str] = Counter()
+        removed: Counter[str] = Counter()  # by kind: exact, near
+        by_source: Counter[str] = Counter()
         for t, folder in enumerate(reads):
             low, high = starts[t], starts[t + 1]
             np.save(out / f"sides-{t:06d}.npy", sides[low:high])
@@ -223,16 +224,15 @@ class ImageDedupStage(Stage[ImageDedupResult]):
             for row in np.flatnonzero(kept_by[low:high] != np.arange(low, high)):
                 twin = int(kept_by[low + row])
                 kind = "near" if copies.bits[low + row] >= 0 else "exact"
-                removed[f"{kind}:{self.corpus.image_source(t).name}"] += 1
+                removed[kind] += 1
+                by_source[self.corpus.image_source(t).name] += 1
                 lines.append(self._line(metas, starts, t, int(row), twin, kind, float(copies.likeness[low + row]),
                                         int(copies.bits[low + row])))
             write_numbered(out / f"{EVENTS}-{t:06d}", lines)
         clusters = len(set(groups.tolist()))
-        return ImageDedupResult(documents=count, kept=len(kept), exact=sum(v for k, v in removed.items()
-                                                                         if k.startswith("exact:")),
-                                near=sum(v for k, v in removed.items() if k.startswith("near:")),
+        return ImageDedupResult(documents=count, kept=len(kept), exact=removed["exact"], near=removed["near"],
                                 clusters=clusters, validation=int((sides == VALIDATION).sum()),
-                                removed_by_source={k.split(":", 1)[1]: removed[k] for k in removed})
+                                removed_by_source=dict(by_source))
 
     def _held_out(self, key: int) -> bool:
         """Whether the cluster whose first image has pixel key ``key`` is held out (a keyed hash of the key)."""
