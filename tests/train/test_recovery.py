@@ -157,7 +157,9 @@ def iter_until(stream, text: str):
 def wait_for(path: Path, proc: subprocess.Popen, contains: str = "", timeout: float = 120) -> None:
     deadline = time.time() + timeout
     while not (path.exists() and contains in path.read_text(errors="replace")):
-        assert proc.poll() is None, f"the process ended before {path} held {contains!r}"
+        if proc.poll() is not None:  # say why it ended: its exit code and what it printed
+            _, err = proc.communicate()
+            raise AssertionError(f"the process ended (exit {proc.returncode}) before {path} held {contains!r}: {err}")
         assert time.time() < deadline, f"{path} did not appear in time"
         time.sleep(0.01)
 
