@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from mindfoundry.data.dataset.image_samples import open_image_samples
+
 #: Images shown per source and split, and the side each is drawn at (nearest-neighbour, so pixels stay pixels).
 SHOWN, DRAWN = 24, 64
 
@@ -31,8 +33,9 @@ def contact_sheets(data_dir: Path, images: dict[str, Any]) -> list[tuple[str, st
     """(source, split, tiles) for every image source and split the manifest's ``images`` section lists."""
     sheets = []
     for split, section in images["splits"].items():
-        for entry in section["shards"]:
-            pixels = np.load(data_dir / "images" / entry["pixels"], mmap_mode="r")[:SHOWN]
+        samples = open_image_samples(data_dir, {"images": images}, split)  # the trainers' reader, its shape checks
+        for entry, shard in zip(section["shards"], samples.pixels, strict=True):
+            pixels = shard[:SHOWN]
             captions = _captions(data_dir / "images", entry["tars"], len(pixels))
             sheets.append((entry["source"], split, [Tile(_png(p), c) for p, c in zip(pixels, captions, strict=True)]))
     return sheets

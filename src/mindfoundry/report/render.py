@@ -15,6 +15,7 @@ import tarfile
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from mindfoundry.data.dataset.prepared import DataError
 from mindfoundry.data.prepare.manifest import language_mix
 from mindfoundry.monitor.health import HealthConfig
 from mindfoundry.report import plots
@@ -273,7 +274,7 @@ def _images(run: RunData) -> str:
         ["source", "modality", "read", "kept", "copies removed", "dropped (reason: images)"], rows, numeric_from=2)
     try:
         sheets = contact_sheets(run.data_dir, images) if run.data_dir is not None else None
-    except (OSError, ValueError, tarfile.TarError) as exc:  # a prepared folder changed since: the report still renders
+    except (DataError, OSError, tarfile.TarError) as exc:  # a prepared folder changed since: the report still renders
         return html + f"<p class=\"note\">No contact sheet: the prepared images cannot be read ({_e(exc)}).</p>"
     if sheets is None:
         return html + "<p class=\"note\">The prepared folder is not at hand: no contact sheet.</p>"
