@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import socket
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 
 from mindfoundry.cli.main import main
 from mindfoundry.parallel.launch import LaunchError, LaunchPlan, check_port, command
+from mindfoundry.train.metrics import read_metrics
 
 
 def test_commands_for_both_launchers(tmp_path) -> None:
@@ -111,7 +111,7 @@ def test_layout_needing_more_processes_is_refused_before_training(tiny_run, tmp_
 
 
 def _losses(run: Path) -> list[float]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(run / "metrics.jsonl")
     return [r["loss"] for r in rows if "loss" in r and "event" not in r]
 
 
@@ -167,9 +167,7 @@ def _max_step(run: Path) -> int:
     path = run / "metrics.jsonl"
     if not path.exists():
         return 0
-    return max(
-        (json.loads(line).get("step", 0) for line in path.read_text().splitlines() if '"loss"' in line), default=0
-    )
+    return max((row.get("step", 0) for row in read_metrics(path) if "loss" in row), default=0)
 
 
 TORCH_DP = [
@@ -250,7 +248,7 @@ def test_launch_max_restarts_survives_ten_rank_kills_with_the_uninterrupted_loss
     assert len(kills) == 10 and err.count("from the newest valid checkpoint") == 10, (kills, err[-3000:])
     got = _losses(tmp_path / "killed")
     by_step = {}
-    for row in (json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()):
+    for row in read_metrics(run / "metrics.jsonl"):
         if "loss" in row and "event" not in row:
             by_step[row["step"]] = row["loss"]  # a step re-run after a restart keeps its latest value
     assert len(got) >= 60 and [by_step[s] for s in range(1, 61)] == expected  # the same floats
@@ -287,7 +285,7 @@ def test_a_signalled_rank_stops_every_rank_after_the_same_step(tiny_run, tmp_pat
     assert [p.name for p in (run / "checkpoints").glob("step_*")] == [f"step_{stopped:08d}"]
     assert main(["launch", "train", str(config), *sets, "--master-port", str(free_port()), "--resume", "auto"]) == 0
     got = {}
-    for row in (json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()):
+    for row in read_metrics(run / "metrics.jsonl"):
         if "loss" in row and "event" not in row:
             got[row["step"]] = row["loss"]
     assert [got[s] for s in range(1, 61)] == torch_dp_reference
@@ -337,7 +335,7 @@ def test_msrun_launch_restarts_after_a_killed_rank_and_stops_on_a_signalled_one(
     def logged_steps() -> list[int]:
         """The steps of the loss records so far, in the order written (a restarted attempt re-logs steps)."""
         path = run / "metrics.jsonl"
-        rows = (json.loads(line) for line in path.read_text().splitlines()) if path.exists() else ()
+        rows = read_metrics(path) if path.exists() else ()
         return [row["step"] for row in rows if "loss" in row and "event" not in row]
 
     def rank_1_once(ready, job: subprocess.Popen) -> psutil.Process:
@@ -350,7 +348,7 @@ def test_msrun_launch_restarts_after_a_killed_rank_and_stops_on_a_signalled_one(
 
     def losses(name: str) -> list[float]:
         got = {}
-        for row in (json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()):
+        for row in read_metrics(tmp_path / name / "metrics.jsonl"):
             if "loss" in row and "event" not in row:
                 got[row["step"]] = row["loss"]  # a step re-run after a restart keeps its latest value
         return [got[s] for s in range(1, steps + 1)]

@@ -19,3 +19,10 @@ def test_train_prints_the_start_up_and_every_evaluation_with_its_scope(tiny_run,
     assert "`mindfoundry eval` scores all" in text
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert all(0 < r["mfu"] <= 1.0 for r in records if r.get("mfu") is not None)
+
+
+def test_a_metrics_line_still_being_written_is_not_read_yet(tmp_path) -> None:
+    """A reader polling a live run (reports, supervisor tests) met a line cut at `... "process_cpu": 47.4`."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 4, "loss": 5.9}\n{"step": 5, "loss": 5.75, "process_cpu": 47.4')
+    assert read_metrics(path) == [{"step": 4, "loss": 5.9}]

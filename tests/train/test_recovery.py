@@ -57,8 +57,7 @@ def last_step(run_dir: Path) -> int:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return 0
-    steps = [json.loads(line).get("step", 0) for line in path.read_text().splitlines() if '"loss"' in line]
-    return max(steps, default=0)
+    return max((row.get("step", 0) for row in read_metrics(path) if "loss" in row), default=0)
 
 
 def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:

@@ -102,6 +102,9 @@ def run_sinks(monitor: MonitorConfig, run_dir: Path) -> list:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """All records of a metrics.jsonl (used by tests, reports and resume checks)."""
+    """All complete records of a metrics.jsonl (used by tests, reports and resume checks).
+
+    A live run may be half-way through writing its last line: a line without its newline is not a record yet.
+    """
     with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+        return [json.loads(line) for line in fh if line.endswith("\n") and line.strip()]
