@@ -293,7 +293,9 @@ def test_prepare_curates_images_into_shards_webdataset_reads(tiny_run, image_cor
     assert len(hf) == len(pixels) and hf[0]["txt"] == samples[0]["txt"]
     assert np.array_equal(square(np.asarray(hf[0]["png"].convert("RGB")), 32), pixels[0])
     # what the trainers read: every source's pixel shard as one set, in a seeded order per epoch, captions beside
-    from mindfoundry.data.dataset.image_samples import ImageBatches, open_image_samples
+    from mindfoundry.data.dataset.image_samples import open_image_samples
+    from mindfoundry.data.dataset.loader import OrderedSamples
+    from mindfoundry.data.dataset.packing import SampleOrder
     from mindfoundry.data.dataset.prepared import DataError
     from mindfoundry.data.tokenizer import read_tokenizer
 
@@ -303,7 +305,7 @@ def test_prepare_curates_images_into_shards_webdataset_reads(tiny_run, image_cor
     assert np.array_equal(train.get_pixels(np.arange(len(train))), np.concatenate([pixels, photos]))
     tokenizer, _ = read_tokenizer(data.root / "tokenizer.json")
     assert tokenizer.decode(train.get_captions(np.array([0]))[0].tolist()) == samples[0]["txt"]
-    batches = ImageBatches(train, seed=3)
+    batches = OrderedSamples(train, SampleOrder(len(train), seed=3))
     first, indices = batches.get_batch(0, len(train))
     assert sorted(indices.tolist()) == list(range(len(train))) and indices.tolist() != list(range(len(train)))
     assert np.array_equal(first, train.get_pixels(indices))

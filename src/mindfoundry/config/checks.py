@@ -274,6 +274,42 @@ def _mixture_problems(cfg: RunConfig) -> list[str]:
     return out
 
 
+def _image_model_problems(cfg: RunConfig) -> list[str]:
+    """The image objectives: a ViT to train, image data its size fits, and only what this version runs them with."""
+    m, out = cfg.model, []
+    if not m.is_image:
+        if m.vision is not None:
+            out.append(f"model.vision is the encoder of the image objectives, and model.objective={m.objective} "
+                       "trains text: remove model.vision, or set model.objective: mae")
+        return out
+    if m.vision is None:
+        return [f"model.objective={m.objective} trains a ViT: add model.vision (e.g. {{patch_size: 8, d_model: 192, "
+                "n_layers: 4, n_heads: 3}})"]
+    side = cfg.data.images.size
+    if m.vision.image_size is not None and m.vision.image_size != side:
+        out.append(f"model.vision.image_size={m.vision.image_size} differs from data.images.size={side}, the side of "
+                   "the prepared pixel shards: set one to the other (or model.vision.image_size: null to follow it)")
+    elif side % m.vision.patch_size:
+        near = _divisors_near(side, m.vision.patch_size)
+        out.append(f"model.vision.patch_size={m.vision.patch_size} does not divide the image side {side} "
+                   f"(data.images.size): choose a patch size dividing it (e.g. {near})")
+    if not any(src.modality != "text" for src in cfg.data.sources):
+        out.append(f"model.objective={m.objective} trains on images, and data.sources has no image source: add one "
+                   "with modality: image or image_text")
+    if cfg.data.mixture is not None:
+        out.append(f"data.mixture weighs text categories; model.objective={m.objective} reads every prepared image: "
+                   "remove data.mixture")
+    if cfg.eval.tasks:
+        out.append(f"eval.tasks score text answers; model.objective={m.objective} trains an image model: remove "
+                   "eval.tasks")
+    split = [f"{key}={value}" for key, value in (("tp", cfg.parallel.tp), ("pp", cfg.parallel.pp),
+                                                  ("cp", cfg.parallel.cp), ("ep", cfg.parallel.ep)) if value > 1]
+    if split:
+        out.append(f"parallel {', '.join(split)} with model.objective={m.objective}: the image models run data "
+                   "parallel in this version (parallel.dp_replicate, and dp_shard on torch): set them to 1")
+    return out
+
+
 def _parallel_problems(cfg: RunConfig) -> list[str]:
     """The parallel rules that need neither the model's divisibility nor a launcher (those are
     :mod:`mindfoundry.config.layout_rules`'s, which :func:`mindfoundry.config.load.validate` applies after these)."""
@@ -305,8 +341,18 @@ def _memory_problems(cfg: RunConfig) -> list[str]:
     """Recompute on blocks the model has, chunks no longer than a sequence, offload only where it moves something."""
     mem = cfg.memory
     out = []
+    m = cfg.model
+    blocks = m.n_layers
+    if m.is_image and m.vision is not None:
+        blocks = m.vision.n_layers + m.mae.decoder_layers  # the encoder's, then the decoder's
+        if mem.recompute == "selective":
+            out.append(f"memory.recompute=selective names parts of the language model's blocks; model.objective="
+                       f"{m.objective} recomputes a ViT's blocks whole: use memory.recompute: full")
+        if mem.loss_chunk:
+            out.append(f"memory.loss_chunk={mem.loss_chunk} cuts a language model's output head; model.objective="
+                       f"{m.objective} has none: set memory.loss_chunk: 0")
     try:
-        mem.recomputed_layers(cfg.model.n_layers)
+        mem.recomputed_layers(blocks)
     except ValueError as err:
         out.append(str(err))
     if mem.recompute == "none" and mem.recompute_layers != "all":
@@ -381,6 +427,7 @@ def cross_field_problems(cfg: RunConfig) -> list[str]:
     return (
         _path_problems(cfg)
         + _model_problems(cfg)
+        + _image_model_problems(cfg)
         + _data_problems(cfg)
         + _mixture_problems(cfg)
         + _train_problems(cfg)

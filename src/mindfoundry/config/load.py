@@ -309,6 +309,11 @@ def resolve(cfg: RunConfig) -> RunConfig:
         m.n_kv_heads = m.n_heads
     if m.ffn_dim is None:
         m.ffn_dim = m.resolved_ffn_dim()
+    if m.vision is not None:
+        if m.vision.image_size is None:
+            m.vision.image_size = cfg.data.images.size
+        m.vision.ffn_dim = m.vision.resolved_ffn_dim()
+        m.mae.decoder_ffn_dim = m.mae.resolved_ffn_dim()
     p = cfg.parallel
     if p.dp_shard != -1 or p.world_size is not None:  # else both stay open until launch
         layout = p.layout()

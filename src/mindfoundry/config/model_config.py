@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from mindfoundry.config.section import Section
+from mindfoundry.config.vision_config import MAEConfig, VisionConfig
 from mindfoundry.errors import MindFoundryError
 
 
@@ -127,13 +128,19 @@ class ModelConfig(Section):
         0.02, gt=0, le=1, description="Std of the normal init; residual projections use init_std/sqrt(2*n_layers)."
     )
     moe: MoEConfig = Field(default_factory=MoEConfig, description="Mixture-of-experts FFN (num_experts: 0 = dense).")
-    objective: Literal["clm", "mlm"] = Field(
+    objective: Literal["clm", "mlm", "mae"] = Field(
         "clm",
         description="Self-supervised objective: clm = causal (decoder, next-token prediction: generation, general task "
         "solving); mlm = masked (bidirectional encoder, BERT/RoBERTa-style: retrieval, classification). Same blocks "
-        "and parameter names; mlm drops the causal mask and predicts masked tokens (model.mlm).",
+        "and parameter names; mlm drops the causal mask and predicts masked tokens (model.mlm). mae = masked image "
+        "modelling: the ViT of model.vision learns from the prepared images by predicting hidden patches (model.mae); "
+        "the text sizes above are then unused.",
     )
     mlm: MLMConfig = Field(default_factory=MLMConfig, description="Masking of the mlm objective (ignored for clm).")
+    vision: VisionConfig | None = Field(None, description="The ViT encoder of the image objectives (mae); null for "
+                                        "text models.")
+    mae: MAEConfig = Field(default_factory=MAEConfig, description="Masking and decoder of the mae objective (ignored "
+                           "otherwise).")
     init_from: str | None = Field(
         None,
         description="Initial weights of a new run (continued pretraining): a Hugging Face Llama folder (config.json + "
@@ -142,6 +149,11 @@ class ModelConfig(Section):
         "this model's. Ignored once the run has checkpoints (a resume loads those), so not part of the run identity. "
         "null = random init from the seed.",
     )
+
+    @property
+    def is_image(self) -> bool:
+        """Whether the objective trains on images (the one place that says which objectives do)."""
+        return self.objective == "mae"
 
     def require_causal(self, what: str) -> None:
         """ObjectiveError unless this is a causal LM: `what` names the command that needs next-token predictions."""

@@ -16,7 +16,8 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from mindfoundry.backends.base import Backend
-from mindfoundry.data.dataset.masking import MaskingRule
+from mindfoundry.data.dataset.loader import Samples
+from mindfoundry.data.dataset.masking import Masking, MaskingRule
 from mindfoundry.data.dataset.packing import IGNORE_INDEX, PackedSamples
 from mindfoundry.data.dataset.prepared import PreparedData
 from mindfoundry.data.tokenizer import encode_batch, pad_id
@@ -25,12 +26,14 @@ from mindfoundry.model.spec import PAD_ID
 
 @dataclass(frozen=True)
 class EvalResult:
-    loss: float  # mean nats per scored token
-    perplexity: float
+    loss: float  # mean nats per scored token (mae: mean squared error per masked patch)
+    perplexity: float | None  # None for an image objective (its loss is no log-likelihood)
     bits_per_byte: (
-        float  # nats -> bits, per UTF-8 byte of text (tokenizer-independent; for mlm only comparable between mlm runs)
+        # nats -> bits, per UTF-8 byte of text (tokenizer-independent; for mlm only comparable between mlm runs); None
+        # for an image objective
+        float | None
     )
-    tokens: int
+    tokens: int  # scored tokens (mae: masked patches)
     accuracy: float | None = (
         # share of the scored tokens that are the model's top-1 prediction (None: a record from before it was measured)
         None
@@ -40,8 +43,8 @@ class EvalResult:
         return {prefix + k: v for k, v in asdict(self).items()}
 
 
-def evaluate(backend: Backend, samples: PackedSamples, batch_size: int, max_samples: int | None, bytes_per_token: float,
-             masking: MaskingRule | None = None) -> EvalResult:
+def evaluate(backend: Backend, samples: Samples, batch_size: int, max_samples: int | None,
+             bytes_per_token: float | None, masking: Masking | None = None) -> EvalResult:
     """Score up to `max_samples` validation samples (None: all) in batches of `batch_size`, masked by sample index
     with `masking` (mlm).
 
@@ -50,7 +53,8 @@ def evaluate(backend: Backend, samples: PackedSamples, batch_size: int, max_samp
     the cap and the split only, never on the batch size (a layout or micro-batch change scores the same samples).
 
     `bytes_per_token` is the validation split's UTF-8 bytes per token (EOS included as a token),
-    so bits/byte = loss / ln 2 / bytes_per_token compares runs with different tokenizers.
+    so bits/byte = loss / ln 2 / bytes_per_token compares runs with different tokenizers; None for images (the
+    image objectives' losses are no log-likelihoods: no perplexity, no bits per byte).
     """
     n = len(samples) if max_samples is None else min(len(samples), max_samples)
     if n == 0:
@@ -62,21 +66,23 @@ def evaluate(backend: Backend, samples: PackedSamples, batch_size: int, max_samp
 
 
 def _masked(
-    batch: tuple[np.ndarray, np.ndarray], positions: np.ndarray, masking: MaskingRule | None
-) -> tuple[np.ndarray, np.ndarray]:
-    """A clm batch as it is, or its input windows masked at `positions` (mlm)."""
-    return batch if masking is None else masking.apply(batch[0], positions)
+    batch: tuple[np.ndarray, np.ndarray], positions: np.ndarray, masking: Masking | None
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """A clm batch as it is, or its inputs masked at `positions` (mlm, mae); and the label of a padding row."""
+    if masking is None:
+        return (*batch, IGNORE_INDEX)
+    return (*masking.apply(batch[0], positions), masking.pad_label)
 
 
 def _score(
-    backend: Backend, batches: Iterable[tuple[np.ndarray, np.ndarray]], batch_size: int
+    backend: Backend, batches: Iterable[tuple[np.ndarray, np.ndarray, int]], batch_size: int
 ) -> tuple[float, int, int]:
     """Summed loss, scored tokens and correct top-1 predictions over batches; a short last batch is padded with fully
     ignored rows so that one compiled shape serves every batch."""
     total_nll, total_tokens, total_correct = 0.0, 0, 0
-    for ids, labels in batches:
+    for ids, labels, pad_label in batches:
         if len(ids) < batch_size:
-            ids, labels = _pad_rows(ids, labels, batch_size)
+            ids, labels = _pad_rows(ids, labels, batch_size, pad_label)
         nll, count, correct = backend.eval_batch(ids, labels)
         total_nll += nll
         total_tokens += count
@@ -84,8 +90,10 @@ def _score(
     return total_nll, total_tokens, total_correct
 
 
-def _result(nll: float, tokens: int, correct: int, bytes_per_token: float) -> EvalResult:
+def _result(nll: float, tokens: int, correct: int, bytes_per_token: float | None) -> EvalResult:
     loss = nll / tokens
+    if bytes_per_token is None:
+        return EvalResult(loss=loss, perplexity=None, bits_per_byte=None, tokens=tokens)
     return EvalResult(
         loss=loss,
         perplexity=math.exp(min(loss, 50.0)),
@@ -145,9 +153,9 @@ def evaluate_texts(backend: Backend, tokenizer: Tokenizer, texts: Iterable[str],
     return _result(*_score(backend, batches, batch_size), n_bytes / len(stream))
 
 
-def _pad_rows(ids: np.ndarray, labels: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """Fill a short batch with rows of padding that score nothing."""
+def _pad_rows(ids: np.ndarray, labels: np.ndarray, rows: int, pad_label: int) -> tuple[np.ndarray, np.ndarray]:
+    """Fill a short batch with rows of padding (the pad token; zero pixels) that score nothing."""
     extra = rows - ids.shape[0]
-    ids = np.concatenate([ids, np.full((extra, ids.shape[1]), PAD_ID, ids.dtype)])
-    labels = np.concatenate([labels, np.full((extra, labels.shape[1]), IGNORE_INDEX, labels.dtype)])
+    ids = np.concatenate([ids, np.full((extra, *ids.shape[1:]), PAD_ID if ids.dtype.kind == "i" else 0, ids.dtype)])
+    labels = np.concatenate([labels, np.full((extra, *labels.shape[1:]), pad_label, labels.dtype)])
     return ids, labels

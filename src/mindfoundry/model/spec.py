@@ -77,6 +77,7 @@ import numpy as np
 
 from mindfoundry.config.layout_rules import ModelSizes
 from mindfoundry.config.model_config import ModelConfig
+from mindfoundry.model.vision_spec import VisionSpec, init_vision_weights, mae_flops_per_image, vision_parameter_shapes
 
 #: Output projections that add into the residual stream; their init std is scaled by 1/sqrt(2L).
 RESIDUAL_PROJECTIONS = ("attn.o_proj.weight", "mlp.down_proj.weight", "mlp.experts.down_proj.weight")
@@ -141,6 +142,15 @@ class ModelSpec:
         return asdict(self)
 
 
+#: Either model a run trains: the language model, or the ViT of the image objectives.
+AnySpec = ModelSpec | VisionSpec
+
+
+def spec_for(m: ModelConfig) -> AnySpec:
+    """The spec of the configured objective (the one place that picks the model family)."""
+    return VisionSpec.from_config(m) if m.is_image else ModelSpec.from_config(m)
+
+
 def visible_keys(spec: ModelSpec, ids: np.ndarray) -> np.ndarray:
     """bool [B, S, S]: whether query q of each row attends key k (the definition both engines implement)."""
     b, s = ids.shape
@@ -170,8 +180,10 @@ def chunk_bounds(seq: int, chunk: int) -> list[tuple[int, int]]:
     return [(a, min(a + chunk, seq)) for a in range(0, seq, chunk)]
 
 
-def parameter_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+def parameter_shapes(spec: AnySpec) -> dict[str, tuple[int, ...]]:
     """Every parameter name and shape, in a fixed canonical order."""
+    if isinstance(spec, VisionSpec):
+        return vision_parameter_shapes(spec)
     d, hd, f = spec.d_model, spec.head_dim, spec.ffn_dim
     shapes: dict[str, tuple[int, ...]] = {"embed.weight": (spec.vocab_size, d)}
     for i in range(spec.n_layers):
@@ -258,11 +270,12 @@ def module_classes(spec: ModelSpec) -> dict[str, str]:
 
 
 def decays(name: str, shape: tuple[int, ...]) -> bool:
-    """Weight decay applies to matrices only, never to norm weights or biases (1-D)."""
-    return len(shape) >= 2
+    """Weight decay applies to matrices only, never to norm weights or biases (1-D), nor to the ViT's cls and mask
+    tokens (MAE's rule: they are embeddings, not projections)."""
+    return len(shape) >= 2 and not name.endswith("_token")
 
 
-def num_parameters(spec: ModelSpec) -> int:
+def num_parameters(spec: AnySpec) -> int:
     """All parameters (every expert counted)."""
     return sum(int(np.prod(s)) for s in parameter_shapes(spec).values())
 
@@ -279,7 +292,7 @@ def _active(shape: tuple[int, ...], spec: ModelSpec) -> int:
     return int(np.prod(shape))
 
 
-def flops_per_token(spec: ModelSpec, seq_len: int) -> int:
+def flops_per_token(spec: AnySpec, seq_len: int) -> int:
     """Training FLOPs per token: 6*N_matmul + 12*L*d_attn*seq_len (PaLM appendix B).
 
     N_matmul counts the weights that take part in matrix multiplies: every projection plus the
@@ -287,7 +300,11 @@ def flops_per_token(spec: ModelSpec, seq_len: int) -> int:
     the shared matrix is counted once, as the head). The attention term covers QK^T and AV
     without the causal halving, as is conventional for MFU. In MoE blocks the router counts in full
     and the experts top_k times one expert (the active parameters; dispatch costs no FLOPs).
+
+    A ViT's token is a patch: its image's training FLOPs (three forwards) over its patches.
     """
+    if isinstance(spec, VisionSpec):
+        return 3 * mae_flops_per_image(spec) // spec.num_patches
     shapes = parameter_shapes(spec)
     n_matmul = sum(_active(s, spec) for n, s in shapes.items() if len(s) >= 2 and n != "embed.weight")
     n_matmul += spec.vocab_size * spec.d_model if spec.tie_embeddings else 0
@@ -295,14 +312,16 @@ def flops_per_token(spec: ModelSpec, seq_len: int) -> int:
     return 6 * n_matmul + attn
 
 
-def init_weights(spec: ModelSpec, seed: int) -> dict[str, np.ndarray]:
+def init_weights(spec: AnySpec, seed: int) -> dict[str, np.ndarray]:
     """The initial weights, generated framework-free so both backends start from the same numbers.
 
     normal(0, init_std) for matrices (and stacked expert weights), init_std/sqrt(2*n_layers) for
     residual projections (GPT-2, expert down_proj included), init_std*ROUTER_INIT_SCALE for routers,
     ones for RMSNorm weights. Each parameter gets its own stream derived from (seed, name index),
-    so adding a parameter later does not change the others.
+    so adding a parameter later does not change the others. A ViT starts as MAE does (:func:`init_vision_weights`).
     """
+    if isinstance(spec, VisionSpec):
+        return init_vision_weights(spec, seed)
     out: dict[str, np.ndarray] = {}
     resid_std = spec.init_std / np.sqrt(2 * spec.n_layers)
     for idx, (name, shape) in enumerate(parameter_shapes(spec).items()):

@@ -32,9 +32,11 @@ alike.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
+
+from mindfoundry.config.model_config import ModelConfig
 
 #: The per-channel mean and standard deviation the pixels are normalised with (ImageNet's, as Hugging Face's
 #: ViT image processors do), so an exported model's preprocessor is the standard one.
@@ -61,6 +63,19 @@ class VisionSpec:
     mask_ratio: float = 0.75
     norm_eps: float = 1e-12
     channels: int = 3
+
+    @classmethod
+    def from_config(cls, m: ModelConfig) -> VisionSpec:
+        v = m.vision
+        if v is None or v.image_size is None or v.ffn_dim is None or m.mae.decoder_ffn_dim is None:
+            raise ValueError("VisionSpec needs a resolved config with model.vision: use config.load_config")
+        return cls(image_size=v.image_size, patch_size=v.patch_size, d_model=v.d_model, n_layers=v.n_layers,
+                   n_heads=v.n_heads, ffn_dim=v.ffn_dim, decoder_d_model=m.mae.decoder_d_model,
+                   decoder_layers=m.mae.decoder_layers, decoder_heads=m.mae.decoder_heads,
+                   decoder_ffn_dim=m.mae.decoder_ffn_dim, mask_ratio=m.mae.mask_ratio, norm_eps=v.norm_eps)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
     @property
     def grid(self) -> int:

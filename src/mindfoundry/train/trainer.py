@@ -24,7 +24,7 @@ from mindfoundry.checkpoint.reader import load_checkpoint, shard_format
 from mindfoundry.checkpoint.store import CheckpointError, shard_folders
 from mindfoundry.config.parallel_config import Layout
 from mindfoundry.config.schema import RunConfig
-from mindfoundry.data.dataset.loader import Batch, BatchIterator, TrainLoader, training_source
+from mindfoundry.data.dataset.loader import Batch, BatchIterator, TrainLoader, split_samples, training_source
 from mindfoundry.data.dataset.masking import TRAIN, VALIDATION, masking_for
 from mindfoundry.data.dataset.mixture import MixtureSampler
 from mindfoundry.data.dataset.packing import IGNORE_INDEX
@@ -32,7 +32,7 @@ from mindfoundry.data.dataset.prepared import PreparedData
 from mindfoundry.errors import MindFoundryError
 from mindfoundry.eval.heldout import EvalResult, evaluate
 from mindfoundry.eval.tasks import read_tasks, score_tasks
-from mindfoundry.model.spec import ModelSpec, flops_per_token, init_weights, num_parameters, parameter_shapes
+from mindfoundry.model.spec import flops_per_token, init_weights, num_parameters, parameter_shapes, spec_for
 from mindfoundry.monitor.hardware import HardwareSampler
 from mindfoundry.monitor.health import HealthMonitor
 from mindfoundry.monitor.mfu import MfuMeter, UnknownPeakError, devices_peak
@@ -73,7 +73,7 @@ class Trainer:
                  console: Console | None = None):
         self.cfg, self.data, self.run_dir, self.layout = cfg, data, run_dir, layout
         self.console = console or Console(stderr=True)
-        self.spec = ModelSpec.from_config(cfg.model)
+        self.spec = spec_for(cfg.model)
         self.source = training_source(cfg, data)
         with signals.held():  # an engine's import cut by a stop signal aborted the process at exit (train.stop)
             import_engine(cfg.backend)
@@ -84,7 +84,7 @@ class Trainer:
                                                    masking=masking_for(cfg, data.tokenizer, TRAIN))
         self.is_main = self.backend.rank == 0  # only rank 0 writes metrics and checkpoints
         self._batches: BatchIterator | None = None
-        self.val_samples = data.packed("validation", cfg.train.seq_len)
+        self.val_samples = split_samples(cfg, data, "validation")
         self.val_masking = masking_for(cfg, data.tokenizer, VALIDATION)
         self.anomaly = AnomalyMonitor(cfg.anomaly)
         self.scaler = DynamicLossScaler(cfg.train.loss_scale_init, growth_interval=cfg.train.loss_scale_growth_interval,
@@ -205,7 +205,7 @@ class Trainer:
         t = self.cfg.train
         # batches of the global micro-batch (every rank passes the same rows; the backend splits them over dp ranks)
         return evaluate(self.backend, self.val_samples, self.loader.global_micro_batch, t.eval_samples,
-                        self.data.bytes_per_token("validation"), self.val_masking)
+                        None if self.cfg.model.is_image else self.data.bytes_per_token("validation"), self.val_masking)
 
     def _eval_scope(self, explain: bool = False) -> str:
         """Which part of the validation split a training-time evaluation scores; with ``explain``, how that sample is
@@ -221,8 +221,9 @@ class Trainer:
     def _print_eval(self, step: int, result: EvalResult) -> None:
         """An evaluation on the console as it happens, between the step lines."""
         if self.is_main:
-            self.console.print(f"step {step}: validation loss {result.loss:.4f}, ppl {result.perplexity:.2f} "
-                               f"({self._eval_scope()})", highlight=False)
+            ppl = "" if result.perplexity is None else f", ppl {result.perplexity:.2f}"
+            self.console.print(f"step {step}: validation loss {result.loss:.4f}{ppl} ({self._eval_scope()})",
+                               highlight=False)
 
     def _task_scores(self) -> dict[str, dict[str, float]]:
         """eval.tasks scored now: {"task_acc": {task: acc}, "task_acc_norm": {...}} (empty without tasks)."""
@@ -379,7 +380,8 @@ class Trainer:
         t0 = time.perf_counter()
         batch = self._next_batch()
         ids, labels = batch.input_ids, (batch.input_ids if self.cfg.debug.unshifted_labels else batch.labels)
-        valid = int(self.backend.global_sum(float((labels != IGNORE_INDEX).sum())))  # of the global batch
+        scored = batch.scored if labels is batch.labels else int((labels != IGNORE_INDEX).sum())  # (debug labels)
+        valid = int(self.backend.global_sum(float(scored)))  # of the global batch
         t_data = time.perf_counter()
         detail = bool(self.cfg.monitor.detail_every) and (self.progress.step + 1) % self.cfg.monitor.detail_every == 0
         before = self.backend.weights() if detail else None
@@ -415,7 +417,7 @@ class Trainer:
         self.progress.step += 1
         self.progress.adam_step += int(out.applied)
         self.position.consumed_samples += self.loader.global_batch
-        tokens = ids.size * self.loader.dp_size  # the global batch
+        tokens = batch.tokens * self.loader.dp_size  # the global batch
         self.position.consumed_tokens += tokens
         self._counters_behind = False
         tokens_per_s = tokens / elapsed
@@ -426,7 +428,8 @@ class Trainer:
             "model_tflops_per_s": flops_tok * tokens_per_s / 1e12,
             "consumed_samples": self.position.consumed_samples, "rss_mb": self._process.memory_info().rss / 2**20,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # the process's high-water mark
-            "copy_fraction": float((labels == ids).mean()),  # ~1 means the labels are the inputs, not shifted
+            # ~1 means the labels are the inputs, not shifted (token objectives)
+            **({"copy_fraction": float((labels == ids).mean())} if labels.shape == ids.shape else {}),
             "mfu": self.mfu(flops_tok, tokens_per_s),
             "loss_scale": loss_scale,  # the dynamic fp16 loss scale this step ran with (1.0 without fp16)
             **(self.backend.device_memory() or {}), **self.hardware.sample(),

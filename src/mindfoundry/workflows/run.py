@@ -26,7 +26,7 @@ from mindfoundry.data.prepare.pipeline import prepare_data, wait_for_prepared
 from mindfoundry.data.tokenizer import eos_id
 from mindfoundry.eval.fill_mask import fill_masks
 from mindfoundry.eval.sampling import generate
-from mindfoundry.model.spec import ModelSpec, flops_per_token, num_parameters
+from mindfoundry.model.spec import ModelSpec, flops_per_token, num_parameters, spec_for
 from mindfoundry.parallel.layout import launch_layout, launched_rank, launched_scheduler
 from mindfoundry.parallel.planner import (
     CPU_FIXED_OVERHEAD,
@@ -50,8 +50,9 @@ def check_launch(cfg: RunConfig) -> Layout:
     layout = launch_layout(cfg)
     if cfg.device not in ("cpu", "auto"):  # (cpu is always there; auto takes what is)
         check_device(cfg)
-    if cfg.device == "cpu":
-        check_host_fit(ModelSpec.from_config(cfg.model), layout, cfg.train.micro_batch_size, cfg.train.seq_len,
+    spec = spec_for(cfg.model)
+    if cfg.device == "cpu" and isinstance(spec, ModelSpec):  # (the planner models the language models' memory)
+        check_host_fit(spec, layout, cfg.train.micro_batch_size, cfg.train.seq_len,
                        cfg.train.precision, processes=layout.world_size, memory=cfg.memory)
     return layout
 
@@ -106,7 +107,7 @@ def train(cfg: RunConfig, *, resume: bool, overwrite: bool, stop_at_step: int | 
         launched_scheduler()
     ):  # msrun's scheduler: it joins the cluster as its meta server (in the engine) and never trains;
         create_backend(
-            cfg, ModelSpec.from_config(cfg.model), layout
+            cfg, spec_for(cfg.model), layout
         )  # it must not claim the run dir that rank 0 claims
         raise SystemExit(0)  # not reached: MindSpore ends the scheduler process when the job ends
     with contextlib.ExitStack() as held:
@@ -117,7 +118,7 @@ def train(cfg: RunConfig, *, resume: bool, overwrite: bool, stop_at_step: int | 
             held.callback(claim_output(prepared_location(cfg), shared=True).release)
         else:  # the others wait for its atomic prepare and then only read
             run_dir, data = Path(cfg.run_dir), wait_for_prepared(cfg)
-        spec = ModelSpec.from_config(cfg.model)
+        spec = spec_for(cfg.model)
         console.print(
             f"model: {num_parameters(spec):,} parameters, {flops_per_token(spec, cfg.train.seq_len):,} FLOPs/token; "
             f"backend {cfg.backend}; run dir {run_dir}"

@@ -20,7 +20,7 @@ from typing import Mapping
 import mindspore as ms
 import mindspore.device_context as device_context
 import numpy as np
-from mindspore import Tensor, nn
+from mindspore import Tensor, nn, ops
 
 from mindfoundry.backends.base import (
     BackendUnavailable,
@@ -32,10 +32,12 @@ from mindfoundry.backends.base import (
 from mindfoundry.backends.mindspore import distributed, memory, probe_hooks, semi_auto
 from mindfoundry.backends.mindspore.model import CachedDecode, LossCell, Transformer, eval_sums
 from mindfoundry.backends.mindspore.train_step import AccumulatingStep, AdamW, TrainStep, scalar
+from mindfoundry.backends.mindspore.vision import MAE, MAELossCell
 from mindfoundry.config.parallel_config import Layout
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.debug.probe import Probe
-from mindfoundry.model.spec import ModelSpec, module_boundaries, parameter_shapes
+from mindfoundry.model.spec import AnySpec, module_boundaries, parameter_shapes
+from mindfoundry.model.vision_spec import VisionSpec
 
 _DEVICE_TARGETS = {"cpu": "CPU", "ascend": "Ascend", "npu": "Ascend", "gpu": "GPU", "cuda": "GPU"}
 
@@ -69,6 +71,23 @@ class _Forward(nn.Cell):
         return eval_sums(self.model(ids), labels)
 
 
+class _ImageForward(nn.Cell):
+    """An image model's evaluation sums: its summed error, the masked patches, and no top-1 count."""
+
+    def __init__(self, model: MAE):
+        super().__init__(auto_prefix=False)
+        self.model = model
+
+    def construct(self, pixels, labels):
+        error, count = self.model(pixels, labels)
+        return error, count, ops.zeros((), error.dtype)
+
+
+def _feed(a: np.ndarray) -> Tensor:
+    """A batch's inputs or labels as a Tensor: token ids and masks as int32, pixel values as float32."""
+    return Tensor(a.astype(np.float32 if a.dtype.kind == "f" else np.int32))
+
+
 class MindSporeBackend:
     """Owns the model, AdamW state and compiled steps."""
 
@@ -76,7 +95,7 @@ class MindSporeBackend:
     # the compiled step updates in place and raises nothing that says how far it got: a step that raised may be torn
     update_began = True
 
-    def __init__(self, cfg: RunConfig, spec: ModelSpec, layout: Layout):
+    def __init__(self, cfg: RunConfig, spec: AnySpec, layout: Layout):
         configure_context(cfg.device)
         # first, before any Tensor: refuses what it cannot run and, under msrun, joins the cluster (msrun's scheduler
         # exits there)
@@ -92,7 +111,9 @@ class MindSporeBackend:
         self.precision = cfg.train.precision
         # fp16/bf16: matmuls in that dtype inside the Cells, fp32 parameters; FlashAttentionScore where
         # train.flash_attention says
-        self.model = Transformer(spec, cfg.train.precision, cfg.train.uses_flash_attention(cfg.backend, cfg.device))
+        self.image = isinstance(spec, VisionSpec)
+        self.model = MAE(spec) if self.image else Transformer(
+            spec, cfg.train.precision, cfg.train.uses_flash_attention(cfg.backend, cfg.device))
         self.params = {p.name: p for p in self.model.get_parameters()}
         expected = parameter_shapes(spec)
         if {n: tuple(p.shape) for n, p in self.params.items()} != expected:
@@ -104,7 +125,8 @@ class MindSporeBackend:
         o = cfg.optim
         self.clip = None if o.clip_norm is None else float(o.clip_norm)
         self.optimizer = AdamW(ordered, o.beta1, o.beta2, o.eps, o.weight_decay)
-        loss_cell = LossCell(self.model, cfg.memory.loss_chunk, cfg.train.seq_len)
+        loss_cell = MAELossCell(self.model) if self.image else LossCell(self.model, cfg.memory.loss_chunk,
+                                                                          cfg.train.seq_len)
         memory.apply_memory(self.model, loss_cell, cfg.memory)  # recompute marks, before anything compiles
         accum, reducer = cfg.train.grad_accum, None
         self.holds_full_state = p.plan is None  # semi-auto: each rank's Parameters hold its slices once compiled
@@ -117,7 +139,8 @@ class MindSporeBackend:
         # layouts keep the in-graph loop: their gradients are the compiler's slices, not run here)
         self.step_cell = AccumulatingStep(step) if accum > 1 and p.plan is None else step
         self._eager_step: TrainStep | None = None  # the debug (hooked, PYNATIVE) step, built on first use
-        self.forward = _Forward(self.model)  # in GRAPH_MODE, calling a Cell compiles it once per input shape
+        # in GRAPH_MODE, calling a Cell compiles it once per input shape
+        self.forward = (_ImageForward if self.image else _Forward)(self.model)
         self._decode: CachedDecode | None = None  # cached generation, compiled once per number of new tokens
 
     # -- state -------------------------------------------------------------------------------
@@ -166,7 +189,7 @@ class MindSporeBackend:
     ) -> StepOutput:
         if self.placement.plan is not None:  # a pipeline takes every micro-batch at once
             input_ids, labels = (semi_auto.step_batch(self.placement.plan, a) for a in (input_ids, labels))
-        args = (Tensor(input_ids.astype(np.int32)), Tensor(labels.astype(np.int32)), scalar(scalars.loss_scale))
+        args = (_feed(input_ids), _feed(labels), scalar(scalars.loss_scale))
         limits = (scalar(scalars.lr), scalar(scalars.step_size), scalar(scalars.bias_correction2_sqrt),
                   scalar(scalars.loss_limit), scalar(scalars.grad_limit), scalar(scalars.grad_unscale))
         if probe is None:
@@ -187,7 +210,8 @@ class MindSporeBackend:
         ms.set_context(mode=ms.PYNATIVE_MODE)
         try:
             if self._eager_step is None:  # built in PYNATIVE: a grad function made under GRAPH_MODE stays compiled
-                self._eager_step = TrainStep(LossCell(self.model), self.optimizer, self.step_cell.accum, self.clip)
+                loss_cell = MAELossCell(self.model) if self.image else LossCell(self.model)
+                self._eager_step = TrainStep(loss_cell, self.optimizer, self.step_cell.accum, self.clip)
             step = self._eager_step
             with memory.suspended(self.model), probe_hooks.installed(self.model, step.loss_cell, probe):
                 probe.state("params", ((n, self.params[n]) for n in self.order), probe_hooks.to_numpy)
@@ -210,7 +234,7 @@ class MindSporeBackend:
             input_ids, labels = (a[self.dp_rank * share:(self.dp_rank + 1) * share] for a in (input_ids, labels))
         sums = [
             float(t.asnumpy())
-            for t in self.forward(Tensor(input_ids.astype(np.int32)), Tensor(labels.astype(np.int32)))
+            for t in self.forward(_feed(input_ids), _feed(labels))
         ]
         if split:
             sums = distributed.all_reduce_sum(sums)
@@ -297,5 +321,5 @@ def _assign(targets: Mapping[str, ms.Parameter], values: Mapping[str, np.ndarray
         param.set_data(Tensor(np.asarray(values[name], dtype=np.float32)))
 
 
-def create(cfg: RunConfig, spec: ModelSpec, layout: Layout) -> MindSporeBackend:
+def create(cfg: RunConfig, spec: AnySpec, layout: Layout) -> MindSporeBackend:
     return MindSporeBackend(cfg, spec, layout)

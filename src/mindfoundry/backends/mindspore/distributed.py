@@ -44,7 +44,7 @@ from mindfoundry.backends.mindspore import semi_auto
 from mindfoundry.backends.mindspore.strategies import StrategyPlan
 from mindfoundry.config.parallel_config import Layout, split_settings
 from mindfoundry.config.schema import RunConfig
-from mindfoundry.model.spec import ModelSpec, parameter_shapes
+from mindfoundry.model.spec import ModelSpec, parameter_shapes, spec_for
 from mindfoundry.parallel.layout import LayoutError, launched_rank
 
 
@@ -143,7 +143,7 @@ def _fuse_gradients(cfg: RunConfig) -> None:
 
     groups = cfg.parallel.grad_fusion_groups
     if groups is not None:
-        count = len(parameter_shapes(ModelSpec.from_config(cfg.model)))
+        count = len(parameter_shapes(spec_for(cfg.model)))
         ms.set_auto_parallel_context(all_reduce_fusion_config=fusion_split(count, groups))
 
 

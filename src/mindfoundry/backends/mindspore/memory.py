@@ -22,11 +22,18 @@ from mindspore import nn
 
 from mindfoundry.backends.mindspore.model import LossCell, Transformer
 from mindfoundry.backends.mindspore.moe import MoE
+from mindfoundry.backends.mindspore.vision import MAE, MAELossCell
 from mindfoundry.config.memory_config import MemoryConfig
 
 
-def apply_memory(model: Transformer, loss_cell: LossCell, memory: MemoryConfig) -> None:
-    """Mark the chosen blocks (or their SiLU) and the loss chunks for recompute (in place)."""
+def apply_memory(model: Transformer | MAE, loss_cell: LossCell | MAELossCell, memory: MemoryConfig) -> None:
+    """Mark the chosen blocks (or their SiLU) and the loss chunks for recompute (in place). A ViT's blocks (encoder,
+    then decoder) recompute whole (config checks refuse the rest for the image objectives)."""
+    if isinstance(model, MAE):
+        blocks = model.blocks()
+        for i in memory.recomputed_layers(len(blocks)):
+            blocks[i].recompute()
+        return
     for i in memory.recomputed_layers(len(model.layers)):
         block = model.layers[i]
         if memory.recompute == "full":

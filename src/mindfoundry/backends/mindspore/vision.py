@@ -2,8 +2,8 @@
 decoder, with the parameter names and layouts of :mod:`mindfoundry.model.vision_spec` (Cell paths give the
 names).
 
-The mask arrives from the data layer as indices (:class:`mindfoundry.data.dataset.image_masking.Mask`), so no
-random number is drawn here. Shapes in comments: B batch, L patches, K visible patches, C width, P values per patch.
+The mask arrives from the data layer as indices (:func:`mindfoundry.data.dataset.image_masking.mask_labels`), so
+no random number is drawn here. Shapes in comments: B batch, L patches, K visible patches, C width, P values per patch.
 """
 
 from __future__ import annotations
@@ -162,15 +162,34 @@ def normalised_target(patches):
 
 
 class MAE(nn.Cell):
-    """Masked autoencoder: the mean squared error of the predicted normalised pixels over the masked patches."""
+    """Masked autoencoder: the summed squared error of the predicted normalised pixels on the masked patches, and
+    their number (see backends/torch/vision.py)."""
 
     def __init__(self, spec: VisionSpec):
         super().__init__()
-        self.patch = spec.patch_size
+        self.patch, self.kept = spec.patch_size, spec.kept
         self.vision, self.mae = VisionEncoder(spec), MAEDecoder(spec)
 
-    def construct(self, pixels, keep, restore, masked):
+    def blocks(self) -> list[Block]:
+        """The transformer blocks, encoder's then decoder's (recompute's units)."""
+        return [*self.vision.layers, *self.mae.layers]
+
+    def construct(self, pixels, labels):
+        keep, restore = labels[:, :self.kept], labels[:, self.kept:]
         pred = self.mae(self.vision(pixels, keep), restore)
         diff = pred - normalised_target(patchify(pixels, self.patch))
         error = (diff * diff).mean(axis=-1)  # (B, L)
-        return (error * masked).sum() / masked.sum()
+        masked = (restore >= self.kept).astype(error.dtype)
+        return (error * masked).sum(), masked.sum()
+
+
+class MAELossCell(nn.Cell):
+    """The MAE's summed error times ``scale`` (1 / the masked patches of the global batch): the train step's loss."""
+
+    def __init__(self, model: MAE):
+        super().__init__(auto_prefix=False)
+        self.model = model
+
+    def construct(self, pixels, labels, scale):
+        error, _ = self.model(pixels, labels)
+        return error * scale

@@ -52,10 +52,12 @@ from mindfoundry.backends.torch.distributed import (
 from mindfoundry.backends.torch.memory import apply_memory
 from mindfoundry.backends.torch.model import Transformer, eval_sums
 from mindfoundry.backends.torch.train_step import TrainStep, autocast_for, build_adamw
+from mindfoundry.backends.torch.vision import MAE
 from mindfoundry.config.parallel_config import Layout
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.debug.probe import Probe
-from mindfoundry.model.spec import ModelSpec, module_boundaries, parameter_shapes
+from mindfoundry.model.spec import AnySpec, module_boundaries, parameter_shapes
+from mindfoundry.model.vision_spec import VisionSpec
 
 
 def select_device(requested: str) -> torch.device:
@@ -84,7 +86,7 @@ class TorchBackend:
     name = "torch"
     shard_format = "torch.distributed.checkpoint"  # what save_sharded writes and load_sharded reads
 
-    def __init__(self, cfg: RunConfig, spec: ModelSpec, layout: Layout):
+    def __init__(self, cfg: RunConfig, spec: AnySpec, layout: Layout):
         torch.manual_seed(cfg.seed)
         self.device = select_device(cfg.device)
         self.layout = layout
@@ -94,7 +96,7 @@ class TorchBackend:
             self.mesh, self.dp_mesh = build_mesh(self.layout, self.device.type)
         self.device_name = "cpu" if self.device.type == "cpu" else getattr(torch, self.device.type).get_device_name()
         self.spec = spec
-        self.model = Transformer(spec).to(self.device)
+        self.model = (MAE(spec) if isinstance(spec, VisionSpec) else Transformer(spec)).to(self.device)
         apply_memory(self.model, cfg.memory)  # recompute flags and the loss chunk, before TP/FSDP wrap the blocks
         saved_tensors = memory.saved_tensors(cfg.memory, self.device)
         self.autocast = autocast_for(self.device, cfg.train.precision)
@@ -145,6 +147,10 @@ class TorchBackend:
 
     def _tensor(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
+
+    def _inputs(self, a: np.ndarray) -> torch.Tensor:
+        """A batch's inputs or labels on the device: token ids and masks as int64, pixel values as float32."""
+        return self._tensor(a.astype(np.float32 if a.dtype.kind == "f" else np.int64))
 
     @property
     def rank(self) -> int:
@@ -246,7 +252,7 @@ class TorchBackend:
     ) -> StepOutput:
         self._steps_before = self._adam_steps()  # for update_began, should this step raise
         self.model.train()
-        ids, labels_t = self._tensor(input_ids.astype(np.int64)), self._tensor(labels.astype(np.int64))
+        ids, labels_t = self._inputs(input_ids), self._inputs(labels)
         if self.mesh is not None:
             if probe is not None:
                 raise NotImplementedError(
@@ -283,7 +289,14 @@ class TorchBackend:
                 self.dp_rank * len(input_ids) // self.dp_size, (self.dp_rank + 1) * len(input_ids) // self.dp_size
             )
             input_ids, labels = input_ids[rows], labels[rows]
-        ids_t, labels_t = self._tensor(input_ids.astype(np.int64)), self._tensor(labels.astype(np.int64))
+        ids_t, labels_t = self._inputs(input_ids), self._inputs(labels)
+        if isinstance(self.model, MAE):  # the error over the masked patches and their number
+            with self.autocast():
+                error, count = self.model(ids_t, labels_t)
+            total = torch.stack([error.double(), count.double(), torch.zeros((), dtype=torch.float64)])
+            if split:
+                all_reduce_sum(total, self.dp_mesh)
+            return float(total[0]), int(total[1]), 0
         cp = self.cp is not None and self.cp.fits(ids_t.shape[-1])  # else whole sequences on every cp rank
         if self.pipeline is not None:  # summed over the pipeline ranks
             total = self.pipeline.eval_sums(ids_t, labels_t)
@@ -383,5 +396,5 @@ def check_device(device: str) -> None:
     select_device(device)
 
 
-def create(cfg: RunConfig, spec: ModelSpec, layout: Layout) -> TorchBackend:
+def create(cfg: RunConfig, spec: AnySpec, layout: Layout) -> TorchBackend:
     return TorchBackend(cfg, spec, layout)

@@ -17,11 +17,18 @@ import torch
 
 from mindfoundry.backends.base import BackendUnavailable
 from mindfoundry.backends.torch.model import MoE, Transformer
+from mindfoundry.backends.torch.vision import MAE
 from mindfoundry.config.memory_config import MemoryConfig
 
 
-def apply_memory(model: Transformer, memory: MemoryConfig) -> None:
-    """Set the recompute flags of the chosen blocks and the loss chunk (in place; names unchanged)."""
+def apply_memory(model: Transformer | MAE, memory: MemoryConfig) -> None:
+    """Set the recompute flags of the chosen blocks and the loss chunk (in place; names unchanged). A ViT's blocks
+    (encoder, then decoder) recompute whole (config checks refuse the rest for the image objectives)."""
+    if isinstance(model, MAE):
+        blocks = model.blocks()
+        for i in memory.recomputed_layers(len(blocks)):
+            blocks[i].recompute_all = True
+        return
     for i in memory.recomputed_layers(len(model.layers)):
         block = model.layers[i]
         if memory.recompute == "full":

@@ -39,7 +39,7 @@ from mindfoundry.data.dataset.packing import IGNORE_INDEX
 from mindfoundry.model.spec import PAD_ID, ModelSpec, is_moe_layer, moe_capacity, rope_tables
 
 
-def _run(fn: Callable[..., torch.Tensor], recompute: bool, *args: torch.Tensor | None) -> torch.Tensor:
+def recomputable(fn: Callable[..., torch.Tensor], recompute: bool, *args: torch.Tensor | None) -> torch.Tensor:
     """fn(*args), recomputed in the backward instead of keeping its intermediates when `recompute` and training."""
     if recompute and torch.is_grad_enabled():
         return checkpoint(fn, *args, use_reentrant=False)
@@ -101,7 +101,7 @@ class Attention(nn.Module):
         v = self._heads(self.v_proj(x), self.n_kv_heads)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        out = _run(self._core, self.recompute_core, q, k, v, visible)  # (B, H, S, D)
+        out = recomputable(self._core, self.recompute_core, q, k, v, visible)  # (B, H, S, D)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim))
 
     def _core(
@@ -143,7 +143,7 @@ class MLP(nn.Module):
         self.recompute_act = False  # selective recompute: silu(gate) * up
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(_run(_swiglu, self.recompute_act, self.gate_proj(x), self.up_proj(x)))
+        return self.down_proj(recomputable(_swiglu, self.recompute_act, self.gate_proj(x), self.up_proj(x)))
 
 
 class _SumGradient(torch.autograd.Function):
@@ -196,7 +196,7 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         return self.down_proj(
-            _run(_swiglu, self.recompute_act, self.gate_proj(x, counts), self.up_proj(x, counts)), counts
+            recomputable(_swiglu, self.recompute_act, self.gate_proj(x, counts), self.up_proj(x, counts)), counts
         )
 
 
@@ -287,7 +287,7 @@ class Block(nn.Module):
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, visible: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return _run(self._forward, self.recompute_all, x, cos, sin, visible)
+        return recomputable(self._forward, self.recompute_all, x, cos, sin, visible)
 
     def _forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, visible: torch.Tensor | None = None

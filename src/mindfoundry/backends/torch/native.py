@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from mindfoundry.config.schema import OptimConfig, RunConfig
-from mindfoundry.model.spec import ModelSpec, decays, parameter_shapes
+from mindfoundry.model.spec import decays, parameter_shapes, spec_for
 
 COUNTERS = ("step", "consumed_samples", "consumed_tokens")
 
@@ -47,7 +47,7 @@ def _groups(optim: OptimConfig, n_decay: int, n_total: int) -> list[dict]:
 def export_native(weights: Mapping[str, np.ndarray], optimizer: Mapping[str, np.ndarray], state: Mapping, path: Path,
                   cfg: RunConfig) -> None:
     """Write the `.pt`; the run config gives the module order and AdamW settings torch expects."""
-    shapes = parameter_shapes(ModelSpec.from_config(cfg.model))
+    shapes = parameter_shapes(spec_for(cfg.model))
     order = _group_order(shapes)
     step = float(state["step"])
     opt_state = {

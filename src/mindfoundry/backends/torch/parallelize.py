@@ -54,6 +54,7 @@ from torch.distributed.tensor.parallel import (
 from mindfoundry.backends.torch.distributed import Layout, dp_mesh_for_fsdp, full_value
 from mindfoundry.backends.torch.expert_parallel import apply_moe, check_moe_layout, sharded_expert_params
 from mindfoundry.backends.torch.model import Transformer
+from mindfoundry.backends.torch.vision import MAE
 
 
 def refuse_unsupported(model: Transformer, layout: Layout) -> None:
@@ -80,7 +81,7 @@ def refuse_unsupported(model: Transformer, layout: Layout) -> None:
         )
 
 
-def parallelize(model: Transformer, mesh: DeviceMesh, layout: Layout) -> Transformer:
+def parallelize(model: Transformer | MAE, mesh: DeviceMesh, layout: Layout) -> Transformer | MAE:
     """Apply TP then FSDP2 in place, as `layout` asks; returns `model` (same parameter names)."""
     refuse_unsupported(model, layout)
     names = [n for n, _ in model.named_parameters()]
@@ -175,9 +176,12 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool) -
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh) -> None:
     """FSDP2 per block, then the root (embedding, final norm, head); gradients summed over dp ranks.
 
-    `model` is a Transformer or a pipeline stage (whose blocks sit in a ModuleDict by global index).
+    `model` is a Transformer, a pipeline stage (whose blocks sit in a ModuleDict by global index) or a ViT's MAE.
     """
-    blocks = model.layers.values() if isinstance(model.layers, nn.ModuleDict) else model.layers
+    if isinstance(model, MAE):
+        blocks = model.blocks()
+    else:
+        blocks = model.layers.values() if isinstance(model.layers, nn.ModuleDict) else model.layers
     for block in blocks:
         fully_shard(block, mesh=dp_mesh, ignored_params=sharded_expert_params(block))  # EP experts stay sharded
     fully_shard(model, mesh=dp_mesh)

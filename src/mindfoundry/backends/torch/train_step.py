@@ -17,6 +17,7 @@ from torch import nn
 
 from mindfoundry.backends.base import BackendUnavailable, StepScalars
 from mindfoundry.backends.torch.model import aux_loss_sum, token_nll
+from mindfoundry.backends.torch.vision import MAE
 from mindfoundry.config.schema import OptimConfig
 from mindfoundry.debug.probe import Probe
 from mindfoundry.model.spec import decays
@@ -91,10 +92,12 @@ class TrainStep:
         """Forward and backward over the micro-batches; gradients left summed in `.grad`. Returns the loss."""
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=ids.device)
-        chunked = probe is None and self.model.loss_chunk > 0  # a dump records the whole logits as the model's output
+        # the loss inside the forward: an image model always (its labels are its masks), a language model when it
+        # computes the loss in chunks and no dump records the whole logits as its output
+        in_forward = isinstance(self.model, MAE) or (probe is None and self.model.loss_chunk > 0)
         for i in range(ids.shape[0]):
             with self.autocast(), self.saved_tensors():
-                if chunked:
+                if in_forward:
                     nll, _ = model(ids[i], labels[i])
                 else:
                     nll, _ = token_nll(model(ids[i]), labels[i])

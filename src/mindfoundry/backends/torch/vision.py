@@ -2,8 +2,8 @@
 decoder, with the parameter names and layouts of :mod:`mindfoundry.model.vision_spec` (module paths give the
 names).
 
-The mask arrives from the data layer as indices (:class:`mindfoundry.data.dataset.image_masking.Mask`): the encoder
-gathers the visible patches, the decoder puts every token back in place, so no random number is drawn here.
+The mask arrives from the data layer as indices (:func:`mindfoundry.data.dataset.image_masking.mask_labels`): the
+encoder gathers the visible patches, the decoder puts every token back in place, so no random number is drawn here.
 
 Shapes in comments: B batch, L patches, K visible patches, C width, P values per patch.
 """
@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mindfoundry.backends.torch.model import recomputable
 from mindfoundry.model.vision_spec import TARGET_EPS, VisionSpec, position_embeddings
 
 
@@ -51,8 +52,12 @@ class Block(nn.Module):
         super().__init__()
         self.norm1, self.attn = nn.LayerNorm(width, eps=eps), Attention(width, heads)
         self.norm2, self.mlp = nn.LayerNorm(width, eps=eps), MLP(width, ffn)
+        self.recompute_all = False  # memory.recompute: keep only the block's input, run it again in the backward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return recomputable(self._forward, self.recompute_all, x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x))
         return x + self.mlp(self.norm2(x))
 
@@ -123,16 +128,25 @@ def normalised_target(patches: torch.Tensor) -> torch.Tensor:
 
 
 class MAE(nn.Module):
-    """Masked autoencoder: the loss is the mean squared error of the predicted normalised pixels over the masked
-    patches (each patch's error the mean over its values)."""
+    """Masked autoencoder: the loss is the squared error of the predicted normalised pixels on the masked patches
+    (each patch's error the mean over its values), summed, with the number of masked patches: the trainer divides by
+    the global batch's count, as it does for tokens."""
 
     def __init__(self, spec: VisionSpec):
         super().__init__()
         self.spec = spec
         self.vision, self.mae = VisionEncoder(spec), MAEDecoder(spec)
 
-    def forward(self, pixels: torch.Tensor, keep: torch.Tensor, restore: torch.Tensor,
-                masked: torch.Tensor) -> torch.Tensor:
-        pred = self.mae(self.vision(pixels, keep), restore)
+    def blocks(self) -> list[Block]:
+        """The transformer blocks, encoder's then decoder's (FSDP's and recompute's units)."""
+        return [*self.vision.layers, *self.mae.layers]
+
+    def forward(self, pixels: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(summed error over the masked patches, their number) for pixels (B, 3, H, W) and the mask ``labels``
+        (B, K + L): the visible patches, then each patch's place."""
+        kept = self.spec.kept
+        keep, restore = labels[:, :kept].long(), labels[:, kept:].long()
+        pred = self.mae(self.vision(pixels, keep), restore).float()
         error = ((pred - normalised_target(patchify(pixels, self.spec.patch_size))) ** 2).mean(dim=-1)  # (B, L)
-        return (error * masked).sum() / masked.sum()
+        masked = (restore >= kept).float()
+        return (error * masked).sum(), masked.sum()

@@ -7,40 +7,56 @@ Hugging Face's ``ViTMAEForPreTraining``, which takes this noise as its ``noise``
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from mindfoundry.data.dataset.streams import TRAIN
+from mindfoundry.model.vision_spec import pixel_values
 
-def mae_noise(seed: int, positions: np.ndarray, num_patches: int) -> np.ndarray:
-    """(len(positions), num_patches) float32 uniform noise, each row a function of (``seed``, that sample's
-    position in the training order) alone."""
-    rows = []
-    for position in np.asarray(positions, dtype=np.int64).ravel():
-        digest = hashlib.sha256(f"mae-mask:{seed}:{int(position)}".encode()).digest()
-        rows.append(np.random.default_rng(int.from_bytes(digest[:8], "little")).random(num_patches))
+
+def mae_noise(seed: int, positions: np.ndarray, num_patches: int, stream: int = TRAIN) -> np.ndarray:
+    """(len(positions), num_patches) float32 uniform noise, each row drawn from ``PCG64([seed, stream, position])``
+    (the text masks' generator): a function of the run's seed, the stream and that sample's position in it alone."""
+    rows = [np.random.Generator(np.random.PCG64([seed, stream, position])).random(num_patches, dtype=np.float32)
+            for position in np.asarray(positions, dtype=np.int64).ravel().tolist()]
     return np.asarray(rows, dtype=np.float32).reshape(len(rows), num_patches)
 
 
-@dataclass(frozen=True)
-class Mask:
-    """A batch's mask: the visible patches (``keep``, B x kept, in noise order), where each patch lands back
-    (``restore``, B x L) and the masked patches (``masked``, B x L float32, 1 = masked)."""
-
-    keep: np.ndarray
-    restore: np.ndarray
-    masked: np.ndarray
-
-
-def mask_from_noise(noise: np.ndarray, kept: int) -> Mask:
-    """The mask of per-patch noise: the ``kept`` patches of least noise visible (a stable sort, as torch's argsort
-    of distinct floats)."""
+def mask_labels(noise: np.ndarray, kept: int) -> np.ndarray:
+    """The labels of a batch under ``objective: mae``, int32 (N, kept + L): each row the ``kept`` visible patches (least
+    noise first, a stable sort, as torch's argsort of distinct floats), then where each of the L patches lands in that
+    order (a patch is masked when it lands at ``kept`` or later). The engines gather with them and sort nothing."""
     shuffle = np.argsort(noise, axis=1, kind="stable")
     restore = np.argsort(shuffle, axis=1, kind="stable")
-    masked = np.ones(noise.shape, np.float32)
-    masked[:, :kept] = 0
-    return Mask(shuffle[:, :kept].astype(np.int32), restore.astype(np.int32),
-                np.take_along_axis(masked, restore, axis=1))
+    return np.concatenate([shuffle[:, :kept], restore], axis=1).astype(np.int32)
 
 
+@dataclass(frozen=True)
+class PatchMasking:
+    """The masking of one stream of image samples (``objective: mae``): :meth:`apply` turns the uint8 pixel rows at
+    some positions into the encoder's input and the rows' :func:`mask_labels`."""
+
+    seed: int
+    num_patches: int
+    kept: int
+    stream: int = TRAIN
+    #: The label of a padding row: every patch lands before ``kept``, so none is masked and the row scores nothing.
+    pad_label: int = 0
+
+    def for_stream(self, stream: int) -> PatchMasking:
+        return replace(self, stream=stream)
+
+    def apply(self, pixels: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(pixel values float32 [N, 3, H, W], labels int32 [N, kept + L])`` for uint8 rows ``pixels`` [N, H, W, 3]
+        at sample ``positions`` [N]."""
+        noise = mae_noise(self.seed, positions, self.num_patches, self.stream)
+        return pixel_values(pixels), mask_labels(noise, self.kept)
+
+    def scored(self, labels: np.ndarray) -> int:
+        """How many patches of these labels carry a loss (the masked ones)."""
+        return int((labels[..., self.kept:] >= self.kept).sum())
+
+    def tokens(self, pixels: np.ndarray) -> int:
+        """How many patches (a ViT's tokens) these images hold."""
+        return len(pixels) * self.num_patches

@@ -1,12 +1,12 @@
 """The curated images of a prepared split as training samples: every image source's pixel shard (the square uint8
 pixels ``prepare`` wrote, memory-mapped, never decoded again) as one indexed set, with each pair's caption token
-ids, and the batches of a training run as a function of the global position alone.
+ids, read by index.
 
-A sample's index runs over the sources in manifest order, then each source's rows; :class:`ImageBatches` maps global
-position ``p`` to an index through :class:`mindfoundry.data.dataset.packing.SampleOrder` (a seeded permutation per
-epoch), the text samples' rule, so a run resumes at any image exactly and data-parallel ranks partition a global
-batch as they do for text. The masks of ``objective: mae`` are the positions'
-(:mod:`mindfoundry.data.dataset.image_masking`).
+A sample's index runs over the sources in manifest order, then each source's rows; a run maps global position ``p``
+to an index through :class:`mindfoundry.data.dataset.packing.SampleOrder` (a seeded permutation per epoch,
+:class:`mindfoundry.data.dataset.loader.OrderedSamples`), the text samples' rule, so a run resumes at any image
+exactly and data-parallel ranks partition a global batch as they do for text. The masks of ``objective: mae`` are
+the positions' (:mod:`mindfoundry.data.dataset.image_masking`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 
 from mindfoundry.data.dataset.indexed import IndexedDataset
-from mindfoundry.data.dataset.packing import SampleOrder
 from mindfoundry.data.dataset.prepared import DataError
 
 
@@ -48,6 +47,12 @@ class ImageSamples:
         """(len(indices), size, size, 3) uint8: the images at ``indices``, in that order."""
         source, rows = self._rows(indices)
         return np.stack([self.pixels[s][r] for s, r in zip(source, rows, strict=True)])
+
+    def get_batch(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the images at ``indices``, those indices): the trainers' sample reader
+        (:class:`mindfoundry.data.dataset.loader.OrderedSamples` orders them as it orders token windows)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        return self.get_pixels(indices), indices
 
     def get_captions(self, indices: np.ndarray) -> list[np.ndarray | None]:
         """Each image's caption token ids (None where its source has no captions)."""
@@ -79,19 +84,3 @@ def open_image_samples(root: Path, manifest: dict[str, Any], split: str) -> Imag
         pixels.append(array)
         captions.append(IndexedDataset(root / "images" / entry["captions"]["path"]) if "captions" in entry else None)
     return ImageSamples(sources, pixels, captions)
-
-
-class ImageBatches:
-    """The images at global positions ``[start, start + count)`` of a run: each position's index by
-    :class:`SampleOrder` over the samples (see the module docstring)."""
-
-    def __init__(self, samples: ImageSamples, seed: int, shuffle: bool = True) -> None:
-        if not len(samples):
-            raise DataError("the split holds no image: add images or lower data.validation_fraction")
-        self.samples = samples
-        self.order = SampleOrder(len(samples), seed, shuffle=shuffle)
-
-    def get_batch(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """(pixels (count, size, size, 3) uint8, the sample indices they are)."""
-        indices = self.order.indices(start, count)
-        return self.samples.get_pixels(indices), indices

@@ -24,27 +24,39 @@ from typing import Any, Protocol
 import numpy as np
 
 from mindfoundry.config.schema import RunConfig
-from mindfoundry.data.dataset.masking import MaskingRule
+from mindfoundry.data.dataset.image_samples import ImageSamples, open_image_samples
+from mindfoundry.data.dataset.masking import Masking
 from mindfoundry.data.dataset.mixture import build_mixture
-from mindfoundry.data.dataset.packing import PackedSamples, SampleOrder
-from mindfoundry.data.dataset.prepared import PreparedData
+from mindfoundry.data.dataset.packing import IGNORE_INDEX, PackedSamples, SampleOrder
+from mindfoundry.data.dataset.prepared import DataError, PreparedData
 
-__all__ = ["Batch", "BatchIterator", "BatchSource", "OrderedSamples", "TrainLoader", "training_source"]
+__all__ = ["Batch", "BatchIterator", "BatchSource", "OrderedSamples", "TrainLoader", "split_samples",
+           "training_source"]
 
 # How often a blocked prefetch thread wakes up to check whether it was closed.
 _POLL_SECONDS = 0.1
 
 
 class BatchSource(Protocol):
-    """Samples at global positions ``[start, start + count)``, int32 ``[count, seq_len]`` each."""
+    """Samples at global positions ``[start, start + count)``: int32 ``[count, seq_len]`` token windows and their
+    labels, or (image objectives) uint8 ``[count, size, size, 3]`` pixels and their sample indices."""
 
     def get_batch(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray]: ...
 
 
-class OrderedSamples:
-    """Training without a mixture: the packed stream of all train shards, in :class:`SampleOrder`."""
+class Samples(Protocol):
+    """A split's samples by index: packed token windows (:class:`PackedSamples`) or images (:class:`ImageSamples`)."""
 
-    def __init__(self, samples: PackedSamples, order: SampleOrder) -> None:
+    def __len__(self) -> int: ...
+
+    def get_batch(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+class OrderedSamples:
+    """Training without a mixture: all train samples (the packed stream of the shards, or the images) in
+    :class:`SampleOrder`."""
+
+    def __init__(self, samples: Samples, order: SampleOrder) -> None:
         self.samples = samples
         self.order = order
 
@@ -52,13 +64,25 @@ class OrderedSamples:
         return self.samples.get_batch(self.order.indices(start, count))
 
 
+def split_samples(cfg: RunConfig, data: PreparedData, split: str) -> PackedSamples | ImageSamples:
+    """The samples of ``split`` the configured objective reads: the images for an image objective, else the packed
+    token windows of train.seq_len (the one place that picks)."""
+    if cfg.model.is_image:
+        images = open_image_samples(data.root, data.manifest, split)
+        if not len(images):
+            raise DataError(f"the {split} split holds no image: add images (or change data.validation_fraction) and "
+                            "run `mindfoundry prepare`")
+        return images
+    return data.packed(split, cfg.train.seq_len)
+
+
 def training_source(cfg: RunConfig, data: PreparedData) -> BatchSource:
     """The batch source the config asks for: the category mixture if ``data.mixture`` is set."""
-    seq_len, seed, shuffle = cfg.train.seq_len, cfg.seed, cfg.data.shuffle
     if cfg.data.mixture is not None:
-        return build_mixture(data, cfg.data.mixture, seq_len=seq_len, seed=seed, shuffle=shuffle)
-    samples = data.packed("train", seq_len)
-    return OrderedSamples(samples, SampleOrder(len(samples), seed, shuffle=shuffle))
+        return build_mixture(data, cfg.data.mixture, seq_len=cfg.train.seq_len, seed=cfg.seed,
+                             shuffle=cfg.data.shuffle)
+    samples = split_samples(cfg, data, "train")
+    return OrderedSamples(samples, SampleOrder(len(samples), cfg.seed, shuffle=cfg.data.shuffle))
 
 
 @dataclass(frozen=True)
@@ -66,8 +90,10 @@ class Batch:
     """This rank's part of the global batch that starts at global ``position``."""
 
     position: int
-    input_ids: np.ndarray  # int32 [grad_accum, micro_batch_size, seq_len]
-    labels: np.ndarray  # int32 [grad_accum, micro_batch_size, seq_len]
+    input_ids: np.ndarray  # int32 [grad_accum, micro_batch_size, seq_len]; the image objectives' pixel values
+    labels: np.ndarray  # int32 [grad_accum, micro_batch_size, seq_len]; mae: the masks (image_masking.mask_labels)
+    scored: int  # positions of the batch that carry a loss (labels not ignored; mae: the masked patches)
+    tokens: int  # the batch's tokens (mae: patches), what tokens/s and MFU count
 
 
 class TrainLoader:
@@ -76,11 +102,11 @@ class TrainLoader:
     ``L = micro_batch_size * grad_accum`` is the rank's share of the global batch
     ``G = L * dp_size``; the slices of all ranks partition ``[p, p + G)``, so together the ranks
     consume exactly what one process with the whole global batch would, and each rank reads only
-    its own samples. With ``masking`` (the mlm objective) each sample is masked by its global position.
+    its own samples. With ``masking`` (the mlm and mae objectives) each sample is masked by its global position.
     """
 
     def __init__(self, source: BatchSource, *, micro_batch_size: int, grad_accum: int = 1,
-                 dp_rank: int = 0, dp_size: int = 1, prefetch: int = 2, masking: MaskingRule | None = None) -> None:
+                 dp_rank: int = 0, dp_size: int = 1, prefetch: int = 2, masking: Masking | None = None) -> None:
         if micro_batch_size < 1 or grad_accum < 1:
             raise ValueError(f"micro_batch_size and grad_accum must be >= 1, got {micro_batch_size} and {grad_accum}")
         if not 0 <= dp_rank < dp_size:
@@ -126,10 +152,14 @@ class TrainLoader:
             raise ValueError(f"position must be >= 0, got {position}")
         start = position + self.dp_rank * self.local_batch
         ids, labels = self.source.get_batch(start, self.local_batch)
-        if self.masking is not None:
+        if self.masking is None:
+            scored, tokens = int((labels != IGNORE_INDEX).sum()), ids.size
+        else:
             ids, labels = self.masking.apply(ids, np.arange(start, start + self.local_batch))
-        shape = (self.grad_accum, self.micro_batch_size, ids.shape[-1])
-        return Batch(position, ids.reshape(shape), labels.reshape(shape))
+            scored, tokens = self.masking.scored(labels), self.masking.tokens(ids)
+        rows = (self.grad_accum, self.micro_batch_size)
+        return Batch(position, ids.reshape(*rows, *ids.shape[1:]), labels.reshape(*rows, *labels.shape[1:]), scored,
+                     tokens)
 
     def iterate(self, position: int) -> BatchIterator:
         """Batches for global positions ``position``, ``position + G``, ...; close it when done."""

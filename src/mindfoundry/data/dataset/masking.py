@@ -24,14 +24,14 @@ from tokenizers import Tokenizer
 
 from mindfoundry.config.model_config import MLMConfig
 from mindfoundry.config.schema import RunConfig
+from mindfoundry.data.dataset.image_masking import PatchMasking
 from mindfoundry.data.dataset.packing import IGNORE_INDEX
+from mindfoundry.data.dataset.streams import TEXTS, TRAIN, VALIDATION
 from mindfoundry.data.tokenizer import PAD, TokenizerError, mask_id, pad_id, special_ids
 from mindfoundry.model.spec import PAD_ID
+from mindfoundry.model.vision_spec import VisionSpec
 
-__all__ = ["TEXTS", "TRAIN", "VALIDATION", "MaskingRule", "masking_for", "masking_rule"]
-
-#: Mask streams: which numbering a sample position belongs to.
-TRAIN, VALIDATION, TEXTS = 0, 1, 2
+__all__ = ["TEXTS", "TRAIN", "VALIDATION", "Masking", "MaskingRule", "PatchMasking", "masking_for", "masking_rule"]
 
 
 @dataclass(frozen=True)
@@ -46,9 +46,19 @@ class MaskingRule:
     random_token_rate: float
     seed: int
     stream: int = TRAIN
+    #: The label of a padding row: no position of it is scored.
+    pad_label: int = IGNORE_INDEX
 
     def for_stream(self, stream: int) -> MaskingRule:
         return replace(self, stream=stream)
+
+    def scored(self, labels: np.ndarray) -> int:
+        """How many positions of these labels carry a loss."""
+        return int((labels != IGNORE_INDEX).sum())
+
+    def tokens(self, ids: np.ndarray) -> int:
+        """How many tokens these input rows hold."""
+        return int(ids.size)
 
     def apply(self, ids: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(masked input_ids, labels)`` for rows ``ids`` [N, S] at sample ``positions`` [N]; int32 like the input."""
@@ -86,9 +96,16 @@ def masking_rule(mlm: MLMConfig, tokenizer: Tokenizer, seed: int, stream: int = 
                        seed, stream)
 
 
-def masking_for(cfg: RunConfig, tokenizer: Tokenizer, stream: int) -> MaskingRule | None:
+#: What a run masks its samples with: tokens (mlm) or image patches (mae).
+Masking = MaskingRule | PatchMasking
+
+
+def masking_for(cfg: RunConfig, tokenizer: Tokenizer, stream: int) -> Masking | None:
     """The masking a run applies to the samples of ``stream`` (None for model.objective: clm): the one place that
     decides."""
+    if cfg.model.objective == "mae":
+        spec = VisionSpec.from_config(cfg.model)
+        return PatchMasking(cfg.seed, spec.num_patches, spec.kept, stream)
     if cfg.model.objective != "mlm":
         return None
     return masking_rule(cfg.model.mlm, tokenizer, cfg.seed, stream)
