@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mf_testing import shared_once, tiny_config, tiny_run_tree
+from mf_testing import shared_once, tiny_config, tiny_mae_tree, tiny_run_tree, write_digits
 from mindfoundry.model.spec import ModelSpec
 
 
@@ -63,6 +63,35 @@ def corpus_dir(tmp_path_factory) -> Path:
         return root
 
     return shared_once(tmp_path_factory, "corpus", make)
+
+
+@pytest.fixture(scope="session")
+def digits_prepared(tmp_path_factory) -> tuple[Path, Path]:
+    """400 of scikit-learn's digits as an image-text folder, and that folder prepared once for the whole test run (the
+    data of :func:`mf_testing.tiny_mae_tree`): (images, prepared data)."""
+
+    def make(root: Path) -> tuple[Path, Path]:
+        from mindfoundry.cli.main import main
+
+        digits = write_digits(root, 400)
+        config = root / "prepare.yaml"
+        config.write_text(yaml.safe_dump(tiny_mae_tree(digits, root / "prepared", root / "run")))
+        assert main(["prepare", str(config)]) == 0
+        return digits, root / "prepared"
+
+    return shared_once(tmp_path_factory, "digits", make)
+
+
+@pytest.fixture
+def tiny_mae(digits_prepared: tuple[Path, Path], tmp_path: Path):
+    """Factory writing a tiny masked-autoencoder config on the shared prepared digits; returns its path."""
+
+    def make(name: str = "mae", **overrides) -> Path:
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(tiny_mae_tree(*digits_prepared, tmp_path / name, **overrides)))
+        return path
+
+    return make
 
 
 @pytest.fixture

@@ -30,6 +30,8 @@ def with_(path: str, value) -> dict:
     return tree
 
 
+IMAGES = {"data": {"sources": [{"name": "i", "paths": ["images/"], "modality": "image"}]}}
+
 BAD = [
     (with_("model.n_heads", 6), "model.n_heads=6 does not divide model.d_model=256"),
     (with_("model.n_kv_heads", 3), "model.n_kv_heads=3 does not divide model.n_heads=4"),
@@ -81,6 +83,24 @@ BAD = [
     ),
     (with_("parallel.tp", 3), "parallel.tp=3 does not divide model.n_heads=4: use tp in {1, 2, 4}"),
     (with_("parallel.dp_shard", 0), "parallel.dp_shard=0: must be >= 1, or -1 for whatever is left of the world size"),
+    # the image objectives (issue #50)
+    (IMAGES | {"model": {"objective": "mae", "vision": {"patch_size": 5}}},
+     "model.vision.patch_size=5 does not divide the image side 64 (data.images.size): choose a patch size dividing it "
+     "(e.g. 2 or 4)"),
+    (IMAGES | {"model": {"objective": "mae", "vision": {"image_size": 30, "patch_size": 4}}},
+     "model.vision.patch_size=4 does not divide model.vision.image_size=30"),
+    (IMAGES | {"model": {"objective": "mae", "vision": {}, "mae": {"mask_ratio": 1.0}}},
+     "model.mae.mask_ratio=1.0: hide a share of the patches strictly between 0 and 1"),
+    (IMAGES | {"model": {"objective": "mae"}}, "model.objective=mae trains a ViT: add model.vision"),
+    ({"model": {"objective": "mae", "vision": {}}, **base()},
+     "model.objective=mae trains on images, and data.sources has no image source: add one with modality: image or "
+     "image_text"),
+    (IMAGES | {"model": {"vision": {}}}, "model.vision is the encoder of the image objectives, and "
+     "model.objective=clm trains text"),
+    (IMAGES | {"model": {"objective": "mae", "vision": {}}, "parallel": {"tp": 2}},
+     "parallel tp=2 with model.objective=mae: the image models run data parallel in this version"),
+    (IMAGES | {"model": {"objective": "mae", "vision": {}}, "memory": {"recompute": "selective"}},
+     "memory.recompute=selective names parts of the language model's blocks"),
 ]
 
 

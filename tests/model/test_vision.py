@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mindfoundry.data.dataset.image_masking import mae_noise, mask_from_noise
+from mindfoundry.data.dataset.image_masking import mae_noise, mask_labels
 from mindfoundry.model.vision_spec import VisionSpec, init_vision_weights, pixel_values, vision_parameter_shapes
 
 SPEC = VisionSpec(image_size=32, patch_size=8, d_model=32, n_layers=2, n_heads=4, ffn_dim=64, decoder_d_model=16,
@@ -36,9 +36,8 @@ def _torch_loss(weights: dict[str, np.ndarray], pixels: np.ndarray, noise: np.nd
 
     model = MAE(SPEC)
     model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()}, strict=True)
-    mask = mask_from_noise(noise, SPEC.kept)
-    loss = model(torch.from_numpy(pixel_values(pixels)), torch.from_numpy(mask.keep),
-                 torch.from_numpy(mask.restore), torch.from_numpy(mask.masked))
+    error, count = model(torch.from_numpy(pixel_values(pixels)), torch.from_numpy(mask_labels(noise, SPEC.kept)))
+    loss = error / count
     if not grads:
         return float(loss.detach())
     loss.backward()
@@ -48,11 +47,15 @@ def _torch_loss(weights: dict[str, np.ndarray], pixels: np.ndarray, noise: np.nd
 def test_the_mask_is_a_function_of_seed_and_position() -> None:
     noise = mae_noise(7, np.array([3, 4, 3]), SPEC.num_patches)
     assert np.array_equal(noise[0], noise[2]) and not np.array_equal(noise[0], noise[1])
-    mask = mask_from_noise(noise, SPEC.kept)
-    assert SPEC.kept == 4 and mask.keep.shape == (3, 4) and mask.masked.sum(axis=1).tolist() == [12, 12, 12]
-    visible = np.zeros_like(mask.masked)
-    np.put_along_axis(visible, mask.keep.astype(np.int64), 1, axis=1)
-    assert np.array_equal(visible, 1 - mask.masked)  # the kept patches are exactly the unmasked ones
+    assert not np.array_equal(noise, mae_noise(7, np.array([3, 4, 3]), SPEC.num_patches, stream=1))
+    labels = mask_labels(noise, SPEC.kept)
+    keep, restore = labels[:, :SPEC.kept], labels[:, SPEC.kept:]
+    masked = restore >= SPEC.kept
+    assert SPEC.kept == 4 and keep.shape == (3, 4) and masked.sum(axis=1).tolist() == [12, 12, 12]
+    visible = np.zeros_like(masked)
+    np.put_along_axis(visible, keep.astype(np.int64), True, axis=1)
+    assert np.array_equal(visible, ~masked)  # the kept patches are exactly the unmasked ones
+    assert np.array_equal(np.take_along_axis(restore, keep.astype(np.int64), axis=1), np.tile(np.arange(4), (3, 1)))
 
 
 def test_torch_mae_loss_equals_transformers_vitmae_given_our_mask_as_noise() -> None:
@@ -72,40 +75,40 @@ def test_torch_mae_loss_equals_transformers_vitmae_given_our_mask_as_noise() -> 
     with torch.no_grad():
         theirs = float(hf(pixel_values=torch.from_numpy(pixel_values(pixels)), noise=torch.from_numpy(noise)).loss)
     assert 0.5 < ours < 3.0
-    assert abs(ours - theirs) <= 1e-6 * abs(theirs), (ours, theirs)  # measured: equal (1.1524234)
+    assert abs(ours - theirs) <= 1e-6 * abs(theirs), (ours, theirs)  # measured: equal
 
 
 def test_mindspore_mae_loss_equals_torch_on_the_same_weights_and_mask() -> None:
     import mindspore as ms
 
-    from mindfoundry.backends.mindspore.vision import MAE
+    from mindfoundry.backends.mindspore.vision import MAE, MAELossCell
 
     weights = init_vision_weights(SPEC, seed=5)
     pixels, noise = _batch(), mae_noise(2, np.arange(10, 14), SPEC.num_patches)
     model = MAE(SPEC)
     assert {p.name: tuple(p.shape) for p in model.get_parameters()} == vision_parameter_shapes(SPEC)
     ms.load_param_into_net(model, {k: ms.Parameter(ms.Tensor(v), name=k) for k, v in weights.items()}, strict_load=True)
-    mask = mask_from_noise(noise, SPEC.kept)
-    ours = float(model(ms.Tensor(pixel_values(pixels)), ms.Tensor(mask.keep), ms.Tensor(mask.restore),
-                       ms.Tensor(mask.masked)).asnumpy())
+    labels = ms.Tensor(mask_labels(noise, SPEC.kept))
+    error, count = model(ms.Tensor(pixel_values(pixels)), labels)
+    ours = float((error / count).asnumpy())
     theirs, torch_grads = _torch_loss(weights, pixels, noise, grads=True)
     assert abs(ours - theirs) <= 1e-6 * abs(theirs), (ours, theirs)  # measured: equal
     # the gradients too, in GRAPH mode as training compiles it
     ms.set_context(mode=ms.GRAPH_MODE)
     try:
         params = model.trainable_params()
-        loss, grads = ms.value_and_grad(model, None, params)(
-            ms.Tensor(pixel_values(pixels)), ms.Tensor(mask.keep), ms.Tensor(mask.restore), ms.Tensor(mask.masked))
+        loss, grads = ms.value_and_grad(MAELossCell(model), None, params)(
+            ms.Tensor(pixel_values(pixels)), labels, 1 / count)  # the train step's loss: the error over its count
     finally:
         ms.set_context(mode=ms.PYNATIVE_MODE)
     assert abs(float(loss.asnumpy()) - theirs) <= 1e-6 * abs(theirs)
-    worst = max(float(np.abs(g.asnumpy() - torch_grads[p.name]).max() / (np.abs(torch_grads[p.name]).max() + 1e-12))
-                for p, g in zip(params, grads, strict=True))
     # each gradient against the largest of any parameter: a key projection's bias has a zero gradient (a softmax
     # does not see a constant added to every key's score) which both engines leave as float32 noise
     scale = max(float(np.abs(g).max()) for g in torch_grads.values())
-    worst = max(float(np.abs(g.asnumpy() - torch_grads[p.name]).max()) for p, g in zip(params, grads, strict=True))
-    assert worst <= 1e-6 * scale, (worst, scale)  # measured 4.7e-7 of the scale
+    errors = {p.name: float(np.abs(g.asnumpy() - torch_grads[p.name]).max()) for p, g in zip(params, grads, strict=True)}
+    # measured 3.1e-6 of the scale, at the cls token (its gradient gathers every token's attention to it over the
+    # batch, summed in another order by each engine); every other parameter within 3e-7 of it
+    assert max(errors.values()) <= 4e-6 * scale, (errors, scale)
 
 
 def test_the_mae_size_and_flops_are_what_torch_counts() -> None:
