@@ -105,7 +105,8 @@ def test_mindspore_mae_loss_equals_torch_on_the_same_weights_and_mask() -> None:
     # each gradient against the largest of any parameter: a key projection's bias has a zero gradient (a softmax
     # does not see a constant added to every key's score) which both engines leave as float32 noise
     scale = max(float(np.abs(g).max()) for g in torch_grads.values())
-    errors = {p.name: float(np.abs(g.asnumpy() - torch_grads[p.name]).max()) for p, g in zip(params, grads, strict=True)}
+    errors = {p.name: float(np.abs(g.asnumpy() - torch_grads[p.name]).max())
+              for p, g in zip(params, grads, strict=True)}
     # measured 3.1e-6 of the scale, at the cls token (its gradient gathers every token's attention to it over the
     # batch, summed in another order by each engine); every other parameter within 3e-7 of it
     assert max(errors.values()) <= 4e-6 * scale, (errors, scale)

@@ -8,8 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from mindfoundry.cli.main import main
 from mindfoundry.train.metrics import read_metrics
 
