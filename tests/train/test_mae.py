@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from mindfoundry.cli.main import main
 from mindfoundry.train.metrics import read_metrics
 
@@ -39,3 +41,21 @@ def test_mae_trains_alike_on_both_engines_and_resumes_exactly_after_sigkill(tiny
         assert 3 <= last_step(run) < 6
         assert main(["train", str(config), "--resume", "auto"]) == 0
         assert _losses(run)[-6:] == runs[engine], engine
+
+
+@pytest.mark.slow
+def test_mae_data_parallel_launches_equal_one_process(tiny_mae, tmp_path) -> None:
+    """FSDP over two torchrun ranks and data parallel over two msrun workers, each the same global batch of 16 images
+    as one process (two micro-batches of 8 there, one per rank here)."""
+    from mindfoundry.parallel.launch import free_port
+
+    for engine, layout in (("torch", "parallel.dp_shard=2"), ("mindspore", "parallel.dp_replicate=2")):
+        one, launched = tiny_mae(f"{engine}-one", backend=engine), tiny_mae(f"{engine}-dp", backend=engine)
+        assert main(["train", str(one)]) == 0
+        assert main(["launch", "train", str(launched), "--set", layout, "--set", "train.grad_accum=1",
+                     "--master-port", str(free_port())]) == 0
+        single, parallel = _losses(tmp_path / f"{engine}-one"), _losses(tmp_path / f"{engine}-dp")
+        assert len(single) == len(parallel) == 6
+        # measured: the same floats (each rank's micro-batch gradient summed over the ranks, in one process over the
+        # micro-batches: the same two sums)
+        assert parallel == single, (engine, parallel, single)
