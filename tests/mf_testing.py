@@ -129,7 +129,7 @@ def tiny_mae_tree(digits: Path, prepared: Path, run_dir: Path, **overrides) -> d
                   "mae": {"decoder_d_model": 16, "decoder_layers": 1, "decoder_heads": 2}},
         "data": {"sources": [{"name": "digits", "paths": [str(digits)], "modality": "image_text"}],
                  "images": {"size": 16, "near": False}, "validation_fraction": 0.1, "output_dir": str(prepared)},
-        "train": {"steps": 6, "micro_batch_size": 8, "grad_accum": 2, "eval_every": 0, "eval_samples": 16},
+        "train": {"steps": 6, "micro_batch_size": 8, "grad_accum": 2, "eval_every": 0, "eval_samples": 1000},
         "optim": {"warmup_steps": 2, "lr": 1e-2},
         "checkpoint": {"every": 2, "keep_last": 5},
         "monitor": {"progress": False, "detail_every": 3},

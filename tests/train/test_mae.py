@@ -3,6 +3,7 @@ batches, a SIGKILLed run resumed, data-parallel layouts against one process."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -31,6 +32,16 @@ def test_mae_trains_alike_on_both_engines_and_resumes_exactly_after_sigkill(tiny
     assert len(torch_losses) == 6 and torch_losses[-1] < torch_losses[0] - 0.1, torch_losses
     # measured 1.7e-7 at step 1, and no larger by step 6
     assert max(abs(a / b - 1) for a, b in zip(ms_losses, torch_losses)) <= 1e-6, (ms_losses, torch_losses)
+    # `mindfoundry eval`: the whole validation split with training's validation masks (training's last evaluation
+    # scored all of it too), and the digits probe of the encoder against a randomly initialised one
+    assert main(["eval", str(tmp_path / "torch"), "--probe", "digits", "--json", str(tmp_path / "eval.json")]) == 0
+    scores = json.loads((tmp_path / "eval.json").read_text())
+    last_eval = [r for r in read_metrics(tmp_path / "torch" / "metrics.jsonl") if "val_loss" in r][-1]
+    assert scores["validation"]["all"]["loss"] == last_eval["val_loss"]
+    assert scores["validation"]["all"]["perplexity"] is None and last_eval["val_tokens"] % 12 == 0  # 12 of 16 hidden
+    probe = scores["probe"]["digits"]
+    assert (probe["train_images"], probe["test_images"]) == (1257, 540)
+    assert 0.5 < probe["random_encoder"] < 0.95 and 0.5 < probe["accuracy"] < 0.95, probe
     for engine in ("torch", "mindspore"):  # killed after a checkpoint (every 2 steps), resumed: the same floats
         config, run = tiny_mae(f"{engine}-killed", backend=engine), tmp_path / f"{engine}-killed"
         proc = subprocess.Popen([sys.executable, "-m", "mindfoundry.cli", "train", str(config)],

@@ -127,6 +127,11 @@ class Backend(Protocol):
         """Logits [B, S, vocab] (float32) for a [B, S] batch, no gradient."""
         ...
 
+    def image_features(self, pixels: np.ndarray) -> np.ndarray:
+        """An image model's features [B, d_model] (float32) of pixel values [B, 3, H, W]: its encoder over every patch,
+        the mean of the patch tokens after the final norm (what a linear probe reads), no gradient."""
+        ...
+
     def new_cache(self, length: int) -> Any:
         """An empty key/value cache for one sequence of up to `length` tokens (engine-owned; for :meth:`decode`)."""
         ...

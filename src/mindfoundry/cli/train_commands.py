@@ -145,7 +145,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if json_out is not None and json_out.exists():
         raise OutputExistsError(f"{json_out} already exists: choose another --json file (nothing was written)")
     result = evaluate_model(load_trained(args.checkpoint, args.backend, storage=storage), data=args.data or (),
-                            tasks=args.tasks or (), lm_eval=args.lm_eval or ())
+                            tasks=args.tasks or (), lm_eval=args.lm_eval or (), probe=args.probe or ())
     table = Table(title=f"evaluation of {result['checkpoint']}",
                   caption="validation: every batch of the held-out split (train's evaluations score a fixed sample of "
                           "train.eval_samples samples, so their loss differs a little)")
@@ -156,8 +156,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             table.add_row(
                 f"{group}: {name}",
                 f"{r['loss']:.4f}",
-                f"{r['perplexity']:.2f}",
-                f"{r['bits_per_byte']:.4f}",
+                "-" if r["perplexity"] is None else f"{r['perplexity']:.2f}",  # an image model's loss is no NLL
+                "-" if r["bits_per_byte"] is None else f"{r['bits_per_byte']:.4f}",
                 str(r["tokens"]),
             )
     out = Console()
@@ -172,6 +172,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         out.print(rows)
     for task, metrics in result.get("lm_eval", {}).items():
         out.print(f"lm-eval {task}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()), highlight=False)
+    for name, p in result.get("probe", {}).items():
+        out.print(f"linear probe on {name}: accuracy {p['accuracy']:.3f} ({p['random_encoder']:.3f} from a randomly "
+                  f"initialised encoder; {p['train_images']} images fitted, {p['test_images']} held out)",
+                  highlight=False)
     if json_out is not None:
         with staged_file(json_out) as tmp:
             tmp.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -271,6 +275,9 @@ def add_train_commands(sub: argparse._SubParsersAction) -> None:
         help="lm-evaluation-harness task files, scored on this engine "
         "(e.g. examples/lm_eval/mindfoundry_mc.yaml; needs the eval extra)",
     )
+    p.add_argument("--probe", nargs="+", metavar="SET", choices=["digits"], help="image models: a linear probe of "
+                   "the encoder's features on a labelled set (digits: scikit-learn's handwritten digits), against a "
+                   "randomly initialised encoder")
     p.add_argument(
         "--json", metavar="OUT", default=None, help="also write every number to this JSON file, a path or a URL (must "
         "not exist)"

@@ -5,6 +5,10 @@ and per category. ``data`` (files, folders or globs of .txt/.jsonl, as data.sour
 same numbers on those documents (:func:`mindfoundry.eval.heldout.evaluate_texts` states the window
 rule). ``tasks``: multiple-choice accuracy (:mod:`mindfoundry.eval.tasks`). ``lm_eval``: lm-evaluation-harness
 task YAML files scored on this engine (:mod:`mindfoundry.eval.lm_harness`).
+
+An image model (``objective: mae``) is scored on its whole validation split (the masked-patch loss, with the
+validation masks training's evaluations use) and, with ``probe``, by a linear probe of its encoder against the same
+probe on a randomly initialised one (:mod:`mindfoundry.eval.linear_probe`).
 """
 
 from __future__ import annotations
@@ -13,20 +17,34 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from mindfoundry.backends.base import BackendUnavailable
+from mindfoundry.config.model_config import ObjectiveError
 from mindfoundry.checkpoint.run_files import run_data
+from mindfoundry.data.dataset.loader import split_samples
 from mindfoundry.data.dataset.masking import TEXTS, VALIDATION, masking_for
 from mindfoundry.data.dataset.prepared import load_prepared
 from mindfoundry.data.ingest.files import SourceStats, read_files
-from mindfoundry.eval.heldout import evaluate_categories, evaluate_texts
+from mindfoundry.eval.heldout import evaluate, evaluate_categories, evaluate_texts
+from mindfoundry.eval.linear_probe import ProbeUnavailable, digits_images, encode, linear_probe
 from mindfoundry.eval.tasks import read_tasks, score_tasks
+from mindfoundry.model.spec import init_weights, spec_for
 from mindfoundry.workflows.generate import TrainedModel
 
 
 def evaluate_model(model: TrainedModel, *, data: Sequence[str] = (), tasks: Sequence[str] = (),
-                   lm_eval: Sequence[str] = ()) -> dict[str, Any]:
+                   lm_eval: Sequence[str] = (), probe: Sequence[str] = ()) -> dict[str, Any]:
     """{"checkpoint", "validation": {category: metrics}, "data": {pattern: metrics}, "tasks": {file: accuracies},
-    "lm_eval": {task: {metric: value}}} (validation only when nothing else is asked)."""
+    "lm_eval": {task: {metric: value}}} (validation only when nothing else is asked); an image model's
+    {"checkpoint", "validation": {"all": metrics}, "probe": {set: accuracies}}."""
     cfg, t = model.cfg, model.cfg.train
+    if cfg.model.is_image:
+        if data or tasks or lm_eval:
+            raise ObjectiveError(f"--data, --tasks and --lm-eval score text, and this model was trained with "
+                                 f"model.objective={cfg.model.objective} (an image model): use --probe digits, or "
+                                 "no option for the held-out masked-patch loss")
+        return _evaluate_images(model, probe)
+    if probe:
+        raise ObjectiveError(f"--probe reads an image encoder's features, and this model was trained with "
+                             f"model.objective={cfg.model.objective} (a language model): remove --probe")
     if tasks:
         cfg.model.require_causal("--tasks (choices scored by their causal log-likelihood)")
     if lm_eval:
@@ -69,4 +87,27 @@ def evaluate_model(model: TrainedModel, *, data: Sequence[str] = (), tasks: Sequ
         out["lm_eval"] = {
             task: {k: v for k, v in metrics.items() if isinstance(v, (int, float))} for task, metrics in results.items()
         }
+    return out
+
+
+def _evaluate_images(model: TrainedModel, probe: Sequence[str]) -> dict[str, Any]:
+    """The image model's held-out loss and probes (see the module docstring)."""
+    cfg, backend = model.cfg, model.backend
+    prepared = load_prepared(run_data(model.checkpoint, cfg), cfg.model.vocab_size)
+    result = evaluate(backend, split_samples(cfg, prepared, "validation"), cfg.train.micro_batch_size, None, None,
+                      masking_for(cfg, prepared.tokenizer, VALIDATION))
+    out: dict[str, Any] = {"checkpoint": str(model.checkpoint), "validation": {"all": result.to_dict("")}}
+    for name in probe:
+        if name != "digits":
+            raise ProbeUnavailable(f"--probe {name!r}: the probe set this version has is digits (scikit-learn's "
+                                   "handwritten digits)")
+        spec = spec_for(cfg.model)
+        images, labels = digits_images(spec.image_size)
+        weights = backend.weights()
+        trained = linear_probe(encode(backend.image_features, images), labels)
+        backend.load_weights(init_weights(spec, cfg.seed))  # the same encoder, untrained: what pretraining added
+        untrained = linear_probe(encode(backend.image_features, images), labels)
+        backend.load_weights(weights)
+        out.setdefault("probe", {})[name] = {"accuracy": trained.accuracy, "random_encoder": untrained.accuracy,
+                                             "train_images": trained.train_images, "test_images": trained.test_images}
     return out

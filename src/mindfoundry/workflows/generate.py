@@ -21,7 +21,7 @@ from mindfoundry.config.schema import RunConfig
 from mindfoundry.config.storage_config import StorageConfig
 from mindfoundry.data.tokenizer import eos_id, load_tokenizer
 from mindfoundry.eval.sampling import GenerationError, fit_prompt, generate
-from mindfoundry.model.spec import ModelSpec
+from mindfoundry.model.spec import spec_for
 
 
 @dataclass
@@ -47,7 +47,7 @@ def load_trained(path: str | Path, engine: str | None = None, *, causal_for: str
         cfg.model.require_causal(causal_for)
     cfg = cfg.model_copy(update={"backend": engine or cfg.backend, "parallel": ParallelConfig()})
     tokenizer = load_tokenizer(run_tokenizer(ckpt, cfg))
-    backend = create_backend(cfg, ModelSpec.from_config(cfg.model), Layout())  # one process
+    backend = create_backend(cfg, spec_for(cfg.model), Layout())  # one process
     try:
         backend.load_weights(load_checkpoint(ckpt).weights)
     except ValueError as exc:

@@ -241,6 +241,10 @@ class MindSporeBackend:
         nll, count, correct = sums
         return nll, int(round(count)), int(round(correct))
 
+    def image_features(self, pixels: np.ndarray) -> np.ndarray:
+        every = np.tile(np.arange(self.spec.num_patches, dtype=np.int32), (len(pixels), 1))  # no patch hidden
+        return self.model.vision(_feed(pixels), Tensor(every))[:, 1:].mean(axis=1).asnumpy()
+
     def logits(self, input_ids: np.ndarray) -> np.ndarray:
         return self.model(Tensor(input_ids.astype(np.int32))).asnumpy()
 

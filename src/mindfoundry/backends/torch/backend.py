@@ -311,6 +311,12 @@ class TorchBackend:
         return float(total[0]), int(total[1]), int(total[2])
 
     @torch.no_grad()
+    def image_features(self, pixels: np.ndarray) -> np.ndarray:
+        self.model.eval()
+        with self.autocast():
+            return self.model.vision(self._inputs(pixels))[:, 1:].mean(dim=1).float().cpu().numpy()
+
+    @torch.no_grad()
     def logits(self, input_ids: np.ndarray) -> np.ndarray:
         self.model.eval()
         if self.pipeline is not None:
