@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from mindfoundry.backends.base import BackendUnavailable
-from mindfoundry.config.model_config import ObjectiveError
 from mindfoundry.checkpoint.run_files import run_data
+from mindfoundry.config.model_config import ObjectiveError
 from mindfoundry.data.dataset.loader import split_samples
 from mindfoundry.data.dataset.masking import TEXTS, VALIDATION, masking_for
 from mindfoundry.data.dataset.prepared import load_prepared
