@@ -42,6 +42,7 @@ def test_mae_trains_alike_on_both_engines_and_resumes_exactly_after_sigkill(tiny
     probe = scores["probe"]["digits"]
     assert (probe["train_images"], probe["test_images"]) == (1257, 540)
     assert 0.5 < probe["random_encoder"] < 0.95 and 0.5 < probe["accuracy"] < 0.95, probe
+    _exported_model_is_ours_in_transformers(tmp_path / "torch", tmp_path)
     for engine in ("torch", "mindspore"):  # killed after a checkpoint (every 2 steps), resumed: the same floats
         config, run = tiny_mae(f"{engine}-killed", backend=engine), tmp_path / f"{engine}-killed"
         proc = subprocess.Popen([sys.executable, "-m", "mindfoundry.cli", "train", str(config)],
@@ -70,3 +71,40 @@ def test_mae_data_parallel_launches_equal_one_process(tiny_mae, tmp_path) -> Non
         # measured: the same floats (each rank's micro-batch gradient summed over the ranks, in one process over the
         # micro-batches: the same two sums)
         assert parallel == single, (engine, parallel, single)
+
+
+def _exported_model_is_ours_in_transformers(run: Path, tmp_path: Path) -> None:
+    """`export --format hf`: ViTMAEForPreTraining given our validation masks as `noise` computes our engine's loss, the
+    ViTModel in encoder/ our image features; `model.init_from` the folder starts a run from the same weights."""
+    import numpy as np
+    import torch
+    from transformers import ViTMAEForPreTraining, ViTModel
+
+    from mindfoundry.data.dataset.image_masking import mae_noise
+    from mindfoundry.data.dataset.image_samples import open_image_samples
+    from mindfoundry.data.dataset.masking import VALIDATION, masking_for
+    from mindfoundry.data.dataset.prepared import load_prepared
+    from mindfoundry.workflows.generate import load_trained
+
+    out = tmp_path / "hf"
+    assert main(["export", str(run), "--format", "hf", "--out", str(out)]) == 0
+    model = load_trained(run)
+    cfg = model.cfg
+    data = load_prepared(Path(cfg.data.output_dir), cfg.model.vocab_size)
+    images = open_image_samples(data.root, data.manifest, "validation").get_pixels(np.arange(8))
+    masking = masking_for(cfg, data.tokenizer, VALIDATION)
+    pixels, labels = masking.apply(images, np.arange(8))
+    error, count, _ = model.backend.eval_batch(pixels, labels)
+    hf = ViTMAEForPreTraining.from_pretrained(out).eval()
+    noise = torch.from_numpy(mae_noise(cfg.seed, np.arange(8), masking.num_patches, VALIDATION))
+    with torch.no_grad():
+        theirs = float(hf(pixel_values=torch.from_numpy(pixels), noise=noise).loss)
+        encoder = ViTModel.from_pretrained(out / "encoder", add_pooling_layer=False).eval()
+        features = encoder(pixel_values=torch.from_numpy(pixels)).last_hidden_state[:, 1:].mean(dim=1).numpy()
+    assert abs(error / count / theirs - 1) <= 1e-6, (error / count, theirs)  # measured 2.1e-8
+    assert np.array_equal(features, model.backend.image_features(pixels))  # measured: the same floats
+    from mindfoundry.checkpoint.hf_import import initial_weights
+    from mindfoundry.model.spec import spec_for
+
+    assert all(np.array_equal(a, model.backend.weights()[n])
+               for n, a in initial_weights(out, spec_for(cfg.model)).items())

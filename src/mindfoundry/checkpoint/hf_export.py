@@ -21,9 +21,13 @@ from safetensors.numpy import save_file
 
 from mindfoundry.backends.base import check_state_names
 from mindfoundry.checkpoint.handoff import load_hand_off, renamed
+from mindfoundry.checkpoint.hf_vision import write_vit_mae_folder
+from mindfoundry.checkpoint.reader import load_checkpoint
+from mindfoundry.checkpoint.run_files import run_config
 from mindfoundry.checkpoint.store import CheckpointError, publish_mode
 from mindfoundry.data.tokenizer import EOS, PAD
-from mindfoundry.model.spec import ModelSpec, parameter_shapes
+from mindfoundry.model.spec import AnySpec, ModelSpec, parameter_shapes
+from mindfoundry.model.vision_spec import VisionSpec
 from mindfoundry.storage.commit import staged_folder
 from mindfoundry.storage.location import Location
 from mindfoundry.storage.resolve import locate
@@ -76,7 +80,7 @@ def hf_config(spec: ModelSpec, *, eos_id: int, pad_id: int, init_std: float) -> 
     }
 
 
-def check_weights(spec: ModelSpec, weights: Mapping[str, np.ndarray], what: str) -> None:
+def check_weights(spec: AnySpec, weights: Mapping[str, np.ndarray], what: str) -> None:
     """`weights` must hold exactly this model's parameter names at its shapes (the engines' own check, as a
     CheckpointError)."""
     shapes = parameter_shapes(spec)
@@ -93,9 +97,18 @@ def hf_weights(spec: ModelSpec, weights: Mapping[str, np.ndarray]) -> dict[str, 
 
 
 def export_hf(ckpt_dir: str | Path, out: str | Path | Location) -> Location:
-    """Write checkpoint `ckpt_dir` (full or sharded) as a Hugging Face Llama folder `out` (a folder or a URL);
-    refuses a non-empty `out`."""
+    """Write checkpoint `ckpt_dir` (full or sharded) as a Hugging Face Llama folder `out` (a folder or a URL), or an
+    image model's ViTMAE folder (:mod:`.hf_vision`); refuses a non-empty `out`."""
     out = locate(out)
+    cfg = run_config(Path(ckpt_dir))
+    if cfg.model.is_image:
+        with staged_folder(out) as tmp:
+            spec = VisionSpec.from_config(cfg.model)
+            weights = load_checkpoint(Path(ckpt_dir)).weights
+            check_weights(spec, weights, "the checkpoint's weights")
+            write_vit_mae_folder(spec, weights, tmp)
+            publish_mode(tmp)
+        return out
     with staged_folder(out) as tmp:
         model = load_hand_off(Path(ckpt_dir), "hf", "the Llama layout (a LlamaForCausalLM folder)")
         spec, eos, pad = model.spec, model.eos, model.pad

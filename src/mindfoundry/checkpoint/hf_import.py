@@ -19,10 +19,12 @@ from safetensors.numpy import load_file
 
 from mindfoundry.checkpoint.directory import CheckpointDir
 from mindfoundry.checkpoint.hf_export import check_weights, hf_name
+from mindfoundry.checkpoint.hf_vision import read_vit_mae_folder
 from mindfoundry.checkpoint.reader import load_checkpoint
 from mindfoundry.checkpoint.store import MANIFEST_FILE, CheckpointError
 from mindfoundry.config.storage_config import StorageConfig
-from mindfoundry.model.spec import ModelSpec, parameter_shapes
+from mindfoundry.model.spec import AnySpec, ModelSpec, parameter_shapes
+from mindfoundry.model.vision_spec import VisionSpec
 from mindfoundry.storage.cache import cache_folder
 from mindfoundry.storage.commit import fetch
 from mindfoundry.storage.resolve import locate
@@ -95,13 +97,18 @@ def _hf_tensors(folder: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def read_hf_folder(folder: Path, spec: ModelSpec) -> dict[str, np.ndarray]:
-    """A Hugging Face Llama folder's weights under our parameter names (float32, values unchanged)."""
+def read_hf_folder(folder: Path, spec: AnySpec) -> dict[str, np.ndarray]:
+    """A Hugging Face Llama folder's weights under our parameter names (float32, values unchanged); an image
+    model's, a ViTMAEForPreTraining folder's (:func:`mindfoundry.checkpoint.hf_vision.read_vit_mae_folder`)."""
     config_file = folder / "config.json"
     try:
         config = json.loads(config_file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{config_file}: not a readable config.json ({exc})") from None
+    if isinstance(spec, VisionSpec):
+        weights = read_vit_mae_folder(folder, config, _hf_tensors(folder), spec)
+        check_weights(spec, weights, str(folder))
+        return weights
     check_hf_config(config, spec, config_file)
     tensors = _hf_tensors(folder)
     if spec.tie_embeddings:
@@ -117,7 +124,7 @@ def read_hf_folder(folder: Path, spec: ModelSpec) -> dict[str, np.ndarray]:
     return weights
 
 
-def initial_weights(path: str | Path, spec: ModelSpec, storage: StorageConfig | None = None) -> dict[str, np.ndarray]:
+def initial_weights(path: str | Path, spec: AnySpec, storage: StorageConfig | None = None) -> dict[str, np.ndarray]:
     """The weights `model.init_from` names: a checkpoint folder (verified) or a Hugging Face Llama folder; either may
     be a URL (a committed checkpoint or export, fetched into this node's cache and checked)."""
     where = locate(path, storage)

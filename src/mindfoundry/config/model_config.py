@@ -157,6 +157,12 @@ class ModelConfig(Section):
 
     def require_causal(self, what: str) -> None:
         """ObjectiveError unless this is a causal LM: `what` names the command that needs next-token predictions."""
+        if self.is_image:
+            raise ObjectiveError(
+                f"{what} needs a causal LM, and this model was trained with model.objective={self.objective} (an image "
+                "model): evaluate it with `mindfoundry eval` (held-out masked-patch loss, --probe digits), export it "
+                "with --format hf (ViTMAEForPreTraining) or safetensors"
+            )
         if self.objective != "clm":
             raise ObjectiveError(
                 f"{what} needs a causal LM, and this model was trained with model.objective={self.objective} (a "
