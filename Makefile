@@ -6,7 +6,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mindfoundry-installed
 
-.PHONY: install demo demo-images test test-fast bench clean-runs
+.PHONY: install demo demo-images demo-mm test test-fast bench clean-runs
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,12 @@ demo-images: $(STAMP)
 	$(VENV)/bin/mindfoundry data demo-images
 	$(VENV)/bin/mindfoundry prepare configs/demo-images.yaml
 	$(VENV)/bin/mindfoundry data inspect configs/demo-images.yaml
+
+# The multimodal demos on that corpus (and the handwritten digits the linear probe may fit on): masked image modelling
+# (configs/demo-mae.yaml, with the digits probe) then image-conditioned captioning (configs/demo-caption.yaml).
+demo-mm: $(STAMP)
+	$(VENV)/bin/mindfoundry data demo-images
+	$(VENV)/bin/mindfoundry run configs/demo-mae.yaml --resume auto
 
 # Two workers (pytest-xdist) on this project's 2-core machine: most test time is single-threaded (graph compiles,
 # process start-up, waiting on launched ranks), so the suite takes ~0.6 of its serial time. --maxschedchunk 1 hands out

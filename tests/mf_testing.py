@@ -105,18 +105,18 @@ def tiny_run_tree(corpus: Path, run_dir: Path, **overrides) -> dict:
 
 
 def write_digits(root: Path, count: int) -> Path:
-    """The first ``count`` of scikit-learn's handwritten digits (8 x 8, 17 grey levels, shipped with it) as 16 x 16 PNGs
-    with sidecar captions ("a handwritten 3"): a real labelled image-text corpus for the image objectives."""
+    """The first ``count`` of scikit-learn's handwritten digits as 16 x 16 PNGs with sidecar captions ("the handwritten
+    digit three"): a real labelled image-text corpus for the image objectives."""
     from PIL import Image
-    from sklearn.datasets import load_digits
 
-    digits = load_digits()
+    from mindfoundry.data.images.digits import NAMES, digits_images
+
+    images, labels = digits_images(16)
     folder = root / "digits"
     folder.mkdir(parents=True, exist_ok=True)
     for i in range(count):
-        grey = (digits.images[i] * (255 / 16)).round().astype(np.uint8)
-        Image.fromarray(grey).resize((16, 16), Image.Resampling.NEAREST).convert("RGB").save(folder / f"{i:05d}.png")
-        (folder / f"{i:05d}.txt").write_text(f"a handwritten {digits.target[i]}")
+        Image.fromarray(images[i]).save(folder / f"{i:05d}.png")
+        (folder / f"{i:05d}.txt").write_text(f"the handwritten digit {NAMES[labels[i]]}")
     return folder
 
 

@@ -397,11 +397,14 @@ def test_mindspore_accepts_the_context_and_builds_the_step(tmp_path: Path) -> No
 #: Each shipped config's data-parallel and tensor-parallel degrees and whether it shards the optimizer state.
 SHIPPED_PLANS = {"demo-images.yaml": (1, 1, False), "demo-mlm.yaml": (1, 1, False), "demo.yaml": (1, 1, False),
                  "llama-13b.yaml": (1, 8, False), "llama-1b.yaml": (8, 1, True)}
+#: The image objectives' configs: data parallel only in this version (config checks refuse tp/pp/cp/ep with them), so
+#: no semi-auto plan.
+IMAGE_CONFIGS = {"demo-mae.yaml"}
 
 
 def test_the_shipped_configs_are_all_planned() -> None:
     assert sorted(p.name for p in (Path(__file__).resolve().parents[2] / "configs").glob("*.yaml")) == sorted(
-        SHIPPED_PLANS)
+        SHIPPED_PLANS.keys() | IMAGE_CONFIGS)
 
 
 @pytest.mark.parametrize("config", sorted(SHIPPED_PLANS))

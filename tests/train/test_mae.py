@@ -40,8 +40,8 @@ def test_mae_trains_alike_on_both_engines_and_resumes_exactly_after_sigkill(tiny
     assert scores["validation"]["all"]["loss"] == last_eval["val_loss"]
     assert scores["validation"]["all"]["perplexity"] is None and last_eval["val_tokens"] % 12 == 0  # 12 of 16 hidden
     probe = scores["probe"]["digits"]
-    assert (probe["train_images"], probe["test_images"]) == (1257, 540)
-    assert 0.5 < probe["random_encoder"] < 0.95 and 0.5 < probe["accuracy"] < 0.95, probe
+    assert (probe["train_images"], probe["test_images"]) == (100, 540)
+    assert 0.3 < probe["random_encoder"] < 0.95 and 0.3 < probe["accuracy"] < 0.95, probe
     _exported_model_is_ours_in_transformers(tmp_path / "torch", tmp_path)
     for engine in ("torch", "mindspore"):  # killed after a checkpoint (every 2 steps), resumed: the same floats
         config, run = tiny_mae(f"{engine}-killed", backend=engine), tmp_path / f"{engine}-killed"

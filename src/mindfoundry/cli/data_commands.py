@@ -144,13 +144,16 @@ def cmd_mindrecord(args: argparse.Namespace) -> int:
 
 def cmd_demo_images(args: argparse.Namespace) -> int:
     """Write the image demo corpus (Noto emoji with their CLDR names) from Debian packages fetched into the cache."""
-    from mindfoundry.data.images.demo_corpus import write_corpus
+    from mindfoundry.data.images.demo_corpus import write_corpus, write_digits
     from mindfoundry.storage.cache import cache_root
 
     out = Path(args.out)
     count = write_corpus(cache_root() / "debian", out, limit=args.limit)
     print(f"{out / 'emoji' / '00000.tar'}: {count} emoji with their English CLDR names (Chinese in each .json); "
           "prepare it with configs/demo-images.yaml")
+    digits = write_digits(out)
+    print(f"{out / 'digits' / '00000.tar'}: {digits} handwritten digits (the linear probe's fitted ones; "
+          "configs/demo-mae.yaml and demo-caption.yaml add them)")
     return 0
 
 

@@ -156,8 +156,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             table.add_row(
                 f"{group}: {name}",
                 f"{r['loss']:.4f}",
-                "-" if r["perplexity"] is None else f"{r['perplexity']:.2f}",  # an image model's loss is no NLL
-                "-" if r["bits_per_byte"] is None else f"{r['bits_per_byte']:.4f}",
+                _cell(r["perplexity"], ".2f"),
+                _cell(r["bits_per_byte"], ".4f"),
                 str(r["tokens"]),
             )
     out = Console()
@@ -172,14 +172,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
         out.print(rows)
     for task, metrics in result.get("lm_eval", {}).items():
         out.print(f"lm-eval {task}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()), highlight=False)
-    for name, p in result.get("probe", {}).items():
-        out.print(f"linear probe on {name}: accuracy {p['accuracy']:.3f} ({p['random_encoder']:.3f} from a randomly "
-                  f"initialised encoder; {p['train_images']} images fitted, {p['test_images']} held out)",
-                  highlight=False)
+    _print_probes(out, result.get("probe", {}))
     if json_out is not None:
         with staged_file(json_out) as tmp:
             tmp.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return 0
+
+
+def _cell(value: float | None, fmt: str) -> str:
+    """A table cell; '-' where the number does not exist (an image model's loss has no perplexity)."""
+    return "-" if value is None else format(value, fmt)
+
+
+def _print_probes(out: Console, probes: dict[str, dict]) -> None:
+    for name, p in probes.items():
+        out.print(f"linear probe on {name}: accuracy {p['accuracy']:.3f} ({p['random_encoder']:.3f} from a randomly "
+                  f"initialised encoder; {p['train_images']} images fitted, {p['test_images']} held out)",
+                  highlight=False)
 
 
 def _print_summary(summary: dict) -> None:
@@ -189,11 +198,13 @@ def _print_summary(summary: dict) -> None:
     for label, key in (("untrained (step 0)", "initial"), (f"trained (step {summary['steps']})", "final")):
         r = summary[key]
         if r:
-            table.add_row(label, f"{r['val_loss']:.4f}", f"{r['val_perplexity']:.2f}", f"{r['val_bits_per_byte']:.4f}")
+            table.add_row(label, f"{r['val_loss']:.4f}", _cell(r["val_perplexity"], ".2f"),
+                          _cell(r["val_bits_per_byte"], ".4f"))
     out = Console()
     out.print(table)
-    for s in summary["samples"]:
+    for s in summary.get("samples", []):
         out.print(f"[bold]{s['prompt']!r}[/] -> {s['completion']!r}", highlight=False)
+    _print_probes(out, summary.get("probe", {}))
 
 
 def add_train_commands(sub: argparse._SubParsersAction) -> None:

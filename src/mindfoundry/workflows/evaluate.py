@@ -16,15 +16,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from mindfoundry.backends.base import BackendUnavailable
+from mindfoundry.backends.base import Backend, BackendUnavailable
 from mindfoundry.checkpoint.run_files import run_data
 from mindfoundry.config.model_config import ObjectiveError
+from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.loader import split_samples
 from mindfoundry.data.dataset.masking import TEXTS, VALIDATION, masking_for
 from mindfoundry.data.dataset.prepared import load_prepared
+from mindfoundry.data.images.digits import DigitsUnavailable, digits_images
 from mindfoundry.data.ingest.files import SourceStats, read_files
 from mindfoundry.eval.heldout import evaluate, evaluate_categories, evaluate_texts
-from mindfoundry.eval.linear_probe import ProbeUnavailable, digits_images, encode, linear_probe
+from mindfoundry.eval.linear_probe import encode, linear_probe
 from mindfoundry.eval.tasks import read_tasks, score_tasks
 from mindfoundry.model.spec import init_weights, spec_for
 from mindfoundry.workflows.generate import TrainedModel
@@ -99,15 +101,21 @@ def _evaluate_images(model: TrainedModel, probe: Sequence[str]) -> dict[str, Any
     out: dict[str, Any] = {"checkpoint": str(model.checkpoint), "validation": {"all": result.to_dict("")}}
     for name in probe:
         if name != "digits":
-            raise ProbeUnavailable(f"--probe {name!r}: the probe set this version has is digits (scikit-learn's "
-                                   "handwritten digits)")
-        spec = spec_for(cfg.model)
-        images, labels = digits_images(spec.image_size)
-        weights = backend.weights()
-        trained = linear_probe(encode(backend.image_features, images), labels)
-        backend.load_weights(init_weights(spec, cfg.seed))  # the same encoder, untrained: what pretraining added
-        untrained = linear_probe(encode(backend.image_features, images), labels)
-        backend.load_weights(weights)
-        out.setdefault("probe", {})[name] = {"accuracy": trained.accuracy, "random_encoder": untrained.accuracy,
-                                             "train_images": trained.train_images, "test_images": trained.test_images}
+            raise DigitsUnavailable(f"--probe {name!r}: the probe set this version has is digits (scikit-learn's "
+                                    "handwritten digits)")
+        out.setdefault("probe", {})[name] = probe_digits(backend, cfg)
     return out
+
+
+def probe_digits(backend: Backend, cfg: RunConfig) -> dict[str, float | int]:
+    """The digits probe of the image encoder `backend` holds, and of the same encoder randomly initialised from the
+    run's seed (the backend holds its weights again afterwards)."""
+    spec = spec_for(cfg.model)
+    images, labels = digits_images(spec.image_size)
+    weights = backend.weights()
+    trained = linear_probe(encode(backend.image_features, images), labels)
+    backend.load_weights(init_weights(spec, cfg.seed))  # the same encoder, untrained: what pretraining added
+    untrained = linear_probe(encode(backend.image_features, images), labels)
+    backend.load_weights(weights)
+    return {"accuracy": trained.accuracy, "random_encoder": untrained.accuracy,
+            "train_images": trained.train_images, "test_images": trained.test_images}

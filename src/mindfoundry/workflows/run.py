@@ -38,6 +38,7 @@ from mindfoundry.parallel.planner import (
 )
 from mindfoundry.train.rundir import HASH_FILE, claim_run_dir
 from mindfoundry.train.trainer import Trainer, TrainResult
+from mindfoundry.workflows.evaluate import probe_digits
 
 
 def check_launch(cfg: RunConfig) -> Layout:
@@ -172,7 +173,10 @@ def run(cfg: RunConfig, *, resume: bool, overwrite: bool, stop_at_step: int | No
     summary = {
         "run_dir": cfg.run_dir, "steps": result.step, "backend": cfg.backend,
         "initial": result.initial_eval.to_dict() if result.initial_eval else None,
-        "final": final.to_dict(), "samples": samples(cfg, trained),
+        "final": final.to_dict(),
+        # an image encoder's deliverable is its features: the digits probe instead of text samples
+        **({"probe": {"digits": probe_digits(result.backend, cfg)}} if cfg.model.is_image
+           else {"samples": samples(cfg, trained)}),
     }
     Path(cfg.run_dir, "summary.json").write_text(
         json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"

@@ -1,5 +1,7 @@
 """The image demo corpus: Noto Color Emoji's bitmaps captioned with their Unicode CLDR names (English, and Chinese
-beside it), written as a WebDataset shard in img2dataset's layout -- what ``configs/demo-images.yaml`` prepares.
+beside it), written as a WebDataset shard in img2dataset's layout -- what ``configs/demo-images.yaml`` prepares --
+and beside it the handwritten digits the linear probe may fit on (:mod:`.digits`; its held-out ones never), captioned
+"the handwritten digit three", which the image objectives' demos add (``configs/demo-mae.yaml``).
 
 Both come from Debian packages (a package registry, never a hub), fetched once into a cache with ``apt-get
 download`` and unpacked with ``dpkg-deb -x``: ``fonts-noto-color-emoji`` (the font, OFL-1.1; its bitmaps are the
@@ -20,7 +22,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from PIL import Image
+
 from mindfoundry.atomic import fsync_path, publish_files, publish_folder
+from mindfoundry.data.images.digits import NAMES, digits_images, probe_split
 from mindfoundry.errors import InputMissingError
 
 PACKAGES = ("fonts-noto-color-emoji", "unicode-cldr-core")
@@ -100,6 +105,40 @@ def _names(cache: Path, language: str) -> dict[str, str]:
     return names
 
 
+def write_digits(out: Path, size: int = 32) -> int:
+    """The probe's fitted digits as ``out/digits/00000.tar`` (``KEY.png`` at ``size``, ``KEY.txt`` its caption,
+    ``KEY.json`` its label), written to a temporary name and renamed; the images written. An existing shard is left."""
+    shard = out / "digits" / "00000.tar"
+    if shard.is_file():
+        with tarfile.open(shard) as tar:
+            return sum(name.endswith(".png") for name in tar.getnames())
+    images, labels = digits_images(size)
+    fit, _ = probe_split(labels)
+    members = []
+    for i in fit.tolist():
+        png = io.BytesIO()
+        Image.fromarray(images[i]).save(png, format="PNG")
+        members.append((f"{i:09d}", png.getvalue(), f"the handwritten digit {NAMES[labels[i]]}",
+                        {"label": int(labels[i]), "index": i}))
+    _write_shard(shard, members)
+    return len(members)
+
+
+def _write_shard(shard: Path, members: list[tuple[str, bytes, str, dict]]) -> None:
+    """A WebDataset tar of (key, png, caption, json) samples, written to a temporary name and renamed."""
+    shard.parent.mkdir(parents=True, exist_ok=True)
+    partial = shard.with_suffix(".tar.partial")
+    with tarfile.open(partial, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for key, png, caption, meta in members:
+            for name, blob in ((f"{key}.png", png), (f"{key}.txt", caption.encode()),
+                               (f"{key}.json", json.dumps(meta, ensure_ascii=False).encode())):
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime, info.mode = len(blob), 0, 0o644
+                tar.addfile(info, io.BytesIO(blob))
+    fsync_path(partial)
+    publish_files([(partial, shard)])
+
+
 def write_corpus(cache: Path, out: Path, limit: int | None = None) -> int:
     """The emoji as ``out/emoji/00000.tar`` (``KEY.png``, ``KEY.txt`` the English name, ``KEY.json`` with the
     Chinese name and the code points), written to a temporary name and renamed; the pairs written. An existing
@@ -108,22 +147,12 @@ def write_corpus(cache: Path, out: Path, limit: int | None = None) -> int:
     if shard.is_file():
         with tarfile.open(shard) as tar:
             return sum(name.endswith(".png") for name in tar.getnames())
-    shard.parent.mkdir(parents=True, exist_ok=True)
-    partial = shard.with_suffix(".tar.partial")
-    count = 0
-    with tarfile.open(partial, "w", format=tarfile.USTAR_FORMAT) as tar:
-        for item in emoji(fetch(cache)):
-            if limit is not None and count >= limit:
-                break
-            key = f"{count:09d}"
-            meta = {"caption": item.english, "zh": item.chinese,
-                    "codepoints": " ".join(f"U+{ord(c):04X}" for c in item.sequence)}
-            for name, blob in ((f"{key}.png", item.png), (f"{key}.txt", item.english.encode()),
-                               (f"{key}.json", json.dumps(meta, ensure_ascii=False).encode())):
-                info = tarfile.TarInfo(name)
-                info.size, info.mtime, info.mode = len(blob), 0, 0o644
-                tar.addfile(info, io.BytesIO(blob))
-            count += 1
-    fsync_path(partial)
-    publish_files([(partial, shard)])
-    return count
+    members = []
+    for item in emoji(fetch(cache)):
+        if limit is not None and len(members) >= limit:
+            break
+        meta = {"caption": item.english, "zh": item.chinese,
+                "codepoints": " ".join(f"U+{ord(c):04X}" for c in item.sequence)}
+        members.append((f"{len(members):09d}", item.png, item.english, meta))
+    _write_shard(shard, members)
+    return len(members)
