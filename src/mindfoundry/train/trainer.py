@@ -221,7 +221,7 @@ class Trainer:
     def _print_eval(self, step: int, result: EvalResult) -> None:
         """An evaluation on the console as it happens, between the step lines."""
         if self.is_main:
-            ppl = "" if result.perplexity is None else f", ppl {result.perplexity:.2f}"
+            ppl = "" if result.perplexity is None else f", ppl {result.perplexity:.2f}"  # (images: none)
             self.console.print(f"step {step}: validation loss {result.loss:.4f}{ppl} ({self._eval_scope()})",
                                highlight=False)
 
@@ -380,8 +380,8 @@ class Trainer:
         t0 = time.perf_counter()
         batch = self._next_batch()
         ids, labels = batch.input_ids, (batch.input_ids if self.cfg.debug.unshifted_labels else batch.labels)
-        scored = batch.scored if labels is batch.labels else int((labels != IGNORE_INDEX).sum())  # (debug labels)
-        valid = int(self.backend.global_sum(float(scored)))  # of the global batch
+        valid = int(self.backend.global_sum(float(batch.scored if labels is batch.labels else  # (debug labels)
+                                                  (labels != IGNORE_INDEX).sum())))  # of the global batch
         t_data = time.perf_counter()
         detail = bool(self.cfg.monitor.detail_every) and (self.progress.step + 1) % self.cfg.monitor.detail_every == 0
         before = self.backend.weights() if detail else None
@@ -428,8 +428,7 @@ class Trainer:
             "model_tflops_per_s": flops_tok * tokens_per_s / 1e12,
             "consumed_samples": self.position.consumed_samples, "rss_mb": self._process.memory_info().rss / 2**20,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # the process's high-water mark
-            # ~1 means the labels are the inputs, not shifted (token objectives)
-            **({"copy_fraction": float((labels == ids).mean())} if labels.shape == ids.shape else {}),
+            **({"copy_fraction": float((labels == ids).mean())} if labels.shape == ids.shape else {}),  # ~1: unshifted
             "mfu": self.mfu(flops_tok, tokens_per_s),
             "loss_scale": loss_scale,  # the dynamic fp16 loss scale this step ran with (1.0 without fp16)
             **(self.backend.device_memory() or {}), **self.hardware.sample(),
