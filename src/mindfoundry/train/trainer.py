@@ -268,8 +268,7 @@ class Trainer:
         # sinks before the start/resume event: a resume marker trims the replayed steps
         logger = MetricsLogger(run_sinks(cfg.monitor, self.run_dir) if self.is_main else [])
         flops_tok = flops_per_token(self.spec, t.seq_len)
-        # MFU is only in rank 0's records; on a CPU the peak is a timed GEMM, which other ranks measuring at the same
-        # moment would slow (and their own start with it)
+        # MFU only in rank 0's records: on a CPU the peak is a timed GEMM that other ranks measuring at once would slow
         self.mfu = MfuMeter(self._device_peak() if self.is_main else None)
         logger.log({"event": "start" if self.progress.step == 0 else "resume", "step": self.progress.step,
                     "backend": self.backend.name, "parameters": num_parameters(self.spec), "flops_per_token": flops_tok,
