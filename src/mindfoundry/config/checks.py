@@ -277,10 +277,12 @@ def _mixture_problems(cfg: RunConfig) -> list[str]:
 def _image_model_problems(cfg: RunConfig) -> list[str]:
     """The image objectives: a ViT to train, image data its size fits, and only what this version runs them with."""
     m, out = cfg.model, []
+    if cfg.train.freeze and m.objective != "caption":
+        out.append(f"train.freeze names parts of a captioner, and model.objective={m.objective}: remove train.freeze")
     if not m.is_image:
         if m.vision is not None:
             out.append(f"model.vision is the encoder of the image objectives, and model.objective={m.objective} "
-                       "trains text: remove model.vision, or set model.objective: mae")
+                       "trains text: remove model.vision, or set model.objective: mae or caption")
         return out
     if m.vision is None:
         return [f"model.objective={m.objective} trains a ViT: add model.vision (e.g. {{patch_size: 8, d_model: 192, "
@@ -296,6 +298,14 @@ def _image_model_problems(cfg: RunConfig) -> list[str]:
     if not any(src.modality != "text" for src in cfg.data.sources):
         out.append(f"model.objective={m.objective} trains on images, and data.sources has no image source: add one "
                    "with modality: image or image_text")
+    elif m.objective == "caption" and not any(src.modality == "image_text" for src in cfg.data.sources):
+        out.append("model.objective=caption learns images' captions, and data.sources has no source with captions: "
+                   "add one with modality: image_text (images with their captions)")
+    if m.objective == "caption":
+        out += _caption_problems(cfg)
+    elif m.vision is not None and m.vision.init_from is not None:
+        out.append("model.vision.init_from starts a captioner's encoder; an mae run starts from model.init_from: "
+                   "move it there")
     if cfg.data.mixture is not None:
         out.append(f"data.mixture weighs text categories; model.objective={m.objective} reads every prepared image: "
                    "remove data.mixture")
@@ -307,6 +317,23 @@ def _image_model_problems(cfg: RunConfig) -> list[str]:
     if split:
         out.append(f"parallel {', '.join(split)} with model.objective={m.objective}: the image models run data "
                    "parallel in this version (parallel.dp_replicate, and dp_shard on torch): set them to 1")
+    return out
+
+
+def _caption_problems(cfg: RunConfig) -> list[str]:
+    """A captioner's decoder must hold the image tokens and the caption, and something must train."""
+    m, out = cfg.model, []
+    patches = (cfg.data.images.size // m.vision.patch_size) ** 2 if m.vision else 0
+    if patches + cfg.train.seq_len > m.max_seq_len:
+        out.append(f"model.max_seq_len={m.max_seq_len} is shorter than an image's {patches} patch tokens plus "
+                   f"train.seq_len={cfg.train.seq_len} caption tokens: raise model.max_seq_len to "
+                   f"{patches + cfg.train.seq_len} (or use larger patches, or shorter captions)")
+    if m.moe.num_experts:
+        out.append("model.moe.num_experts with model.objective=caption: the captioner's decoder is dense in this "
+                   "version (LLaVA's layout); set model.moe.num_experts: 0")
+    if set(cfg.train.freeze) >= {"vision", "projector", "decoder"}:
+        out.append(f"train.freeze={list(cfg.train.freeze)} freezes the whole captioner: nothing would train; leave "
+                   "at least one part out (LLaVA's first stage freezes vision and decoder, training the projector)")
     return out
 
 

@@ -22,6 +22,7 @@ from mindfoundry.config.checks import cross_field_problems
 from mindfoundry.config.clean import JunkConfig, LanguageConfig
 from mindfoundry.config.data_config import TemplatesConfig
 from mindfoundry.config.image_config import ImagesConfig
+from mindfoundry.config.vision_config import MAEConfig
 from mindfoundry.config.layout_rules import config_problems
 from mindfoundry.config.parallel_config import RENAMED_KEYS
 from mindfoundry.config.schema import RunConfig, TrainConfig
@@ -370,6 +371,9 @@ ADDED_KEYS: dict[str, Any] = {
     "data.clean.timestamps.years": True,
     "data.sources.*.clean.timestamps.years": True,
     "data.sources.*.clean.nfkc.fold": "width",
+    "model.vision": None,
+    "model.mae": MAEConfig().model_dump(mode="json"),
+    "train.freeze": [],
     **{f"{section}.repetition.{key}": default for section in ("data.clean", "data.sources.*.clean")
        for key, default in (("window_units", 1000), ("ngram_min_units", 100), ("min_rest_share", 0.5))},
     **{f"{section}.boilerplate.{key}": default for section in ("data.clean", "data.sources.*.clean")

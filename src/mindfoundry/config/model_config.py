@@ -128,17 +128,19 @@ class ModelConfig(Section):
         0.02, gt=0, le=1, description="Std of the normal init; residual projections use init_std/sqrt(2*n_layers)."
     )
     moe: MoEConfig = Field(default_factory=MoEConfig, description="Mixture-of-experts FFN (num_experts: 0 = dense).")
-    objective: Literal["clm", "mlm", "mae"] = Field(
+    objective: Literal["clm", "mlm", "mae", "caption"] = Field(
         "clm",
         description="Self-supervised objective: clm = causal (decoder, next-token prediction: generation, general task "
         "solving); mlm = masked (bidirectional encoder, BERT/RoBERTa-style: retrieval, classification). Same blocks "
         "and parameter names; mlm drops the causal mask and predicts masked tokens (model.mlm). mae = masked image "
         "modelling: the ViT of model.vision learns from the prepared images by predicting hidden patches (model.mae); "
-        "the text sizes above are then unused.",
+        "the text sizes above are then unused. caption = image-conditioned captioning (LLaVA's first stage): the ViT's "
+        "patch features, through a projector, are the prefix of the causal decoder above, which learns each image's "
+        "caption (the loss on the caption tokens only).",
     )
     mlm: MLMConfig = Field(default_factory=MLMConfig, description="Masking of the mlm objective (ignored for clm).")
-    vision: VisionConfig | None = Field(None, description="The ViT encoder of the image objectives (mae); null for "
-                                        "text models.")
+    vision: VisionConfig | None = Field(None, description="The ViT encoder of the image objectives (mae, caption); "
+                                        "null for text models.")
     mae: MAEConfig = Field(default_factory=MAEConfig, description="Masking and decoder of the mae objective (ignored "
                            "otherwise).")
     init_from: str | None = Field(
@@ -153,7 +155,7 @@ class ModelConfig(Section):
     @property
     def is_image(self) -> bool:
         """Whether the objective trains on images (the one place that says which objectives do)."""
-        return self.objective == "mae"
+        return self.objective in ("mae", "caption")
 
     def require_causal(self, what: str) -> None:
         """ObjectiveError unless this is a causal LM: `what` names the command that needs next-token predictions."""

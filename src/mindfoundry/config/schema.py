@@ -38,7 +38,11 @@ class TrainConfig(Section):
         description="Micro-batches accumulated per optimizer step (with parallel.pp > 1: the pipeline's "
         "micro-batches).",
     )
-    seq_len: int = Field(128, ge=2, le=2**20, description="Tokens per training sequence.")
+    seq_len: int = Field(128, ge=2, le=2**20, description="Tokens per training sequence (objective caption: caption "
+                         "tokens after an image's patch tokens; a longer caption is cut).")
+    freeze: list[Literal["vision", "projector", "decoder"]] = Field(
+        default_factory=list, description="objective caption: the parts that do not train (their weights stay as "
+        "initialised or loaded): vision (the ViT encoder), projector, decoder (the language model). [] = all train.")
     eval_every: int = Field(100, ge=0, description="Held-out evaluation period in steps (0 = only at the end).")
     eval_samples: int = Field(
         320, ge=1,

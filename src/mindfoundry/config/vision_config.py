@@ -32,6 +32,11 @@ class VisionConfig(Section):
     n_heads: int = Field(3, ge=1, le=4096, description="Attention heads; must divide d_model.")
     ffn_dim: int | None = Field(None, ge=1, le=2**20, description="MLP hidden size. null = 4 * d_model.")
     norm_eps: float = Field(1e-12, gt=0, lt=1, description="LayerNorm epsilon (Hugging Face ViT's default).")
+    init_from: str | None = Field(
+        None, description="objective caption: the encoder's initial weights, from an mae run's checkpoint folder "
+        "(RUN/checkpoints/step_N) or its `export --format hf` folder (ViTMAEForPreTraining); its sizes must be these. "
+        "model.init_from gives the decoder's (a causal LM's checkpoint or Llama folder). Ignored once the run has "
+        "checkpoints. null = random init from the seed.")
 
     @model_validator(mode="after")
     def _shape(self) -> VisionConfig:

@@ -36,6 +36,11 @@ PAD = "<|pad|>"
 SPECIAL_TOKENS: tuple[str, ...] = (EOS, PAD)  # ids 0 and 1 (PAD_ID), in this order
 #: The masked-LM input token (model.objective: mlm), added after training as the last id.
 MASK = "<|mask|>"
+#: The placeholder of an image's tokens before its caption (model.objective: caption; LLaVA's image_token_id), added
+#: after training as the last id.
+IMAGE = "<|image|>"
+#: The special token each objective adds after training (the others add none).
+OBJECTIVE_TOKENS = {"mlm": MASK, "caption": IMAGE}
 
 _BYTE_ALPHABET_SIZE = 256
 MIN_VOCAB_SIZE = _BYTE_ALPHABET_SIZE + len(SPECIAL_TOKENS)
@@ -46,21 +51,24 @@ class TokenizerError(MindFoundryError, ValueError):
 
 
 def train_tokenizer(
-    texts: Iterable[str], vocab_size: int, *, min_frequency: int = 2, mask_token: bool = False
+    texts: Iterable[str], vocab_size: int, *, min_frequency: int = 2, mask_token: bool = False,
+    extra_token: str | None = None
 ) -> Tokenizer:
     """Train a byte-level BPE tokenizer on ``texts``, streamed (memory stays bounded).
 
     ``vocab_size`` counts the special tokens and the 256 byte symbols, so it must be at least
-    258 (259 with ``mask_token``: BPE then learns one token fewer and :data:`MASK` takes the last
-    id, so the ids of EOS and PAD stay fixed). BPE training involves no randomness: the output
+    258 (259 with an ``extra_token``, :data:`MASK` with ``mask_token``: BPE then learns one token fewer and that token
+    takes the last id, so the ids of EOS and PAD stay fixed). BPE training involves no randomness: the output
     depends only on the texts, their order and the settings (see the module docstring), so it
     takes no seed.
     """
-    least = MIN_VOCAB_SIZE + mask_token
+    extra_token = MASK if mask_token else extra_token
+    extra = extra_token is not None
+    least = MIN_VOCAB_SIZE + extra
     if vocab_size < least:
         raise ValueError(
             f"vocab_size must be at least {least} (256 byte symbols + "
-            f"{len(SPECIAL_TOKENS) + mask_token} special tokens), got {vocab_size}"
+            f"{len(SPECIAL_TOKENS) + extra} special tokens), got {vocab_size}"
         )
     if min_frequency < 1:
         raise ValueError(f"min_frequency must be >= 1, got {min_frequency}")
@@ -68,7 +76,7 @@ def train_tokenizer(
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - mask_token,
+        vocab_size=vocab_size - extra,
         min_frequency=min_frequency,
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
@@ -78,22 +86,29 @@ def train_tokenizer(
     tokenizer.encode_special_tokens = True
     if pad_id(tokenizer) != PAD_ID:
         raise AssertionError(f"BPE training put {PAD} at id {pad_id(tokenizer)}, not {PAD_ID}")
-    return with_mask_token(tokenizer, vocab_size) if mask_token else tokenizer
+    return with_special_token(tokenizer, extra_token, vocab_size) if extra_token else tokenizer
 
 
 def with_mask_token(tokenizer: Tokenizer, vocab_size: int) -> Tokenizer:
-    """``tokenizer`` with the :data:`MASK` special token (added as its next id when it has none), for a model of
-    ``vocab_size`` tokens; TokenizerError when that id would not fit the model."""
-    if MASK in _special_contents(tokenizer):
+    """``tokenizer`` with the :data:`MASK` special token (:func:`with_special_token`)."""
+    return with_special_token(tokenizer, MASK, vocab_size)
+
+
+def with_special_token(tokenizer: Tokenizer, token: str, vocab_size: int) -> Tokenizer:
+    """``tokenizer`` with the special ``token`` of an objective (:data:`OBJECTIVE_TOKENS`; added as its next id when
+    it has none), for a model of ``vocab_size`` tokens; TokenizerError when that id would not fit the model."""
+    if token in _special_contents(tokenizer):
         return tokenizer
     if tokenizer.get_vocab_size() >= vocab_size:
+        objective = next(name for name, t in OBJECTIVE_TOKENS.items() if t == token)
         raise TokenizerError(
             f"the tokenizer has {tokenizer.get_vocab_size()} tokens, all of model.vocab_size={vocab_size}: no room for "
-            "the "
-            f"mask token {MASK!r} of model.objective=mlm; raise model.vocab_size to {tokenizer.get_vocab_size() + 1} "
-            "or train the tokenizer with the mlm objective (data.tokenizer.path: null)"
+            f"the {'mask' if token == MASK else 'image'} token {token!r} of model.objective={objective}; raise "
+            f"model.vocab_size to "
+            f"{tokenizer.get_vocab_size() + 1} or train the tokenizer with the {objective} objective "
+            "(data.tokenizer.path: null)"
         )
-    tokenizer.add_special_tokens([AddedToken(MASK, special=True, normalized=False)])
+    tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False)])
     return tokenizer
 
 
@@ -143,6 +158,11 @@ def pad_id(tokenizer: Tokenizer) -> int:
 def mask_id(tokenizer: Tokenizer) -> int:
     """Id of the masked-LM input token (present in tokenizers made for model.objective: mlm)."""
     return _special_id(tokenizer, MASK)
+
+
+def image_id(tokenizer: Tokenizer) -> int:
+    """Id of the image placeholder token (present in tokenizers made for model.objective: caption)."""
+    return _special_id(tokenizer, IMAGE)
 
 
 def special_ids(tokenizer: Tokenizer) -> list[int]:

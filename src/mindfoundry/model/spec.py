@@ -77,6 +77,12 @@ import numpy as np
 
 from mindfoundry.config.layout_rules import ModelSizes
 from mindfoundry.config.model_config import ModelConfig
+from mindfoundry.model.caption_spec import (
+    CaptionSpec,
+    caption_flops_per_token,
+    caption_parameter_shapes,
+    init_caption_weights,
+)
 from mindfoundry.model.vision_spec import VisionSpec, init_vision_weights, mae_flops_per_image, vision_parameter_shapes
 
 #: Output projections that add into the residual stream; their init std is scaled by 1/sqrt(2L).
@@ -142,12 +148,14 @@ class ModelSpec:
         return asdict(self)
 
 
-#: Either model a run trains: the language model, or the ViT of the image objectives.
-AnySpec = ModelSpec | VisionSpec
+#: Any model a run trains: the language model, the ViT masked autoencoder, or the captioner.
+AnySpec = ModelSpec | VisionSpec | CaptionSpec
 
 
 def spec_for(m: ModelConfig) -> AnySpec:
     """The spec of the configured objective (the one place that picks the model family)."""
+    if m.objective == "caption":
+        return CaptionSpec.from_config(m, ModelSpec.from_config(m))
     return VisionSpec.from_config(m) if m.is_image else ModelSpec.from_config(m)
 
 
@@ -184,6 +192,8 @@ def parameter_shapes(spec: AnySpec) -> dict[str, tuple[int, ...]]:
     """Every parameter name and shape, in a fixed canonical order."""
     if isinstance(spec, VisionSpec):
         return vision_parameter_shapes(spec)
+    if isinstance(spec, CaptionSpec):
+        return caption_parameter_shapes(spec, parameter_shapes(spec.text))
     d, hd, f = spec.d_model, spec.head_dim, spec.ffn_dim
     shapes: dict[str, tuple[int, ...]] = {"embed.weight": (spec.vocab_size, d)}
     for i in range(spec.n_layers):
@@ -305,6 +315,8 @@ def flops_per_token(spec: AnySpec, seq_len: int) -> int:
     """
     if isinstance(spec, VisionSpec):
         return 3 * mae_flops_per_image(spec) // spec.num_patches
+    if isinstance(spec, CaptionSpec):
+        return caption_flops_per_token(spec, seq_len, flops_per_token(spec.text, spec.image_tokens + seq_len))
     shapes = parameter_shapes(spec)
     n_matmul = sum(_active(s, spec) for n, s in shapes.items() if len(s) >= 2 and n != "embed.weight")
     n_matmul += spec.vocab_size * spec.d_model if spec.tie_embeddings else 0
@@ -322,6 +334,8 @@ def init_weights(spec: AnySpec, seed: int) -> dict[str, np.ndarray]:
     """
     if isinstance(spec, VisionSpec):
         return init_vision_weights(spec, seed)
+    if isinstance(spec, CaptionSpec):
+        return init_caption_weights(spec, seed, init_weights(spec.text, seed))
     out: dict[str, np.ndarray] = {}
     resid_std = spec.init_std / np.sqrt(2 * spec.n_layers)
     for idx, (name, shape) in enumerate(parameter_shapes(spec).items()):

@@ -108,15 +108,21 @@ def _block_shapes(prefix: str, width: int, ffn: int) -> dict[str, tuple[int, ...
     return shapes
 
 
-def vision_parameter_shapes(spec: VisionSpec) -> dict[str, tuple[int, ...]]:
-    """Every trained parameter of the encoder and the MAE decoder, in module order."""
-    c, cd, p = spec.d_model, spec.decoder_d_model, spec.patch_size
+def encoder_parameter_shapes(spec: VisionSpec) -> dict[str, tuple[int, ...]]:
+    """The ViT encoder's parameters (``vision.*``), in module order: what the captioner shares with the MAE."""
+    c, p = spec.d_model, spec.patch_size
     shapes: dict[str, tuple[int, ...]] = {"vision.patch_embed.weight": (c, spec.channels, p, p),
                                           "vision.patch_embed.bias": (c,), "vision.cls_token": (1, 1, c)}
     for i in range(spec.n_layers):
         shapes |= _block_shapes(f"vision.layers.{i}", c, spec.ffn_dim)
-    shapes |= {"vision.norm.weight": (c,), "vision.norm.bias": (c,), "mae.embed.weight": (cd, c),
-               "mae.embed.bias": (cd,), "mae.mask_token": (1, 1, cd)}
+    return shapes | {"vision.norm.weight": (c,), "vision.norm.bias": (c,)}
+
+
+def vision_parameter_shapes(spec: VisionSpec) -> dict[str, tuple[int, ...]]:
+    """Every trained parameter of the encoder and the MAE decoder, in module order."""
+    c, cd = spec.d_model, spec.decoder_d_model
+    shapes = encoder_parameter_shapes(spec) | {"mae.embed.weight": (cd, c), "mae.embed.bias": (cd,),
+                                               "mae.mask_token": (1, 1, cd)}
     for i in range(spec.decoder_layers):
         shapes |= _block_shapes(f"mae.layers.{i}", cd, spec.decoder_ffn_dim)
     shapes |= {"mae.norm.weight": (cd,), "mae.norm.bias": (cd,), "mae.pred.weight": (spec.patch_dim, cd),
@@ -129,7 +135,7 @@ def vision_num_parameters(spec: VisionSpec) -> int:
     return sum(int(np.prod(shape)) for shape in vision_parameter_shapes(spec).values())
 
 
-def _blocks_flops(tokens: int, width: int, ffn: int, layers: int) -> int:
+def blocks_flops(tokens: int, width: int, ffn: int, layers: int) -> int:
     """Forward FLOPs (a multiply-add is 2) of ``layers`` blocks over ``tokens`` tokens: four projections, scores
     and their weighted sum over every pair of tokens, the two MLP matrices (norms, biases and the softmax left
     out, as is usual)."""
@@ -143,9 +149,9 @@ def mae_flops_per_image(spec: VisionSpec) -> int:
     visible, every = spec.kept + 1, spec.num_patches + 1
     c, cd = spec.d_model, spec.decoder_d_model
     return (2 * spec.num_patches * c * spec.patch_dim
-            + _blocks_flops(visible, c, spec.ffn_dim, spec.n_layers)
+            + blocks_flops(visible, c, spec.ffn_dim, spec.n_layers)
             + 2 * visible * c * cd
-            + _blocks_flops(every, cd, spec.decoder_ffn_dim, spec.decoder_layers)
+            + blocks_flops(every, cd, spec.decoder_ffn_dim, spec.decoder_layers)
             + 2 * every * cd * spec.patch_dim)
 
 

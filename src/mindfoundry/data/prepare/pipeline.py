@@ -69,7 +69,7 @@ from mindfoundry.data.prepare.stage_images import (
     images_manifest,
 )
 from mindfoundry.data.prepare.stage_tokens import MergeStage, ShardStage, TokenizerStage
-from mindfoundry.data.tokenizer import load_tokenizer, tokenizer_hash
+from mindfoundry.data.tokenizer import OBJECTIVE_TOKENS, load_tokenizer, tokenizer_hash
 from mindfoundry.errors import MindFoundryError
 from mindfoundry.storage.cache import cache_folder
 from mindfoundry.storage.commit import is_committed
@@ -92,6 +92,8 @@ def data_identity(cfg: RunConfig) -> str:
     key = {"data": identity_view(_data_section(cfg), "data."), "seed": cfg.seed, "vocab_size": cfg.model.vocab_size}
     if cfg.model.objective == "mlm":  # a clm tokenizer has no mask token (and clm identities stay as they were)
         key["mask_token"] = True
+    if cfg.model.objective == "caption":  # ... nor an image token
+        key["image_token"] = True
     return _sha256_json(key)
 
 
@@ -281,7 +283,7 @@ class _StagedRun:
         options = {
             "seed": self.cfg.seed,
             "vocab_size": self.cfg.model.vocab_size,
-            "mlm": self.cfg.model.objective == "mlm",
+            "extra_token": OBJECTIVE_TOKENS.get(self.cfg.model.objective),
         }
         tokenizer = self._run(TokenizerStage(work, corpus, dedup, **options))[0]
         self._log_tokenizer(tokenizer)
@@ -372,8 +374,9 @@ class _StagedRun:
 
     def _log_tokenizer(self, result: TokenizerResult) -> None:
         if result.info["source"] == "loaded":
-            mlm = ", mask token added" if self.cfg.model.objective == "mlm" else ""
-            self.log(f"loaded tokenizer {result.info['path']} ({result.vocab_size} tokens{mlm})")
+            extra = OBJECTIVE_TOKENS.get(self.cfg.model.objective)
+            self.log(f"loaded tokenizer {result.info['path']} ({result.vocab_size} tokens"
+                     f"{f', {extra} added' if extra else ''})")
         else:
             self.log(f"trained byte-level BPE: {result.vocab_size} tokens in {result.seconds:.1f}s")
 

@@ -39,7 +39,13 @@ from mindfoundry.data.prepare.split import split_documents
 from mindfoundry.data.prepare.stage_clean import DOCS, EVENTS
 from mindfoundry.data.prepare.stage_dedup import CleanedDocuments, Dedup
 from mindfoundry.data.prepare.stage_images import TRAIN, image_drop_parts, kept_captions
-from mindfoundry.data.tokenizer import encode_batch, load_tokenizer, train_tokenizer, with_mask_token, worker_tokenizer
+from mindfoundry.data.tokenizer import (
+    encode_batch,
+    load_tokenizer,
+    train_tokenizer,
+    with_special_token,
+    worker_tokenizer,
+)
 
 PART = "drops.jsonl"
 
@@ -62,10 +68,12 @@ class _TokenStage(Stage[R]):
     """What the tokenizer and shard stages share: the corpus, the run's seed and vocabulary, where dedup's decisions
     are."""
 
-    def __init__(self, work: WorkDir, corpus: Corpus, dedup: Dedup, *, seed: int, vocab_size: int, mlm: bool) -> None:
+    def __init__(self, work: WorkDir, corpus: Corpus, dedup: Dedup, *, seed: int, vocab_size: int,
+                 extra_token: str | None) -> None:
         super().__init__(work)
         self.corpus, self.dedup = corpus, dedup
-        self.seed, self.vocab_size, self.mlm = seed, vocab_size, mlm
+        # the objective's special token (data.tokenizer.OBJECTIVE_TOKENS), added after the learnt ones
+        self.seed, self.vocab_size, self.extra_token = seed, vocab_size, extra_token
 
     def kept(self, task: int) -> Iterator[tuple[int, Document]]:
         """``(ordinal, document)`` of the documents of read task ``task`` that dedup kept, in order."""
@@ -91,13 +99,13 @@ class TokenizerStage(_TokenStage[TokenizerResult]):
             if tok.get_vocab_size() > self.vocab_size:
                 raise DataError(f"data.tokenizer.path={settings.path!r} has {tok.get_vocab_size()} tokens, more than "
                                 f"model.vocab_size={self.vocab_size}: raise model.vocab_size")
-            if self.mlm:
-                tok = with_mask_token(tok, self.vocab_size)
+            if self.extra_token:
+                tok = with_special_token(tok, self.extra_token, self.vocab_size)
             info = {"source": "loaded", "path": settings.path}
         else:
             with _threads():
                 tok = train_tokenizer(self._sample(settings.sample_bytes), self.vocab_size,
-                                      min_frequency=settings.min_frequency, mask_token=self.mlm)
+                                      min_frequency=settings.min_frequency, extra_token=self.extra_token)
             info = {
                 "source": "trained",
                 "min_frequency": settings.min_frequency,
