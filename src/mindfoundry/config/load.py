@@ -22,11 +22,11 @@ from mindfoundry.config.checks import cross_field_problems
 from mindfoundry.config.clean import JunkConfig, LanguageConfig
 from mindfoundry.config.data_config import TemplatesConfig
 from mindfoundry.config.image_config import ImagesConfig
-from mindfoundry.config.vision_config import MAEConfig
 from mindfoundry.config.layout_rules import config_problems
 from mindfoundry.config.parallel_config import RENAMED_KEYS
 from mindfoundry.config.schema import RunConfig, TrainConfig
 from mindfoundry.config.storage_config import StorageConfig, redacted
+from mindfoundry.config.vision_config import MAEConfig
 from mindfoundry.config.yaml12 import load_yaml
 from mindfoundry.errors import MindFoundryError
 
