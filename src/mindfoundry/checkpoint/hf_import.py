@@ -22,8 +22,10 @@ from mindfoundry.checkpoint.hf_export import check_weights, hf_name
 from mindfoundry.checkpoint.hf_vision import read_vit_mae_folder
 from mindfoundry.checkpoint.reader import load_checkpoint
 from mindfoundry.checkpoint.store import MANIFEST_FILE, CheckpointError
+from mindfoundry.config.schema import RunConfig
 from mindfoundry.config.storage_config import StorageConfig
-from mindfoundry.model.spec import AnySpec, ModelSpec, parameter_shapes
+from mindfoundry.model.caption_spec import CaptionSpec
+from mindfoundry.model.spec import AnySpec, ModelSpec, init_weights, parameter_shapes
 from mindfoundry.model.vision_spec import VisionSpec
 from mindfoundry.storage.cache import cache_folder
 from mindfoundry.storage.commit import fetch
@@ -122,6 +124,24 @@ def read_hf_folder(folder: Path, spec: AnySpec) -> dict[str, np.ndarray]:
     weights = {ours[n]: np.asarray(t, dtype=np.float32) for n, t in tensors.items()}
     check_weights(spec, weights, str(folder))
     return weights
+
+
+def start_weights(cfg: RunConfig, spec: AnySpec) -> tuple[dict[str, np.ndarray], list[str]]:
+    """A new run's weights: random from the seed, then what ``model.init_from`` names (the whole model; a captioner's
+    decoder) and ``model.vision.init_from`` (a captioner's encoder: the ``vision.*`` weights of an mae run); and a line
+    per origin, to say."""
+    m = cfg.model
+    weights, notes = init_weights(spec, cfg.seed), []
+    if isinstance(spec, CaptionSpec):
+        parts = [(m.init_from, spec.text, "decoder"), (m.vision.init_from if m.vision else None, spec.vision, "encoder")]
+    else:
+        parts = [(m.init_from, spec, "weights")]
+    for path, part, what in parts:
+        if path is not None:
+            loaded = initial_weights(path, part, cfg.storage)
+            weights |= {n: w for n, w in loaded.items() if what != "encoder" or n.startswith("vision.")}
+            notes.append(f"initial {what} from {path}")
+    return weights, notes
 
 
 def initial_weights(path: str | Path, spec: AnySpec, storage: StorageConfig | None = None) -> dict[str, np.ndarray]:

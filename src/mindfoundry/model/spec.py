@@ -302,6 +302,16 @@ def _active(shape: tuple[int, ...], spec: ModelSpec) -> int:
     return int(np.prod(shape))
 
 
+def sample_tokens(spec: AnySpec, seq_len: int) -> int:
+    """The tokens one training sample gives the model (what tokens/s and MFU count): its seq_len tokens, an image's
+    patches (mae), or an image's patch tokens and its caption's seq_len (caption)."""
+    if isinstance(spec, VisionSpec):
+        return spec.num_patches
+    if isinstance(spec, CaptionSpec):
+        return spec.image_tokens + seq_len
+    return seq_len
+
+
 def flops_per_token(spec: AnySpec, seq_len: int) -> int:
     """Training FLOPs per token: 6*N_matmul + 12*L*d_attn*seq_len (PaLM appendix B).
 

@@ -19,7 +19,7 @@ import psutil
 from rich.console import Console
 
 from mindfoundry.backends.base import Backend, create_backend, import_engine, supports_sharded
-from mindfoundry.checkpoint.hf_import import initial_weights
+from mindfoundry.checkpoint.hf_import import start_weights
 from mindfoundry.checkpoint.reader import load_checkpoint, shard_format
 from mindfoundry.checkpoint.store import CheckpointError, shard_folders
 from mindfoundry.config.parallel_config import Layout
@@ -32,7 +32,7 @@ from mindfoundry.data.dataset.prepared import PreparedData
 from mindfoundry.errors import MindFoundryError
 from mindfoundry.eval.heldout import EvalResult, evaluate
 from mindfoundry.eval.tasks import read_tasks, score_tasks
-from mindfoundry.model.spec import flops_per_token, init_weights, num_parameters, parameter_shapes, spec_for
+from mindfoundry.model.spec import flops_per_token, num_parameters, parameter_shapes, sample_tokens, spec_for
 from mindfoundry.monitor.hardware import HardwareSampler
 from mindfoundry.monitor.health import HealthMonitor
 from mindfoundry.monitor.mfu import MfuMeter, UnknownPeakError, devices_peak
@@ -130,12 +130,10 @@ class Trainer:
         for note in skipped:
             self.console.print(f"[yellow]skipping checkpoint: {note}[/]")
         if path is None:
-            init = self.cfg.model.init_from
-            weights = initial_weights(init, self.spec, self.cfg.storage) if init else init_weights(self.spec,
-                                                                                                  self.cfg.seed)
+            weights, notes = start_weights(self.cfg, self.spec)
             self.backend.load_weights(weights)
-            if init:
-                self.console.print(f"initial weights from {init}")
+            for note in notes:
+                self.console.print(note)
             self.progress.plan(self.cfg.train.steps, self.cfg.optim)
             return
         self.checkpoints.check_data(path, origin)
@@ -416,7 +414,7 @@ class Trainer:
         self.progress.step += 1
         self.progress.adam_step += int(out.applied)
         self.position.consumed_samples += self.loader.global_batch
-        tokens = batch.tokens * self.loader.dp_size  # the global batch
+        tokens = self.loader.global_batch * sample_tokens(self.spec, self.cfg.train.seq_len)
         self.position.consumed_tokens += tokens
         self._counters_behind = False
         tokens_per_s = tokens / elapsed

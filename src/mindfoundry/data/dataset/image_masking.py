@@ -56,7 +56,3 @@ class PatchMasking:
     def scored(self, labels: np.ndarray) -> int:
         """How many patches of these labels carry a loss (the masked ones)."""
         return int((labels[..., self.kept:] >= self.kept).sum())
-
-    def tokens(self, pixels: np.ndarray) -> int:
-        """How many patches (a ViT's tokens) these images hold."""
-        return len(pixels) * self.num_patches

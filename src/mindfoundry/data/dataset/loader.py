@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from mindfoundry.config.schema import RunConfig
+from mindfoundry.data.dataset.captions import CaptionSamples
 from mindfoundry.data.dataset.image_samples import ImageSamples, open_image_samples
 from mindfoundry.data.dataset.masking import Masking
 from mindfoundry.data.dataset.mixture import build_mixture
@@ -64,16 +65,17 @@ class OrderedSamples:
         return self.samples.get_batch(self.order.indices(start, count))
 
 
-def split_samples(cfg: RunConfig, data: PreparedData, split: str) -> PackedSamples | ImageSamples:
-    """The samples of ``split`` the configured objective reads: the images for an image objective, else the packed
-    token windows of train.seq_len (the one place that picks)."""
-    if cfg.model.is_image:
-        images = open_image_samples(data.root, data.manifest, split)
-        if not len(images):
-            raise DataError(f"the {split} split holds no image: add images (or change data.validation_fraction) and "
-                            "run `mindfoundry prepare`")
-        return images
-    return data.packed(split, cfg.train.seq_len)
+def split_samples(cfg: RunConfig, data: PreparedData, split: str) -> PackedSamples | ImageSamples | CaptionSamples:
+    """The samples of ``split`` the configured objective reads: the images (mae), the captioned images (caption), else
+    the packed token windows of train.seq_len (the one place that picks)."""
+    if not cfg.model.is_image:
+        return data.packed(split, cfg.train.seq_len)
+    images = open_image_samples(data.root, data.manifest, split)
+    samples = CaptionSamples(images, cfg.train.seq_len, data.tokenizer) if cfg.model.objective == "caption" else images
+    if not len(samples):
+        raise DataError(f"the {split} split holds no image: add images (or change data.validation_fraction) and "
+                        "run `mindfoundry prepare`")
+    return samples
 
 
 def training_source(cfg: RunConfig, data: PreparedData) -> BatchSource:
@@ -93,7 +95,6 @@ class Batch:
     input_ids: np.ndarray  # int32 [grad_accum, micro_batch_size, seq_len]; the image objectives' pixel values
     labels: np.ndarray  # int32 [grad_accum, micro_batch_size, seq_len]; mae: the masks (image_masking.mask_labels)
     scored: int  # positions of the batch that carry a loss (labels not ignored; mae: the masked patches)
-    tokens: int  # the batch's tokens (mae: patches), what tokens/s and MFU count
 
 
 class TrainLoader:
@@ -153,13 +154,12 @@ class TrainLoader:
         start = position + self.dp_rank * self.local_batch
         ids, labels = self.source.get_batch(start, self.local_batch)
         if self.masking is None:
-            scored, tokens = int((labels != IGNORE_INDEX).sum()), ids.size
+            scored = int((labels != IGNORE_INDEX).sum())
         else:
             ids, labels = self.masking.apply(ids, np.arange(start, start + self.local_batch))
-            scored, tokens = self.masking.scored(labels), self.masking.tokens(ids)
+            scored = self.masking.scored(labels)
         rows = (self.grad_accum, self.micro_batch_size)
-        return Batch(position, ids.reshape(*rows, *ids.shape[1:]), labels.reshape(*rows, *labels.shape[1:]), scored,
-                     tokens)
+        return Batch(position, ids.reshape(*rows, *ids.shape[1:]), labels.reshape(*rows, *labels.shape[1:]), scored)
 
     def iterate(self, position: int) -> BatchIterator:
         """Batches for global positions ``position``, ``position + G``, ...; close it when done."""

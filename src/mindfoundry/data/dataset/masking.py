@@ -56,10 +56,6 @@ class MaskingRule:
         """How many positions of these labels carry a loss."""
         return int((labels != IGNORE_INDEX).sum())
 
-    def tokens(self, ids: np.ndarray) -> int:
-        """How many tokens these input rows hold."""
-        return int(ids.size)
-
     def apply(self, ids: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(masked input_ids, labels)`` for rows ``ids`` [N, S] at sample ``positions`` [N]; int32 like the input."""
         ids = np.asarray(ids)
