@@ -133,7 +133,8 @@ def start_weights(cfg: RunConfig, spec: AnySpec) -> tuple[dict[str, np.ndarray],
     m = cfg.model
     weights, notes = init_weights(spec, cfg.seed), []
     if isinstance(spec, CaptionSpec):
-        parts = [(m.init_from, spec.text, "decoder"), (m.vision.init_from if m.vision else None, spec.vision, "encoder")]
+        encoder = m.vision.init_from if m.vision else None
+        parts = [(m.init_from, spec.text, "decoder"), (encoder, spec.vision, "encoder")]
     else:
         parts = [(m.init_from, spec, "weights")]
     for path, part, what in parts:
