@@ -127,6 +127,11 @@ class Backend(Protocol):
         """Logits [B, S, vocab] (float32) for a [B, S] batch, no gradient."""
         ...
 
+    def caption_logits(self, pixels: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        """A captioner's logits [B, S, vocab] (float32) at each caption slot of pixel values [B, 3, H, W] and caption
+        labels [B, S] (:class:`mindfoundry.data.dataset.captions.CaptionSamples`), no gradient."""
+        ...
+
     def image_features(self, pixels: np.ndarray) -> np.ndarray:
         """An image model's features [B, d_model] (float32) of pixel values [B, 3, H, W]: its encoder over every patch,
         the mean of the patch tokens after the final norm (what a linear probe reads), no gradient."""

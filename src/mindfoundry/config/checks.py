@@ -370,7 +370,7 @@ def _memory_problems(cfg: RunConfig) -> list[str]:
     out = []
     m = cfg.model
     blocks = m.n_layers
-    if m.is_image and m.vision is not None:
+    if m.objective == "mae" and m.vision is not None:
         blocks = m.vision.n_layers + m.mae.decoder_layers  # the encoder's, then the decoder's
         if mem.recompute == "selective":
             out.append(f"memory.recompute=selective names parts of the language model's blocks; model.objective="
@@ -378,6 +378,9 @@ def _memory_problems(cfg: RunConfig) -> list[str]:
         if mem.loss_chunk:
             out.append(f"memory.loss_chunk={mem.loss_chunk} cuts a language model's output head; model.objective="
                        f"{m.objective} has none: set memory.loss_chunk: 0")
+    if m.objective == "caption" and mem.loss_chunk:
+        out.append(f"memory.loss_chunk={mem.loss_chunk} with model.objective=caption: the captioner's loss covers "
+                   "its caption slots whole in this version; set memory.loss_chunk: 0")
     try:
         mem.recomputed_layers(blocks)
     except ValueError as err:

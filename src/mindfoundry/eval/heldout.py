@@ -16,8 +16,9 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from mindfoundry.backends.base import Backend
-from mindfoundry.data.dataset.loader import Samples
-from mindfoundry.data.dataset.masking import Masking, MaskingRule
+from mindfoundry.config.schema import RunConfig
+from mindfoundry.data.dataset.loader import Samples, split_bytes_per_token, split_samples
+from mindfoundry.data.dataset.masking import VALIDATION, Masking, MaskingRule, masking_for
 from mindfoundry.data.dataset.packing import IGNORE_INDEX, PackedSamples
 from mindfoundry.data.dataset.prepared import PreparedData
 from mindfoundry.data.tokenizer import encode_batch, pad_id
@@ -41,6 +42,27 @@ class EvalResult:
 
     def to_dict(self, prefix: str = "val_") -> dict[str, float | int]:
         return {prefix + k: v for k, v in asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """A run's validation split as its objective scores it: the samples, their bytes per token (None for mae) and the
+    validation masks (mlm, mae)."""
+
+    samples: Samples
+    bytes_per_token: float | None
+    masking: Masking | None
+
+    def score(self, backend: Backend, batch_size: int, max_samples: int | None) -> EvalResult:
+        """:func:`evaluate` on up to ``max_samples`` of it (None: all)."""
+        return evaluate(backend, self.samples, batch_size, max_samples, self.bytes_per_token, self.masking)
+
+
+def held_out(cfg: RunConfig, data: PreparedData) -> HeldOut:
+    """The validation split of ``cfg``'s objective (the one place that assembles it)."""
+    samples = split_samples(cfg, data, "validation")
+    return HeldOut(samples, split_bytes_per_token(cfg, data, samples, "validation"),
+                   masking_for(cfg, data.tokenizer, VALIDATION))
 
 
 def evaluate(backend: Backend, samples: Samples, batch_size: int, max_samples: int | None,

@@ -24,13 +24,13 @@ from mindfoundry.checkpoint.reader import load_checkpoint, shard_format
 from mindfoundry.checkpoint.store import CheckpointError, shard_folders
 from mindfoundry.config.parallel_config import Layout
 from mindfoundry.config.schema import RunConfig
-from mindfoundry.data.dataset.loader import Batch, BatchIterator, TrainLoader, split_samples, training_source
-from mindfoundry.data.dataset.masking import TRAIN, VALIDATION, masking_for
+from mindfoundry.data.dataset.loader import Batch, BatchIterator, TrainLoader, training_source
+from mindfoundry.data.dataset.masking import TRAIN, masking_for
 from mindfoundry.data.dataset.mixture import MixtureSampler
 from mindfoundry.data.dataset.packing import IGNORE_INDEX
 from mindfoundry.data.dataset.prepared import PreparedData
 from mindfoundry.errors import MindFoundryError
-from mindfoundry.eval.heldout import EvalResult, evaluate
+from mindfoundry.eval.heldout import EvalResult, held_out
 from mindfoundry.eval.tasks import read_tasks, score_tasks
 from mindfoundry.model.spec import flops_per_token, num_parameters, parameter_shapes, sample_tokens, spec_for
 from mindfoundry.monitor.hardware import HardwareSampler
@@ -84,8 +84,7 @@ class Trainer:
                                                    masking=masking_for(cfg, data.tokenizer, TRAIN))
         self.is_main = self.backend.rank == 0  # only rank 0 writes metrics and checkpoints
         self._batches: BatchIterator | None = None
-        self.val_samples = split_samples(cfg, data, "validation")
-        self.val_masking = masking_for(cfg, data.tokenizer, VALIDATION)
+        self.held_out = held_out(cfg, data)
         self.anomaly = AnomalyMonitor(cfg.anomaly)
         self.scaler = DynamicLossScaler(cfg.train.loss_scale_init, growth_interval=cfg.train.loss_scale_growth_interval,
                                         enabled=cfg.train.precision == "fp16")  # disabled: scale 1.0 (fp32, bf16)
@@ -202,13 +201,12 @@ class Trainer:
     def evaluate(self) -> EvalResult:
         t = self.cfg.train
         # batches of the global micro-batch (every rank passes the same rows; the backend splits them over dp ranks)
-        return evaluate(self.backend, self.val_samples, self.loader.global_micro_batch, t.eval_samples,
-                        None if self.cfg.model.is_image else self.data.bytes_per_token("validation"), self.val_masking)
+        return self.held_out.score(self.backend, self.loader.global_micro_batch, t.eval_samples)
 
     def _eval_scope(self, explain: bool = False) -> str:
         """Which part of the validation split a training-time evaluation scores; with ``explain``, how that sample is
         taken and that ``mindfoundry eval`` scores all of it."""
-        total = len(self.val_samples)
+        total = len(self.held_out.samples)
         used = min(self.cfg.train.eval_samples, total)
         if used == total:
             return f"all {total} validation samples"
@@ -270,7 +268,8 @@ class Trainer:
         self.mfu = MfuMeter(self._device_peak() if self.is_main else None)
         logger.log({"event": "start" if self.progress.step == 0 else "resume", "step": self.progress.step,
                     "backend": self.backend.name, "parameters": num_parameters(self.spec), "flops_per_token": flops_tok,
-                    "validation_samples": len(self.val_samples), "memory": cfg.memory.describe(self.spec.n_layers)})
+                    "validation_samples": len(self.held_out.samples),
+                    "memory": cfg.memory.describe(self.spec.n_layers)})
         if self.progress.step == 0:
             self.console.print(f"step 0: evaluating the untrained model ({self._eval_scope(explain=True)}); the first "
                                "training step then compiles the model's step (seconds to a minute) before step lines "

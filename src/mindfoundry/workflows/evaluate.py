@@ -20,12 +20,11 @@ from mindfoundry.backends.base import Backend, BackendUnavailable
 from mindfoundry.checkpoint.run_files import run_data
 from mindfoundry.config.model_config import ObjectiveError
 from mindfoundry.config.schema import RunConfig
-from mindfoundry.data.dataset.loader import split_samples
 from mindfoundry.data.dataset.masking import TEXTS, VALIDATION, masking_for
 from mindfoundry.data.dataset.prepared import load_prepared
 from mindfoundry.data.images.digits import DigitsUnavailable, digits_images
 from mindfoundry.data.ingest.files import SourceStats, read_files
-from mindfoundry.eval.heldout import evaluate, evaluate_categories, evaluate_texts
+from mindfoundry.eval.heldout import evaluate_categories, evaluate_texts, held_out
 from mindfoundry.eval.linear_probe import encode, linear_probe
 from mindfoundry.eval.tasks import read_tasks, score_tasks
 from mindfoundry.model.spec import init_weights, spec_for
@@ -96,8 +95,7 @@ def _evaluate_images(model: TrainedModel, probe: Sequence[str]) -> dict[str, Any
     """The image model's held-out loss and probes (see the module docstring)."""
     cfg, backend = model.cfg, model.backend
     prepared = load_prepared(run_data(model.checkpoint, cfg), cfg.model.vocab_size)
-    result = evaluate(backend, split_samples(cfg, prepared, "validation"), cfg.train.micro_batch_size, None, None,
-                      masking_for(cfg, prepared.tokenizer, VALIDATION))
+    result = held_out(cfg, prepared).score(backend, cfg.train.micro_batch_size, None)
     out: dict[str, Any] = {"checkpoint": str(model.checkpoint), "validation": {"all": result.to_dict("")}}
     for name in probe:
         if name != "digits":

@@ -41,6 +41,7 @@ from mindfoundry.backends.base import (
     device_memory_record,
 )
 from mindfoundry.backends.torch import memory, probe_hooks
+from mindfoundry.backends.torch.caption import Captioner
 from mindfoundry.backends.torch.distributed import (
     all_reduce_sum,
     build_mesh,
@@ -56,8 +57,16 @@ from mindfoundry.backends.torch.vision import MAE
 from mindfoundry.config.parallel_config import Layout
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.debug.probe import Probe
+from mindfoundry.model.caption_spec import CaptionSpec
 from mindfoundry.model.spec import AnySpec, module_boundaries, parameter_shapes
 from mindfoundry.model.vision_spec import VisionSpec
+
+
+def build_model(spec: AnySpec) -> Transformer | MAE | Captioner:
+    """The module of the configured objective."""
+    if isinstance(spec, VisionSpec):
+        return MAE(spec)
+    return Captioner(spec) if isinstance(spec, CaptionSpec) else Transformer(spec)
 
 
 def select_device(requested: str) -> torch.device:
@@ -96,7 +105,7 @@ class TorchBackend:
             self.mesh, self.dp_mesh = build_mesh(self.layout, self.device.type)
         self.device_name = "cpu" if self.device.type == "cpu" else getattr(torch, self.device.type).get_device_name()
         self.spec = spec
-        self.model = (MAE(spec) if isinstance(spec, VisionSpec) else Transformer(spec)).to(self.device)
+        self.model = build_model(spec).to(self.device)
         apply_memory(self.model, cfg.memory)  # recompute flags and the loss chunk, before TP/FSDP wrap the blocks
         saved_tensors = memory.saved_tensors(cfg.memory, self.device)
         self.autocast = autocast_for(self.device, cfg.train.precision)
@@ -297,6 +306,12 @@ class TorchBackend:
             if split:
                 all_reduce_sum(total, self.dp_mesh)
             return float(total[0]), int(total[1]), 0
+        if isinstance(self.model, Captioner):
+            with self.autocast():
+                total = eval_sums(self.model.caption_logits(ids_t, labels_t).float(), labels_t)
+            if split:
+                all_reduce_sum(total, self.dp_mesh)
+            return float(total[0]), int(total[1]), int(total[2])
         cp = self.cp is not None and self.cp.fits(ids_t.shape[-1])  # else whole sequences on every cp rank
         if self.pipeline is not None:  # summed over the pipeline ranks
             total = self.pipeline.eval_sums(ids_t, labels_t)
@@ -309,6 +324,12 @@ class TorchBackend:
         if split:
             all_reduce_sum(total, self.dp_mesh)
         return float(total[0]), int(total[1]), int(total[2])
+
+    @torch.no_grad()
+    def caption_logits(self, pixels: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        self.model.eval()
+        with self.autocast():
+            return self.model.caption_logits(self._inputs(pixels), self._inputs(labels)).float().cpu().numpy()
 
     @torch.no_grad()
     def image_features(self, pixels: np.ndarray) -> np.ndarray:

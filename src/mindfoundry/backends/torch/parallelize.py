@@ -51,6 +51,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from mindfoundry.backends.torch.caption import Captioner
 from mindfoundry.backends.torch.distributed import Layout, dp_mesh_for_fsdp, full_value
 from mindfoundry.backends.torch.expert_parallel import apply_moe, check_moe_layout, sharded_expert_params
 from mindfoundry.backends.torch.model import Transformer
@@ -178,7 +179,7 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh) -> None:
 
     `model` is a Transformer, a pipeline stage (whose blocks sit in a ModuleDict by global index) or a ViT's MAE.
     """
-    if isinstance(model, MAE):
+    if isinstance(model, (MAE, Captioner)):
         blocks = model.blocks()
     else:
         blocks = model.layers.values() if isinstance(model.layers, nn.ModuleDict) else model.layers

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from mindfoundry.backends.base import BackendUnavailable, StepScalars
+from mindfoundry.backends.torch.caption import Captioner
 from mindfoundry.backends.torch.model import aux_loss_sum, token_nll
 from mindfoundry.backends.torch.vision import MAE
 from mindfoundry.config.schema import OptimConfig
@@ -94,7 +95,7 @@ class TrainStep:
         total = torch.zeros((), device=ids.device)
         # the loss inside the forward: an image model always (its labels are its masks), a language model when it
         # computes the loss in chunks and no dump records the whole logits as its output
-        in_forward = isinstance(self.model, MAE) or (probe is None and self.model.loss_chunk > 0)
+        in_forward = isinstance(self.model, (MAE, Captioner)) or (probe is None and self.model.loss_chunk > 0)
         for i in range(ids.shape[0]):
             with self.autocast(), self.saved_tensors():
                 if in_forward:
@@ -117,8 +118,11 @@ class TrainStep:
             scalars.grad_unscale != 1.0
         ):  # the same fp32 products as the MindSpore step (which multiplies by 1.0 otherwise)
             total = total * scalars.grad_unscale
-            torch._foreach_mul_([p.grad for p in self.params], scalars.grad_unscale)
-        grad_sq = torch.stack([torch.linalg.vector_norm(p.grad) for p in self.model_order]) ** 2  # before clipping
+            torch._foreach_mul_([p.grad for p in self.params if p.grad is not None], scalars.grad_unscale)
+        # before clipping; a parameter the loss does not reach (a captioner's unused final encoder norm, a frozen part)
+        # has no gradient: zero
+        grad_sq = torch.stack([torch.linalg.vector_norm(p.grad) if p.grad is not None else p.new_zeros(())
+                               for p in self.model_order]) ** 2
         limit = float("inf") if self.clip_norm is None else self.clip_norm
         norm = torch.nn.utils.clip_grad_norm_(self.params, limit, foreach=True)
         loss, grad_norm = float(total), float(norm)

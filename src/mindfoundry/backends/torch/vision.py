@@ -76,6 +76,10 @@ class VisionEncoder(nn.Module):
 
     def forward(self, pixels: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
         """(B, 1 + K, C) features of the visible patches ``keep`` (B, K) -- all patches when None."""
+        return self.norm(self.blocks_output(pixels, keep))
+
+    def blocks_output(self, pixels: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """The last block's (B, 1 + K, C) outputs, before the final norm (what a captioner reads, as LLaVA does)."""
         x = self.patch_embed(pixels).flatten(2).transpose(1, 2) + self.pos[1:]  # (B, L, C)
         if keep is not None:
             x = torch.gather(x, 1, keep.long().unsqueeze(-1).expand(-1, -1, x.shape[-1]))
@@ -83,7 +87,7 @@ class VisionEncoder(nn.Module):
         x = torch.cat([cls, x], dim=1)
         for layer in self.layers:
             x = layer(x)
-        return self.norm(x)
+        return x
 
 
 class MAEDecoder(nn.Module):

@@ -78,6 +78,14 @@ def split_samples(cfg: RunConfig, data: PreparedData, split: str) -> PackedSampl
     return samples
 
 
+def split_bytes_per_token(cfg: RunConfig, data: PreparedData, samples: Samples, split: str) -> float | None:
+    """UTF-8 bytes per token of what ``samples`` (``split``'s) score, for bits per byte: the split's text, a
+    captioner's captions, and None for mae (its loss is no log-likelihood)."""
+    if isinstance(samples, CaptionSamples):
+        return samples.bytes_per_token()
+    return None if cfg.model.is_image else data.bytes_per_token(split)
+
+
 def training_source(cfg: RunConfig, data: PreparedData) -> BatchSource:
     """The batch source the config asks for: the category mixture if ``data.mixture`` is set."""
     if cfg.data.mixture is not None:
