@@ -70,7 +70,7 @@ Two objectives share every block, parameter and name (``model.objective``):
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -154,8 +154,8 @@ AnySpec = ModelSpec | VisionSpec | CaptionSpec
 
 def spec_for(m: ModelConfig) -> AnySpec:
     """The spec of the configured objective (the one place that picks the model family)."""
-    if m.objective == "caption":
-        return CaptionSpec.from_config(m, ModelSpec.from_config(m))
+    if m.objective == "caption":  # its decoder is a causal language model
+        return CaptionSpec.from_config(m, replace(ModelSpec.from_config(m), objective="clm"))
     return VisionSpec.from_config(m) if m.is_image else ModelSpec.from_config(m)
 
 

@@ -30,12 +30,14 @@ from mindfoundry.backends.base import (
     device_memory_record,
 )
 from mindfoundry.backends.mindspore import distributed, memory, probe_hooks, semi_auto
+from mindfoundry.backends.mindspore.caption import Captioner, CaptionForward, CaptionLossCell
 from mindfoundry.backends.mindspore.model import CachedDecode, LossCell, Transformer, eval_sums
 from mindfoundry.backends.mindspore.train_step import AccumulatingStep, AdamW, TrainStep, scalar
 from mindfoundry.backends.mindspore.vision import MAE, MAELossCell
 from mindfoundry.config.parallel_config import Layout
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.debug.probe import Probe
+from mindfoundry.model.caption_spec import CaptionSpec
 from mindfoundry.model.spec import AnySpec, module_boundaries, parameter_shapes
 from mindfoundry.model.vision_spec import VisionSpec
 
@@ -83,6 +85,15 @@ class _ImageForward(nn.Cell):
         return error, count, ops.zeros((), error.dtype)
 
 
+class _CaptionLogits(nn.Cell):
+    def __init__(self, model: Captioner):
+        super().__init__(auto_prefix=False)
+        self.model = model
+
+    def construct(self, pixels, labels):
+        return self.model.caption_logits(pixels, labels)
+
+
 def _feed(a: np.ndarray) -> Tensor:
     """A batch's inputs or labels as a Tensor: token ids and masks as int32, pixel values as float32."""
     return Tensor(a.astype(np.float32 if a.dtype.kind == "f" else np.int32))
@@ -112,8 +123,11 @@ class MindSporeBackend:
         # fp16/bf16: matmuls in that dtype inside the Cells, fp32 parameters; FlashAttentionScore where
         # train.flash_attention says
         self.image = isinstance(spec, VisionSpec)
-        self.model = MAE(spec) if self.image else Transformer(
-            spec, cfg.train.precision, cfg.train.uses_flash_attention(cfg.backend, cfg.device))
+        if isinstance(spec, CaptionSpec):
+            self.model = Captioner(spec, cfg.train.precision)
+        else:
+            self.model = MAE(spec) if self.image else Transformer(
+                spec, cfg.train.precision, cfg.train.uses_flash_attention(cfg.backend, cfg.device))
         self.params = {p.name: p for p in self.model.get_parameters()}
         expected = parameter_shapes(spec)
         if {n: tuple(p.shape) for n, p in self.params.items()} != expected:
@@ -125,8 +139,7 @@ class MindSporeBackend:
         o = cfg.optim
         self.clip = None if o.clip_norm is None else float(o.clip_norm)
         self.optimizer = AdamW(ordered, o.beta1, o.beta2, o.eps, o.weight_decay)
-        loss_cell = MAELossCell(self.model) if self.image else LossCell(self.model, cfg.memory.loss_chunk,
-                                                                          cfg.train.seq_len)
+        loss_cell = self._loss_cell(cfg.memory.loss_chunk, cfg.train.seq_len)
         memory.apply_memory(self.model, loss_cell, cfg.memory)  # recompute marks, before anything compiles
         accum, reducer = cfg.train.grad_accum, None
         self.holds_full_state = p.plan is None  # semi-auto: each rank's Parameters hold its slices once compiled
@@ -140,8 +153,21 @@ class MindSporeBackend:
         self.step_cell = AccumulatingStep(step) if accum > 1 and p.plan is None else step
         self._eager_step: TrainStep | None = None  # the debug (hooked, PYNATIVE) step, built on first use
         # in GRAPH_MODE, calling a Cell compiles it once per input shape
-        self.forward = (_ImageForward if self.image else _Forward)(self.model)
+        self.forward = self._forward_cell()
         self._decode: CachedDecode | None = None  # cached generation, compiled once per number of new tokens
+        self._caption: _CaptionLogits | None = None  # a captioner's logits, built on first use
+
+    def _loss_cell(self, loss_chunk: int = 0, seq_len: int = 0) -> nn.Cell:
+        """The objective's training loss Cell (ids or pixels, labels, scale) -> scaled summed loss."""
+        if isinstance(self.model, Captioner):
+            return CaptionLossCell(self.model)
+        return MAELossCell(self.model) if self.image else LossCell(self.model, loss_chunk, seq_len)
+
+    def _forward_cell(self) -> nn.Cell:
+        """The objective's evaluation Cell (ids or pixels, labels) -> (summed loss, scored, top-1 hits)."""
+        if isinstance(self.model, Captioner):
+            return CaptionForward(self.model)
+        return (_ImageForward if self.image else _Forward)(self.model)
 
     # -- state -------------------------------------------------------------------------------
     def global_sum(self, value: float) -> float:
@@ -210,8 +236,7 @@ class MindSporeBackend:
         ms.set_context(mode=ms.PYNATIVE_MODE)
         try:
             if self._eager_step is None:  # built in PYNATIVE: a grad function made under GRAPH_MODE stays compiled
-                loss_cell = MAELossCell(self.model) if self.image else LossCell(self.model)
-                self._eager_step = TrainStep(loss_cell, self.optimizer, self.step_cell.accum, self.clip)
+                self._eager_step = TrainStep(self._loss_cell(), self.optimizer, self.step_cell.accum, self.clip)
             step = self._eager_step
             with memory.suspended(self.model), probe_hooks.installed(self.model, step.loss_cell, probe):
                 probe.state("params", ((n, self.params[n]) for n in self.order), probe_hooks.to_numpy)
@@ -240,6 +265,11 @@ class MindSporeBackend:
             sums = distributed.all_reduce_sum(sums)
         nll, count, correct = sums
         return nll, int(round(count)), int(round(correct))
+
+    def caption_logits(self, pixels: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        if self._caption is None:  # compiled once per batch shape
+            self._caption = _CaptionLogits(self.model)
+        return self._caption(_feed(pixels), _feed(labels)).asnumpy()
 
     def image_features(self, pixels: np.ndarray) -> np.ndarray:
         every = np.tile(np.arange(self.spec.num_patches, dtype=np.int32), (len(pixels), 1))  # no patch hidden

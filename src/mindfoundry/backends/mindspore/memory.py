@@ -22,11 +22,11 @@ from mindspore import nn
 
 from mindfoundry.backends.mindspore.model import LossCell, Transformer
 from mindfoundry.backends.mindspore.moe import MoE
-from mindfoundry.backends.mindspore.vision import MAE, MAELossCell
+from mindfoundry.backends.mindspore.vision import MAE
 from mindfoundry.config.memory_config import MemoryConfig
 
 
-def apply_memory(model: Transformer | MAE, loss_cell: LossCell | MAELossCell, memory: MemoryConfig) -> None:
+def apply_memory(model: Transformer | MAE, loss_cell: nn.Cell, memory: MemoryConfig) -> None:
     """Mark the chosen blocks (or their SiLU) and the loss chunks for recompute (in place). A ViT's blocks (encoder,
     then decoder) recompute whole (config checks refuse the rest for the image objectives)."""
     if isinstance(model, MAE):
@@ -40,7 +40,7 @@ def apply_memory(model: Transformer | MAE, loss_cell: LossCell | MAELossCell, me
             block.recompute()
             continue
         (block.mlp.experts if isinstance(block.mlp, MoE) else block.mlp).silu.recompute()
-    if loss_cell.bounds:
+    if isinstance(loss_cell, LossCell) and loss_cell.bounds:
         loss_cell.chunk_nll.recompute()
 
 

@@ -239,21 +239,28 @@ class Transformer(nn.Cell):
         (mlm) -1e9 on the padding keys, broadcast to the (B, K, G, S, S) scores of _attend; with
         flash, FlashAttentionScore's uint8 mask (the (2048, 2048) causal triangle, or (B, 1, S, S) padding keys)."""
         b, s = ids.shape
+        if self.causal:
+            return self.causal_tables(b, s)
         if self.flash:
-            if self.causal:
-                return self.cos[:s], self.sin[:s], self.flash_table
             return (
                 self.cos[:s],
                 self.sin[:s],
                 (ids == PAD_ID).astype(ms.uint8).reshape(b, 1, 1, s) * self.flash_table[:s, :s],
             )
-        if self.causal:
-            mask = self.mask_table[:s, :s]
-        else:
-            mask = (ids == PAD_ID).astype(F32).reshape(b, 1, 1, 1, s) * -1e9 * self.mask_table[:s, :s]
-        # broadcast once to the (B, K, G, S, S) scores, not in each layer's forward and recomputation (layers.expand)
+        mask = (ids == PAD_ID).astype(F32).reshape(b, 1, 1, 1, s) * -1e9 * self.mask_table[:s, :s]
+        return self.cos[:s], self.sin[:s], self._scores_shaped(mask, b, s)
+
+    def causal_tables(self, b, s):
+        """:meth:`tables` of a causal model for any (B, S) input: they depend on its shape alone."""
+        if self.flash:
+            return self.cos[:s], self.sin[:s], self.flash_table
+        return self.cos[:s], self.sin[:s], self._scores_shaped(self.mask_table[:s, :s], b, s)
+
+    def _scores_shaped(self, mask, b, s):
+        """A mask broadcast once to the (B, K, G, S, S) scores, not in each layer's forward and recomputation
+        (layers.expand)."""
         kv = self.spec.n_kv_heads
-        return self.cos[:s], self.sin[:s], expand(mask, (b, kv, self.spec.n_heads // kv, s, s))
+        return expand(mask, (b, kv, self.spec.n_heads // kv, s, s))
 
     def construct(self, ids):
         cos, sin, mask = self.tables(ids)

@@ -107,17 +107,22 @@ class VisionEncoder(nn.Cell):
         self.norm = LayerNorm(c, spec.norm_eps)
         self.pos = Tensor(position_embeddings(c, spec.grid))  # (1 + L, C) constant, not a parameter
 
-    def construct(self, pixels, keep):
-        """(B, 1 + K, C) features of the visible patches ``keep`` (B, K)."""
+    def construct(self, pixels, keep=None):
+        """(B, 1 + K, C) features of the visible patches ``keep`` (B, K) -- all patches when None."""
+        return self.norm(self.blocks_output(pixels, keep))
+
+    def blocks_output(self, pixels, keep=None):
+        """The last block's (B, 1 + K, C) outputs, before the final norm (what a captioner reads, as LLaVA does)."""
         x = self.patch_embed(pixels)  # (B, C, h, w)
         b, c = x.shape[0], x.shape[1]
         x = x.reshape(b, c, -1).transpose(0, 2, 1) + self.pos[1:]  # (B, L, C)
-        x = _gather_rows(x, keep)
+        if keep is not None:
+            x = _gather_rows(x, keep)
         cls = ops.broadcast_to(self.cls_token + self.pos[:1], (b, 1, c))
         x = ops.concat((cls, x), axis=1)
         for layer in self.layers:
             x = layer(x)
-        return self.norm(x)
+        return x
 
 
 class MAEDecoder(nn.Cell):
