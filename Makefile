@@ -39,6 +39,7 @@ demo-images: $(STAMP)
 demo-mm: $(STAMP)
 	$(VENV)/bin/mindfoundry data demo-images
 	$(VENV)/bin/mindfoundry run configs/demo-mae.yaml --resume auto
+	$(VENV)/bin/mindfoundry run configs/demo-caption.yaml --resume auto
 
 # Two workers (pytest-xdist) on this project's 2-core machine: most test time is single-threaded (graph compiles,
 # process start-up, waiting on launched ranks), so the suite takes ~0.6 of its serial time. --maxschedchunk 1 hands out

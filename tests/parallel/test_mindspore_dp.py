@@ -399,7 +399,7 @@ SHIPPED_PLANS = {"demo-images.yaml": (1, 1, False), "demo-mlm.yaml": (1, 1, Fals
                  "llama-13b.yaml": (1, 8, False), "llama-1b.yaml": (8, 1, True)}
 #: The image objectives' configs: data parallel only in this version (config checks refuse tp/pp/cp/ep with them), so
 #: no semi-auto plan.
-IMAGE_CONFIGS = {"demo-mae.yaml"}
+IMAGE_CONFIGS = {"demo-caption.yaml", "demo-mae.yaml"}
 
 
 def test_the_shipped_configs_are_all_planned() -> None:

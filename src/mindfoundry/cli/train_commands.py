@@ -113,8 +113,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import json
     import sys
 
-    from mindfoundry.workflows.generate import continue_prompt, load_trained
+    from mindfoundry.errors import MindFoundryError
+    from mindfoundry.workflows.generate import caption_file, continue_prompt, load_trained
 
+    if args.image is not None:
+        if args.prompt is not None:
+            raise MindFoundryError("give --prompt (a language model) or --image (a captioner), not both")
+        model = load_trained(args.checkpoint, args.backend, storage=storage_from_args(args))
+        caption = caption_file(model, args.image, max_new_tokens=args.max_new_tokens)
+        sys.stdout.write((json.dumps({"image": args.image, "caption": caption}, ensure_ascii=False) if args.json
+                          else caption) + "\n")
+        return 0
+    if args.prompt is None:
+        raise MindFoundryError("give --prompt TEXT to continue (or --image PATH for a captioner)")
     model = load_trained(args.checkpoint, args.backend, causal_for="generation", storage=storage_from_args(args))
     out = continue_prompt(model, args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                           top_k=args.top_k, top_p=args.top_p, seed=args.seed)
@@ -204,6 +215,12 @@ def _print_summary(summary: dict) -> None:
     out.print(table)
     for s in summary.get("samples", []):
         out.print(f"[bold]{s['prompt']!r}[/] -> {s['completion']!r}", highlight=False)
+    if "shuffled_images" in summary:
+        shuffled = summary["shuffled_images"]
+        out.print(f"with each caption given another image: loss {shuffled['loss']:.4f}, bits/byte "
+                  f"{shuffled['bits_per_byte']:.4f}", highlight=False)
+    for c in summary.get("captions", []):
+        out.print(f"[bold]{c['caption']!r}[/] -> captioned {c['generated']!r}", highlight=False)
     _print_probes(out, summary.get("probe", {}))
 
 
@@ -248,7 +265,9 @@ def add_train_commands(sub: argparse._SubParsersAction) -> None:
         p.set_defaults(func=func)
     p = sub.add_parser("generate", help="continue a prompt with a trained checkpoint (key/value cache, either engine)")
     p.add_argument("checkpoint", help="RUN_DIR (its newest valid checkpoint) or CKPT/step_N (a folder or a URL)")
-    p.add_argument("--prompt", required=True, help="text to continue")
+    p.add_argument("--prompt", default=None, help="text to continue")
+    p.add_argument("--image", default=None, metavar="PATH", help="a captioner (model.objective: caption): the image "
+                   "file to caption (greedy; a path or a URL)")
     p.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
     p.add_argument("--temperature", type=float, default=0.8, metavar="T", help="0 = greedy (default 0.8)")
     p.add_argument("--top-k", type=int, default=40, metavar="K", help="sample among the K most likely tokens (0 = all)")

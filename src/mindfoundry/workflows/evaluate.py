@@ -13,6 +13,7 @@ probe on a randomly initialised one (:mod:`mindfoundry.eval.linear_probe`).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -20,8 +21,9 @@ from mindfoundry.backends.base import Backend, BackendUnavailable
 from mindfoundry.checkpoint.run_files import run_data
 from mindfoundry.config.model_config import ObjectiveError
 from mindfoundry.config.schema import RunConfig
+from mindfoundry.data.dataset.captions import CaptionSamples
 from mindfoundry.data.dataset.masking import TEXTS, VALIDATION, masking_for
-from mindfoundry.data.dataset.prepared import load_prepared
+from mindfoundry.data.dataset.prepared import PreparedData, load_prepared
 from mindfoundry.data.images.digits import DigitsUnavailable, digits_images
 from mindfoundry.data.ingest.files import SourceStats, read_files
 from mindfoundry.eval.heldout import evaluate_categories, evaluate_texts, held_out
@@ -95,8 +97,8 @@ def _evaluate_images(model: TrainedModel, probe: Sequence[str]) -> dict[str, Any
     """The image model's held-out loss and probes (see the module docstring)."""
     cfg, backend = model.cfg, model.backend
     prepared = load_prepared(run_data(model.checkpoint, cfg), cfg.model.vocab_size)
-    result = held_out(cfg, prepared).score(backend, cfg.train.micro_batch_size, None)
-    out: dict[str, Any] = {"checkpoint": str(model.checkpoint), "validation": {"all": result.to_dict("")}}
+    out: dict[str, Any] = {"checkpoint": str(model.checkpoint),
+                           "validation": heldout_images(backend, cfg, prepared)}
     for name in probe:
         if name != "digits":
             raise DigitsUnavailable(f"--probe {name!r}: the probe set this version has is digits (scikit-learn's "
@@ -105,11 +107,22 @@ def _evaluate_images(model: TrainedModel, probe: Sequence[str]) -> dict[str, Any
     return out
 
 
+def heldout_images(backend: Backend, cfg: RunConfig, prepared: PreparedData) -> dict[str, dict[str, Any]]:
+    """An image model's whole validation split: "all"; for a captioner also "shuffled_images", each caption scored
+    with another sample's image (the gap in bits per byte is what the captioner reads from the images)."""
+    heldout = held_out(cfg, prepared)
+    out = {"all": heldout.score(backend, cfg.train.micro_batch_size, None).to_dict("")}
+    if isinstance(heldout.samples, CaptionSamples):
+        shuffled = replace(heldout, samples=heldout.samples.with_shuffled_images())
+        out["shuffled_images"] = shuffled.score(backend, cfg.train.micro_batch_size, None).to_dict("")
+    return out
+
+
 def probe_digits(backend: Backend, cfg: RunConfig) -> dict[str, float | int]:
     """The digits probe of the image encoder `backend` holds, and of the same encoder randomly initialised from the
     run's seed (the backend holds its weights again afterwards)."""
     spec = spec_for(cfg.model)
-    images, labels = digits_images(spec.image_size)
+    images, labels = digits_images(cfg.data.images.size)
     weights = backend.weights()
     trained = linear_probe(encode(backend.image_features, images), labels)
     backend.load_weights(init_weights(spec, cfg.seed))  # the same encoder, untrained: what pretraining added

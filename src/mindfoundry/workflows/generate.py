@@ -16,12 +16,18 @@ from mindfoundry.backends.base import Backend, create_backend
 from mindfoundry.checkpoint.reader import load_checkpoint
 from mindfoundry.checkpoint.run_files import checkpoint_of, run_config, run_tokenizer
 from mindfoundry.checkpoint.store import CheckpointError
+from mindfoundry.config.model_config import ObjectiveError
 from mindfoundry.config.parallel_config import Layout, ParallelConfig
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.config.storage_config import StorageConfig
+from mindfoundry.data.images.decode import ImageLimits, ImageRejected, decode, square
 from mindfoundry.data.tokenizer import eos_id, load_tokenizer
+from mindfoundry.errors import InputMissingError
+from mindfoundry.eval.captioning import greedy_caption
 from mindfoundry.eval.sampling import GenerationError, fit_prompt, generate
 from mindfoundry.model.spec import spec_for
+from mindfoundry.model.vision_spec import pixel_values
+from mindfoundry.storage.resolve import locate
 
 
 @dataclass
@@ -53,6 +59,25 @@ def load_trained(path: str | Path, engine: str | None = None, *, causal_for: str
     except ValueError as exc:
         raise CheckpointError(f"{ckpt}: {exc} (was it written for another model config?)") from None
     return TrainedModel(ckpt, cfg, backend, tokenizer)
+
+
+def caption_file(model: TrainedModel, path: str | Path, *, max_new_tokens: int | None = None) -> str:
+    """A captioner's greedy caption of the image file at ``path``, decoded and squared as `prepare` does."""
+    cfg = model.cfg
+    if cfg.model.objective != "caption":
+        raise ObjectiveError(f"--image captions an image, and this model was trained with model.objective="
+                             f"{cfg.model.objective}: give a captioner's checkpoint (model.objective: caption)")
+    where = locate(path, cfg.storage)
+    if not where.is_file():
+        raise InputMissingError(f"--image {str(where)!r} does not exist: give an image file (PNG, JPEG, ...)")
+    images = cfg.data.images
+    try:
+        decoded = decode(where.read_bytes(), ImageLimits(images.min_side, images.max_aspect, images.max_pixels))
+    except ImageRejected as exc:
+        raise InputMissingError(f"--image {str(where)!r} cannot be captioned ({exc}): give a readable image") from None
+    pixels = pixel_values(square(decoded.pixels, images.size)[None])[0]
+    ids = greedy_caption(model.backend, pixels, cfg.train.seq_len, eos_id(model.tokenizer), max_new_tokens)
+    return model.tokenizer.decode(ids)
 
 
 @dataclass

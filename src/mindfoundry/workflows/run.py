@@ -14,16 +14,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 from rich.console import Console
 
 from mindfoundry.backends.base import check_device, create_backend
 from mindfoundry.config.parallel_config import Layout
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.masking import TEXTS, masking_for
+from mindfoundry.data.dataset.packing import IGNORE_INDEX
 from mindfoundry.data.dataset.prepared import PreparedData, prepared_location
 from mindfoundry.data.prepare.output import claim_output
 from mindfoundry.data.prepare.pipeline import prepare_data, wait_for_prepared
 from mindfoundry.data.tokenizer import eos_id
+from mindfoundry.eval.captioning import greedy_caption
 from mindfoundry.eval.fill_mask import fill_masks
 from mindfoundry.eval.sampling import generate
 from mindfoundry.model.spec import ModelSpec, flops_per_token, num_parameters, spec_for
@@ -38,7 +41,7 @@ from mindfoundry.parallel.planner import (
 )
 from mindfoundry.train.rundir import HASH_FILE, claim_run_dir
 from mindfoundry.train.trainer import Trainer, TrainResult
-from mindfoundry.workflows.evaluate import probe_digits
+from mindfoundry.workflows.evaluate import heldout_images, probe_digits
 
 
 def check_launch(cfg: RunConfig) -> Layout:
@@ -128,6 +131,29 @@ def train(cfg: RunConfig, *, resume: bool, overwrite: bool, stop_at_step: int | 
         return TrainedRun(trainer, data, trainer.run(resume=resume, stop_at_step=stop_at_step))
 
 
+#: Validation images a finished captioner's summary captions (evenly spaced over the split).
+CAPTIONS_SHOWN = 6
+
+
+def deliverables(cfg: RunConfig, trained: TrainedRun) -> dict[str, Any]:
+    """What a finished run shows of its model: text samples (clm, mlm); an encoder's digits probe (mae); a captioner's
+    captions of validation images beside their own, and its held-out loss with shuffled images (caption)."""
+    backend = trained.result.backend
+    if cfg.model.objective == "mae":
+        return {"probe": {"digits": probe_digits(backend, cfg)}}
+    if cfg.model.objective != "caption":
+        return {"samples": samples(cfg, trained)}
+    heldout = trained.trainer.held_out.samples
+    tokenizer, eos, shown = trained.data.tokenizer, eos_id(trained.data.tokenizer), []
+    for i in np.linspace(0, len(heldout) - 1, min(CAPTIONS_SHOWN, len(heldout))).round().astype(np.int64):
+        pixels, labels = heldout.get_batch(np.array([i]))
+        ids = greedy_caption(backend, pixels[0], cfg.train.seq_len, eos)
+        shown.append({"caption": tokenizer.decode([t for t in labels[0].tolist() if t not in (IGNORE_INDEX, eos)]),
+                      "generated": tokenizer.decode(ids)})
+    return {"captions": shown,
+            "shuffled_images": heldout_images(backend, cfg, trained.data)["shuffled_images"]}
+
+
 def samples(cfg: RunConfig, trained: TrainedRun) -> list[dict[str, str]]:
     """Continuations of cfg.generate's prompts by the trained model (seeded per prompt); for the mlm objective, the
     prompts with masked tokens and the model's fill of them."""
@@ -174,9 +200,7 @@ def run(cfg: RunConfig, *, resume: bool, overwrite: bool, stop_at_step: int | No
         "run_dir": cfg.run_dir, "steps": result.step, "backend": cfg.backend,
         "initial": result.initial_eval.to_dict() if result.initial_eval else None,
         "final": final.to_dict(),
-        # an image encoder's deliverable is its features: the digits probe instead of text samples
-        **({"probe": {"digits": probe_digits(result.backend, cfg)}} if cfg.model.is_image
-           else {"samples": samples(cfg, trained)}),
+        **deliverables(cfg, trained),
     }
     Path(cfg.run_dir, "summary.json").write_text(
         json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
