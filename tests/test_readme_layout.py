@@ -57,6 +57,7 @@ ENGINE_MIRROR = {
     "native.py",
     "probe_hooks.py",
     "vision.py",
+    "caption.py",
     "train_step.py",
 }
 ENGINES = ["src/mindfoundry/backends/mindspore", "src/mindfoundry/backends/torch"]

@@ -24,8 +24,7 @@ from mindfoundry.checkpoint.reader import load_checkpoint
 from mindfoundry.checkpoint.store import MANIFEST_FILE, CheckpointError
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.config.storage_config import StorageConfig
-from mindfoundry.model.caption_spec import CaptionSpec
-from mindfoundry.model.spec import AnySpec, ModelSpec, init_weights, parameter_shapes
+from mindfoundry.model.spec import AnySpec, CaptionSpec, ModelSpec, init_weights, parameter_shapes
 from mindfoundry.model.vision_spec import VisionSpec
 from mindfoundry.storage.cache import cache_folder
 from mindfoundry.storage.commit import fetch

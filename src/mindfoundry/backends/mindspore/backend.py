@@ -37,8 +37,7 @@ from mindfoundry.backends.mindspore.vision import MAE, MAELossCell
 from mindfoundry.config.parallel_config import Layout
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.debug.probe import Probe
-from mindfoundry.model.caption_spec import CaptionSpec
-from mindfoundry.model.spec import AnySpec, module_boundaries, parameter_shapes
+from mindfoundry.model.spec import AnySpec, CaptionSpec, module_boundaries, parameter_shapes
 from mindfoundry.model.vision_spec import VisionSpec
 
 _DEVICE_TARGETS = {"cpu": "CPU", "ascend": "Ascend", "npu": "Ascend", "gpu": "GPU", "cuda": "GPU"}

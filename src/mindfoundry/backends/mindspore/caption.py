@@ -1,7 +1,7 @@
 """The captioner as MindSpore Cells -- the mirror of backends/torch/caption.py: the ViT encoder, the projector and the
-causal decoder under the names of :mod:`mindfoundry.model.caption_spec` (whose docstring states the arithmetic). The
-decoder is the language model itself (:class:`Transformer`, subclassed): its blocks, recompute marks and precision are
-the text model's.
+causal decoder under the names of :class:`mindfoundry.model.spec.CaptionSpec` (whose docstring states the
+arithmetic). The decoder is the language model itself (:class:`Transformer`, subclassed): its blocks, recompute marks
+and precision are the text model's.
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from mindspore import nn, ops
 from mindfoundry.backends.mindspore.model import Transformer, eval_sums, token_nll
 from mindfoundry.backends.mindspore.vision import Dense, VisionEncoder
 from mindfoundry.data.dataset.packing import IGNORE_INDEX
-from mindfoundry.model.caption_spec import CaptionSpec
-from mindfoundry.model.spec import PAD_ID
+from mindfoundry.model.spec import PAD_ID, CaptionSpec
 
 
 class Projector(nn.Cell):

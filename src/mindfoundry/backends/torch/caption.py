@@ -1,5 +1,5 @@
 """The captioner as a torch Module -- the mirror of backends/mindspore/caption.py: the ViT encoder, the projector and
-the causal decoder under the names of :mod:`mindfoundry.model.caption_spec`, whose docstring states the arithmetic
+the causal decoder under the names of :class:`mindfoundry.model.spec.CaptionSpec`, whose docstring states the arithmetic
 (LLaVA's). The decoder is the language model itself (:class:`Transformer`, subclassed), so its blocks, recompute flags
 and parallel plans are the text model's.
 """
@@ -13,8 +13,7 @@ from torch import nn
 from mindfoundry.backends.torch.model import Transformer, token_nll
 from mindfoundry.backends.torch.vision import Block, VisionEncoder
 from mindfoundry.data.dataset.packing import IGNORE_INDEX
-from mindfoundry.model.caption_spec import CaptionSpec
-from mindfoundry.model.spec import PAD_ID
+from mindfoundry.model.spec import PAD_ID, CaptionSpec
 
 
 class Projector(nn.Module):
