@@ -16,7 +16,7 @@ from mindfoundry.checkpoint.run_files import run_config, run_tokenizer
 from mindfoundry.checkpoint.store import CheckpointError
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.tokenizer import eos_id, load_tokenizer, pad_id
-from mindfoundry.model.spec import ModelSpec
+from mindfoundry.model.spec import CaptionSpec, ModelSpec, spec_for
 from mindfoundry.storage.location import Location
 
 
@@ -34,7 +34,7 @@ class HandOff:
     """A checkpoint as an export sees it: its run's config and model, weights, and tokenizer file with EOS/PAD ids."""
 
     cfg: RunConfig
-    spec: ModelSpec
+    spec: ModelSpec | CaptionSpec
     weights: dict[str, np.ndarray]
     tokenizer_path: Location
     eos: int
@@ -44,9 +44,10 @@ class HandOff:
 def load_hand_off(ckpt_dir: Path, fmt: str, target: str) -> HandOff:
     """The checkpoint, refused (naming `target`, the layout `fmt` writes) when it is not a dense causal LM."""
     cfg = run_config(ckpt_dir)
-    cfg.model.require_causal(f"export --format {fmt} ({target})")
-    spec = ModelSpec.from_config(cfg.model)
-    if spec.num_experts:
+    if cfg.model.objective != "caption":  # a captioner's decoder is a causal LM
+        cfg.model.require_causal(f"export --format {fmt} ({target})")
+    spec = spec_for(cfg.model)
+    if (spec.text if isinstance(spec, CaptionSpec) else spec).num_experts:
         raise CheckpointError(
             f"this model has mixture-of-experts blocks (model.moe.num_experts > 0), which {target} cannot "
             "hold: export the weights with --format safetensors"

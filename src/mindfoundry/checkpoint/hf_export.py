@@ -25,8 +25,8 @@ from mindfoundry.checkpoint.hf_vision import write_vit_mae_folder
 from mindfoundry.checkpoint.reader import load_checkpoint
 from mindfoundry.checkpoint.run_files import run_config
 from mindfoundry.checkpoint.store import CheckpointError, publish_mode
-from mindfoundry.data.tokenizer import EOS, PAD
-from mindfoundry.model.spec import AnySpec, ModelSpec, parameter_shapes
+from mindfoundry.data.tokenizer import EOS, PAD, image_id, load_tokenizer
+from mindfoundry.model.spec import AnySpec, CaptionSpec, ModelSpec, parameter_shapes
 from mindfoundry.model.vision_spec import VisionSpec
 from mindfoundry.storage.commit import staged_folder
 from mindfoundry.storage.location import Location
@@ -101,7 +101,7 @@ def export_hf(ckpt_dir: str | Path, out: str | Path | Location) -> Location:
     image model's ViTMAE folder (:mod:`.hf_vision`); refuses a non-empty `out`."""
     out = locate(out)
     cfg = run_config(Path(ckpt_dir))
-    if cfg.model.is_image:
+    if cfg.model.objective == "mae":
         with staged_folder(out) as tmp:
             spec = VisionSpec.from_config(cfg.model)
             weights = load_checkpoint(Path(ckpt_dir)).weights
@@ -111,10 +111,24 @@ def export_hf(ckpt_dir: str | Path, out: str | Path | Location) -> Location:
         return out
     with staged_folder(out) as tmp:
         model = load_hand_off(Path(ckpt_dir), "hf", "the Llama layout (a LlamaForCausalLM folder)")
-        spec, eos, pad = model.spec, model.eos, model.pad
-        save_file(hf_weights(spec, model.weights), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        eos, pad, init_std = model.eos, model.pad, model.cfg.model.init_std
+        if isinstance(model.spec, CaptionSpec):  # LlavaForConditionalGeneration (hf_llava.py)
+            from mindfoundry.checkpoint.hf_llava import llava_config, llava_processor_config, llava_weights
+
+            spec = model.spec.text
+            check_weights(model.spec, model.weights, "the checkpoint's weights")
+            tensors = llava_weights(model.spec, model.weights)
+            config = llava_config(model.spec, image_token_id=image_id(load_tokenizer(model.tokenizer_path)),
+                                  eos_id=eos, pad_id=pad, init_std=init_std)
+            (tmp / "preprocessor_config.json").write_text(
+                json.dumps(llava_processor_config(model.spec), indent=2) + "\n", encoding="utf-8")
+        else:
+            spec = model.spec
+            tensors, config = hf_weights(spec, model.weights), hf_config(spec, eos_id=eos, pad_id=pad,
+                                                                          init_std=init_std)
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         files = {
-            "config.json": hf_config(spec, eos_id=eos, pad_id=pad, init_std=model.cfg.model.init_std),
+            "config.json": config,
             "generation_config.json": {"eos_token_id": eos, "pad_token_id": pad, "do_sample": False},
             "tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS, "pad_token": PAD,
                                       "model_max_length": spec.max_seq_len, "clean_up_tokenization_spaces": False},

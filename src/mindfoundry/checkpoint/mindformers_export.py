@@ -31,11 +31,11 @@ from safetensors.numpy import save_file
 from mindfoundry.checkpoint.handoff import load_hand_off, renamed
 from mindfoundry.checkpoint.hf_export import check_weights
 from mindfoundry.checkpoint.run_files import run_data
-from mindfoundry.checkpoint.store import publish_mode
+from mindfoundry.checkpoint.store import CheckpointError, publish_mode
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.data.dataset.mixture import build_mixture
 from mindfoundry.data.dataset.prepared import load_prepared
-from mindfoundry.model.spec import ModelSpec
+from mindfoundry.model.spec import CaptionSpec, ModelSpec
 from mindfoundry.storage.commit import staged_folder
 from mindfoundry.storage.local_path import Local
 from mindfoundry.storage.location import Location
@@ -240,6 +240,9 @@ def export_mindformers(ckpt_dir: str | Path, out: str | Path | Location) -> Path
     with staged_folder(Local(out)) as tmp:
         model = load_hand_off(ckpt_dir, "mindformers", "MindFormers' LlamaForCausalLM")
         cfg, spec = model.cfg, model.spec
+        if isinstance(spec, CaptionSpec):
+            raise CheckpointError("MindFormers 1.9 has no image-text model to hold a captioner: export it with "
+                                  "--format hf (LlavaForConditionalGeneration) or --format safetensors")
         weights = mindformers_weights(spec, model.weights)
         if spec.tie_embeddings:
             weights.pop("lm_head.weight", None)
