@@ -70,6 +70,7 @@ Two objectives share every block, parameter and name (``model.objective``):
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
@@ -354,6 +355,15 @@ def module_classes(spec: ModelSpec) -> dict[str, str]:
         else:  # *_proj, router, lm_head
             out[name] = "GroupedLinear" if ".experts." in name else "Linear"
     return out
+
+
+def frozen_names(spec: AnySpec, freeze: Collection[str]) -> set[str]:
+    """The parameters ``train.freeze`` keeps as they are: a captioner's ``vision`` (``vision.*``), ``projector``
+    (``projector.*``) and ``decoder`` (every other) parts, by name; the engines leave them out of AdamW."""
+    def part(name: str) -> str:
+        return "vision" if name.startswith("vision.") else "projector" if name.startswith("projector.") else "decoder"
+
+    return {name for name in parameter_shapes(spec) if part(name) in freeze}
 
 
 def decays(name: str, shape: tuple[int, ...]) -> bool:

@@ -37,7 +37,7 @@ from mindfoundry.backends.mindspore.vision import MAE, MAELossCell
 from mindfoundry.config.parallel_config import Layout
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.debug.probe import Probe
-from mindfoundry.model.spec import AnySpec, CaptionSpec, module_boundaries, parameter_shapes
+from mindfoundry.model.spec import AnySpec, CaptionSpec, frozen_names, module_boundaries, parameter_shapes
 from mindfoundry.model.vision_spec import VisionSpec
 
 _DEVICE_TARGETS = {"cpu": "CPU", "ascend": "Ascend", "npu": "Ascend", "gpu": "GPU", "cuda": "GPU"}
@@ -133,8 +133,11 @@ class MindSporeBackend:
             raise RuntimeError(
                 f"MindSpore model parameters {sorted(self.params)} do not match the spec {sorted(expected)}"
             )
-        self.order = list(expected)  # the canonical parameter order (the optimizer's and the gradients')
-        ordered = [self.params[n] for n in self.order]
+        self.order = list(expected)  # the canonical parameter order
+        frozen = frozen_names(spec, cfg.train.freeze)  # train.freeze: out of AdamW and the gradients
+        self.trained = [n for n in self.order if n not in frozen]  # the optimizer's and the gradients' order
+        self._trained_at = np.array([self.order.index(n) for n in self.trained])
+        ordered = [self.params[n] for n in self.trained]
         o = cfg.optim
         self.clip = None if o.clip_norm is None else float(o.clip_norm)
         self.optimizer = AdamW(ordered, o.beta1, o.beta2, o.eps, o.weight_decay)
@@ -187,13 +190,19 @@ class MindSporeBackend:
         return {n: p.asnumpy().copy() for n, p in self.params.items()}
 
     def optimizer_state(self) -> dict[str, np.ndarray]:
+        """Every parameter's moments: a frozen one's (train.freeze) zeros, as torch.optim.AdamW reports them."""
         moments = list(self.optimizer.exp_avg) + list(self.optimizer.exp_avg_sq)
-        return {p.name: p.asnumpy().copy() for p in moments}
+        out = {p.name: p.asnumpy().copy() for p in moments}
+        return {f"{k}.{n}": out.get(f"{k}.{n}", np.zeros(self.params[n].shape, np.float32))
+                for n in self.order for k in ("exp_avg", "exp_avg_sq")}
 
     def load_optimizer_state(self, state: Mapping[str, np.ndarray], step: int) -> None:
-        """`step` is unused: the bias corrections arrive from the host with every step."""
+        """`step` is unused: the bias corrections arrive from the host with every step. A frozen parameter's moments
+        (zeros) are not held."""
         moments = {p.name: p for p in list(self.optimizer.exp_avg) + list(self.optimizer.exp_avg_sq)}
-        _assign(moments, state, "optimizer state")
+        shapes = {f"{k}.{n}": tuple(self.params[n].shape) for n in self.order for k in ("exp_avg", "exp_avg_sq")}
+        check_state_names(shapes, state, "optimizer state", shapes)
+        _assign(moments, {name: state[name] for name in moments}, "optimizer state")
 
     def save_sharded(self, folders: tuple[Path, Path] | None) -> None:
         """checkpoint.format: sharded (semi-auto layouts): this rank's slices and, from rank 0, the strategy file
@@ -224,7 +233,15 @@ class MindSporeBackend:
         else:
             loss, norm, applied, grad_sq = self._debug_step(args, limits, probe)
         return StepOutput(loss=float(loss.asnumpy()), grad_norm=float(norm.asnumpy()), applied=bool(applied.asnumpy()),
-                          grad_sq=grad_sq.asnumpy())
+                          grad_sq=self._every_parameter(grad_sq.asnumpy()))
+
+    def _every_parameter(self, values: np.ndarray) -> np.ndarray:
+        """Per-trained-parameter values in the canonical order of every parameter, 0 for a frozen one."""
+        if len(self.trained) == len(self.order):
+            return values
+        out = np.zeros(len(self.order), values.dtype)
+        out[self._trained_at] = values
+        return out
 
     def _debug_step(self, args: tuple, limits: tuple, probe: Probe) -> tuple:
         """The same step run eagerly (PYNATIVE) with Cell hooks, streaming state to the probe.
@@ -240,7 +257,7 @@ class MindSporeBackend:
             with memory.suspended(self.model), probe_hooks.installed(self.model, step.loss_cell, probe):
                 probe.state("params", ((n, self.params[n]) for n in self.order), probe_hooks.to_numpy)
                 loss, grads = step.accumulate(*args)
-            probe.state("grads", zip(self.order, grads), probe_hooks.to_numpy)
+            probe.state("grads", zip(self.trained, grads), probe_hooks.to_numpy)
             out = step.update(loss, grads, *limits)
             moments = zip(
                 self.optimizer.exp_avg, self.optimizer.exp_avg_sq

@@ -57,7 +57,7 @@ from mindfoundry.backends.torch.vision import MAE
 from mindfoundry.config.parallel_config import Layout
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.debug.probe import Probe
-from mindfoundry.model.spec import AnySpec, CaptionSpec, module_boundaries, parameter_shapes
+from mindfoundry.model.spec import AnySpec, CaptionSpec, frozen_names, module_boundaries, parameter_shapes
 from mindfoundry.model.vision_spec import VisionSpec
 
 
@@ -142,6 +142,8 @@ class TorchBackend:
         self.params = {
             n: self.params[n] for n in self.shapes if n in self.params
         }  # the canonical order, as in MindSpore
+        for name in frozen_names(spec, cfg.train.freeze):  # train.freeze: no gradient, out of AdamW
+            self.params[name].requires_grad_(False)
         self.optimizer = build_adamw(self.model, cfg.optim)
         self._steps_before = 0.0  # AdamW's update count when the current train_step began
         step_model = torch.compile(self.model) if cfg.train.compile else self.model
@@ -201,7 +203,8 @@ class TorchBackend:
     def _adam_steps(self) -> float:
         """AdamW's update count as its state holds it (this rank's first parameter; 0 before the first update).
         torch's AdamW increments it for every parameter before it changes any weight or moment."""
-        state = self.optimizer.state.get(next(iter(self.params.values())), {})
+        first = next(p for group in self.optimizer.param_groups for p in group["params"])  # (a trained one)
+        state = self.optimizer.state.get(first, {})
         return float(state["step"]) if "step" in state else 0.0
 
     @property
@@ -236,6 +239,8 @@ class TorchBackend:
         shapes = {f"{k}.{n}": shape for n, shape in self.shapes.items() for k in ("exp_avg", "exp_avg_sq")}
         check_state_names(shapes, state, "optimizer state", shapes)
         for name, p in self.params.items():
+            if not p.requires_grad:  # frozen (train.freeze): its moments stay zero
+                continue
             self.optimizer.state[p] = {
                 "step": torch.tensor(float(step)),
                 "exp_avg": shard_like(p, self._tensor(np.asarray(state[f"exp_avg.{name}"], np.float32))),

@@ -25,8 +25,9 @@ from mindfoundry.model.spec import decays
 
 
 def build_adamw(model: nn.Module, optim: OptimConfig) -> torch.optim.AdamW:
-    """AdamW with decay on matrices only; parameters ordered by name inside each group."""
-    named = list(model.named_parameters())
+    """AdamW with decay on matrices only; parameters ordered by name inside each group; frozen ones (train.freeze:
+    requires_grad off) left out."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     groups = [
         {"params": [p for n, p in named if decays(n, tuple(p.shape))], "weight_decay": optim.weight_decay},
         {"params": [p for n, p in named if not decays(n, tuple(p.shape))], "weight_decay": 0.0},
