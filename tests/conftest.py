@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mf_testing import shared_once, tiny_config, tiny_mae_tree, tiny_run_tree, write_digits
+from mf_testing import shared_once, tiny_caption_tree, tiny_config, tiny_mae_tree, tiny_run_tree, write_digits
 from mindfoundry.model.spec import ModelSpec
 
 
@@ -80,6 +80,33 @@ def digits_prepared(tmp_path_factory) -> tuple[Path, Path]:
         return digits, root / "prepared"
 
     return shared_once(tmp_path_factory, "digits", make)
+
+
+@pytest.fixture(scope="session")
+def digits_captioned(digits_prepared: tuple[Path, Path], tmp_path_factory) -> tuple[Path, Path]:
+    """The same digits prepared for a captioner (its tokenizer holds <|image|>): (images, prepared data)."""
+
+    def make(root: Path) -> tuple[Path, Path]:
+        from mindfoundry.cli.main import main
+
+        config = root / "prepare.yaml"
+        config.write_text(yaml.safe_dump(tiny_caption_tree(digits_prepared[0], root / "prepared", root / "run")))
+        assert main(["prepare", str(config)]) == 0
+        return digits_prepared[0], root / "prepared"
+
+    return shared_once(tmp_path_factory, "digits-captioned", make)
+
+
+@pytest.fixture
+def tiny_caption(digits_captioned: tuple[Path, Path], tmp_path: Path):
+    """Factory writing a tiny captioner config on the shared prepared digits; returns its path."""
+
+    def make(name: str = "caption", **overrides) -> Path:
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(tiny_caption_tree(*digits_captioned, tmp_path / name, **overrides)))
+        return path
+
+    return make
 
 
 @pytest.fixture

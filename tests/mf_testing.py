@@ -134,7 +134,23 @@ def tiny_mae_tree(digits: Path, prepared: Path, run_dir: Path, **overrides) -> d
         "checkpoint": {"every": 2, "keep_last": 5},
         "monitor": {"progress": False, "detail_every": 3},
     }
-    for key, value in overrides.items():  # "section__field", or a top-level key (backend="torch")
+    return _overridden(tree, overrides)
+
+
+def tiny_caption_tree(digits: Path, prepared: Path, run_dir: Path, **overrides) -> dict:
+    """A tiny captioner on :func:`write_digits`' images and captions (16 image tokens, 16 caption slots), whose
+    prepared data (its tokenizer holds <|image|>) is ``prepared`` (shared)."""
+    tree = tiny_mae_tree(digits, prepared, run_dir)
+    tree["name"] = "tiny-caption"
+    tree["model"] = {"objective": "caption", "vocab_size": 300, "d_model": 32, "n_layers": 2, "n_heads": 2,
+                     "max_seq_len": 32, "vision": tree["model"]["vision"]}
+    tree["train"]["seq_len"] = 16
+    return _overridden(tree, overrides)
+
+
+def _overridden(tree: dict, overrides: dict) -> dict:
+    """``tree`` with "section__field" (or top-level) overrides."""
+    for key, value in overrides.items():
         section, _, field = key.partition("__")
         if field:
             tree.setdefault(section, {})[field] = value
