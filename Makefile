@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml constraints.txt
 	@# the transformers the HF-export tests use; 2.0.0, which declares mindspore~=2.10, imports hyper-parallel, not on PyPI)
 	$(PY) -m pip install -q -c constraints.txt --no-deps mindformers==1.9.0 deprecated wrapt setproctitle ftfy jieba sentencepiece mindpet==1.0.4 \
 		tensorboardX rouge-chinese tiktoken || echo "mindformers did not install: tests/checkpoint/test_mindformers_export.py will skip"
+	@# the image demo corpus (emoji from Debian packages, digits from scikit-learn), so configs/demo-mae.yaml and
+	@# demo-caption.yaml run after install; where apt-get cannot fetch, `make demo-images` says what it needs
+	$(VENV)/bin/mindfoundry data demo-images || echo "the image demo corpus was not written: run make demo-images"
 	@touch $(STAMP)
 
 install: $(STAMP)

@@ -91,9 +91,8 @@ def test_image_objectives_data_parallel_launches_equal_one_process(objective, ti
                      "--master-port", str(free_port())]) == 0
         single, parallel = _losses(tmp_path / f"{engine}-one"), _losses(tmp_path / f"{engine}-dp")
         assert len(single) == len(parallel) == 6
-        # measured: the same floats (each rank's micro-batch gradient summed over the ranks, in one process over the
-        # micro-batches: the same two sums)
-        assert parallel == single, (engine, parallel, single)
+        # measured: the same floats, or (torch FSDP's reductions) 6e-8 apart
+        assert max(abs(a / b - 1) for a, b in zip(parallel, single)) <= 1e-6, (engine, parallel, single)
 
 
 def test_train_freeze_keeps_the_named_parts(tiny_caption, tmp_path) -> None:

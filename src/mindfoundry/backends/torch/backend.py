@@ -312,7 +312,7 @@ class TorchBackend:
             return float(total[0]), int(total[1]), 0
         if isinstance(self.model, Captioner):
             with self.autocast():
-                total = eval_sums(self.model.caption_logits(ids_t, labels_t).float(), labels_t)
+                total = eval_sums(self.model(ids_t, labels_t, logits=True).float(), labels_t)
             if split:
                 all_reduce_sum(total, self.dp_mesh)
             return float(total[0]), int(total[1]), int(total[2])
@@ -333,13 +333,13 @@ class TorchBackend:
     def caption_logits(self, pixels: np.ndarray, labels: np.ndarray) -> np.ndarray:
         self.model.eval()
         with self.autocast():
-            return self.model.caption_logits(self._inputs(pixels), self._inputs(labels)).float().cpu().numpy()
+            return self.model(self._inputs(pixels), self._inputs(labels), logits=True).float().cpu().numpy()
 
     @torch.no_grad()
     def image_features(self, pixels: np.ndarray) -> np.ndarray:
         self.model.eval()
         with self.autocast():
-            return self.model.vision(self._inputs(pixels))[:, 1:].mean(dim=1).float().cpu().numpy()
+            return self.model(self._inputs(pixels)).float().cpu().numpy()
 
     @torch.no_grad()
     def logits(self, input_ids: np.ndarray) -> np.ndarray:

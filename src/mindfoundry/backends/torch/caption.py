@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mindfoundry.backends.torch.model import Transformer, token_nll
-from mindfoundry.backends.torch.vision import Block, VisionEncoder
+from mindfoundry.backends.torch.vision import Block, VisionEncoder, image_features
 from mindfoundry.data.dataset.packing import IGNORE_INDEX
 from mindfoundry.model.spec import PAD_ID, CaptionSpec
 
@@ -50,6 +50,13 @@ class Captioner(Transformer):
         first = prefix.shape[1] - 1
         return self._head(x[:, first:first + labels.shape[1]])
 
-    def forward(self, pixels: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(summed caption-token loss, scored tokens)."""
+    def forward(self, pixels: torch.Tensor, labels: torch.Tensor | None = None,
+                logits: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """(summed caption-token loss, scored tokens); with ``logits``, :meth:`caption_logits`; without labels, the
+        encoder's image features (:func:`image_features`). Every use goes through the forward, so that FSDP's hooks
+        gather the weights."""
+        if labels is None:
+            return image_features(self.vision, pixels)
+        if logits:
+            return self.caption_logits(pixels, labels)
         return token_nll(self.caption_logits(pixels, labels), labels)

@@ -117,6 +117,11 @@ class MAEDecoder(nn.Module):
         return self.pred(self.norm(x))[:, 1:]
 
 
+def image_features(encoder: VisionEncoder, pixels: torch.Tensor) -> torch.Tensor:
+    """(B, C): the encoder over every patch, the mean of its patch tokens after the final norm (a probe's features)."""
+    return encoder(pixels)[:, 1:].mean(dim=1)
+
+
 def patchify(pixels: torch.Tensor, patch: int) -> torch.Tensor:
     """(B, 3, H, W) -> (B, L, p*p*3): patches in row order, each its rows, then columns, then channels."""
     b, c, h, w = pixels.shape
@@ -145,9 +150,13 @@ class MAE(nn.Module):
         """The transformer blocks, encoder's then decoder's (FSDP's and recompute's units)."""
         return [*self.vision.layers, *self.mae.layers]
 
-    def forward(self, pixels: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, pixels: torch.Tensor,
+                labels: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """(summed error over the masked patches, their number) for pixels (B, 3, H, W) and the mask ``labels``
-        (B, K + L): the visible patches, then each patch's place."""
+        (B, K + L): the visible patches, then each patch's place; without labels, :func:`image_features` (through
+        the forward, so that FSDP's hooks gather the weights)."""
+        if labels is None:
+            return image_features(self.vision, pixels)
         kept = self.spec.kept
         keep, restore = labels[:, :kept].long(), labels[:, kept:].long()
         pred = self.mae(self.vision(pixels, keep), restore).float()
