@@ -36,10 +36,15 @@ def make_hooks(probe: Probe, name: str, ops: TensorOps) -> tuple[Callable, Calla
         probe.forward_input(name, *as_numpy(first(inputs)))
 
     def post(_module, _inputs, output):
+        # a module returning several tensors (an image model's root: its summed loss and count) is recorded, and
+        # injected into, by its first
+        several = isinstance(output, tuple)
+        head = output[0] if several else output
         value = probe.injection(name, "forward")
         if value is not None:
-            output = ops.filled(output, value)
-        probe.forward_output(name, *ops.to_numpy(output))
+            head = ops.filled(head, value)
+            output = (head, *output[1:]) if several else head
+        probe.forward_output(name, *ops.to_numpy(head))
         return output
 
     def backward(_module, grad_input, grad_output):

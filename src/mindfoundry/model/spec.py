@@ -84,6 +84,7 @@ from mindfoundry.model.vision_spec import (
     encoder_parameter_shapes,
     init_vision_weights,
     mae_flops_per_image,
+    vision_module_classes,
     vision_parameter_shapes,
 )
 
@@ -306,7 +307,7 @@ def module_boundaries(spec: ModelSpec) -> list[str]:
     return ["embed", *(f"layers.{i}" for i in range(spec.n_layers)), "norm"]
 
 
-def module_names(spec: ModelSpec) -> list[str]:
+def module_names(spec: AnySpec) -> list[str]:
     """Every module that runs a forward, in definition order; 'model' is the whole model.
 
     Both engines' hookable modules carry exactly these names (a contract test holds them to it), so
@@ -315,8 +316,10 @@ def module_names(spec: ModelSpec) -> list[str]:
     its ``gate_proj``/``up_proj``/``down_proj``) the expert computations; their shapes are
     engine-specific (torch runs each expert on its routed tokens; MindSpore on per-expert buffers of
     capacity rows with a capacity limit, else every expert on every token), the ``mlp`` output
-    [B, S, d_model] is the same in both.
+    [B, S, d_model] is the same in both. An image model's are :func:`module_classes`' keys.
     """
+    if not isinstance(spec, ModelSpec):
+        return list(module_classes(spec))
     attn = ["attn_norm", "attn", "attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp_norm", "mlp"]
     dense = ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
     moe = ["mlp.router", "mlp.experts", "mlp.experts.gate_proj", "mlp.experts.up_proj", "mlp.experts.down_proj"]
@@ -327,13 +330,21 @@ def module_names(spec: ModelSpec) -> list[str]:
     return names + ["norm"] + ([] if spec.tie_embeddings else ["lm_head"])
 
 
-def module_classes(spec: ModelSpec) -> dict[str, str]:
+def module_classes(spec: AnySpec) -> dict[str, str]:
     """Each :func:`module_names` entry's class name, the same in both engines (a contract test holds them to it).
 
     MindStudio Probe names a module's dump entry ``Module|Cell.<name>.<Class>.forward.<call>``, so
     writing its format needs the class without an engine; sharing class names also lets msprobe's
-    cell mapping (Cell -> Module) pair a MindSpore dump with a PyTorch one without a mapping file.
+    cell mapping (Cell -> Module) pair a MindSpore dump with a PyTorch one without a mapping file. An image model's
+    come from :func:`mindfoundry.model.vision_spec.vision_module_classes` (a captioner's decoder is the language
+    model's, its encoder and projector follow).
     """
+    if isinstance(spec, VisionSpec):
+        return {"model": "MAE", **vision_module_classes(spec)}
+    if isinstance(spec, CaptionSpec):
+        text = module_classes(spec.text)
+        return {**text, "model": "Captioner", **vision_module_classes(spec.vision, decoder=False),
+                "projector": "Projector", "projector.linear_1": "Linear", "projector.linear_2": "Linear"}
     out = {}
     for name in module_names(spec):
         last = name.rsplit(".", 1)[-1]

@@ -118,6 +118,27 @@ def encoder_parameter_shapes(spec: VisionSpec) -> dict[str, tuple[int, ...]]:
     return shapes | {"vision.norm.weight": (c,), "vision.norm.bias": (c,)}
 
 
+def _block_classes(prefix: str) -> dict[str, str]:
+    return {prefix: "Block", f"{prefix}.norm1": "LayerNorm", f"{prefix}.attn": "Attention",
+            **{f"{prefix}.attn.{p}_proj": "Linear" for p in "qkvo"}, f"{prefix}.norm2": "LayerNorm",
+            f"{prefix}.mlp": "MLP", f"{prefix}.mlp.fc1": "Linear", f"{prefix}.mlp.fc2": "Linear"}
+
+
+def vision_module_classes(spec: VisionSpec, decoder: bool = True) -> dict[str, str]:
+    """Every module of the encoder (and, with ``decoder``, the MAE decoder) that runs a forward, in definition order,
+    with its class name: the dump points of both engines (names as for the parameters, ``model`` the MAE)."""
+    out = {"vision": "VisionEncoder", "vision.patch_embed": "Conv2d"}
+    for i in range(spec.n_layers):
+        out |= _block_classes(f"vision.layers.{i}")
+    out["vision.norm"] = "LayerNorm"
+    if decoder:
+        out |= {"mae": "MAEDecoder", "mae.embed": "Linear"}
+        for i in range(spec.decoder_layers):
+            out |= _block_classes(f"mae.layers.{i}")
+        out |= {"mae.norm": "LayerNorm", "mae.pred": "Linear"}
+    return out
+
+
 def vision_parameter_shapes(spec: VisionSpec) -> dict[str, tuple[int, ...]]:
     """Every trained parameter of the encoder and the MAE decoder, in module order."""
     c, cd = spec.d_model, spec.decoder_d_model

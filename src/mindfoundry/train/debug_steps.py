@@ -22,7 +22,7 @@ from mindfoundry.debug.dump import INDEX_FILE, DumpWriter, leaf_dir, read_native
 from mindfoundry.debug.dump_folders import holds_dump, open_writer
 from mindfoundry.debug.locate import Overflow, locate_overflow
 from mindfoundry.debug.probe import Injection, Probe, ProbeError, check_injection, select_modules
-from mindfoundry.model.spec import ModelSpec, module_classes, module_names
+from mindfoundry.model.spec import module_classes, module_names, spec_for
 
 OVERFLOW_DIR = "overflow"
 
@@ -50,7 +50,7 @@ class StepDebugger:
         self.overflow_root = Path(run_dir) / OVERFLOW_DIR
         self._injected: set[int] = set()
         self._drilled: set[tuple[str, int]] = set()
-        spec = ModelSpec.from_config(cfg.model)
+        spec = spec_for(cfg.model)
         self.classes = module_classes(spec)  # msprobe's entry names carry the class
         self._check(module_names(spec))
 

@@ -23,7 +23,7 @@ from mindfoundry.debug.compare import Comparison, Thresholds, compare_trees
 from mindfoundry.debug.dump import DumpWriter
 from mindfoundry.debug.probe import DIRECTIONS, Probe
 from mindfoundry.errors import OutputExistsError
-from mindfoundry.model.spec import ModelSpec, init_weights
+from mindfoundry.model.spec import init_weights, spec_for
 from mindfoundry.parallel.layout import launch_layout
 from mindfoundry.train.schedule import step_scalars
 
@@ -203,7 +203,7 @@ def align(cfg: RunConfig, data, a: Side, b: Side, out: Path, *, steps: int = 1, 
         raise OutputExistsError(
             f"{out} is not empty: choose another --out (earlier alignments are kept, never overwritten)"
         )
-    spec = ModelSpec.from_config(cfg.model)
+    spec = spec_for(cfg.model)
     batches = first_batches(cfg, data, steps)
     weights = init_weights(spec, cfg.seed)
     results: dict[str, list[StepOutput]] = {}
