@@ -182,3 +182,18 @@ def _exported_captioner_is_llava_in_transformers(run: Path, tmp_path: Path) -> N
     pixels, _ = samples.get_batch(np.array([7]))
     expected = tokenizer.decode(greedy_caption(model.backend, pixels[0], 16, eos_id(tokenizer)))
     assert json.loads(capture.stdout.splitlines()[-1])["caption"] == expected
+
+
+def test_align_compares_the_captioners_vision_projector_and_decoder_across_engines(tiny_caption, tmp_path) -> None:
+    """`mindfoundry align` on a captioner: both engines' dumps hold every module of the encoder, the projector and the
+    decoder under the same names, the step passes and no module introduces more than float32 noise."""
+    out = tmp_path / "align"
+    assert main(["align", str(tiny_caption("aligned")), "--out", str(out)]) == 0
+    result = json.loads((out / "align.json").read_text())
+    assert result["passed"] and result["a"]["backend"] == "mindspore" and result["b"]["backend"] == "torch"
+    step = result["steps"][0]
+    assert step["loss_rel_err"] <= 1e-6 and step["grad_norm_rel_err"] <= 1e-6  # measured: the same floats
+    compared = (out / "compare_step1.csv").read_text()
+    for name in ("vision.layers.1.attn.q_proj", "projector.linear_2", "layers.1.mlp.down_proj", "vision.patch_embed"):
+        assert f"{name}.forward" in compared, name
+    assert max(m["introduced"] for m in result["top_modules"]) < 1e-5  # measured 3e-7

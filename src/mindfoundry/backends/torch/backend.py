@@ -288,7 +288,9 @@ class TorchBackend:
             with probe_hooks.installed(self.model, probe), memory.suspended(self.model):
                 probe.state("params", self.params.items(), probe_hooks.to_numpy)
                 total = self.step_fn.accumulate(ids, labels_t, scalars, self.model, probe)
-            probe.state("grads", ((n, p.grad) for n, p in self.params.items()), probe_hooks.to_numpy)
+            # the trained parameters' (MindSpore's gradients); one the loss does not reach has zeros there too
+            probe.state("grads", ((n, torch.zeros_like(p) if p.grad is None else p.grad)
+                                  for n, p in self.params.items() if p.requires_grad), probe_hooks.to_numpy)
             loss, norm, applied, grad_sq = self.step_fn.update(total, scalars)
             probe.state("optimizer", self._moments(), probe_hooks.to_numpy)
         return StepOutput(loss=loss, grad_norm=norm, applied=applied, grad_sq=grad_sq.detach().cpu().numpy())
