@@ -31,6 +31,7 @@ def with_(path: str, value) -> dict:
 
 
 IMAGES = {"data": {"sources": [{"name": "i", "paths": ["images/"], "modality": "image"}]}}
+CAPTIONS = {"data": {"sources": [{"name": "i", "paths": ["images/"], "modality": "image_text"}]}}
 
 BAD = [
     (with_("model.n_heads", 6), "model.n_heads=6 does not divide model.d_model=256"),
@@ -101,6 +102,17 @@ BAD = [
      "parallel tp=2 with model.objective=mae: the image models run data parallel in this version"),
     (IMAGES | {"model": {"objective": "mae", "vision": {}}, "memory": {"recompute": "selective"}},
      "memory.recompute=selective names parts of the language model's blocks"),
+    (IMAGES | {"model": {"objective": "mae", "vision": {}}, "train": {"precision": "fp16"}},
+     "train.precision=fp16 with model.objective=mae on the mindspore engine: its ViT computes in float32"),
+    (IMAGES | {"model": {"objective": "caption", "vision": {}}},
+     "model.objective=caption learns images' captions, and data.sources has no source with captions"),
+    (CAPTIONS | {"model": {"objective": "caption", "vision": {}}, "train": {"freeze": ["vision", "projector",
+                                                                                      "decoder"]}},
+     "train.freeze=['vision', 'projector', 'decoder'] freezes the whole captioner: nothing would train"),
+    (CAPTIONS | {"model": {"objective": "caption", "max_seq_len": 256, "vision": {"patch_size": 4}}},
+     "model.max_seq_len=256 is shorter than an image's 256 patch tokens plus train.seq_len=128 caption tokens: raise "
+     "model.max_seq_len to 384"),
+    (with_("train.freeze", ["decoder"]), "train.freeze names parts of a captioner, and model.objective=clm"),
 ]
 
 

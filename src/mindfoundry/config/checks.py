@@ -312,6 +312,10 @@ def _image_model_problems(cfg: RunConfig) -> list[str]:
     if cfg.eval.tasks:
         out.append(f"eval.tasks score text answers; model.objective={m.objective} trains an image model: remove "
                    "eval.tasks")
+    if cfg.backend == "mindspore" and cfg.train.precision != "fp32":
+        out.append(f"train.precision={cfg.train.precision} with model.objective={m.objective} on the mindspore engine: "
+                   "its ViT computes in float32 in this version; use train.precision: fp32, or backend: torch (bf16 "
+                   "and fp16 autocast)")
     split = [f"{key}={value}" for key, value in (("tp", cfg.parallel.tp), ("pp", cfg.parallel.pp),
                                                   ("cp", cfg.parallel.cp), ("ep", cfg.parallel.ep)) if value > 1]
     if split:
