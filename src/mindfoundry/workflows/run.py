@@ -65,27 +65,23 @@ def dry_start(cfg: RunConfig) -> list[str]:
     """What `train --dry-run` checks and reports: the launch layout and the memory it needs (errors as for a
     real start), the model's size, and what the run directory holds; nothing is written."""
     layout = check_launch(cfg)
-    spec = ModelSpec.from_config(cfg.model)
+    spec = spec_for(cfg.model)
     run_dir = Path(cfg.run_dir)
     state = "holds a run" if (run_dir / HASH_FILE).is_file() else "is new" if not run_dir.exists() else "exists"
     t = cfg.train
     overhead = CPU_FIXED_OVERHEAD if cfg.device == "cpu" else DEFAULT_FIXED_OVERHEAD
-    est = estimate(
-        spec,
-        layout,
-        t.micro_batch_size,
-        t.seq_len,
-        t.precision,
-        **memory_options(cfg.memory, spec.n_layers),
-        num_micro_batches=t.grad_accum,
-        fixed_overhead_bytes=overhead,
-    )
+    if isinstance(spec, ModelSpec):
+        est = estimate(spec, layout, t.micro_batch_size, t.seq_len, t.precision,
+                       **memory_options(cfg.memory, spec.n_layers), num_micro_batches=t.grad_accum,
+                       fixed_overhead_bytes=overhead)
+        planned = f"planned peak {format_bytes(est.total)} per process (activations {format_bytes(est.activations)})"
+    else:
+        planned = f"no planned peak: the planner models language models, not model.objective={cfg.model.objective}"
     return [
         f"model: {num_parameters(spec):,} parameters, {flops_per_token(spec, cfg.train.seq_len):,} FLOPs/token; "
         f"backend {cfg.backend}",
         f"layout: {layout}; global batch {layout.global_batch(cfg.train)} sequences of {cfg.train.seq_len}",
-        f"memory: {cfg.memory.describe(spec.n_layers)}; planned peak {format_bytes(est.total)} per process "
-        f"(activations {format_bytes(est.activations)})",
+        f"memory: {cfg.memory.describe(spec.n_layers)}; {planned}",
         f"run dir {run_dir} {state}; data {cfg.data.output_dir}",
         "dry run: the config, the launch and the memory check pass; nothing was written",
     ]
