@@ -80,7 +80,8 @@ def dry_start(cfg: RunConfig) -> list[str]:
     return [
         f"model: {num_parameters(spec):,} parameters, {flops_per_token(spec, cfg.train.seq_len):,} FLOPs/token; "
         f"backend {cfg.backend}",
-        f"layout: {layout}; global batch {layout.global_batch(cfg.train)} sequences of {cfg.train.seq_len}",
+        f"layout: {layout}; global batch {layout.global_batch(cfg.train)} "
+        f"{'images' if cfg.model.is_image else f'sequences of {cfg.train.seq_len}'}",
         f"memory: {cfg.memory.describe(spec.n_layers)}; {planned}",
         f"run dir {run_dir} {state}; data {cfg.data.output_dir}",
         "dry run: the config, the launch and the memory check pass; nothing was written",
