@@ -325,16 +325,18 @@ class Transformer(nn.Module):
         """Logits (B, S, V); given labels, the summed token loss and its token count (token_nll) without
         materialising more than one chunk of logits (``loss_chunk``), inside the forward so that the
         FSDP root and TP hooks see the head's use of the weights."""
-        x = self.hidden(self.embed(ids), None if self.spec.causal else self.visible_keys(ids))
+        x = self.hidden(self.embed(ids), None if self.spec.causal else self.visible_keys(ids), ids.shape[1])
         if labels is None:
             return self._head(x)
         if not self.loss_chunk:
             return self._head_nll(x, labels)
         return chunked_nll(x, self.head_weight(), labels, self.loss_chunk, self._head_nll)
 
-    def hidden(self, x: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
-        """The blocks and the final norm over embedded inputs x (B, S, C): causal, or over the ``visible`` keys."""
-        s = x.shape[1]
+    def hidden(self, x: torch.Tensor, visible: torch.Tensor | None = None, length: int | None = None) -> torch.Tensor:
+        """The blocks and the final norm over embedded inputs x (B, S, C): causal, or over the ``visible`` keys.
+        ``length``: the sequence's S when x holds a slice of it (sequence parallelism shards the embedding's
+        output); None = x's."""
+        s = x.shape[1] if length is None else length
         if self.positions is None:
             cos, sin = self.cos[:s], self.sin[:s]
         else:
