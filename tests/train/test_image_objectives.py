@@ -197,3 +197,22 @@ def test_align_compares_the_captioners_vision_projector_and_decoder_across_engin
     for name in ("vision.layers.1.attn.q_proj", "projector.linear_2", "layers.1.mlp.down_proj", "vision.patch_embed"):
         assert f"{name}.forward" in compared, name
     assert max(m["introduced"] for m in result["top_modules"]) < 1e-5  # measured 3e-7
+
+
+@pytest.mark.parametrize("objective", ["mae", "caption"])
+def test_run_ends_with_the_objectives_deliverables_in_summary_and_report(objective, tiny_mae, tiny_caption,
+                                                                          tmp_path) -> None:
+    """`mindfoundry run`: an encoder's digits probe (mae), a captioner's validation captions and its loss with
+    shuffled images (caption), in summary.json and the HTML report."""
+    config = (tiny_mae if objective == "mae" else tiny_caption)("ran", train__steps=2)
+    assert main(["run", str(config)]) == 0
+    summary = json.loads((tmp_path / "ran" / "summary.json").read_text())
+    report = (tmp_path / "ran" / "report.html").read_text()
+    assert "samples" not in summary and summary["final"]["val_loss"] > 0
+    if objective == "mae":
+        probe = summary["probe"]["digits"]
+        assert (probe["train_images"], probe["test_images"]) == (100, 540) and "Linear probe of" in report
+    else:
+        assert len(summary["captions"]) == 6 and all(c["caption"].startswith("the handwritten digit ")
+                                                    for c in summary["captions"])
+        assert summary["shuffled_images"]["tokens"] == summary["final"]["val_tokens"] and "Captions by" in report

@@ -157,11 +157,21 @@ def _overview(runs: Sequence[RunData]) -> str:
     rows = [[name, *(col[i] for col in columns)] for i, name in enumerate(OVERVIEW_ROWS)]
     out = _table(["", *(run.label for run in runs)], rows, numeric_from=1)
     for run in runs:
-        samples = (run.summary or {}).get("samples") or []
-        if samples:
+        summary = run.summary or {}
+        if summary.get("samples"):
             out += f"<p><b>Samples from {_e(run.label)}</b></p>"
-            sample_rows = ([_one_line(s["prompt"]), _one_line(s["completion"])] for s in samples)
+            sample_rows = ([_one_line(s["prompt"]), _one_line(s["completion"])] for s in summary["samples"])
             out += _table(["prompt", "completion"], sample_rows, css="text")
+        if summary.get("captions"):  # a captioner's: validation images' captions beside its own
+            shuffled = summary["shuffled_images"]
+            out += (f"<p><b>Captions by {_e(run.label)}</b> (held-out loss with each caption given another image: "
+                    f"{shuffled['loss']:.4f}, {shuffled['bits_per_byte']:.4f} bits/byte)</p>")
+            caption_rows = ([_one_line(c["caption"]), _one_line(c["generated"])] for c in summary["captions"])
+            out += _table(["the image's caption", "generated"], caption_rows, css="text")
+        for name, probe in (summary.get("probe") or {}).items():  # an image encoder's
+            out += (f"<p><b>Linear probe of {_e(run.label)} on {_e(name)}</b>: accuracy {probe['accuracy']:.3f} "
+                    f"({probe['random_encoder']:.3f} from a randomly initialised encoder; {probe['train_images']} "
+                    f"images fitted, {probe['test_images']} held out)</p>")
     return out
 
 
