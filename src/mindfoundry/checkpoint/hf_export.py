@@ -3,6 +3,15 @@
 The model is a Llama already (RMSNorm, rotate-half RoPE, grouped-query attention, SwiGLU), so the
 export is a list of names and a config, no arithmetic: every tensor is written as it is, under
 the Llama name (``layers.3.attn.q_proj.weight`` -> ``model.layers.3.self_attn.q_proj.weight``).
+
+A captioner (``objective: caption``) is written as ``LlavaForConditionalGeneration``: its ViT as the ``ViTModel``
+vision tower (the names of :mod:`.hf_vision` under ``model.vision_tower.``), the projector as
+``model.multi_modal_projector``, the decoder as the Llama above under ``model.language_model.``. The config selects
+what the captioner computes (:class:`mindfoundry.model.spec.CaptionSpec`): the last block's hidden states
+(``vision_feature_layer: -1``, before the final norm), without the cls token (``default``), exact GELU in the
+projector, ``<|image|>`` as ``image_token_id``. ``ViTModel`` carries a pooler that LLaVA never calls; it is written
+as zeros so the folder opens without newly initialised weights. An mae model is a ``ViTMAEForPreTraining`` folder
+(:mod:`.hf_vision`).
 The folder holds ``config.json`` (``LlamaForCausalLM``), ``model.safetensors``,
 ``generation_config.json`` and the run's tokenizer (``tokenizer.json`` + ``tokenizer_config.json``
 for ``PreTrainedTokenizerFast``), so ``AutoModelForCausalLM.from_pretrained(DIR)`` and
@@ -21,7 +30,13 @@ from safetensors.numpy import save_file
 
 from mindfoundry.backends.base import check_state_names
 from mindfoundry.checkpoint.handoff import load_hand_off, renamed
-from mindfoundry.checkpoint.hf_vision import write_vit_mae_folder
+from mindfoundry.checkpoint.hf_vision import (
+    image_processor_config,
+    vit_mae_name,
+    vit_mae_weights,
+    vit_model_config,
+    write_vit_mae_folder,
+)
 from mindfoundry.checkpoint.reader import load_checkpoint
 from mindfoundry.checkpoint.run_files import run_config
 from mindfoundry.checkpoint.store import CheckpointError, publish_mode
@@ -96,6 +111,40 @@ def hf_weights(spec: ModelSpec, weights: Mapping[str, np.ndarray]) -> dict[str, 
     return {hf_name(n): np.ascontiguousarray(w, dtype=np.float32) for n, w in weights.items()}
 
 
+def llava_config(spec: CaptionSpec, *, image_token_id: int, eos_id: int, pad_id: int, init_std: float
+                 ) -> dict[str, Any]:
+    """config.json of the ``LlavaForConditionalGeneration`` this captioner is."""
+    return {"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava",
+            "vision_config": vit_model_config(spec.vision),
+            "text_config": hf_config(spec.text, eos_id=eos_id, pad_id=pad_id, init_std=init_std),
+            "image_token_id": image_token_id, "image_seq_length": spec.image_tokens,
+            "projector_hidden_act": "gelu", "multimodal_projector_bias": True, "vision_feature_layer": -1,
+            "vision_feature_select_strategy": "default", "tie_word_embeddings": spec.text.tie_embeddings,
+            "pad_token_id": pad_id, "eos_token_id": eos_id}
+
+
+def llava_weights(spec: CaptionSpec, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The captioner's weights under LLaVA's names (the vision tower's fixed position embeddings and unused pooler
+    added)."""
+    out: dict[str, np.ndarray] = {}
+    for name, value in weights.items():
+        value = np.ascontiguousarray(value, dtype=np.float32)
+        if name.startswith("vision."):
+            out["model.vision_tower." + vit_mae_name(name).removeprefix("vit.")] = value
+        elif name.startswith("projector."):
+            out["model.multi_modal_projector." + name.removeprefix("projector.")] = value
+        else:
+            out[hf_name(name).replace("model.", "model.language_model.", 1)] = value
+    position = vit_mae_weights(spec.vision, {})["vit.embeddings.position_embeddings"]
+    c = spec.vision.d_model
+    out |= {"model.vision_tower.embeddings.position_embeddings": position,
+            "model.vision_tower.pooler.dense.weight": np.zeros((c, c), np.float32),
+            "model.vision_tower.pooler.dense.bias": np.zeros(c, np.float32)}
+    if spec.text.tie_embeddings:  # LLaVA's head, written out (it ties it to the embedding on load anyway)
+        out["lm_head.weight"] = out["model.language_model.embed_tokens.weight"]
+    return out
+
+
 def export_hf(ckpt_dir: str | Path, out: str | Path | Location) -> Location:
     """Write checkpoint `ckpt_dir` (full or sharded) as a Hugging Face Llama folder `out` (a folder or a URL), or an
     image model's ViTMAE folder (:mod:`.hf_vision`); refuses a non-empty `out`."""
@@ -112,16 +161,14 @@ def export_hf(ckpt_dir: str | Path, out: str | Path | Location) -> Location:
     with staged_folder(out) as tmp:
         model = load_hand_off(Path(ckpt_dir), "hf", "the Llama layout (a LlamaForCausalLM folder)")
         eos, pad, init_std = model.eos, model.pad, model.cfg.model.init_std
-        if isinstance(model.spec, CaptionSpec):  # LlavaForConditionalGeneration (hf_llava.py)
-            from mindfoundry.checkpoint.hf_llava import llava_config, llava_processor_config, llava_weights
-
+        if isinstance(model.spec, CaptionSpec):  # LlavaForConditionalGeneration
             spec = model.spec.text
             check_weights(model.spec, model.weights, "the checkpoint's weights")
             tensors = llava_weights(model.spec, model.weights)
             config = llava_config(model.spec, image_token_id=image_id(load_tokenizer(model.tokenizer_path)),
                                   eos_id=eos, pad_id=pad, init_std=init_std)
             (tmp / "preprocessor_config.json").write_text(
-                json.dumps(llava_processor_config(model.spec), indent=2) + "\n", encoding="utf-8")
+                json.dumps(image_processor_config(model.spec.vision), indent=2) + "\n", encoding="utf-8")
         else:
             spec = model.spec
             tensors, config = hf_weights(spec, model.weights), hf_config(spec, eos_id=eos, pad_id=pad,

@@ -17,6 +17,7 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file
 
+from mindfoundry.backends.base import check_state_names
 from mindfoundry.checkpoint.directory import CheckpointDir
 from mindfoundry.checkpoint.hf_export import check_weights, hf_name
 from mindfoundry.checkpoint.hf_vision import read_vit_mae_folder
@@ -25,7 +26,7 @@ from mindfoundry.checkpoint.store import MANIFEST_FILE, CheckpointError
 from mindfoundry.config.schema import RunConfig
 from mindfoundry.config.storage_config import StorageConfig
 from mindfoundry.model.spec import AnySpec, CaptionSpec, ModelSpec, init_weights, parameter_shapes
-from mindfoundry.model.vision_spec import VisionSpec
+from mindfoundry.model.vision_spec import VisionSpec, encoder_parameter_shapes
 from mindfoundry.storage.cache import cache_folder
 from mindfoundry.storage.commit import fetch
 from mindfoundry.storage.resolve import locate
@@ -98,7 +99,7 @@ def _hf_tensors(folder: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def read_hf_folder(folder: Path, spec: AnySpec) -> dict[str, np.ndarray]:
+def read_hf_folder(folder: Path, spec: AnySpec, encoder_only: bool = False) -> dict[str, np.ndarray]:
     """A Hugging Face Llama folder's weights under our parameter names (float32, values unchanged); an image
     model's, a ViTMAEForPreTraining folder's (:func:`mindfoundry.checkpoint.hf_vision.read_vit_mae_folder`)."""
     config_file = folder / "config.json"
@@ -107,8 +108,9 @@ def read_hf_folder(folder: Path, spec: AnySpec) -> dict[str, np.ndarray]:
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{config_file}: not a readable config.json ({exc})") from None
     if isinstance(spec, VisionSpec):
-        weights = read_vit_mae_folder(folder, config, _hf_tensors(folder), spec)
-        check_weights(spec, weights, str(folder))
+        weights = read_vit_mae_folder(folder, config, _hf_tensors(folder), spec, encoder_only)
+        if not encoder_only:
+            check_weights(spec, weights, str(folder))
         return weights
     check_hf_config(config, spec, config_file)
     tensors = _hf_tensors(folder)
@@ -138,24 +140,34 @@ def start_weights(cfg: RunConfig, spec: AnySpec) -> tuple[dict[str, np.ndarray],
         parts = [(m.init_from, spec, "weights")]
     for path, part, what in parts:
         if path is not None:
-            loaded = initial_weights(path, part, cfg.storage)
-            weights |= {n: w for n, w in loaded.items() if what != "encoder" or n.startswith("vision.")}
+            weights |= initial_weights(path, part, cfg.storage, encoder_only=what == "encoder")
             notes.append(f"initial {what} from {path}")
     return weights, notes
 
 
-def initial_weights(path: str | Path, spec: AnySpec, storage: StorageConfig | None = None) -> dict[str, np.ndarray]:
+def initial_weights(path: str | Path, spec: AnySpec, storage: StorageConfig | None = None,
+                    encoder_only: bool = False) -> dict[str, np.ndarray]:
     """The weights `model.init_from` names: a checkpoint folder (verified) or a Hugging Face Llama folder; either may
-    be a URL (a committed checkpoint or export, fetched into this node's cache and checked)."""
+    be a URL (a committed checkpoint or export, fetched into this node's cache and checked). ``encoder_only`` (a
+    captioner's ``model.vision.init_from``; ``spec`` a VisionSpec): an mae run's ``vision.*`` weights alone, checked
+    against the encoder whatever decoder that run had."""
     where = locate(path, storage)
     if (where / MANIFEST_FILE).is_file():
         directory = CheckpointDir(where.parent)
         directory.verify(where)
         weights = load_checkpoint(directory.local_copy(where), verify=False).weights
-        check_weights(spec, weights, str(where))
+        if encoder_only:
+            weights = {n: w for n, w in weights.items() if n.startswith("vision.")}
+            shapes = encoder_parameter_shapes(spec)
+            try:
+                check_state_names(shapes, weights, f"{where}: the encoder's weights", shapes)
+            except ValueError as exc:
+                raise CheckpointError(f"{exc}: set model.vision to the mae run's encoder sizes") from None
+        else:
+            check_weights(spec, weights, str(where))
         return weights
     if (where / "config.json").is_file():
-        return read_hf_folder(fetch(where, cache_folder("init", str(where))), spec)
+        return read_hf_folder(fetch(where, cache_folder("init", str(where))), spec, encoder_only)
     raise CheckpointError(
         f"model.init_from={str(where)!r} is neither a checkpoint folder (manifest.json) nor a Hugging Face "
         "folder (config.json): point it at RUN/checkpoints/step_N or an exported folder"

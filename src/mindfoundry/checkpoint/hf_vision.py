@@ -24,6 +24,7 @@ from mindfoundry.model.vision_spec import (
     PIXEL_MEAN,
     PIXEL_STD,
     VisionSpec,
+    encoder_parameter_shapes,
     position_embeddings,
     vision_parameter_shapes,
 )
@@ -107,23 +108,27 @@ def write_vit_mae_folder(spec: VisionSpec, weights: Mapping[str, np.ndarray], fo
 
 
 def read_vit_mae_folder(folder: Path, config: dict[str, Any], tensors: Mapping[str, np.ndarray],
-                        spec: VisionSpec) -> dict[str, np.ndarray]:
+                        spec: VisionSpec, encoder_only: bool = False) -> dict[str, np.ndarray]:
     """A ``ViTMAEForPreTraining`` folder's weights (its ``config`` and ``tensors`` read) under our names; refuses one
-    whose sizes or features are not this model's, naming the field, and fixed position embeddings that are not ours."""
-    expected = {k: v for k, v in vit_mae_config(spec).items()
-                if k not in ("architectures", "mask_ratio", "image_mean", "image_std")}
+    whose sizes or features are not this model's, naming the field, and fixed position embeddings that are not ours.
+    ``encoder_only`` (a captioner's encoder): the encoder's alone, whatever decoder the folder holds."""
+    drop = ("architectures", "mask_ratio", "image_mean", "image_std")
+    expected = {k: v for k, v in vit_mae_config(spec).items() if k not in drop
+                and not (encoder_only and k.startswith(("decoder_", "norm_pix_loss")))}
     for key, value in expected.items():
         got = config.get(key)
         if got != value:
             raise CheckpointError(f"{folder / 'config.json'}: {key}={got!r} but this run's model has {value!r}: set "
                                   "model.vision / model.mae to match (or import another model)")
-    fixed = vit_mae_weights(spec, {})
+    fixed = {n: t for n, t in vit_mae_weights(spec, {}).items() if not (encoder_only and n.startswith("decoder."))}
     for name, table in fixed.items():
         if name not in tensors or not np.allclose(tensors[name], table, atol=1e-6):
             raise CheckpointError(f"{folder}: {name} is not the fixed 2-D sine-cosine table this model uses: this "
                                   "model cannot be imported")
-    ours = {vit_mae_name(name): name for name in vision_parameter_shapes(spec)}
-    unknown = sorted(set(tensors) - set(ours) - set(fixed))
+    names = encoder_parameter_shapes(spec) if encoder_only else vision_parameter_shapes(spec)
+    ours = {vit_mae_name(name): name for name in names}
+    unknown = sorted(set(tensors) - set(ours) - set(fixed) - {n for n in tensors if encoder_only
+                                                              and n.startswith("decoder.")})
     if unknown:
         raise CheckpointError(f"{folder}: tensors {unknown[:3]} have no place in this model: this model cannot be "
                               "imported")
