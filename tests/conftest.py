@@ -101,33 +101,31 @@ def digits_captioned(digits_prepared: tuple[Path, Path], tmp_path_factory) -> tu
 def tiny_caption(digits_captioned: tuple[Path, Path], tmp_path: Path):
     """Factory writing a tiny captioner config on the shared prepared digits; returns its path."""
 
-    def make(name: str = "caption", **overrides) -> Path:
-        path = tmp_path / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(tiny_caption_tree(*digits_captioned, tmp_path / name, **overrides)))
-        return path
-
-    return make
+    return _config_writer(tmp_path, "caption", lambda run, **overrides: tiny_caption_tree(*digits_captioned, run,
+                                                                                          **overrides))
 
 
 @pytest.fixture
 def tiny_mae(digits_prepared: tuple[Path, Path], tmp_path: Path):
     """Factory writing a tiny masked-autoencoder config on the shared prepared digits; returns its path."""
 
-    def make(name: str = "mae", **overrides) -> Path:
-        path = tmp_path / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(tiny_mae_tree(*digits_prepared, tmp_path / name, **overrides)))
-        return path
-
-    return make
+    return _config_writer(tmp_path, "mae", lambda run, **overrides: tiny_mae_tree(*digits_prepared, run, **overrides))
 
 
 @pytest.fixture
 def tiny_run(corpus_dir: Path, tmp_path: Path):
     """Factory writing a tiny config file; returns its path."""
 
-    def make(name: str = "run", **overrides) -> Path:
+    return _config_writer(tmp_path, "run", lambda run, **overrides: tiny_run_tree(corpus_dir, run, **overrides))
+
+
+def _config_writer(tmp_path: Path, default: str, tree_for):
+    """A factory ``make(name, **overrides)`` writing ``tree_for(tmp_path / name, **overrides)`` as
+    ``tmp_path / name.yaml``; returns its path."""
+
+    def make(name: str = default, **overrides) -> Path:
         path = tmp_path / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(tiny_run_tree(corpus_dir, tmp_path / name, **overrides)))
+        path.write_text(yaml.safe_dump(tree_for(tmp_path / name, **overrides)))
         return path
 
     return make

@@ -95,13 +95,7 @@ def tiny_run_tree(corpus: Path, run_dir: Path, **overrides) -> dict:
         "checkpoint": {"every": 3, "keep_last": 5},
         "monitor": {"progress": False, "detail_every": 3},
     }
-    for key, value in overrides.items():  # "section__field", or a top-level key (backend="torch")
-        section, _, field = key.partition("__")
-        if field:
-            tree.setdefault(section, {})[field] = value
-        else:
-            tree[section] = value
-    return tree
+    return _overridden(tree, overrides)
 
 
 def write_digits(root: Path, count: int) -> Path:
