@@ -236,7 +236,7 @@ def test_demo_mlm_runs_resumes_bit_exact_and_agrees_across_engines(tmp_path: Pat
     cfg = load_config(tmp_path / "straight" / "config.yaml")
     data = load_prepared(cfg.data.output_dir, cfg.model.vocab_size)
     assert mask_id(data.tokenizer) == cfg.model.vocab_size - 1
-    ((ids, labels),) = first_batches(cfg, data, 1)
+    ((ids, labels, _),) = first_batches(cfg, data, 1)
     assert (ids == mask_id(data.tokenizer)).any() and (labels != IGNORE_INDEX).mean() < 0.2
     spec = ModelSpec.from_config(cfg.model)
     scalars = step_scalars(1, cfg.train.steps, cfg.optim, int((labels != IGNORE_INDEX).sum()))

@@ -153,8 +153,9 @@ class AlignResult:
         }
 
 
-def first_batches(cfg: RunConfig, data, steps: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The run's first `steps` global batches, exactly as the trainer would feed them."""
+def first_batches(cfg: RunConfig, data, steps: int) -> list[tuple[np.ndarray, np.ndarray, int]]:
+    """The run's first `steps` global batches, exactly as the trainer would feed them: (inputs, labels, the positions
+    that carry a loss)."""
     from mindfoundry.data.dataset.loader import TrainLoader, training_source
     from mindfoundry.data.dataset.masking import TRAIN, masking_for
 
@@ -164,19 +165,22 @@ def first_batches(cfg: RunConfig, data, steps: int) -> list[tuple[np.ndarray, np
         grad_accum=cfg.train.grad_accum,
         masking=masking_for(cfg, data.tokenizer, TRAIN),
     )
-    return [(b.input_ids, b.labels) for b in (loader.batch(i * loader.global_batch) for i in range(steps))]
+    return [(b.input_ids, b.labels, b.scored) for b in (loader.batch(i * loader.global_batch) for i in range(steps))]
 
 
-def run_side(backend: Backend, cfg: RunConfig, batches: Sequence[tuple[np.ndarray, np.ndarray]], out: Path, mode: str,
+def run_side(backend: Backend, cfg: RunConfig, batches: Sequence[tuple], out: Path, mode: str,
              directions: Sequence[str] = DIRECTIONS, modules: Sequence[str] = ("*",)) -> list[StepOutput]:
-    """Train `backend` on `batches` from its current state, dumping every step to out/step{N}/rank0.
+    """Train `backend` on `batches` from its current state, dumping every step to out/step{N}/rank0. A batch is
+    (inputs, labels[, scored]): the positions carrying a loss are counted from the labels when not given (tokens;
+    an image objective's batches from :func:`first_batches` say theirs).
 
     An fp16 side runs with the configured initial loss scale (no back-off within an alignment: an
     overflowing step shows up as such); its dumped gradients are unscaled, comparable with fp32."""
     outs = []
-    for step, (ids, labels) in enumerate(batches, 1):
+    for step, (ids, labels, *scored) in enumerate(batches, 1):
         scale = cfg.train.loss_scale_init if cfg.train.precision == "fp16" else 1.0  # as training would start
-        scalars = step_scalars(step, cfg.train.steps, cfg.optim, int((labels != IGNORE_INDEX).sum()), loss_scale=scale)
+        valid = scored[0] if scored else int((labels != IGNORE_INDEX).sum())
+        scalars = step_scalars(step, cfg.train.steps, cfg.optim, valid, loss_scale=scale)
         writer = DumpWriter(
             out, step, 0, mode, {"backend": backend.name, "precision": cfg.train.precision, "loss_scale": scale}
         )

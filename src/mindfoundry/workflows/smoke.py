@@ -153,14 +153,13 @@ def run_smoke(cfg: RunConfig, data: PreparedData, steps: int, layout: Layout, co
 def first_step_agreement(cfg: RunConfig, data: PreparedData, layout: Layout) -> Check:
     """Same initial weights and first batch on both engines: the first-step loss must agree."""
     from mindfoundry.backends.base import create_backend
-    from mindfoundry.data.dataset.packing import IGNORE_INDEX
-    from mindfoundry.model.spec import ModelSpec, init_weights
+    from mindfoundry.model.spec import init_weights, spec_for
     from mindfoundry.train.schedule import step_scalars
     from mindfoundry.workflows.align import first_batches
 
-    spec = ModelSpec.from_config(cfg.model)
-    ((ids, labels),) = first_batches(cfg, data, 1)
-    scalars = step_scalars(1, cfg.train.steps, cfg.optim, int((labels != IGNORE_INDEX).sum()))
+    spec = spec_for(cfg.model)
+    ((ids, labels, scored),) = first_batches(cfg, data, 1)
+    scalars = step_scalars(1, cfg.train.steps, cfg.optim, scored)
     out = {}
     for engine in ("mindspore", "torch"):
         backend = create_backend(cfg.model_copy(update={"backend": engine}), spec, layout)
