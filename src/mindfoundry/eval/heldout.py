@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 from tokenizers import Tokenizer
 
 from mindfoundry.backends.base import Backend
 from mindfoundry.config.schema import RunConfig
+from mindfoundry.data.dataset.captions import CaptionSamples
 from mindfoundry.data.dataset.loader import Samples, split_bytes_per_token, split_samples
 from mindfoundry.data.dataset.masking import VALIDATION, Masking, MaskingRule, masking_for
 from mindfoundry.data.dataset.packing import IGNORE_INDEX, PackedSamples
@@ -56,6 +57,13 @@ class HeldOut:
     def score(self, backend: Backend, batch_size: int, max_samples: int | None) -> EvalResult:
         """:func:`evaluate` on up to ``max_samples`` of it (None: all)."""
         return evaluate(backend, self.samples, batch_size, max_samples, self.bytes_per_token, self.masking)
+
+    def with_shuffled_images(self) -> HeldOut | None:
+        """A captioner's split with each caption given another sample's image (None for other objectives): its loss
+        against the true images' is what the captioner reads from them."""
+        if not isinstance(self.samples, CaptionSamples):
+            return None
+        return replace(self, samples=self.samples.with_shuffled_images())
 
 
 def held_out(cfg: RunConfig, data: PreparedData) -> HeldOut:

@@ -13,7 +13,6 @@ probe on a randomly initialised one (:mod:`mindfoundry.eval.linear_probe`).
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -21,7 +20,6 @@ from mindfoundry.backends.base import Backend, BackendUnavailable
 from mindfoundry.checkpoint.run_files import run_data
 from mindfoundry.config.model_config import ObjectiveError
 from mindfoundry.config.schema import RunConfig
-from mindfoundry.data.dataset.captions import CaptionSamples
 from mindfoundry.data.dataset.masking import TEXTS, VALIDATION, masking_for
 from mindfoundry.data.dataset.prepared import PreparedData, load_prepared
 from mindfoundry.data.images.digits import DigitsUnavailable, digits_images
@@ -112,8 +110,7 @@ def heldout_images(backend: Backend, cfg: RunConfig, prepared: PreparedData) -> 
     with another sample's image (the gap in bits per byte is what the captioner reads from the images)."""
     heldout = held_out(cfg, prepared)
     out = {"all": heldout.score(backend, cfg.train.micro_batch_size, None).to_dict("")}
-    if isinstance(heldout.samples, CaptionSamples):
-        shuffled = replace(heldout, samples=heldout.samples.with_shuffled_images())
+    if (shuffled := heldout.with_shuffled_images()) is not None:
         out["shuffled_images"] = shuffled.score(backend, cfg.train.micro_batch_size, None).to_dict("")
     return out
 

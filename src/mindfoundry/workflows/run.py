@@ -41,7 +41,7 @@ from mindfoundry.parallel.planner import (
 )
 from mindfoundry.train.rundir import HASH_FILE, claim_run_dir
 from mindfoundry.train.trainer import Trainer, TrainResult
-from mindfoundry.workflows.evaluate import heldout_images, probe_digits
+from mindfoundry.workflows.evaluate import probe_digits
 
 
 def check_launch(cfg: RunConfig) -> Layout:
@@ -148,7 +148,9 @@ def deliverables(cfg: RunConfig, trained: TrainedRun) -> dict[str, Any]:
         shown.append({"caption": tokenizer.decode([t for t in labels[0].tolist() if t not in (IGNORE_INDEX, eos)]),
                       "generated": tokenizer.decode(ids)})
     return {"captions": shown,
-            "shuffled_images": heldout_images(backend, cfg, trained.data)["shuffled_images"]}
+            # the samples the final evaluation scored, each caption with another image
+            "shuffled_images": trained.trainer.held_out.with_shuffled_images().score(
+                backend, trained.trainer.loader.global_micro_batch, cfg.train.eval_samples).to_dict("")}
 
 
 def samples(cfg: RunConfig, trained: TrainedRun) -> list[dict[str, str]]:
