@@ -58,6 +58,16 @@ SITES = {
     "en_gnome_help": ("en", "held_out", "gnome-user-docs"), "en_python_html": ("en", "held_out", "python3.11-doc"),
 }
 SITE_PACKAGES = tuple(dict.fromkeys(package for _, _, package in SITES.values()))
+#: Documents in more scripts, for bench/curation_scripts.py: name -> (kind, package, the package's language code).
+#: GNOME's help is one manual translated into every language (295 Mallard pages each); LibreOffice's Arabic language
+#: pack holds no help, so Arabic documents are its interface messages, a few dozen consecutive ones per document.
+SCRIPT_SOURCES = {
+    **{f"{lang.split('_')[0].lower()}_gnome": ("gnome", "gnome-user-docs", lang)
+       for lang in ("ru", "ko", "ja", "zh_CN", "el", "he", "hi", "fa", "uk", "de", "ta")},
+    "ru_help": ("help", "gimp-help-ru", "ru"), "ko_help": ("help", "gimp-help-ko", "ko"),
+    "el_help": ("help", "gimp-help-el", "el"), "ar_messages": ("messages", "libreoffice-l10n-ar", "ar"),
+}
+SCRIPT_PACKAGES = tuple(dict.fromkeys(package for _, package, _ in SCRIPT_SOURCES.values()))
 CACHE = Path(os.environ.get("MF_CURATION_CACHE", Path.home() / ".cache" / "mindfoundry" / "curation-bench"))
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _MALLARD_BLOCKS = {"title", "p", "item", "td", "code", "screen", "desc"}
@@ -65,7 +75,8 @@ _BLOCK_TAGS = {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6",
                "blockquote", "section"}
 
 
-def fetch(cache: Path = CACHE, packages: tuple[str, ...] = PACKAGES + LANGUAGE_PACKAGES + SITE_PACKAGES) -> None:
+def fetch(cache: Path = CACHE,
+          packages: tuple[str, ...] = PACKAGES + LANGUAGE_PACKAGES + SITE_PACKAGES + SCRIPT_PACKAGES) -> None:
     """Download the packages (``apt-get download``) and unpack each into ``cache/NAME``."""
     debs = cache / "debs"
     debs.mkdir(parents=True, exist_ok=True)
@@ -247,6 +258,74 @@ def site_pages(cache: Path = CACHE, seed: int = 0) -> dict[str, tuple[str, str, 
         "en_python_html": lambda: pages("python3.11-doc", "html/library/*.html", 200),
     }
     return {name: (SITES[name][0], SITES[name][1], [t for t in read() if t.strip()]) for name, read in readers.items()}
+
+
+#: The languages of GNOME's help that bench/dedup_quality.py's translated manual holds (C is the English original).
+MANUAL_LANGUAGES = ("C", "zh_CN", "ja", "ko", "ru", "de")
+#: Shorter pages of the manual are a title over links (a guide page): too short for an edit to leave a near-copy.
+MIN_PAGE_CHARS = 100
+
+
+def translated_pages(cache: Path = CACHE, seed: int = 0, pages: int = 80) -> dict[str, list[str]]:
+    """One manual in several languages, for bench/dedup_quality.py: ``pages`` pages of GNOME's help (a fixed sample of
+    the page names) in each of :data:`MANUAL_LANGUAGES`: {language: [the pages' visible text, in the sample's
+    order], pages under :data:`MIN_PAGE_CHARS` left out}. Translations keep the commands, paths and key names of the
+    original; pages left untranslated are the English text."""
+    root = cache / "gnome-user-docs/usr/share/help"
+    if not root.is_dir():
+        raise SystemExit(f"gnome-user-docs is not in {cache}: run `.venv/bin/python bench/curation_sources.py --fetch`")
+    names = [p.name for p in _sample(list((root / "C/gnome-help").glob("*.page")), pages, seed)]
+    texts = {lang: [mallard_text(root / lang / "gnome-help" / name) if (root / lang / "gnome-help" / name).is_file()
+                    else "" for name in names] for lang in MANUAL_LANGUAGES}
+    return {lang: [t for t in texts[lang] if len(t) >= MIN_PAGE_CHARS] for lang in MANUAL_LANGUAGES}
+
+
+def reference_chapters(cache: Path = CACHE, languages: tuple[str, ...] = ("en", "zh-cn", "ja", "fr", "de")
+                       ) -> dict[str, list[str]]:
+    """The Debian Reference's chapters (whole, as HTML text) in each of ``languages``: {language: chapters}. The
+    translations keep the original's command listings, tables and paths (a chapter and its translation reach a
+    Jaccard similarity of 0.5-0.7 on character 5-grams), and some chapters are left partly in English."""
+    if not all((cache / f"debian-reference-{lang}").is_dir() for lang in languages):
+        raise SystemExit(f"the Debian Reference is not in {cache}: run `.venv/bin/python bench/curation_sources.py "
+                         "--fetch`")
+    return {lang: [html_text(p) for p in sorted((cache / f"debian-reference-{lang}").rglob(f"*.{lang}.html"))]
+            for lang in languages}
+
+
+def _sample_texts(texts: list[str], count: int, seed: int) -> list[str]:
+    return random.Random(seed).sample(texts, min(count, len(texts)))
+
+
+def _messages(folder: Path, per_document: int = 30, min_chars: int = 20) -> list[str]:
+    """A language pack's interface messages of at least ``min_chars`` characters, ``per_document`` consecutive ones
+    (in each catalogue's order) per document."""
+    import gettext
+
+    documents = []
+    for path in sorted(folder.rglob("*.mo")):
+        with open(path, "rb") as fh:
+            catalog = gettext.GNUTranslations(fh)._catalog  # type: ignore[attr-defined]
+        messages = [text.strip() for key, text in catalog.items() if key and isinstance(text, str)
+                    and len(text.strip()) >= min_chars]
+        documents += ["\n".join(messages[i:i + per_document]) for i in range(0, len(messages), per_document)]
+    return documents
+
+
+def script_documents(cache: Path = CACHE, seed: int = 0, per_source: int = 150) -> dict[str, tuple[str, list[str]]]:
+    """Every source of :data:`SCRIPT_SOURCES` (at most ``per_source`` documents, a fixed sample) with its language:
+    {source: (ISO 639 code, documents)}."""
+    if not all((cache / name).is_dir() for name in SCRIPT_PACKAGES):
+        raise SystemExit(f"the Debian packages are not in {cache}: run `.venv/bin/python bench/curation_sources.py "
+                         "--fetch`")
+    kinds: dict[str, Callable[[str, str], list[str]]] = {
+        "gnome": lambda package, lang: [mallard_text(p) for p in _sample(
+            list((cache / package / "usr/share/help" / lang / "gnome-help").glob("*.page")), per_source, seed)],
+        "help": lambda package, lang: [html_text(p) for p in _sample(
+            list((cache / package).rglob(f"help/{lang}/*.html")), per_source, seed)],
+        "messages": lambda package, lang: _sample_texts(_messages(cache / package), per_source, seed),
+    }
+    return {name: (lang.split("_")[0].lower(), [t for t in kinds[kind](package, lang) if t.strip()])
+            for name, (kind, package, lang) in SCRIPT_SOURCES.items()}
 
 
 def main() -> None:

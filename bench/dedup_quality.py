@@ -20,6 +20,14 @@ scores:
   stands in; for Chinese, spaCy's default per-character segmentation stands in for jieba (not
   installed). A removed document counts as dropped for the kept member of its cluster.
 
+With ``--texts debian`` (the default) the benchmark also holds whole pages of six template-sharing sites (each its
+own source, or with ``--one-source`` one source whose pages name their site as a ``url_field`` would) and two
+translated manuals, each a source: GNOME's help in Chinese, Japanese, Korean, Russian and German (its English pages
+are the en_gnome_help site) and the Debian Reference's chapters in English, Chinese, Japanese, French and German. A
+translation is a distinct page, not a copy of its original (however many command listings it keeps); a page left
+in English is its original (bench/dedup_benchmark.py's ``manual_pages``). Every document is labelled with its
+language as `prepare`'s language block would, since dedup compares documents within a language.
+
 datatrove is a bench-only peer (``pip install 'datatrove==0.3.0' 'xxhash<4' orjson``); without it
 only our rows print. Prints a table per run and one final JSON line.
 """
@@ -34,6 +42,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +51,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from rich.console import Console
 from rich.table import Table
 
-from curation_sources import SITES, site_pages
-from dedup_benchmark import KINDS, LANGUAGES, Case, Score, build, kept_ids, pieces, run_ours, score
+from curation_sources import SITES, reference_chapters, site_pages, translated_pages
+from dedup_benchmark import KINDS, LANGUAGES, Case, Score, build, kept_ids, labelled, pieces, run_ours, score
 
 
 def datatrove_kept_for(cases: list[Case], workdir: Path) -> Callable[[str], str | None] | None:
@@ -143,11 +152,15 @@ def debian_texts() -> dict[str, list[str]]:
     return texts
 
 
+#: The translated manuals (their slices: MANUAL_LANGUAGE).
+MANUALS = ("gnome_", "reference_")
+
+
 def table(title: str, scores: dict[str, Score], console: Console) -> None:
     out = Table(title=title)
     for column in ("slice", "groups", "recall", "dropped", "precision", "F1"):
         out.add_column(column, justify="left" if column == "slice" else "right")
-    for name in ("all", *LANGUAGES, *KINDS, *SITES):
+    for name in ("all", *LANGUAGES, *KINDS, *SITES, *sorted(k for k in scores if k.startswith(MANUALS))):
         s = scores.get(name)
         if s is not None:
             out.add_row(name, str(s.groups), f"{s.recall:.3f}", str(s.dropped), f"{s.precision:.3f}", f"{s.f1:.3f}")
@@ -168,6 +181,11 @@ def main() -> None:
     )
     parser.add_argument("--site-pairs", type=int, default=60,
                         help="pages per template-sharing site that get a twin (--texts debian)")
+    parser.add_argument("--manual-pairs", type=int, default=20,
+                        help="pages per language of the translated manual that get a twin (--texts debian)")
+    parser.add_argument("--one-source", action="store_true",
+                        help="the six sites' pages in one source, each page's site as a url_field's host would name "
+                        "it (and a run without: templates counted per source)")
     parser.add_argument("--set", action="append", default=[], dest="settings",
                         help="a data.dedup setting for our default row, e.g. char_ngram=3, threshold=0.6 or "
                         "templates.ngram=16")
@@ -177,8 +195,11 @@ def main() -> None:
     cases = build(
         args.pairs, args.distractors, seed=args.seed, texts=debian_texts() if debian else None,
         sites={name: (language, pages) for name, (language, _, pages) in site_pages().items()} if debian else None,
-        site_pairs=args.site_pairs,
+        site_pairs=args.site_pairs, one_source="sites" if args.one_source else None,
+        manuals={"gnome": translated_pages(), "reference": reference_chapters()} if debian else None,
+        manual_pairs=args.manual_pairs,
     )
+    cases = labelled(cases)
     ours: dict[str, Any] = {}
     for key, value in (item.split("=", 1) for item in args.settings):
         *parents, name = key.split(".")
@@ -195,6 +216,10 @@ def main() -> None:
         (f"ours (defaults{', ' + str(ours) if ours else ''})", lambda: kept_ids(run_ours(cases, **ours))),
         ("ours (verify: exact)", lambda: kept_ids(run_ours(cases, verify="exact"))),
         ("ours (templates off)", lambda: kept_ids(run_ours(cases, templates={"enabled": False}))),
+        ("ours (languages not told apart)", lambda: kept_ids(run_ours(
+            [replace(case, doc=replace(case.doc, language="")) for case in cases], **ours))),
+        *([("ours (sites not told apart: no url_field)", lambda: kept_ids(run_ours(
+            [replace(case, doc=replace(case.doc, site="")) for case in cases], **ours)))] if args.one_source else []),
         ("ours (shingle: words)", lambda: kept_ids(run_ours(cases, shingle="words"))),
     ]
     with tempfile.TemporaryDirectory() as tmp:

@@ -26,13 +26,14 @@ from mindfoundry.data.clean.dedup import (
     Clusters,
     Signer,
     band_keys,
+    comparison_salts,
     exact_key,
     first_kept_wins,
     jaccard,
     signature_similarity,
 )
 from mindfoundry.data.clean.shingling import shingle_ngram, unit_values
-from mindfoundry.data.clean.templates import Templates, covered_shingles, document_spans
+from mindfoundry.data.clean.templates import Templates, covered_shingles, document_spans, template_key
 from mindfoundry.data.document import Document, origin_name
 
 _NONE = np.zeros(0, dtype=np.uint64)
@@ -87,8 +88,8 @@ class Deduplicator:
 
     def _add(self, doc: Document) -> None:
         key = exact_key(doc.text) if self.exact else None
-        hashes = self.signer.sign(doc.text, doc.source) if self.near else None
-        self._register(doc.id, doc.origin(), key, hashes)
+        hashes = self.signer.sign(doc.text, template_key(doc.source, doc.site)) if self.near else None
+        self._register(doc.id, doc.origin(), key, hashes, comparison_salts(doc.text, doc.language))
 
     def add_all(self, docs: Iterable[Document]) -> None:
         for doc in docs:
@@ -118,15 +119,16 @@ class Deduplicator:
     def _name(self, index: int) -> str:
         return origin_name(self._origin(index))
 
-    def _match_and_insert(self, index: int, hashes: np.ndarray) -> None:
-        """Record the pairs a signature forms with earlier documents, then index it."""
+    def _match_and_insert(self, index: int, hashes: np.ndarray, salts: tuple[int, ...]) -> None:
+        """Record the pairs a signature forms with earlier documents (of its comparison groups), then index it."""
         candidates: set[int] = set()
-        for bucket, key in zip(
-            self._buckets, band_keys(hashes[None, :], self.bands, self.rows)[:, 0].tolist(), strict=True
-        ):
-            members = bucket.setdefault(key, [])
-            candidates.update(members)
-            members.append(index)
+        keys = band_keys(np.repeat(hashes[None, :], len(salts), axis=0), self.bands, self.rows,
+                         np.array(salts, dtype=np.uint64))
+        for bucket, band in zip(self._buckets, keys.tolist(), strict=True):
+            for key in band:
+                members = bucket.setdefault(key, [])
+                candidates.update(members)
+                members.append(index)
         self._candidates += len(candidates)
         if self.verify == "signature":
             self._signatures[index] = hashes
@@ -135,7 +137,8 @@ class Deduplicator:
         else:
             self._pairs.extend((c, index, None) for c in sorted(candidates))
 
-    def _register(self, doc_id: str, origin: dict[str, Any], key: int | None, hashes: np.ndarray | None) -> None:
+    def _register(self, doc_id: str, origin: dict[str, Any], key: int | None, hashes: np.ndarray | None,
+                  salts: tuple[int, ...] = (0,)) -> None:
         index = len(self._ids)
         self._ids.append(doc_id)
         self._sources.append(origin["source"])
@@ -145,7 +148,7 @@ class Deduplicator:
         if first != index:
             self._exact_of[index] = first
         elif hashes is not None:
-            self._match_and_insert(index, hashes)
+            self._match_and_insert(index, hashes, salts)
 
     def _exact_pairs(self, docs: Iterable[Document]) -> list[tuple[int, int, float | None]]:
         """Candidate pairs whose exact shingle Jaccard reaches the threshold (reads only their documents)."""
@@ -153,7 +156,7 @@ class Deduplicator:
         sets: dict[int, np.ndarray] = {}
         for doc in docs:
             if doc.id in needed:
-                sets[needed[doc.id]] = self.signer.hashes(doc.text, doc.source)
+                sets[needed[doc.id]] = self.signer.hashes(doc.text, template_key(doc.source, doc.site))
         missing = len(needed) - len(sets)
         if missing:
             raise ValueError(f"reread yielded {missing} fewer of the candidate documents than the first read: "
@@ -180,17 +183,18 @@ class Deduplicator:
 
 
 def count_templates(docs: Iterable[Document], config: DedupConfig) -> Templates:
-    """The template shingles of ``docs``, each source's first ``templates.sample`` documents counted (held in memory
-    for the second step); none when ``config.templates.enabled`` is off."""
+    """The template shingles of ``docs``, each source's first ``templates.sample`` documents counted per site (held in
+    memory for the second step); none when ``config.templates.enabled`` is off."""
     settings, shingle = config.templates, config.shingle
     ngram = shingle_ngram(shingle, config.char_ngram, config.word_ngram)
     if not settings.enabled:
         return Templates(_NONE)
-    sampled: dict[str, list[np.ndarray]] = {}
+    sampled: dict[str, list[np.ndarray]] = {}  # per site (template_key): its sampled documents' units
+    taken: Counter[str] = Counter()  # per source: the sample is the source's first documents, whatever their site
     for doc in docs:
-        values = sampled.setdefault(doc.source, [])
-        if len(values) < settings.sample:
-            values.append(unit_values(doc.text, shingle))
+        if taken[doc.source] < settings.sample:
+            taken[doc.source] += 1
+            sampled.setdefault(template_key(doc.source, doc.site), []).append(unit_values(doc.text, shingle))
     found = [_NONE]
     for source, documents in sampled.items():
         keys, counts = np.unique(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mf_testing import tiny_run_tree
-from mindfoundry.config.clean import CLEAN_BLOCKS, DEFAULT_AD_PATTERNS, CleanConfig
+from mindfoundry.config.clean import CLEAN_BLOCKS, DEFAULT_AD_PATTERNS, CleanConfig, QualityConfig
 from mindfoundry.config.load import ConfigError, validate
 from mindfoundry.data.clean.block import EMPTY
 from mindfoundry.data.clean.boilerplate import BoilerplateRemover, LineCounter
@@ -18,7 +18,9 @@ from mindfoundry.data.clean.curate import clean_settings
 from mindfoundry.data.clean.garbled import MojibakeFilter, SymbolRunFilter, SymbolRunRemover
 from mindfoundry.data.clean.normalize import ControlCharRemover, NfkcNormalizer, TimestampRemover
 from mindfoundry.data.clean.profiles import PROFILES, SECTION_BLOCKS, build_pipeline, resolve_profile
-from mindfoundry.data.clean.quality import LengthFilter, QualityFilter, RepetitionFilter, ScriptFilter
+from mindfoundry.data.clean.quality import LengthFilter, QualityFilter, ScriptFilter
+from mindfoundry.data.clean.repetition import RepetitionFilter
+from mindfoundry.data.clean.text import WORD
 from mindfoundry.data.dataset.prepared import DataError
 from mindfoundry.data.document import Document
 from mindfoundry.data.prepare.pipeline import data_identity, prepare_data
@@ -63,7 +65,7 @@ def run(block, *texts: str) -> list[str]:
 
 def judged(block, text: str) -> bool | str:
     """A filter's verdict on ``text`` (a rule-judging transform's judgement): True, or the reason of its Drop."""
-    verdict = block.judge(text) if isinstance(block, RepetitionFilter) else block.filter(doc(text))
+    verdict = block.judge(text) if isinstance(block, (RepetitionFilter, QualityFilter)) else block.filter(doc(text))
     return True if verdict is True else verdict.reason
 
 
@@ -145,7 +147,8 @@ def test_timestamps_leave_prose_numbers_alone() -> None:
     ("烫烫烫烫烫烫烫烫烫烫", "cjk_mojibake"),
     ("\ufffd\ufffd\ufffd书的名字", "replacement_chars"),
     ("\ue000\ue001\ue002 glyphs from a PDF", "private_use"),
-    ("Привет, как дела? Это тест кодировки.", "unusual_chars"),
+    ("Привет, как дела? Это тест кодировки.".encode().decode("gbk"), "utf8_as_gbk"),  # 袩褉懈胁械褌, 泻邪泻...
+    ("Ошибка\x00\x01\x02\x03\x04\x05\x06 в \x07\x08 файле", "unusual_chars"),
 ])
 def test_mojibake_dropped_with_reason(text: str, reason: str) -> None:
     assert judged(MojibakeFilter(), text) == reason
@@ -155,7 +158,21 @@ def test_mojibake_keeps_clean_text_and_checks_can_be_disabled() -> None:
     block = MojibakeFilter()
     texts = [NEWS, REVIEW, HAMLET, "café, naïve, résumé — “quoted” …", "好评★★★★★ 😀"]
     assert run(block, *texts) == texts
-    assert judged(MojibakeFilter(max_unusual_ratio=None), "Привет, как дела?") is True
+    assert judged(MojibakeFilter(max_unusual_ratio=None), "\x01\x02\x03 как дела?") is True
+
+
+@pytest.mark.parametrize("text", [
+    "Привет, как дела? Это тест кодировки, а не мусор.", "Καλημέρα σας, τι κάνετε σήμερα;",
+    "مرحبا، كيف حالك؟ هذا نص عربي عادي.", "שלום, מה שלומך? זה טקסט בעברית.", "नमस्ते, आप कैसे हैं? यह हिंदी पाठ है।",
+    "สวัสดีครับ วันนี้อากาศดีมาก", "안녕하세요, 잘 지내세요? 이것은 한국어입니다.",
+    "こんにちは、お元気ですか。これは日本語です。",
+    # real Chinese whose GBK bytes happen to be UTF-8 (系统 -> ϵͳ, 为什么 -> Ϊʲô, 目前没 -> Ŀǰû): no word of one script
+    "系统 校准 韦郜", "为什么我定了这本书.送货的时候却没有收到呢?",
+    "总体来说还不错，就是卫生间设施差了点,要什么没什么.",
+    "目前没 使用。没发现有点", "席小平",
+])
+def test_letters_of_every_script_are_text_not_mojibake(text: str) -> None:
+    assert judged(MojibakeFilter(), text) is True
 
 
 # --- symbol runs --------------------------------------------------------------------------------
@@ -319,6 +336,26 @@ def test_quality_reasons(text: str, reason: str) -> None:
     assert judged(QualityFilter(), text) == reason
 
 
+def test_quality_line_rules_remove_the_lines_when_the_rest_stands() -> None:
+    """A section with one truncated line, a page with a table of figures: the lines that break the rule go, the rest
+    stays; a list of truncated links with nothing else is dropped."""
+    paragraph = "The company played at the Globe through the summer, and the new tragedy drew the largest crowds. "
+    section = (f"{paragraph * 3}\n\nSee the full list of the plays performed at the Globe that season in the "
+               f"archive...\n\n{paragraph * 2}")
+    assert judged(QualityFilter(line_ratio_min_lines=3), section) == "ellipsis_lines"
+    kept = run(QualityFilter(line_ratio_min_lines=3), section)
+    assert kept == [section.replace("See the full list of the plays performed at the Globe that season in the "
+                                    "archive...\n", "")]
+    table = "\n".join(["917.02 914.06 1510.18 870.18 327.34"] * 12)  # 120 units, none alphabetic, 419 characters
+    page = f"{paragraph * 3}\n{table}\n{paragraph * 2}"  # the prose: 90 units, 485 characters
+    assert judged(QualityFilter(), page) == "too_few_alpha_units"
+    block = QualityFilter()
+    assert run(block, page) == [f"{paragraph * 3}\n{paragraph * 2}"] and block.stats.edits["quality_line"] == 12
+    links = "\n".join(f"Read the full story about item number {i} of the election results in the capital..."
+                       for i in range(6))
+    assert run(QualityFilter(), links) == []
+
+
 def test_quality_keeps_chinese_english_and_mixed_reviews() -> None:
     texts = [NEWS, PEACE, REVIEW, HAMLET, "早上Check out速度比较慢，服务还可以", "这本书还行吧……"]
     assert run(QualityFilter(), *texts) == texts
@@ -336,7 +373,7 @@ def _default_settings() -> dict:
 def test_profiles_pick_blocks_in_order() -> None:
     settings = _default_settings()
     code = build_pipeline(settings, resolve_profile("code"))
-    assert [b.name for b in code.blocks] == ["mojibake", "control_chars", "length"]
+    assert [b.name for b in code.blocks] == ["mojibake", "control_chars", "length", "language"]
     prose = build_pipeline(settings, resolve_profile("prose"))
     assert [b.name for b in prose.blocks] == [
         "mojibake",
@@ -526,7 +563,8 @@ def test_prepare_records_what_each_block_removed_per_source(corpus_dir: Path, tm
         f"characters ({(chars['read'] - chars['kept'] + chars['added_by_edits']) / chars['read']:.1%}: " in logged[-4]
     )
     code_chars = code["chars"]["read"]
-    assert logged[-3] == f"code: read 28 ({code_chars:,} characters); kept 28 ({code_chars:,} characters)"
+    assert logged[-3] == (f"code: read 28 ({code_chars:,} characters); kept 28 ({code_chars:,} characters); "
+                          "languages en 100.0%")  # code is labelled by its comments and strings
     # the rules took more than 5% of zh's characters: one warning naming the block that took most and how to keep it
     assert logged[-2].startswith("warning: cleaning removed ") and "of source 'zh''s characters" in logged[-2]
     assert (
@@ -556,3 +594,15 @@ def test_changing_the_cleaning_config_changes_the_data_identity() -> None:
     no_dedup = {"data": {"sources": [{"name": "c", "paths": ["x"]}], "dedup": {"enabled": False}}}
     identities = {data_identity(validate(tree)) for tree in (base, tighter, no_dedup)}
     assert len(identities) == 3
+
+
+def test_mean_word_length_counts_latin_words_only() -> None:
+    """A GNOME help page half in Tamil: Python's \\w splits Tamil words at their vowel signs (a mean of 2.6
+    "letters" over all words), which is no reason to drop the page; the rule reads its English words."""
+    tamil = "அச்சுப்பொறியின் பெயர் அல்லது இருப்பிடத்தை அச்சுப்பொறி அமைவுகளில் மாற்றலாம்."
+    english = ("Press Ctrl and H to see the files. If you do not see them, go to the top bar and click on the icon at "
+               "the end of the row. It is safe to delete them, but there is no harm to keep them on your PC.")
+    page = "\n".join([tamil, english, english])
+    words = WORD.findall(page)
+    assert sum(map(len, words)) / len(words) < QualityConfig().min_mean_word_length  # all words: 2.64, too short
+    assert judged(QualityFilter(), page) is True

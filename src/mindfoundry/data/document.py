@@ -15,7 +15,10 @@ class Document:
     origin of every document. ``category`` (``news``, ``code``, ...) lets mixtures and evaluation
     reports group sources by kind. ``path`` (relative to the source's root) and ``record`` (0-based
     index of the document in that file: its line for .jsonl and line-mode .txt, its row for
-    .parquet, 0 for a whole-file document) say where to find it again, for the drop log.
+    .parquet, 0 for a whole-file document) say where to find it again, for the drop log. ``site`` is the host of
+    the document's URL where its source names a ``url_field`` (pages of one site share a template; a source may hold
+    many sites), and ``language`` what the language block identified (near-duplicates are looked for within a
+    language: a translation is not a copy); both empty when unknown.
     """
 
     text: str
@@ -24,6 +27,8 @@ class Document:
     category: str
     path: str = ""
     record: int = 0
+    site: str = ""
+    language: str = ""
 
     def origin(self) -> dict[str, str | int]:
         """Where the document came from, as the drop log and dedup reports write it."""

@@ -27,6 +27,9 @@ same way in memory: the reference the stages are tested against).
 from __future__ import annotations
 
 import hashlib
+import re
+import unicodedata
+import zlib
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -37,7 +40,7 @@ import numpy as np
 from mindfoundry.config.data_config import DedupConfig
 from mindfoundry.data.clean.shingling import MIX, ROLL, Shingle, shingle_keys, shingle_ngram, unit_values
 from mindfoundry.data.clean.templates import Templates
-from mindfoundry.data.clean.text import canonical
+from mindfoundry.data.clean.text import canonical, other_script_units, script_counts
 
 _CHUNK = 8192  # shingles min-hashed at once (bounds the shingles x num_perm matrix of a long document)
 
@@ -92,12 +95,15 @@ class Signer:
                    num_perm=settings.num_perm, seed=settings.seed, templates=templates)
 
     def hashes(self, text: str, source: str) -> np.ndarray:
-        """The distinct hashes of the document's shingles, less its source's template shingles (for exact Jaccard)."""
+        """The distinct hashes of the document's shingles, less its site's template shingles (for exact Jaccard). A
+        page that is template through and through (a chapter index whose entries are the site's menu) is compared on
+        its own text, which is none: its shingles are salted with its canonical text, so that only its verbatim copies
+        share them, and not the site's other pages of template alone."""
         keys = shingle_keys(unit_values(text, self.shingle), self.ngram)
         if self.templates:
             outside = self.templates.outside(keys, source, self.ngram)
             if outside is not None:
-                keys = keys[outside]
+                keys = keys[outside] if outside.any() else keys ^ np.uint64(exact_key(text))
         return np.unique(keys)
 
     def sign(self, text: str, source: str) -> np.ndarray:
@@ -105,15 +111,60 @@ class Signer:
         return signature(self.hashes(text, source), self.perms)
 
 
-def band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
+#: A document labelled with a language written in Latin letters whose reader units are at least this share in
+#: another script (CJK characters, or words of Cyrillic, Greek, Arabic...) is a half-translated page: its own group;
+#: a page with at least this share in Latin letters and in another script is also in the group of that mix.
+MIXED_SCRIPT_SHARE = 0.2
+_NON_LATIN_LANGUAGES = frozenset({"zh", "ja", "ko", "ru", "uk", "bg", "el", "ar", "fa", "he", "hi", "th", "ta"})
+_KANA = re.compile("[\u3040-\u30ff]")
+_OTHER_LETTER = re.compile("[^\\W\\d_A-Za-z\u00c0-\u024f]")
+
+
+def _other_script(text: str) -> str:
+    """The script of a mixed page's letters that are not Latin: KANA where it has kana (Japanese), else the Unicode
+    name's first word of its first such letter (CJK, HANGUL, CYRILLIC, GREEK, ARABIC...)."""
+    if _KANA.search(text):
+        return "KANA"
+    match = _OTHER_LETTER.search(text)
+    return unicodedata.name(match.group(), "?").split()[0] if match else ""
+
+
+def comparison_groups(text: str, language: str) -> tuple[str, ...]:
+    """Which documents a document is compared with for near-duplicates: those of its language (a translation that
+    keeps the original's command listings is not a copy of it), and among those written in Latin letters, a page
+    half in another script apart (a help page translated in part: its English paragraphs are its original's). A page
+    with at least :data:`MIXED_SCRIPT_SHARE` of its reader units in Latin letters and in another script is also
+    compared with the pages of that mix (``mixed:CJK``...): the model labels it by its larger half, which an edited
+    copy can tip (a Chinese help page left half in English is ``en`` and its copy ``zh``)."""
+    other = other_script_units(text) if language else 0
+    if other <= 0:
+        return (language,)
+    units = script_counts(text).reader_units
+    own = language if language in _NON_LATIN_LANGUAGES or other < MIXED_SCRIPT_SHARE * units else f"{language}+"
+    if MIXED_SCRIPT_SHARE * units <= other <= (1 - MIXED_SCRIPT_SHARE) * units:
+        return own, f"mixed:{_other_script(text)}"
+    return (own,)
+
+
+def comparison_salts(text: str, language: str) -> tuple[int, ...]:
+    """What a document's band keys are mixed with, once per group of :func:`comparison_groups`: the group's number; 0
+    for a document without a language, so a corpus prepared without the language block is bucketed as before."""
+    return tuple(0 if not group else (zlib.crc32(group.encode("utf-8")) + 1) * int(MIX) % 2**64
+                 for group in comparison_groups(text, language))
+
+
+def band_keys(signatures: np.ndarray, bands: int, rows: int, salts: np.ndarray | None = None) -> np.ndarray:
     """``(bands, n)`` keys of the LSH bands of ``n`` signatures (rows of ``signatures``): band ``b`` is rows
     ``b*rows .. b*rows+rows-1`` of a signature, and two signatures share band ``b``'s bucket when their keys
     there are equal. A key is the band's values folded into 64 bits (xor, multiply by an odd constant, a final
-    mix): equal bands give equal keys, and unequal ones collide with probability about 2**-64."""
+    mix): equal bands give equal keys, and unequal ones collide with probability about 2**-64. ``salts`` (one per
+    signature, :func:`language_salt`) start each key, so documents of two languages never share a bucket."""
     keys = np.empty((bands, len(signatures)), dtype=np.uint64)
     with np.errstate(over="ignore"):
         for band in range(bands):
             key = np.full(len(signatures), np.uint64(band + 1) * MIX, dtype=np.uint64)
+            if salts is not None:
+                key ^= salts
             for row in range(band * rows, band * rows + rows):
                 key = (key ^ signatures[:, row].astype(np.uint64)) * ROLL
             key ^= key >> np.uint64(31)

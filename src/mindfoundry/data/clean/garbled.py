@@ -9,11 +9,17 @@ Mojibake is text decoded with the wrong codec. Its signatures are specific enoug
 - Chinese mojibake: ``锟斤拷`` (two U+FFFD encoded in UTF-8, read as GBK) and runs of ``烫``/``屯``
   (uninitialized stack/heap memory 0xCC/0xCD printed as GBK);
 - private-use characters (font-specific glyphs from PDF extraction);
-- a high share of characters outside the scripts and symbols a Chinese/English corpus uses.
+- UTF-8 read as GBK: runs of CJK characters whose GBK bytes are valid UTF-8 (``中文`` -> ``涓枃``, Russian
+  ``привет`` -> common hanzi), recognised by reading them back;
+- a high share of characters no text is written with (control bytes, unassigned code points).
+
+Letters of every script are text: Cyrillic, Greek, Arabic, Hebrew, Devanagari, Thai, Hangul are never counted as
+garble.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import replace
@@ -21,7 +27,7 @@ from typing import Any
 
 from mindfoundry.config.clean import MojibakeConfig, SymbolRunsConfig
 from mindfoundry.data.clean.block import Drop, Filter, Transform, Verdict
-from mindfoundry.data.clean.text import CJK_RANGES, LETTER, count, non_space_chars, remove_matches
+from mindfoundry.data.clean.text import LETTER, count, non_space_chars, remove_matches
 from mindfoundry.data.document import Document
 
 _REPLACEMENT = re.compile("\ufffd")
@@ -33,17 +39,38 @@ _CONTINUATION = (
 _LATIN1_MOJIBAKE = re.compile(f"[\u00c2-\u00f4][{_CONTINUATION}]+")
 _CJK_MOJIBAKE = re.compile("(?:锟斤拷)+|烫{3,}|屯{3,}")
 _PRIVATE_USE = re.compile("[\ue000-\uf8ff\U000f0000-\U0010ffff]")
-# What a Chinese/English corpus is made of: ASCII, Latin letters with diacritics, modifier and
-# combining marks, Greek (science), general punctuation, currency, letterlike and number forms,
-# arrows, math, technical and box-drawing symbols, shapes, dingbats, CJK letters and punctuation,
-# full-width forms and emoji. Everything else is unusual (including U+FFFD and private use).
+
+
+@functools.lru_cache(maxsize=1)
+def _misread_runs() -> re.Pattern[str]:
+    """Runs of three or more of the GBK characters whose two bytes are a UTF-8 lead byte of a two-byte script
+    (0xC2-0xDF: Latin-1 letters, Greek, Cyrillic, Hebrew, Arabic) and a continuation byte (0x80-0xBF), between ASCII
+    characters: what a misread of such UTF-8 text as GBK is made of, word by word (a set of 1,900 characters,
+    matched in one pass)."""
+    chars = []
+    for lead in range(0xC2, 0xE0):
+        for trail in range(0x80, 0xC0):
+            try:
+                chars.append(bytes((lead, trail)).decode("gbk"))
+            except UnicodeDecodeError:
+                continue
+    # a whole run between ASCII characters (a misread word); inside a longer run of CJK it is real Chinese
+    return re.compile("(?<![^\\x00-\\x7f])[" + "".join(chars) + "]{3,}(?![^\\x00-\\x7f])")
+#: What no text is written with: control bytes other than whitespace (C0, and C1 as Latin-1 shows UTF-8's
+#: continuation bytes), surrogates, private use, non-characters and the unassigned planes 4-13. Letters, marks, digits,
+#: punctuation and symbols of every script are usual (Cyrillic, Arabic, Devanagari... are text, not garble).
 _UNUSUAL = re.compile(
-    "[^\\s\x21-\x7e\u00a0-\u024f\u02b0-\u036f\u0370-\u03ff\u2000-\u206f\u20a0-\u20cf"
-    f"\u2100-\u27bf\u3000-\u303f\u3200-\u33ff\ufe30-\ufe4f\uff00-\uffef{CJK_RANGES}"
-    "\U0001f000-\U0001faff]"
+    "[\x00-\x08\x0e-\x1f\x7f-\x9f\ud800-\uf8ff\ufdd0-\ufdef\ufffe\uffff\U00040000-\U000dffff"
+    "\U000f0000-\U0010ffff]"
 )
-# Every mojibake signature involves one of these; most documents contain none.
-_SUSPECTS = (_UNUSUAL, _LATIN1_MOJIBAKE, _CJK_MOJIBAKE)
+#: What UTF-8 read as GBK reads back to: a word of one two-byte script (Cyrillic, modern Greek, Arabic with its
+#: marks, Hebrew with its points). Real Chinese whose GBK bytes happen to be valid UTF-8 reads back to a mix of rare
+#: letters and symbols (为什么 -> Ϊʲô, 系统 -> ϵͳ, 目前没 -> Ŀǰû); the scripts of three-byte UTF-8 (CJK, Indic)
+#: misread as GBK leave rare hanzi and U+FFFD, which the other checks count.
+_ONE_SCRIPT = re.compile("[\u0401-\u045f]+|[\u0386-\u03ce]+|[\u0620-\u065f\u066e-\u06d3]+|[\u05b0-\u05ea]+")
+# Every other mojibake signature involves one of these; most documents contain none.
+_SUSPECTS = (_REPLACEMENT, _UNUSUAL, _LATIN1_MOJIBAKE, _CJK_MOJIBAKE)
+
 
 #: Letters (a CJK character is one) that the text outside symbol runs needs for its document to be kept.
 MIN_TEXT_LETTERS = 10
@@ -66,12 +93,13 @@ class MojibakeFilter(Filter):
             ("replacement_chars", s.max_replacement_ratio, lambda t: count(_REPLACEMENT, t)),
             ("cjk_mojibake", s.max_cjk_mojibake_ratio, lambda t: _matched_chars(_CJK_MOJIBAKE, t)),
             ("latin1_as_utf8", s.max_latin1_mojibake_ratio, lambda t: _matched_chars(_LATIN1_MOJIBAKE, t)),
+            ("utf8_as_gbk", s.max_gbk_mojibake_ratio, _read_back_as_utf8),
             ("private_use", s.max_private_use_ratio, lambda t: count(_PRIVATE_USE, t)),
             ("unusual_chars", s.max_unusual_ratio, _unusual_chars),
         )
 
     def filter(self, doc: Document) -> Verdict:
-        if not any(pattern.search(doc.text) for pattern in _SUSPECTS):
+        if not any(pattern.search(doc.text) for pattern in _SUSPECTS) and _misread_runs().search(doc.text) is None:
             return True  # the common case: nothing to measure
         total = max(non_space_chars(doc.text), 1)
         for reason, limit, measure in self.checks:
@@ -86,6 +114,20 @@ def _matched_chars(pattern: re.Pattern[str], text: str) -> int:
 
 def _unusual_chars(text: str) -> int:
     return count(_UNUSUAL, text)
+
+
+def _read_back_as_utf8(text: str) -> int:
+    """Characters in runs (:func:`_misread_runs`) whose GBK bytes are UTF-8 for a word of one script
+    (:data:`_ONE_SCRIPT`): what a misread of UTF-8 as GBK shows. Real Chinese almost never reads back (a GBK lead byte
+    of 0xB0-0xBF or 0xF8 and up cannot start UTF-8, a run must be valid as a whole, and what it gives is a mix)."""
+    found = 0
+    for run in _misread_runs().findall(text):
+        try:
+            back = run.encode("gbk").decode("utf-8")
+        except UnicodeError:
+            continue
+        found += len(run) * (_ONE_SCRIPT.fullmatch(back) is not None)
+    return found
 
 
 # Not a letter, digit or space; "_" counts (fill-in "______" lines); box-drawing characters do not (tables).

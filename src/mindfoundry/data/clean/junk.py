@@ -24,7 +24,7 @@ from typing import Any
 from mindfoundry.config.clean import JunkConfig
 from mindfoundry.data.clean.block import Drop, Transform
 from mindfoundry.data.clean.normalize import TIMESTAMP_PATTERNS
-from mindfoundry.data.clean.text import count
+from mindfoundry.data.clean.text import count, other_script_units
 from mindfoundry.data.document import Document
 
 _ID = r"\s*[:：]?\s*(?:[@+]?[A-Za-z_]{0,8}\d[\w-]{3,}|\+?\d[\d -]{6,})"
@@ -117,7 +117,7 @@ def _common_cjk_class() -> re.Pattern[str]:
 def garbled_word_ratio(text: str) -> tuple[float, int]:
     """Share of Latin words of three characters or more that no language writes (letters and digits mixed, or
     no vowel), and how many such words were judged (the first :data:`MAX_JUDGED`: garbage is garbled throughout);
-    none in Chinese text (its Latin words are commands and names)."""
+    none in text of another script (Chinese, Cyrillic, Arabic...: its Latin words are commands and names)."""
     judged = bad = 0
     for match in _TOKEN.finditer(text):
         token = match.group()
@@ -127,8 +127,8 @@ def garbled_word_ratio(text: str) -> tuple[float, int]:
         bad += not token.isalpha() or _VOWEL.search(token) is None
         if judged == MAX_JUDGED:
             break
-    if not judged or count(_CJK, text) >= judged:  # Chinese text: its Latin words are commands and names
-        return 0.0, 0
+    if not judged or other_script_units(text) >= judged:
+        return 0.0, 0  # Chinese, Russian, Arabic... text: its Latin words are commands, names and placeholders
     return bad / judged, judged
 
 

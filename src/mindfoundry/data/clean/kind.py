@@ -113,6 +113,25 @@ def _code_lines(lines: list[str]) -> int:
     return count
 
 
+_STRING = re.compile(r"\"((?:[^\"\\]|\\.){2,})\"|'((?:[^'\\]|\\.){2,})'")
+_COMMENT = re.compile(r"(?:^|\s)(?:#|//|/\*|--|;)\s*(.*?)(?:\*/)?$")
+
+
+def written_part(text: str) -> str:
+    """What people wrote in their language in a code document: its lines that are not code (comments, docstrings,
+    prose between the code), and the comments and string literals of its code lines. A document of prose that reads
+    as code (release notes whose lines end in ``;``, prose with shell snippets) keeps its prose."""
+    parts = []
+    for line in text.split("\n"):
+        if not is_code_line(line):
+            parts.append(line)
+            continue
+        parts += [a or b for a, b in _STRING.findall(line)]
+        if (comment := _COMMENT.search(line)) is not None:
+            parts.append(comment.group(1))
+    return "\n".join(part for part in parts if part.strip())
+
+
 def is_content_line(line: str) -> bool:
     """Whether a line is content wherever it repeats: code (an import, a statement, a traceback line), markup, a
     heading, an option or a table rule (not merely a line with symbols: a breadcrumb "文档 > 指南" is not). Boilerplate

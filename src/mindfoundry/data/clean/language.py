@@ -15,11 +15,13 @@ letters (a CJK character is one) the language is ``und`` (undetermined: digits, 
 language rule never drops.
 
 With ``keep``, a document is dropped when its likeliest language is not kept, the model gives that language at least
-``min_score``, and the kept languages hold less than half of it when it is read in stretches of a few lines
-(:func:`kept_share`, only for the documents about to go): a mixed or unclear document stays (a German help page whose
-body was left in English), as a zh/en corpus would rather keep it than lose it. The drop log has its language, score
-and kept share. Every document's
-characters are summed per language in the block's counts (the manifest's ``languages``). ``zh_script`` converts the
+``min_score`` (or, the whole being unclear, the stretches it is sure of cover half the document), and the kept
+languages hold less than half of it when it is read in stretches of a few lines (:func:`kept_share`, only for the
+documents about to go): a mixed document stays (a German help page whose body was left in English), as a corpus would
+rather keep it than lose it. Source code is read by what people wrote in it (comments, strings, prose lines). The
+drop log has its language, score and kept share. Every document's characters are summed per language in the block's
+counts (the manifest's ``languages``), and each document kept carries its language on to
+dedup. ``zh_script`` converts the
 Chinese documents to one script (OpenCC; off by default: a corpus usually keeps the script its readers write).
 """
 
@@ -32,6 +34,7 @@ from typing import Any
 
 from mindfoundry.config.clean import UNDETERMINED, LanguageConfig
 from mindfoundry.data.clean.block import Drop, Transform
+from mindfoundry.data.clean.kind import document_kind, is_content_line, written_part
 from mindfoundry.data.clean.text import LETTER, count, units
 from mindfoundry.data.document import Document
 from mindfoundry.errors import MindFoundryError
@@ -104,30 +107,51 @@ def identify(text: str, settings: LanguageConfig) -> Identification:
     return Identification(code, round(prob, 4))
 
 
+#: Of a code document, the written part of about this many times ``max_chars`` of its lines is read (comments and
+#: strings are a fraction of code; a 200k-character module need not be split whole).
+CODE_SAMPLE = 8
+
 #: Lines per stretch, and the characters a stretch holds at most, when a document's parts are weighed.
 STRETCH_LINES, STRETCH_CHARS = 6, 400
 
 
-def kept_share(text: str, keep: list[str], settings: LanguageConfig) -> float:
+_LATIN_LETTER = re.compile("[A-Za-z\u00c0-\u024f]")
+
+
+def _script_key(line: str) -> bool:
+    """Whether most of a line's letters are Latin: a stretch of lines ends where this changes, so an English paragraph
+    between Tamil ones is weighed as English."""
+    return 2 * count(_LATIN_LETTER, line) >= count(LETTER, line)
+
+
+def kept_share(text: str, keep: list[str], settings: LanguageConfig) -> tuple[float, float]:
     """The share of ``text``'s reader units (a CJK character or a word) in stretches of a few lines that the model
     places, at least ``min_score`` sure, in a ``keep`` language, among the stretches it is that sure of: a help page
-    whose menu titles are German and whose body is English is mostly English."""
-    kept = total = 0
+    whose menu titles are German and whose body is English is mostly English. A stretch holds lines of one script
+    (Latin or not), and only prose lines count when the document has prose (options, code and table rows say little
+    of the language a page is written in). Also the share of all units in the stretches the model is sure of."""
+    lines = _lines(text, settings)
+    prose = [line for line in lines if not is_content_line(line)]
+    if count(LETTER, " ".join(prose)) >= settings.min_letters:
+        lines = prose
+    kept = total = every = 0
     current: list[str] = []
     stretches = []
-    for line in _lines(text, settings):
-        if current and (len(current) == STRETCH_LINES or sum(map(len, current)) + len(line) > STRETCH_CHARS):
+    for line in lines:
+        if current and (len(current) == STRETCH_LINES or sum(map(len, current)) + len(line) > STRETCH_CHARS
+                        or _script_key(line) != _script_key(current[-1])):
             stretches.append(" ".join(current))
             current = []
         current.append(line[:STRETCH_CHARS])
     stretches.append(" ".join(current))
     for stretch in stretches:
         code, prob = _predict(stretch)
+        weight = len(units(stretch))
+        every += weight
         if prob >= settings.min_score:
-            weight = len(units(stretch))
             total += weight
             kept += weight if code in keep else 0
-    return kept / total if total else 0.0
+    return (kept / total if total else 0.0), (total / every if every else 0.0)
 
 
 #: OpenCC's conversion to each ``zh_script`` (character by character: a term's regional wording is not changed).
@@ -145,19 +169,28 @@ def _converter(script: str) -> Any:
 
 
 class LanguageFilter(Transform):
-    """The ``language`` block (see the module docstring); with ``zh_script``, Chinese documents are converted to
+    """The ``language`` block (see the module docstring). Every kind of document is judged: source code by what people
+    wrote in it (:func:`~mindfoundry.data.clean.kind.written_part`: comments, strings, the lines that are not code),
+    so a German script or prose that reads as code is German, and a Python file with English comments English. With
+    ``zh_script``, Chinese documents are converted to
     simplified or traditional characters (OpenCC)."""
 
     name = "language"
     section = LanguageConfig
 
     def transform(self, doc: Document) -> Document | Drop:
-        found = identify(doc.text, self.settings)
+        read = doc.text
+        if document_kind(doc.text) == "code":
+            read = written_part("\n".join(sample(read, CODE_SAMPLE * self.settings.max_chars)))
+        found = identify(read, self.settings)
         self.stats.labels[found.language] += len(doc.text)
         keep, settings = self.settings.keep, self.settings
-        if (keep and found.language not in keep and found.language != UNDETERMINED and found.score >= settings.min_score
-                and (share := kept_share(doc.text, keep, settings)) < 0.5):
-            return Drop("other_language", round(share, 4), 0.5, {"language": found.language, "score": found.score})
+        if keep and found.language not in keep and found.language != UNDETERMINED:
+            share, sure = kept_share(read, keep, settings)
+            if share < 0.5 and (found.score >= settings.min_score or sure >= 0.5):
+                return Drop("other_language", round(share, 4), 0.5, {"language": found.language, "score": found.score,
+                                                                     "sure_share": round(sure, 4)})
+        doc = replace(doc, language=found.language)  # dedup looks for near-duplicates within a language
         script = self.settings.zh_script
         if script != "keep" and found.language == "zh":
             converted = _converter(script).convert(doc.text)

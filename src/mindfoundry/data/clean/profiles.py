@@ -8,9 +8,9 @@ to a source, and each block's settings section can switch it off (``enabled: fal
 - ``docs``: every block, with the settings of :data:`PROFILE_SETTINGS`: boilerplate only at a
   document's edges (in manuals and API references a line many pages share, "Traceback (most
   recent call last):", is content) and repetition limits for reference text;
-- ``code``: only what cannot damage source code: mojibake, control characters and length.
-  NFKC would rewrite string literals, boilerplate removal would delete ``import os`` (a line
-  many files share), and the prose heuristics reject indentation and symbol-dense lines;
+- ``code``: only what cannot damage source code: mojibake, control characters, length and the language rule
+  (judged on the comments, strings and prose lines). NFKC would rewrite string literals, boilerplate removal would
+  delete ``import os`` (a line many files share), and the prose heuristics reject indentation and symbol-dense lines;
 - ``none``: no cleaning (dedup still applies);
 - ``auto`` (the default): per document, the profile of what the document is, read from its content
   (:func:`~mindfoundry.data.clean.kind.document_kind`: code lines, headings, option lists, markup), so a
@@ -33,7 +33,8 @@ from mindfoundry.data.clean.junk import JunkRemover
 from mindfoundry.data.clean.kind import KINDS, Kind, document_kind
 from mindfoundry.data.clean.language import LanguageFilter
 from mindfoundry.data.clean.normalize import ControlCharRemover, NfkcNormalizer, TimestampRemover
-from mindfoundry.data.clean.quality import LengthFilter, QualityFilter, RepetitionFilter, ScriptFilter
+from mindfoundry.data.clean.quality import LengthFilter, QualityFilter, ScriptFilter
+from mindfoundry.data.clean.repetition import RepetitionFilter
 from mindfoundry.data.document import Document
 
 Settings = Mapping[str, Mapping[str, Any]]
@@ -53,7 +54,7 @@ AUTO = "auto"
 PROFILES: dict[str, tuple[str, ...]] = {
     "prose": CLEAN_BLOCKS,
     "docs": CLEAN_BLOCKS,
-    "code": ("mojibake", "control_chars", "length"),
+    "code": ("mojibake", "control_chars", "length", "language"),
     "none": (),
 }
 

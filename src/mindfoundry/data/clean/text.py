@@ -77,6 +77,15 @@ def script_counts(text: str) -> ScriptCounts:
                         latin_words=len(_LATIN_WORD.findall(text)))
 
 
+def other_script_units(text: str) -> int:
+    """Reader units not written in Latin letters (CJK characters, words of Cyrillic, Greek, Arabic...); text in
+    ASCII has none, told without counting (most documents of most corpora: code, English)."""
+    if text.isascii():
+        return 0
+    counts = script_counts(text)
+    return counts.reader_units - counts.latin_words
+
+
 def is_cjk_text(text: str) -> bool:
     """Whether CJK characters make at least half of the reader units (so Chinese with English terms is Chinese).
 

@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import zstandard
 
@@ -122,6 +123,7 @@ def read_files(
     txt_mode: TxtMode = "file",
     stats: SourceStats,
     storage: StorageConfig | None = None,
+    url_field: str | None = None,
 ) -> Iterator[Document]:
     """Stream documents from files, folders and globs of ``.txt``, ``.jsonl`` and ``.parquet``.
 
@@ -132,7 +134,8 @@ def read_files(
     (``txt_mode="file"``) or one per non-empty line (``txt_mode="line"``); ``.jsonl`` files are
     one JSON object per line with the text under ``text_field`` (blank lines are ignored);
     ``.parquet`` files are one row per record with the text in column ``text_field`` (string or
-    binary). Text files may be compressed (``.gz``, ``.zst``).
+    binary). Text files may be compressed (``.gz``, ``.zst``). With ``url_field``, a record's URL there gives its
+    document's :attr:`~mindfoundry.data.document.Document.site` (the host: pages of one site share a template).
 
     Document ids are ``"{name}:{path}:{line}"`` (``"{name}:{path}"`` for whole-file documents,
     ``"{name}:{path}:{row}"`` with 1-based rows for Parquet),
@@ -144,11 +147,12 @@ def read_files(
     """
     files = resolve_files(patterns, storage)
     return read_listed(files, files_root(files), name=name, category=category, text_field=text_field, txt_mode=txt_mode,
-                       stats=stats)
+                       stats=stats, url_field=url_field)
 
 
 def read_listed(files: Sequence[Path | Location], root: Path | Location, *, name: str, category: str,
-                text_field: str = "text", txt_mode: TxtMode = "file", stats: SourceStats) -> Iterator[Document]:
+                text_field: str = "text", txt_mode: TxtMode = "file", stats: SourceStats,
+                url_field: str | None = None) -> Iterator[Document]:
     """Stream documents from resolved ``files`` (:func:`resolve_files`), their ids relative to ``root``: a part of
     a source's files read with the ids the whole source would give them (see :func:`read_files`)."""
     if txt_mode not in ("file", "line"):
@@ -156,7 +160,7 @@ def read_listed(files: Sequence[Path | Location], root: Path | Location, *, name
     if not name:
         raise DataSourceError("a source needs a non-empty name (it prefixes document ids)")
     return count_emitted(_read_resolved([locate(f) for f in files], locate(root), name, category, text_field,
-                                        txt_mode, stats), stats)
+                                        txt_mode, stats, url_field), stats)
 
 
 def _read_resolved(
@@ -167,27 +171,28 @@ def _read_resolved(
     text_field: str,
     txt_mode: TxtMode,
     stats: SourceStats,
+    url_field: str | None,
 ) -> Iterator[Document]:
     """Read resolved files one at a time, dispatching on the suffix."""
     for path in files:
         stats.record_file(path)
         relative = path.relative_to(root)
         prefix = f"{name}:{relative}"
-        records: Iterator[tuple[int | None, str]]
+        records: Iterator[tuple[int | None, str, str]]
         if path.name.endswith(".parquet"):
-            records = _parquet_records(path, text_field, stats)
+            records = _parquet_records(path, text_field, stats, url_field)
         elif path.name.endswith(_JSONL_SUFFIXES):
-            records = _jsonl_records(path, text_field, stats)
+            records = _jsonl_records(path, text_field, stats, url_field)
         elif txt_mode == "line":
-            records = line_records(path, stats)
+            records = ((number, text, "") for number, text in line_records(path, stats))
         else:
-            records = _whole_file_record(path, stats)
-        for number, text in records:
+            records = ((number, text, "") for number, text in _whole_file_record(path, stats))
+        for number, text, site in records:
             doc_id = prefix if number is None else f"{prefix}:{number}"
             if is_blank(text, stats) or is_too_long(text, path, number, stats):
                 continue
             yield Document(text=text, id=doc_id, source=name, category=category, path=relative,
-                           record=0 if number is None else number - 1)
+                           record=0 if number is None else number - 1, site=site)
         stats.file_read(path)
 
 
@@ -229,8 +234,20 @@ def json_records(path: Location, stats: SourceStats) -> Iterator[tuple[int, dict
         yield number, record if isinstance(record, dict) else None
 
 
-def _jsonl_records(path: Location, text_field: str, stats: SourceStats) -> Iterator[tuple[int, str]]:
-    """``(line number, text)`` for every JSON line that holds a string under ``text_field``."""
+def url_host(value: Any) -> str:
+    """The host of a URL (lower case), or "" for anything else: the site a page belongs to."""
+    if not isinstance(value, str) or "://" not in value:
+        return ""
+    try:
+        return urlsplit(value.strip()).hostname or ""
+    except ValueError:
+        return ""
+
+
+def _jsonl_records(path: Location, text_field: str, stats: SourceStats,
+                   url_field: str | None = None) -> Iterator[tuple[int, str, str]]:
+    """``(line number, text, site)`` for every JSON line that holds a string under ``text_field`` (site: the host of
+    its ``url_field``, "" without one)."""
     for number, record in json_records(path, stats):
         if record is None:
             stats.skipped_bad_json += 1
@@ -243,15 +260,16 @@ def _jsonl_records(path: Location, text_field: str, stats: SourceStats) -> Itera
             # JSON escapes can smuggle lone surrogates ("\ud800") that are not valid UTF-8.
             stats.skipped_non_utf8 += 1
             continue
-        yield number, text
+        yield number, text, url_host(record.get(url_field)) if url_field else ""
 
 
-def _parquet_records(path: Location, text_field: str, stats: SourceStats) -> Iterator[tuple[int, str]]:
-    """``(row number from 1, text)`` for every row of a Parquet file, one record batch at a time.
+def _parquet_records(path: Location, text_field: str, stats: SourceStats,
+                     url_field: str | None = None) -> Iterator[tuple[int, str, str]]:
+    """``(row number from 1, text, site)`` for every row of a Parquet file, one record batch at a time.
 
-    Only the text column is read. A file without that column, or whose column holds no text,
-    skips all its rows as missing text and says why in ``stats.notes``; a null value skips its
-    row the same way, and bytes that are not UTF-8 count as non-UTF-8.
+    Only the text column is read, and the ``url_field`` column where there is one (site: the URL's host). A file
+    without the text column, or whose column holds no text, skips all its rows as missing text and says why in
+    ``stats.notes``; a null value skips its row the same way, and bytes that are not UTF-8 count as non-UTF-8.
     """
     pa, pq = _import_pyarrow()
     try:
@@ -266,14 +284,17 @@ def _parquet_records(path: Location, text_field: str, stats: SourceStats) -> Ite
                 stats.skipped_missing_text += rows
                 return
             number = 0
-            for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=[text_field]):
+            with_url = url_field is not None and url_field in parquet.schema_arrow.names
+            columns = [text_field, url_field] if with_url else [text_field]
+            for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=columns):
                 # Decoded here, not by Arrow: a string column can still hold invalid UTF-8, to be counted, not fatal.
-                for value in batch.column(0).cast(binary).to_pylist():
+                urls = batch.column(1).to_pylist() if with_url else [None] * batch.num_rows
+                for value, url in zip(batch.column(0).cast(binary).to_pylist(), urls, strict=True):
                     number += 1
                     if value is None:
                         stats.skipped_missing_text += 1
                     elif (text := decode(value, stats)) is not None:
-                        yield number, text
+                        yield number, text, url_host(url)
     except (pa.ArrowException, OSError) as exc:
         raise DataSourceError(f"{path}: corrupt or unreadable Parquet data ({exc})") from exc
 

@@ -1,7 +1,7 @@
 """Documents on disk between two stages of `prepare`: a task's documents, streamed out and read back.
 
 A store is a folder: ``text.bin`` (the UTF-8 texts back to back) with its offsets, ``ids.bin``
-likewise, and per document its path (an index into ``paths.json``), record and *ordinal* (its
+likewise, and per document its path and site (indices into ``paths.json``'s lists), record and *ordinal* (its
 position among the documents the task read, which orders drop-log lines across stages). Offsets
 and columns are ``.npy`` files opened memory-mapped, so a later stage reads one document by row
 (dedup's exact verification, the kept twin of a dropped one) without loading the store.
@@ -19,7 +19,7 @@ import numpy as np
 
 from mindfoundry.data.document import Document
 
-_COLUMNS = ("path_index", "record", "ordinal")
+_COLUMNS = ("path_index", "record", "ordinal", "site_index")
 
 
 class DocWriter:
@@ -34,6 +34,7 @@ class DocWriter:
         self._offsets = {"text": array("q", [0]), "ids": array("q", [0])}
         self._columns = {name: array("q") for name in _COLUMNS}
         self._paths: dict[str, int] = {}
+        self._sites: dict[str, int] = {}
         self.chars = 0
 
     def add(self, doc: Document, ordinal: int) -> None:
@@ -44,6 +45,7 @@ class DocWriter:
         self._columns["path_index"].append(self._paths.setdefault(doc.path, len(self._paths)))
         self._columns["record"].append(doc.record)
         self._columns["ordinal"].append(ordinal)
+        self._columns["site_index"].append(self._sites.setdefault(doc.site, len(self._sites)))
         self.chars += len(doc.text)
 
     def close(self) -> int:
@@ -57,7 +59,8 @@ class DocWriter:
                 self.folder / f"{name}.npy", np.frombuffer(values, dtype=np.int64) if values else np.zeros(0, np.int64)
             )
         (self.folder / "paths.json").write_text(json.dumps({"source": self.source, "category": self.category,
-                                                           "paths": list(self._paths)}, ensure_ascii=False),
+                                                           "paths": list(self._paths), "sites": list(self._sites)},
+                                                          ensure_ascii=False),
                                                 encoding="utf-8")
         return len(self._columns["record"])
 
@@ -69,8 +72,11 @@ class DocReader:
         self.folder = folder
         head = json.loads((folder / "paths.json").read_text(encoding="utf-8"))
         self.source, self.category, self.paths = head["source"], head["category"], head["paths"]
+        self.sites = head.get("sites", [""])  # a store written before sites were kept: none known
         self._offsets = {name: np.load(folder / f"{name}.offsets.npy", mmap_mode="r") for name in ("text", "ids")}
-        self.columns = {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in _COLUMNS}
+        self.columns = {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in _COLUMNS
+                        if name != "site_index" or (folder / f"{name}.npy").is_file()}
+        self.columns.setdefault("site_index", np.zeros(len(self.columns["record"]), np.int64))
 
     def __len__(self) -> int:
         return len(self.columns["record"])
@@ -89,7 +95,7 @@ class DocReader:
     def document(self, row: int) -> Document:
         origin = self.origin(row)
         return Document(self._string("text", row), self._string("ids", row), self.source, self.category,
-                        str(origin["path"]), int(origin["record"]))
+                        str(origin["path"]), int(origin["record"]), self.sites[int(self.columns["site_index"][row])])
 
     def text(self, row: int) -> str:
         return self._string("text", row)
@@ -100,10 +106,11 @@ class DocReader:
     def __iter__(self) -> Iterator[tuple[int, Document]]:
         """``(ordinal, document)`` in store order, read sequentially."""
         offsets = {name: np.asarray(self._offsets[name]) for name in ("text", "ids")}
-        path_index, record, ordinal = (np.asarray(self.columns[name]) for name in _COLUMNS)
+        path_index, record, ordinal, site_index = (np.asarray(self.columns[name]) for name in _COLUMNS)
         with open(self.folder / "text.bin", "rb") as text, open(self.folder / "ids.bin", "rb") as ids:
             for row in range(len(self)):
                 body = text.read(int(offsets["text"][row + 1] - offsets["text"][row])).decode("utf-8")
                 doc_id = ids.read(int(offsets["ids"][row + 1] - offsets["ids"][row])).decode("utf-8")
                 yield int(ordinal[row]), Document(body, doc_id, self.source, self.category,
-                                                  self.paths[int(path_index[row])], int(record[row]))
+                                                  self.paths[int(path_index[row])], int(record[row]),
+                                                  self.sites[int(site_index[row])])

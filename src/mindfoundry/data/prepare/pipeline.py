@@ -241,16 +241,19 @@ class _StagedRun:
         work, corpus = self.work, self.corpus
         read = self._run(ReadStage(work, corpus))
         summaries = self._summaries(read)
-        counted: dict[str, tuple[list[int], dict[int, int]]] = {}
+        counted: dict[str, tuple[list[int], dict[str | int, int]]] = {}
         entries = 0
         for kind in get_args(CountedKind):
             tasks, documents = [], {}
             for t, result in enumerate(read):
                 if (counts := result.counted(kind)) is not None:
-                    source = corpus.inputs[t].source
                     tasks.append(t)
-                    documents[source] = documents.get(source, 0) + counts[0]
                     entries += counts[1]
+                    # lines are counted per source, template spans per site (templates.site_documents)
+                    per = {int(site): n for site, n in (result.span_sites or {}).items()} if kind == "span" else {
+                        corpus.inputs[t].source: counts[0]}
+                    for key, n in per.items():
+                        documents[key] = documents.get(key, 0) + n
             if tasks:
                 counted[kind] = (tasks, documents)
         keys = partitions(entries) if counted else 0

@@ -32,6 +32,7 @@ class ReadResult(TaskResult):
     line_entries: int | None = None
     span_documents: int | None = None
     span_entries: int | None = None
+    span_sites: dict[str, int] | None = None  # sampled documents per site number (str: the result is JSON)
 
     def counted(self, kind: CountedKind) -> tuple[int, int] | None:
         """(documents, key-run entries) of the keys of ``kind`` this task counted, or None."""

@@ -19,6 +19,7 @@ import heapq
 import itertools
 import time
 from array import array
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -29,10 +30,18 @@ import numpy as np
 from mindfoundry.config.data_config import DedupConfig
 from mindfoundry.data.clean.boilerplate import FrequentLines, document_keys, frequent_body, frequent_in_source
 from mindfoundry.data.clean.curate import CUT, chunked, clean_chunk, runs_block, source_pipeline
-from mindfoundry.data.clean.dedup import Signer, band_keys, exact_key
+from mindfoundry.data.clean.dedup import Signer, band_keys, comparison_salts, exact_key
 from mindfoundry.data.clean.droplog import read_numbered, write_numbered
 from mindfoundry.data.clean.shingling import shingle_ngram, unit_values
-from mindfoundry.data.clean.templates import Templates, covered_shingles, document_spans
+from mindfoundry.data.clean.templates import (
+    Templates,
+    covered_shingles,
+    document_spans,
+    site_documents,
+    site_number,
+    template_key,
+)
+from mindfoundry.data.document import Document
 from mindfoundry.data.execute.stage import Stage
 from mindfoundry.data.execute.workdir import WorkDir
 from mindfoundry.data.ingest.files import SourceStats
@@ -68,6 +77,7 @@ class ReadStage(Stage[ReadResult]):
         counted = 0
         sample, dedup = self.corpus.template_sample(task), data.dedup
         spans: list[np.ndarray] = []  # the distinct template-span keys of each sampled document
+        sites: Counter[int] = Counter()  # sampled documents per site number (templates are per site)
         store = DocWriter(out / DOCS, src.name, src.resolved_category())
 
         def cleaned() -> Iterator[tuple[int, dict[str, Any]]]:
@@ -79,8 +89,9 @@ class ReadStage(Stage[ReadResult]):
                 for ordinal, doc in kept:
                     store.add(doc, ordinal)
                     if len(spans) < sample:
-                        spans.append(document_spans(unit_values(doc.text, dedup.shingle), dedup.templates.ngram,
-                                                    doc.source))
+                        site = template_key(doc.source, doc.site)
+                        spans.append(document_spans(unit_values(doc.text, dedup.shingle), dedup.templates.ngram, site))
+                        sites[site_number(site)] += 1
                     found = (
                         document_keys(doc.text, doc.source, settings.min_line_chars, settings.edge_lines)
                         if counting
@@ -101,7 +112,8 @@ class ReadStage(Stage[ReadResult]):
                 for name, found in keys.items()
             ))
         if sample:  # document frequency of each template-span key in this task's sample
-            result = replace(result, span_documents=len(spans), span_entries=write_run(
+            result = replace(result, span_documents=len(spans), span_sites={str(k): n for k, n in sites.items()},
+                             span_entries=write_run(
                 out, "spans", *np.unique(np.concatenate([np.zeros(0, np.uint64), *spans]), return_counts=True)))
         return result
 
@@ -113,10 +125,11 @@ class BoilerplateStage(Stage[BoilerplateResult]):
     name, result_type = BOILERPLATE, BoilerplateResult
 
     def __init__(self, work: WorkDir, corpus: Corpus, partitions: int,
-                 counted: dict[str, tuple[list[int], dict[int, int]]]) -> None:
+                 counted: dict[str, tuple[list[int], dict[str | int, int]]]) -> None:
         super().__init__(work)
         self.corpus, self.partitions = corpus, partitions
-        # "line" / "span": the read tasks that counted them, and per source the documents they counted
+        # "line" / "span": the read tasks that counted them, and per source (lines) or site number (spans) the
+        # documents they counted
         self.counted = counted
 
     def tasks(self) -> int:
@@ -139,10 +152,14 @@ class BoilerplateStage(Stage[BoilerplateResult]):
 
     def _in_source(self, counted: str, run: str, low: int, high: int | None, min_documents: int,
                    min_share: float) -> np.ndarray:
-        """The keys of run ``run`` in ``[low, high)`` that recur in their source (keys are salted per source)."""
+        """The keys of run ``run`` in ``[low, high)`` that recur in their source (edge lines: keys are salted per
+        source) or site (template spans: a key's low bits are its site's number, templates.site_documents)."""
         tasks, documents = self.counted[counted]
         keys, counts, first_runs = _summed(*gather([self.work.task(READ, t) for t in tasks], run, low, high))
-        sources = np.array([documents[self.corpus.inputs[tasks[r]].source] for r in first_runs], dtype=np.int64)
+        if counted == "span":
+            sources = site_documents(keys, documents)
+        else:
+            sources = np.array([documents[self.corpus.inputs[tasks[r]].source] for r in first_runs], dtype=np.int64)
         return keys[frequent_in_source(counts, sources, min_documents, min_share)]
 
 
@@ -185,7 +202,7 @@ class TemplateStage(Stage[TemplateResult]):
         found = [np.zeros(0, np.uint64)]
         for _, doc in itertools.islice(DocReader(self.work.task(READ, task) / DOCS), sample):
             found.append(covered_shingles(unit_values(doc.text, dedup.shingle), ngram, spans, dedup.templates.ngram,
-                                          doc.source))
+                                          template_key(doc.source, doc.site)))
         shingles = np.unique(np.concatenate(found))
         np.save(out / "shingles.npy", shingles)
         return TemplateResult(shingles=len(shingles))
@@ -228,7 +245,7 @@ class CleanStage(Stage[CleanResult]):
                 kept, lines = clean_chunk(pipeline, chunk)
                 for ordinal, doc in kept:
                     store.add(doc, ordinal)
-                    signing.add(doc.text, doc.source)
+                    signing.add(doc)
                 yield from lines
 
         write_numbered(out / NEW_EVENTS, cleaned())
@@ -243,23 +260,31 @@ class CleanStage(Stage[CleanResult]):
 
 class Signing:
     """A task's dedup keys, document by document: exact keys and MinHash signatures (packed, 4 bytes a value), then
-    the LSH band keys (key runs whose value is the row) and the signatures (one array) that the dedup stages read."""
+    the LSH band keys (key runs whose value is the row; salted with each document's language, so near-duplicates
+    are looked for within a language) and the signatures (one array) that the dedup stages read."""
 
     def __init__(self, settings: DedupConfig, templates: Templates | None) -> None:
         self.settings = settings
         self.signer = Signer.of(settings, templates)
         self.exact_keys = array("Q")
         self.signatures = array("I")
+        # a (document row, salt) per comparison group of each document, in corpus order (a page of mixed scripts has
+        # two), so a bucket lists its documents in corpus order
+        self.group_rows, self.salts = array("Q"), array("Q")
         self.seconds = 0.0
 
-    def add(self, text: str, source: str) -> None:
+    def add(self, doc: Document) -> None:
         if not self.settings.enabled:
             return
         start = time.perf_counter()
         if self.settings.exact:
-            self.exact_keys.append(exact_key(text))
+            self.exact_keys.append(exact_key(doc.text))
         if self.settings.near:
-            self.signatures.frombytes(self.signer.sign(text, source).astype(np.uint32).tobytes())
+            self.signatures.frombytes(self.signer.sign(doc.text, template_key(doc.source, doc.site))
+                                      .astype(np.uint32).tobytes())
+            salts = comparison_salts(doc.text, doc.language)
+            self.group_rows.extend([len(self.signatures) // self.settings.num_perm - 1] * len(salts))
+            self.salts.extend(salts)
         self.seconds += time.perf_counter() - start
 
     def write(self, out: Path) -> None:
@@ -273,8 +298,9 @@ class Signing:
         if settings.near:
             signatures = np.frombuffer(self.signatures, dtype=np.uint32).reshape(-1, settings.num_perm)
             np.save(out / SIGNATURES, signatures)
-            rows = np.arange(len(signatures), dtype=np.uint64)
-            for band, keys in enumerate(band_keys(signatures, settings.bands, settings.rows)):
-                write_run(out, f"band{band:03d}", keys, rows)
+            group_rows = np.frombuffer(self.group_rows, dtype=np.uint64)
+            salts = np.frombuffer(self.salts, dtype=np.uint64)
+            for band, keys in enumerate(band_keys(signatures[group_rows], settings.bands, settings.rows, salts)):
+                write_run(out, f"band{band:03d}", keys, group_rows)
         self.seconds += time.perf_counter() - start
 

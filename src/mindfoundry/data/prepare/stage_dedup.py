@@ -35,6 +35,7 @@ import numpy as np
 
 from mindfoundry.data.clean.dedup import Clusters, Pair, Signer, first_kept_wins, jaccard, signature_similarity
 from mindfoundry.data.clean.keysets import in_sorted
+from mindfoundry.data.clean.templates import template_key
 from mindfoundry.data.document import origin_name
 from mindfoundry.data.execute.stage import R, Stage
 from mindfoundry.data.execute.workdir import WorkDir
@@ -177,8 +178,8 @@ class PairStage(_DedupStage[PairResult]):
         def shingles(ref: int) -> np.ndarray:
             if ref not in hashes:
                 task = ref_task(ref)
-                text = DocReader(self.work.task(CLEAN, task) / DOCS).text(ref_row(ref))
-                hashes[ref] = signing.hashes(text, self.corpus.source(task).name)
+                doc = DocReader(self.work.task(CLEAN, task) / DOCS).document(ref_row(ref))
+                hashes[ref] = signing.hashes(doc.text, template_key(doc.source, doc.site))
             return hashes[ref]
 
         return np.array([jaccard(shingles(int(b)), shingles(int(a))) for a, b in pairs.tolist()])
