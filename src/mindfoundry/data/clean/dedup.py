@@ -40,7 +40,7 @@ import numpy as np
 from mindfoundry.config.data_config import DedupConfig
 from mindfoundry.data.clean.shingling import MIX, ROLL, Shingle, shingle_keys, shingle_ngram, unit_values
 from mindfoundry.data.clean.templates import Templates
-from mindfoundry.data.clean.text import canonical, other_script_units, script_counts
+from mindfoundry.data.clean.text import LATIN_RANGES, canonical, other_script_units, script_counts
 
 _CHUNK = 8192  # shingles min-hashed at once (bounds the shingles x num_perm matrix of a long document)
 
@@ -117,7 +117,7 @@ class Signer:
 MIXED_SCRIPT_SHARE = 0.2
 _NON_LATIN_LANGUAGES = frozenset({"zh", "ja", "ko", "ru", "uk", "bg", "el", "ar", "fa", "he", "hi", "th", "ta"})
 _KANA = re.compile("[\u3040-\u30ff]")
-_OTHER_LETTER = re.compile("[^\\W\\d_A-Za-z\u00c0-\u024f]")
+_OTHER_LETTER = re.compile(f"[^\\W\\d_{LATIN_RANGES}]")
 
 
 def _other_script(text: str) -> str:

@@ -35,7 +35,7 @@ from typing import Any
 from mindfoundry.config.clean import UNDETERMINED, LanguageConfig
 from mindfoundry.data.clean.block import Drop, Transform
 from mindfoundry.data.clean.kind import document_kind, is_content_line, written_part
-from mindfoundry.data.clean.text import LETTER, count, units
+from mindfoundry.data.clean.text import LATIN_LETTER, LETTER, count, units
 from mindfoundry.data.document import Document
 from mindfoundry.errors import MindFoundryError
 
@@ -115,13 +115,10 @@ CODE_SAMPLE = 8
 STRETCH_LINES, STRETCH_CHARS = 6, 400
 
 
-_LATIN_LETTER = re.compile("[A-Za-z\u00c0-\u024f]")
-
-
 def _script_key(line: str) -> bool:
     """Whether most of a line's letters are Latin: a stretch of lines ends where this changes, so an English paragraph
     between Tamil ones is weighed as English."""
-    return 2 * count(_LATIN_LETTER, line) >= count(LETTER, line)
+    return 2 * count(LATIN_LETTER, line) >= count(LETTER, line)
 
 
 def kept_share(text: str, keep: list[str], settings: LanguageConfig) -> tuple[float, float]:

@@ -21,7 +21,7 @@ from typing import Any
 from mindfoundry.config.clean import LengthConfig, QualityConfig, ScriptConfig
 from mindfoundry.data.clean.block import Drop, Filter, Transform, Verdict
 from mindfoundry.data.clean.garbled import is_table_rule
-from mindfoundry.data.clean.text import WORD, count, is_cjk_text, non_space_chars, script_counts, units
+from mindfoundry.data.clean.text import LATIN_RANGES, WORD, count, is_cjk_text, non_space_chars, script_counts, units
 from mindfoundry.data.document import Document
 
 _ELLIPSIS = re.compile(r"\.{3,}|…+")
@@ -118,7 +118,7 @@ def prose_part(text: str) -> str:
     return text if len(kept) == len(lines) else "\n".join(kept)
 
 
-_LATIN_WORD = re.compile("[0-9A-Za-z\u00c0-\u024f]+")
+_LATIN_WORD = re.compile(f"[0-9{LATIN_RANGES}]+")
 
 
 def _alpha_units(text: str) -> int:

@@ -33,7 +33,11 @@ LETTER = re.compile(r"[^\W\d_]")
 _UNIT = re.compile(f"[{CJK_RANGES}]|[^\\W_{CJK_RANGES}]+")
 #: A non-CJK unit that holds at least one letter: a word ("GDP", "x86"; not "1998").
 WORD = re.compile(f"[^\\W_{CJK_RANGES}]*[^\\W\\d_{CJK_RANGES}][^\\W_{CJK_RANGES}]*")
-_LATIN_WORD = re.compile("[A-Za-z\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f]+")
+#: Latin letters, ASCII through Latin Extended-B without the signs × and ÷ (a character class's body): one home for
+#: what "Latin script" means to the language rule, the comparison groups and the word counts.
+LATIN_RANGES = "A-Za-z\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f"
+LATIN_LETTER = re.compile(f"[{LATIN_RANGES}]")
+_LATIN_WORD = re.compile(f"[{LATIN_RANGES}]+")
 _SPACE_RUN = re.compile(r"\s+")
 
 
