@@ -102,9 +102,9 @@ def mojibake_corpus(docs: dict[str, tuple[str, list[str]]], per_language: int, s
     return out
 
 
-def clean(docs: dict[str, tuple[str, list[str]]], overrides: list[str]) -> dict[str, list[dict | None]]:
-    """Per source, each document's drop-log line if a block dropped it (None: kept), cleaned as ``prepare
-    --preview`` does it."""
+def clean(docs: dict[str, tuple[str, list[str]]], overrides: list[str]) -> dict[str, list[tuple[dict | None, int]]]:
+    """Per source, each document's drop-log line if a block dropped it (None: kept) and the characters it keeps
+    (0 when dropped; edits remove lines), cleaned as ``prepare --preview`` does it."""
     with tempfile.TemporaryDirectory() as folder:
         for name, (_, texts) in docs.items():
             with open(Path(folder) / f"{name}.jsonl", "w", encoding="utf-8") as fh:
@@ -112,21 +112,29 @@ def clean(docs: dict[str, tuple[str, list[str]]], overrides: list[str]) -> dict[
         tree = {"data": {"sources": [{"name": name, "paths": [f"{folder}/{name}.jsonl"]} for name in docs]}}
         data = validate(apply_overrides(tree, overrides)).data
         previews, _ = preview_cleaning(data, max(len(texts) for _, texts in docs.values()))
-    out: dict[str, list[dict | None]] = {}
+    out: dict[str, list[tuple[dict | None, int]]] = {}
     for preview, (name, (_, texts)) in zip(previews, docs.items(), strict=True):
         drops = {line["record"]: line for line in preview.events if line["action"] == "drop"}
-        out[name] = [drops.get(i) for i in range(len(texts))]
+        kept = iter(preview.documents)  # the kept documents, in input order
+        out[name] = [(drops[i], 0) if i in drops else (None, len(next(kept).text)) for i in range(len(texts))]
     return out
 
 
-def measure(docs: dict[str, tuple[str, list[str]]], drops: dict[str, list[dict | None]]) -> dict[str, Any]:
-    """Per half and true language: documents, how many were dropped, and by which block and reason."""
+def measure(docs: dict[str, tuple[str, list[str]]], cleaned: dict[str, list[tuple[dict | None, int]]]
+            ) -> dict[str, Any]:
+    """Per half and true language: documents and characters, how many were dropped and kept, and by which block and
+    reason."""
     rows: dict[str, dict[str, Any]] = {}
     for name, (lang, texts) in docs.items():
-        for text, drop in zip(texts, drops[name], strict=True):
+        for text, (drop, kept_chars) in zip(texts, cleaned[name], strict=True):
             truly = lang if name.startswith("mojibake_") else truth(text, lang, name)
-            row = rows.setdefault(f"{half(text)}|{name}|{truly}", {"documents": 0, "dropped": 0, "reasons": Counter()})
+            row = rows.setdefault(f"{half(text)}|{name}|{truly}", {"documents": 0, "dropped": 0, "chars": 0,
+                                                                    "dropped_chars": 0, "kept_chars": 0,
+                                                                    "reasons": Counter()})
             row["documents"] += 1
+            row["chars"] += len(text)
+            row["kept_chars"] += kept_chars
+            row["dropped_chars"] += len(text) * (drop is not None)
             if drop is not None:
                 row["dropped"] += 1
                 row["reasons"][f"{drop['block']}:{drop['reason']}"] += 1
@@ -134,8 +142,10 @@ def measure(docs: dict[str, tuple[str, list[str]]], drops: dict[str, list[dict |
 
 
 def summary(rows: dict[str, dict[str, Any]], part: str) -> dict[str, Any]:
-    """The shares the acceptance names, for one half."""
-    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    """The shares the acceptance names, for one half: documents removed, characters in removed documents, and
+    characters kept (edits, such as a man page's licence footer or a line repeated within a document, remove some of
+    a kept document's)."""
+    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
     script_mojibake = 0  # documents in a non-Latin script that the mojibake block dropped
     for key, row in rows.items():
         where, name, lang = key.split("|")
@@ -148,10 +158,11 @@ def summary(rows: dict[str, dict[str, Any]], part: str) -> dict[str, Any]:
             script_mojibake += sum(n for reason, n in row["reasons"].items() if reason.startswith("mojibake:")) * (
                 lang not in ("en", "de", "fr", "es"))
         for group in groups:
-            totals[group][0] += row["dropped"]
-            totals[group][1] += row["documents"]
-    shares = {group: {"documents": total, "removed": round(dropped / total, 4)}
-              for group, (dropped, total) in sorted(totals.items()) if total}
+            for i, field in enumerate(("dropped", "documents", "dropped_chars", "kept_chars", "chars")):
+                totals[group][i] += row[field]
+    shares = {group: {"documents": total, "removed": round(dropped / total, 4),
+                      "chars_removed": round(gone / chars, 4), "chars_kept": round(kept / chars, 4)}
+              for group, (dropped, total, gone, kept, chars) in sorted(totals.items()) if total}
     return {"shares": shares, "non_latin_dropped_as_mojibake": script_mojibake}
 
 
