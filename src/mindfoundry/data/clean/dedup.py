@@ -29,7 +29,6 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
-import zlib
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -39,7 +38,7 @@ import numpy as np
 
 from mindfoundry.config.data_config import DedupConfig
 from mindfoundry.data.clean.shingling import MIX, ROLL, Shingle, shingle_keys, shingle_ngram, unit_values
-from mindfoundry.data.clean.templates import Templates
+from mindfoundry.data.clean.templates import Templates, source_salt
 from mindfoundry.data.clean.text import LATIN_RANGES, canonical, other_script_units, script_counts
 
 _CHUNK = 8192  # shingles min-hashed at once (bounds the shingles x num_perm matrix of a long document)
@@ -149,8 +148,7 @@ def comparison_groups(text: str, language: str) -> tuple[str, ...]:
 def comparison_salts(text: str, language: str) -> tuple[int, ...]:
     """What a document's band keys are mixed with, once per group of :func:`comparison_groups`: the group's number; 0
     for a document without a language, so a corpus prepared without the language block is bucketed as before."""
-    return tuple(0 if not group else (zlib.crc32(group.encode("utf-8")) + 1) * int(MIX) % 2**64
-                 for group in comparison_groups(text, language))
+    return tuple(int(source_salt(group)) if group else 0 for group in comparison_groups(text, language))
 
 
 def band_keys(signatures: np.ndarray, bands: int, rows: int, salts: np.ndarray | None = None) -> np.ndarray:
@@ -158,7 +156,8 @@ def band_keys(signatures: np.ndarray, bands: int, rows: int, salts: np.ndarray |
     ``b*rows .. b*rows+rows-1`` of a signature, and two signatures share band ``b``'s bucket when their keys
     there are equal. A key is the band's values folded into 64 bits (xor, multiply by an odd constant, a final
     mix): equal bands give equal keys, and unequal ones collide with probability about 2**-64. ``salts`` (one per
-    signature, :func:`language_salt`) start each key, so documents of two languages never share a bucket."""
+    signature, :func:`comparison_salts`) start each key, so documents of two comparison groups never share a
+    bucket."""
     keys = np.empty((bands, len(signatures)), dtype=np.uint64)
     with np.errstate(over="ignore"):
         for band in range(bands):

@@ -126,6 +126,11 @@ def _alpha_units(text: str) -> int:
     return len(WORD.findall(text)) + script_counts(text).cjk
 
 
+def _is_bullet(line: str) -> bool:
+    """A line that starts with a bullet (after its indent)."""
+    return line.strip().startswith(_BULLET)
+
+
 def _is_truncated(line: str) -> bool:
     """A line cut off with an ellipsis (long enough that the ellipsis is not a short line's style)."""
     stripped = line.strip()
@@ -164,7 +169,7 @@ class QualityFilter(Transform):
         self.min_rest_share = s.min_rest_share
         self.offending: dict[str, Callable[[str], bool]] = {
             "too_few_alpha_units": self._few_alpha_units,
-            "bullet_lines": lambda line: line.strip().startswith(_BULLET),
+            "bullet_lines": _is_bullet,
             "ellipsis_lines": _is_truncated,
         }
 
@@ -208,8 +213,8 @@ class QualityFilter(Transform):
 
     def _word_length_verdict(self, text: str, words: list[str]) -> Verdict:
         low, high = self.word_length
-        if (low is None and high is None) or is_cjk_text(text) or (
-                2 * script_counts(text).latin_words < script_counts(text).reader_units):
+        counts = script_counts(text)
+        if (low is None and high is None) or is_cjk_text(text) or 2 * counts.latin_words < counts.reader_units:
             return True  # Chinese, or another script's words
         words = [word for word in words if _LATIN_WORD.fullmatch(word)]  # a Tamil line's words split at vowel signs
         if len(words) < WORD_LENGTH_MIN_WORDS:
@@ -228,7 +233,7 @@ class QualityFilter(Transform):
         max_bullets, max_ellipses = self.line_limits
         if (
             max_bullets is not None
-            and (share := sum(line.startswith(_BULLET) for line in lines) / len(lines)) > max_bullets
+            and (share := sum(map(_is_bullet, lines)) / len(lines)) > max_bullets
         ):
             return Drop("bullet_lines", share, max_bullets)
         truncated = sum(map(_is_truncated, lines))

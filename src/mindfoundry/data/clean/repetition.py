@@ -232,8 +232,7 @@ class RepetitionFilter(Transform):
         all_lines = text.split("\n")
         prose = [i for i, line in enumerate(all_lines) if line.strip() and not is_syntax_line(line)]
         prose_lines = [all_lines[i] for i in prose]
-        n = min(self.duplicate_ngrams or self.top_ngrams) * (  # an n-gram rule broke: one of them is set
-            self.cjk_chars_per_word if is_cjk_text(text) else 1)
+        n = min(self.duplicate_ngrams or self.top_ngrams) * self._scale(text)  # an n-gram rule broke: one is set
 
         def without(lines: list[int]) -> str:
             gone = {prose[i] for i in lines}
@@ -286,7 +285,11 @@ class RepetitionFilter(Transform):
     def _short(self, text: str) -> bool:
         """Whether ``text`` is under ``ngram_min_units`` (times ``cjk_chars_per_word`` for Chinese), where the
         duplicate n-gram rules let half of it repeat."""
-        return len(units(text)) < self.ngram_min_units * (self.cjk_chars_per_word if is_cjk_text(text) else 1)
+        return len(units(text)) < self.ngram_min_units * self._scale(text)
+
+    def _scale(self, text: str) -> int:
+        """Units per word-sized unit of the rules: ``cjk_chars_per_word`` for Chinese-dominant text, else 1."""
+        return self.cjk_chars_per_word if is_cjk_text(text) else 1
 
     def _ngram_verdict(self, text: str) -> Verdict:
         tokens = units(text)

@@ -52,7 +52,8 @@ def template_key(source: str, site: str = "") -> str:
 
 
 def source_salt(source: str) -> np.uint64:
-    """The number a site's (:func:`template_key`) span and shingle keys are mixed with (stable across processes)."""
+    """The number a site's (:func:`template_key`) span and shingle keys are mixed with (stable across processes);
+    dedup's comparison groups are numbered alike."""
     return np.uint64((zlib.crc32(source.encode("utf-8")) + 1) * int(MIX) % 2**64)
 
 
